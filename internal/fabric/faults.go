@@ -1,0 +1,198 @@
+package fabric
+
+import (
+	"container/heap"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rvma/rvma/internal/wire"
+)
+
+// Faults describes seeded, per-packet fault injection on a port's send side.
+// Probabilities are in [0, 1]; the zero value injects nothing.
+type Faults struct {
+	Drop      float64       // probability a packet is lost
+	Duplicate float64       // probability a packet is delivered twice
+	Reorder   float64       // probability a packet is held back behind later ones
+	Delay     time.Duration // fixed extra delay for every packet
+	Jitter    time.Duration // uniform random extra delay in [0, Jitter)
+	Seed      uint64        // seed of the random source; 0 picks 1
+}
+
+func (f Faults) active() bool {
+	return f.Drop > 0 || f.Duplicate > 0 || f.Reorder > 0 || f.Delay > 0 || f.Jitter > 0
+}
+
+// FaultPort wraps a Port with fault injection. Faults can be changed while
+// traffic flows (SetFaults), so a test can kill a path and revive it.
+type FaultPort struct {
+	Port
+	deliver func([]*wire.Packet) // the wrapped port's Send
+
+	faults atomic.Pointer[faultState]
+	stats  struct {
+		dropped, duplicated, reordered, delayed atomic.Uint64
+	}
+
+	mu      sync.Mutex // guards held, timer
+	held    delayHeap
+	timer   *time.Timer
+	closed  bool
+}
+
+type faultState struct {
+	Faults
+	mu  sync.Mutex
+	rng *rand.Rand
+}
+
+// NewFaultPort wraps p.
+func NewFaultPort(p Port) *FaultPort {
+	fp := &FaultPort{Port: p, deliver: p.Send}
+	fp.timer = time.AfterFunc(time.Hour, fp.release)
+	fp.timer.Stop()
+	return fp
+}
+
+// SetFaults replaces the fault settings; the random source restarts from
+// the new seed.
+func (fp *FaultPort) SetFaults(f Faults) {
+	if !f.active() {
+		fp.faults.Store(nil)
+		return
+	}
+	seed := f.Seed
+	if seed == 0 {
+		seed = 1
+	}
+	fp.faults.Store(&faultState{Faults: f, rng: rand.New(rand.NewPCG(seed, seed^0x9E3779B97F4A7C15))})
+}
+
+// FaultStats returns the counts of injected faults.
+func (fp *FaultPort) FaultStats() (dropped, duplicated, reordered, delayed uint64) {
+	return fp.stats.dropped.Load(), fp.stats.duplicated.Load(), fp.stats.reordered.Load(), fp.stats.delayed.Load()
+}
+
+// Send applies the faults, then passes what survives to the wrapped port.
+func (fp *FaultPort) Send(pkts []*wire.Packet) {
+	fs := fp.faults.Load()
+	if fs == nil {
+		fp.deliver(pkts)
+		return
+	}
+	now := time.Now()
+	// A fresh slice: duplicates can make the output longer than the input.
+	out := make([]*wire.Packet, 0, len(pkts)+1)
+	var later []heldPacket
+	fs.mu.Lock()
+	for _, p := range pkts {
+		if fs.Drop > 0 && fs.rng.Float64() < fs.Drop {
+			fp.stats.dropped.Add(1)
+			p.Release()
+			continue
+		}
+		copies := 1
+		if fs.Duplicate > 0 && fs.rng.Float64() < fs.Duplicate {
+			copies = 2
+			fp.stats.duplicated.Add(1)
+		}
+		for i := 0; i < copies; i++ {
+			q := p
+			if i == 1 {
+				q = p.Clone()
+			}
+			d := fs.Delay
+			if fs.Jitter > 0 {
+				d += time.Duration(fs.rng.Int64N(int64(fs.Jitter)))
+			}
+			if fs.Reorder > 0 && fs.rng.Float64() < fs.Reorder {
+				// Held back long enough for packets sent just after it to
+				// overtake it.
+				d += 50*time.Microsecond + time.Duration(fs.rng.Int64N(int64(200*time.Microsecond)))
+				fp.stats.reordered.Add(1)
+			}
+			if d > 0 {
+				fp.stats.delayed.Add(1)
+				later = append(later, heldPacket{at: now.Add(d), p: q})
+				continue
+			}
+			out = append(out, q)
+		}
+	}
+	fs.mu.Unlock()
+	if len(later) > 0 {
+		fp.hold(later)
+	}
+	if len(out) > 0 {
+		fp.deliver(out)
+	}
+}
+
+func (fp *FaultPort) hold(hs []heldPacket) {
+	fp.mu.Lock()
+	defer fp.mu.Unlock()
+	if fp.closed {
+		for _, h := range hs {
+			h.p.Release()
+		}
+		return
+	}
+	for _, h := range hs {
+		heap.Push(&fp.held, h)
+	}
+	fp.timer.Reset(time.Until(fp.held[0].at))
+}
+
+func (fp *FaultPort) release() {
+	fp.mu.Lock()
+	now := time.Now()
+	var due []*wire.Packet
+	for len(fp.held) > 0 && !fp.held[0].at.After(now) {
+		due = append(due, heap.Pop(&fp.held).(heldPacket).p)
+	}
+	if len(fp.held) > 0 {
+		fp.timer.Reset(time.Until(fp.held[0].at))
+	}
+	fp.mu.Unlock()
+	if len(due) > 0 {
+		fp.deliver(due)
+	}
+}
+
+// Close drops held packets and closes the wrapped port.
+func (fp *FaultPort) Close() error {
+	fp.mu.Lock()
+	fp.closed = true
+	fp.timer.Stop()
+	for _, h := range fp.held {
+		h.p.Release()
+	}
+	fp.held = nil
+	fp.mu.Unlock()
+	return fp.Port.Close()
+}
+
+// Addr forwards to the wrapped port (spelled out so FaultPort is a Port
+// even where embedding would be ambiguous).
+func (fp *FaultPort) Addr() netip.AddrPort { return fp.Port.Addr() }
+
+type heldPacket struct {
+	at time.Time
+	p  *wire.Packet
+}
+
+type delayHeap []heldPacket
+
+func (h delayHeap) Len() int           { return len(h) }
+func (h delayHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h delayHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *delayHeap) Push(x any)        { *h = append(*h, x.(heldPacket)) }
+func (h *delayHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}

@@ -1,0 +1,291 @@
+package verbs
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rvma/rvma/internal/fabric"
+	"github.com/rvma/rvma/internal/loopfab"
+	"github.com/rvma/rvma/internal/wire"
+)
+
+// Faults configures seeded fault injection on a device's sends (see
+// Device.SetFaults). Probabilities are per packet.
+type Faults = fabric.Faults
+
+// DeviceConfig configures Open. The zero value (or nil) means defaults.
+type DeviceConfig struct {
+	// Logger receives the device's diagnostics. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// Device is an opened soft RDMA NIC: a set of GIDs (local addresses), each
+// backed by a provider port, and the transport engine that runs RC and UC
+// queue pairs over them.
+//
+// A Device is safe for concurrent use.
+type Device struct {
+	uri    string
+	log    *slog.Logger
+	ports  []*fabric.FaultPort
+	gids   []GID
+	closed atomic.Bool
+
+	mu     sync.Mutex // guards the maps' writers, nextIOVA, objects
+	qps    atomic.Pointer[map[uint32]*QP]
+	lkeys  atomic.Pointer[map[uint32]*MR]
+	rkeys  atomic.Pointer[map[uint32]*MR]
+	mbox   atomic.Pointer[mailboxBox]
+	nextIO uint64
+	pds    map[*PD]struct{}
+	cqs    map[*CQ]struct{}
+
+	// atomicMu serialises atomics on memory that is not 8-byte aligned in
+	// the host address space (alignment in IOVA space is checked per WR).
+	atomicMu sync.Mutex
+
+	stats deviceStats
+}
+
+type deviceStats struct {
+	rxPackets, rxDropped, unknownQP, badSource, badSecret, badPort atomic.Uint64
+	outOfWindow, duplicates, malformed                             atomic.Uint64
+}
+
+// DeviceStats counts packets the device received and why it dropped some.
+type DeviceStats struct {
+	RxPackets  uint64 // packets handed to the engine
+	RxDropped  uint64 // all drops, the sum of the reasons below and others
+	UnknownQP  uint64 // destination QP does not exist
+	BadSource  uint64 // not from the connected peer's GID
+	BadSecret  uint64 // wrong per-connection secret
+	BadPort    uint64 // arrived on a GID the QP is not bound to
+	OutOfOrder uint64 // outside the PSN window or out of sequence
+	Duplicates uint64 // duplicate requests (re-acknowledged, not re-executed)
+	Malformed  uint64 // inconsistent headers or lengths
+}
+
+type mailboxBox struct{ h MailboxHandler }
+
+// Open opens a device from a provider URI:
+//
+//	loop://NAME[?gids=N&mtu=BYTES]
+//
+// Devices that open the same loop fabric NAME reach each other in this
+// process. gids (default 1, range 1..256) sets the number of local
+// addresses; mtu (default 65536, range 256..1048576) the largest payload.
+// The udp provider is added by its own issue.
+func Open(ctx context.Context, uri string, cfg *DeviceConfig) (*Device, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if cfg == nil {
+		cfg = &DeviceConfig{}
+	}
+	u, err := url.Parse(uri)
+	if err != nil {
+		return nil, fmt.Errorf("verbs: open %q: %w: %v", uri, ErrInvalidArgument, err)
+	}
+	d := &Device{uri: uri, log: cfg.Logger, pds: map[*PD]struct{}{}, cqs: map[*CQ]struct{}{}, nextIO: 1 << 40}
+	if d.log == nil {
+		d.log = slog.Default()
+	}
+	var ports []fabric.Port
+	switch u.Scheme {
+	case "loop":
+		name := u.Host + u.Path
+		if name == "" {
+			return nil, fmt.Errorf("verbs: open %q: %w: loop fabric needs a name", uri, ErrInvalidArgument)
+		}
+		q := u.Query()
+		n, err := intParam(q, "gids", 1)
+		if err != nil {
+			return nil, fmt.Errorf("verbs: open %q: %w", uri, err)
+		}
+		mtu, err := intParam(q, "mtu", loopfab.DefaultMTU)
+		if err != nil {
+			return nil, fmt.Errorf("verbs: open %q: %w", uri, err)
+		}
+		lp, err := loopfab.Open(name, n, mtu)
+		if err != nil {
+			return nil, fmt.Errorf("verbs: open %q: %w: %v", uri, ErrInvalidArgument, err)
+		}
+		for _, p := range lp {
+			ports = append(ports, p)
+		}
+	default:
+		return nil, fmt.Errorf("verbs: open %q: %w %q", uri, ErrUnknownProvider, u.Scheme)
+	}
+	return newDevice(d, ports), nil
+}
+
+func intParam(q url.Values, key string, def int) (int, error) {
+	s := q.Get(key)
+	if s == "" {
+		return def, nil
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s=%q", ErrInvalidArgument, key, s)
+	}
+	return v, nil
+}
+
+func newDevice(d *Device, ports []fabric.Port) *Device {
+	empty := map[uint32]*QP{}
+	d.qps.Store(&empty)
+	e1, e2 := map[uint32]*MR{}, map[uint32]*MR{}
+	d.lkeys.Store(&e1)
+	d.rkeys.Store(&e2)
+	for i, p := range ports {
+		fp := fabric.NewFaultPort(p)
+		d.ports = append(d.ports, fp)
+		d.gids = append(d.gids, p.Addr())
+		p.SetHandler(&portHandler{dev: d, gid: i})
+	}
+	return d
+}
+
+// URI returns the URI the device was opened with.
+func (d *Device) URI() string { return d.uri }
+
+// GIDs returns the device's local addresses; QPs bind to one by index.
+func (d *Device) GIDs() []GID { return append([]GID(nil), d.gids...) }
+
+// MaxMTU returns the largest payload the port behind GID index gid carries.
+func (d *Device) MaxMTU(gid int) int {
+	if gid < 0 || gid >= len(d.ports) {
+		return 0
+	}
+	return d.ports[gid].MaxPayload()
+}
+
+// SetFaults sets fault injection on the sends of GID index gid, or of every
+// GID when gid is -1. Faults{} turns injection off.
+func (d *Device) SetFaults(gid int, f Faults) error {
+	if gid < -1 || gid >= len(d.ports) {
+		return fmt.Errorf("verbs: SetFaults: %w: GID index %d", ErrInvalidArgument, gid)
+	}
+	for i, p := range d.ports {
+		if gid == -1 || gid == i {
+			p.SetFaults(f)
+		}
+	}
+	return nil
+}
+
+// SetMailboxHandler installs the receiver of mailbox writes (see
+// MailboxHandler). With none installed, mailbox writes are refused with a
+// remote access error.
+func (d *Device) SetMailboxHandler(h MailboxHandler) {
+	if h == nil {
+		d.mbox.Store(nil)
+		return
+	}
+	d.mbox.Store(&mailboxBox{h})
+}
+
+// Stats returns the device's receive counters.
+func (d *Device) Stats() DeviceStats {
+	s := &d.stats
+	return DeviceStats{
+		RxPackets: s.rxPackets.Load(), RxDropped: s.rxDropped.Load(), UnknownQP: s.unknownQP.Load(),
+		BadSource: s.badSource.Load(), BadSecret: s.badSecret.Load(), BadPort: s.badPort.Load(),
+		OutOfOrder: s.outOfWindow.Load(), Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(),
+	}
+}
+
+// Close destroys every QP, closes the ports and invalidates every object of
+// the device. Later calls on any of them return ErrClosed.
+func (d *Device) Close() error {
+	if d.closed.Swap(true) {
+		return ErrClosed
+	}
+	for _, qp := range *d.qps.Load() {
+		qp.Destroy()
+	}
+	d.mu.Lock()
+	for cq := range d.cqs {
+		cq.close()
+	}
+	d.mu.Unlock()
+	for _, p := range d.ports {
+		p.Close()
+	}
+	return nil
+}
+
+// cow applies f to a copy of the map in p and publishes it; d.mu is held.
+func cow[K comparable, V any](p *atomic.Pointer[map[K]V], f func(map[K]V)) {
+	old := *p.Load()
+	m := make(map[K]V, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	f(m)
+	p.Store(&m)
+}
+
+// portHandler dispatches the packets arriving at one GID. A port runs it
+// from one goroutine at a time, so its outbox needs no lock.
+type portHandler struct {
+	dev *Device
+	gid int
+	out outbox
+}
+
+func (h *portHandler) HandlePackets(pkts []*wire.Packet) {
+	d := h.dev
+	if d.closed.Load() {
+		return
+	}
+	now := time.Now()
+	qps := *d.qps.Load()
+	d.stats.rxPackets.Add(uint64(len(pkts)))
+	for _, p := range pkts {
+		qp := qps[p.DestQP]
+		switch {
+		case qp == nil:
+			d.drop(&d.stats.unknownQP)
+		case qp.gid != h.gid:
+			d.drop(&d.stats.badPort)
+		default:
+			qp.receive(p, now, &h.out)
+		}
+	}
+	for _, qp := range h.out.touched {
+		qp.flushAck(&h.out)
+	}
+	clear(h.out.touched)
+	h.out.touched = h.out.touched[:0]
+	h.out.flush(d.ports[h.gid])
+}
+
+func (d *Device) drop(reason *atomic.Uint64) {
+	reason.Add(1)
+	d.stats.rxDropped.Add(1)
+}
+
+// outbox collects the packets a QP emits while its lock is held, so they
+// are sent after it is released (a send may re-enter the engine).
+type outbox struct {
+	pkts    []*wire.Packet
+	touched []*QP // QPs with a coalesced ACK pending
+}
+
+var outboxPool = sync.Pool{New: func() any { return &outbox{pkts: make([]*wire.Packet, 0, 64)} }}
+
+func (o *outbox) flush(p fabric.Port) {
+	if len(o.pkts) == 0 {
+		return
+	}
+	p.Send(o.pkts)
+	clear(o.pkts)
+	o.pkts = o.pkts[:0]
+}

@@ -1,0 +1,218 @@
+package verbs
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
+)
+
+// PD is a protection domain: memory regions and queue pairs of one PD may
+// be used together, and a remote key only opens memory to QPs of its PD.
+// A PD is safe for concurrent use.
+type PD struct {
+	dev    *Device
+	mu     sync.Mutex
+	mrs    int
+	qps    int
+	closed bool
+}
+
+// AllocPD allocates a protection domain.
+func (d *Device) AllocPD() (*PD, error) {
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	pd := &PD{dev: d}
+	d.mu.Lock()
+	d.pds[pd] = struct{}{}
+	d.mu.Unlock()
+	return pd, nil
+}
+
+// Device returns the PD's device.
+func (pd *PD) Device() *Device { return pd.dev }
+
+// Close frees the PD. It fails with ErrBusy while MRs or QPs remain.
+func (pd *PD) Close() error {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	if pd.closed {
+		return ErrClosed
+	}
+	if pd.mrs > 0 || pd.qps > 0 {
+		return fmt.Errorf("verbs: close PD: %w: %d MRs, %d QPs", ErrBusy, pd.mrs, pd.qps)
+	}
+	pd.closed = true
+	pd.dev.mu.Lock()
+	delete(pd.dev.pds, pd)
+	pd.dev.mu.Unlock()
+	return nil
+}
+
+func (pd *PD) usable() error {
+	if pd.dev.closed.Load() {
+		return ErrClosed
+	}
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	if pd.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// MR is a registered memory region over a caller-owned byte slice. Remote
+// peers reach it by (IOVA, remote key); local work requests by (IOVA, local
+// key). Keys are random, never sequential.
+//
+// The caller keeps ownership of the slice, and may read and write it at
+// any time; bytes placed by remote writes are visible once the operation
+// that carried them has completed at the initiator (or, for operations that
+// notify the target, once the target's completion is seen). After
+// Deregister returns, the device never touches the slice again.
+type MR struct {
+	pd     *PD
+	buf    []byte
+	iova   uint64
+	lkey   uint32
+	rkey   uint32
+	access Access
+
+	inflight atomic.Int32 // placements in progress
+	dead     atomic.Bool
+}
+
+// RegisterMR registers buf with the given access rights. As in ibverbs,
+// remote write and remote atomic access require local write.
+func (pd *PD) RegisterMR(buf []byte, access Access) (*MR, error) {
+	if err := pd.usable(); err != nil {
+		return nil, err
+	}
+	if access&^AccessAll != 0 {
+		return nil, fmt.Errorf("verbs: register MR: %w: unknown bits in %#x", ErrInvalidAccess, uint32(access))
+	}
+	if access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && access&AccessLocalWrite == 0 {
+		return nil, fmt.Errorf("verbs: register MR: %w: %v without LOCAL_WRITE", ErrInvalidAccess, access)
+	}
+	if uint64(len(buf)) > 1<<40 {
+		return nil, fmt.Errorf("verbs: register MR: %w: %d bytes", ErrInvalidArgument, len(buf))
+	}
+	d := pd.dev
+	mr := &MR{pd: pd, buf: buf, access: access}
+	d.mu.Lock()
+	mr.iova = d.nextIO
+	// Page-aligned, with a guard page between regions so that an
+	// off-by-one remote address never lands in a neighbour.
+	d.nextIO += (uint64(len(buf))+4095)&^4095 + 4096
+	lk, rk := *d.lkeys.Load(), *d.rkeys.Load()
+	for mr.lkey == 0 || lk[mr.lkey] != nil {
+		mr.lkey = rand.Uint32()
+	}
+	for mr.rkey == 0 || rk[mr.rkey] != nil || mr.rkey == mr.lkey {
+		mr.rkey = rand.Uint32()
+	}
+	cow(&d.lkeys, func(m map[uint32]*MR) { m[mr.lkey] = mr })
+	cow(&d.rkeys, func(m map[uint32]*MR) { m[mr.rkey] = mr })
+	d.mu.Unlock()
+	pd.mu.Lock()
+	pd.mrs++
+	pd.mu.Unlock()
+	return mr, nil
+}
+
+// Addr returns the IOVA of the region's first byte.
+func (mr *MR) Addr() uint64 { return mr.iova }
+
+// Len returns the region's length in bytes.
+func (mr *MR) Len() int { return len(mr.buf) }
+
+// LKey returns the local key.
+func (mr *MR) LKey() uint32 { return mr.lkey }
+
+// RKey returns the remote key.
+func (mr *MR) RKey() uint32 { return mr.rkey }
+
+// Access returns the region's access rights.
+func (mr *MR) Access() Access { return mr.access }
+
+// Bytes returns the registered slice.
+func (mr *MR) Bytes() []byte { return mr.buf }
+
+// SGE returns the scatter/gather element for n bytes at offset off.
+func (mr *MR) SGE(off, n int) SGE {
+	return SGE{Addr: mr.iova + uint64(off), Length: uint32(n), LKey: mr.lkey}
+}
+
+// Deregister invalidates both keys. Remote accesses that arrive afterwards
+// fail with a remote access error; placements in progress finish before it
+// returns, so the caller may reuse the slice at once.
+func (mr *MR) Deregister() error {
+	if mr.dead.Swap(true) {
+		return ErrClosed
+	}
+	d := mr.pd.dev
+	d.mu.Lock()
+	cow(&d.lkeys, func(m map[uint32]*MR) { delete(m, mr.lkey) })
+	cow(&d.rkeys, func(m map[uint32]*MR) { delete(m, mr.rkey) })
+	d.mu.Unlock()
+	for mr.inflight.Load() != 0 {
+		runtime.Gosched()
+	}
+	mr.pd.mu.Lock()
+	mr.pd.mrs--
+	mr.pd.mu.Unlock()
+	return nil
+}
+
+// span returns the bytes [addr, addr+n) of the region, or false if they are
+// not all inside it.
+func (mr *MR) span(addr uint64, n uint64) ([]byte, bool) {
+	if addr < mr.iova || n > uint64(len(mr.buf)) || addr-mr.iova > uint64(len(mr.buf))-n {
+		return nil, false
+	}
+	off := addr - mr.iova
+	return mr.buf[off : off+n], true
+}
+
+// enter marks a placement in progress; false if the MR is gone.
+func (mr *MR) enter() bool {
+	mr.inflight.Add(1)
+	if mr.dead.Load() {
+		mr.inflight.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (mr *MR) exit() { mr.inflight.Add(-1) }
+
+// resolveLocal maps an SGE to bytes, checking key, PD, rights and bounds.
+func (pd *PD) resolveLocal(s SGE, need Access) ([]byte, Status) {
+	mr := (*pd.dev.lkeys.Load())[s.LKey]
+	if mr == nil || mr.pd != pd || mr.dead.Load() {
+		return nil, StatusLocalProtectionError
+	}
+	if mr.access&need != need {
+		return nil, StatusLocalProtectionError
+	}
+	b, ok := mr.span(s.Addr, uint64(s.Length))
+	if !ok {
+		return nil, StatusLocalProtectionError
+	}
+	return b, StatusSuccess
+}
+
+// resolveRemote finds the MR a remote request addresses and checks it.
+func (pd *PD) resolveRemote(rkey uint32, va, n uint64, need Access) (*MR, []byte, bool) {
+	mr := (*pd.dev.rkeys.Load())[rkey]
+	if mr == nil || mr.pd != pd || mr.access&need != need || mr.dead.Load() {
+		return nil, nil, false
+	}
+	b, ok := mr.span(va, n)
+	if !ok {
+		return nil, nil, false
+	}
+	return mr, b, true
+}

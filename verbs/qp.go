@@ -1,0 +1,688 @@
+package verbs
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	mrand "math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/rvma/rvma/internal/fabric"
+	"github.com/rvma/rvma/internal/psn"
+	"github.com/rvma/rvma/internal/wire"
+)
+
+// QPConfig configures CreateQP. The zero value of each field means its
+// default; SendCQ is required.
+type QPConfig struct {
+	Type   QPType // RC or UC; default RC
+	SendCQ *CQ    // completions of send work requests; required
+	RecvCQ *CQ    // completions of receives; default SendCQ
+	SRQ    *SRQ   // take receives from this shared queue instead of the QP's own
+	GID    int    // index of the local GID (see Device.GIDs); default 0
+
+	MaxSendWR  int // send queue depth; default 256, range 1..16384
+	MaxRecvWR  int // receive queue depth; default 256, range 1..16384
+	MaxSendSGE int // SGEs per send request; default 4, range 1..32
+	MaxRecvSGE int // SGEs per receive; default 4, range 1..32
+	MaxInline  int // largest inline payload; default 256, range 0..4096
+
+	// SignalAll makes every send request produce a completion; otherwise
+	// only those with FlagSignaled do (failures always do).
+	SignalAll bool
+}
+
+// Endpoint is what a peer needs to connect to a QP; the connection manager
+// exchanges it.
+type Endpoint struct {
+	GID GID    // the QP's local address
+	QPN uint32 // the QP number
+	PSN uint32 // the first PSN the QP will send
+	MTU int    // the largest payload the QP's port carries
+	// Secret is the value the QP expects in every packet sent to it; a
+	// packet without it is dropped.
+	Secret uint64
+}
+
+// ConnectConfig holds the connection attributes of the ReadyToReceive and
+// ReadyToSend transitions. The zero value means defaults.
+type ConnectConfig struct {
+	// MTU caps the path MTU; the path MTU is the smallest of this, the local
+	// port's and the remote's. Default: no cap.
+	MTU int
+	// Timeout is how long an RC requester waits for an acknowledgement
+	// before it retransmits. Default 20ms, range 100µs..10s.
+	Timeout time.Duration
+	// RetryCount is how many times an RC requester retransmits after a
+	// timeout before it fails with StatusRetryExceeded. Default 7, range
+	// 0..7 (set NoRetry for zero: the field's zero value means default).
+	RetryCount int
+	// RNRRetry is how many receiver-not-ready NAKs an RC requester
+	// tolerates for one request before StatusRNRRetryExceeded; 7 means
+	// unlimited, as in InfiniBand. Default 7; NoRetry for zero.
+	RNRRetry int
+	// MinRNRTimer is how long this QP, as responder, asks a requester to
+	// wait after a receiver-not-ready NAK. Default 1ms, rounded up to the
+	// InfiniBand timer table (10µs..655ms).
+	MinRNRTimer time.Duration
+	// MaxRdAtomic bounds the READs and atomics in flight (as requester) and
+	// the atomic results kept for duplicates (as responder). Default 16,
+	// range 1..256.
+	MaxRdAtomic int
+	// Window bounds the PSNs in flight unacknowledged. Default 128, range
+	// 4..8192.
+	Window int
+}
+
+// NoRetry requests zero retries in ConnectConfig.RetryCount and RNRRetry.
+const NoRetry = -1
+
+// QP is a queue pair, bound to one local GID.
+//
+// A QP is safe for concurrent use: posting from several goroutines is
+// serialised; requests are executed in post order.
+type QP struct {
+	dev    *Device
+	pd     *PD
+	typ    QPType
+	num    uint32
+	gid    int
+	port   *fabric.FaultPort
+	sendCQ *CQ
+	recvCQ *CQ
+	srq    *SRQ
+	cfg    QPConfig
+
+	mu     sync.Mutex
+	state  QPState
+	closed bool
+
+	remote      Endpoint
+	mtu         int
+	localSecret uint64
+	startPSN    uint32
+
+	conn connAttrs
+
+	req  requester
+	resp responder
+	rq   recvQueue
+
+	timer     *time.Timer
+	timerAt   time.Time
+	timerLive bool
+}
+
+type connAttrs struct {
+	timeout     time.Duration
+	retryCount  int
+	rnrRetry    int
+	rnrCode     uint8
+	maxRdAtomic int
+	window      int
+	ackEvery    int
+}
+
+// CreateQP creates a queue pair in the Reset state.
+func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
+	if err := pd.usable(); err != nil {
+		return nil, err
+	}
+	d := pd.dev
+	if cfg.Type == 0 {
+		cfg.Type = RC
+	}
+	if cfg.Type != RC && cfg.Type != UC {
+		return nil, fmt.Errorf("verbs: create QP: %w: type %v", ErrInvalidArgument, cfg.Type)
+	}
+	if cfg.SendCQ == nil {
+		return nil, fmt.Errorf("verbs: create QP: %w: SendCQ is required", ErrInvalidArgument)
+	}
+	if cfg.RecvCQ == nil {
+		cfg.RecvCQ = cfg.SendCQ
+	}
+	if cfg.GID < 0 || cfg.GID >= len(d.ports) {
+		return nil, fmt.Errorf("verbs: create QP: %w: GID index %d of %d", ErrInvalidArgument, cfg.GID, len(d.ports))
+	}
+	for _, f := range []struct {
+		v        *int
+		def, max int
+		min      int
+		name     string
+	}{
+		{&cfg.MaxSendWR, 256, 16384, 1, "MaxSendWR"},
+		{&cfg.MaxRecvWR, 256, 16384, 1, "MaxRecvWR"},
+		{&cfg.MaxSendSGE, 4, 32, 1, "MaxSendSGE"},
+		{&cfg.MaxRecvSGE, 4, 32, 1, "MaxRecvSGE"},
+		{&cfg.MaxInline, 256, 4096, 0, "MaxInline"},
+	} {
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+		if *f.v < f.min || *f.v > f.max {
+			return nil, fmt.Errorf("verbs: create QP: %w: %s=%d", ErrInvalidArgument, f.name, *f.v)
+		}
+	}
+	if cfg.SRQ != nil && cfg.SRQ.pd != pd {
+		return nil, fmt.Errorf("verbs: create QP: %w: SRQ of another PD", ErrInvalidArgument)
+	}
+	if err := cfg.SendCQ.attach(1); err != nil {
+		return nil, err
+	}
+	if err := cfg.RecvCQ.attach(1); err != nil {
+		cfg.SendCQ.attach(-1)
+		return nil, err
+	}
+	qp := &QP{dev: d, pd: pd, typ: cfg.Type, gid: cfg.GID, port: d.ports[cfg.GID],
+		sendCQ: cfg.SendCQ, recvCQ: cfg.RecvCQ, srq: cfg.SRQ, cfg: cfg}
+	qp.localSecret = randomSecret()
+	qp.startPSN = mrand.Uint32() & psn.Mask
+	qp.req.init(&cfg)
+	qp.resp.cur.recv.segs = make([][]byte, 0, cfg.MaxRecvSGE)
+	if cfg.SRQ == nil {
+		qp.rq = newRecvQueue(pd, cfg.MaxRecvWR, cfg.MaxRecvSGE)
+	}
+	qp.timer = time.AfterFunc(time.Hour, qp.onTimer)
+	qp.timer.Stop()
+
+	d.mu.Lock()
+	qps := *d.qps.Load()
+	for qp.num < 2 || qps[qp.num] != nil {
+		qp.num = mrand.Uint32() & psn.Mask
+	}
+	cow(&d.qps, func(m map[uint32]*QP) { m[qp.num] = qp })
+	d.mu.Unlock()
+	pd.mu.Lock()
+	pd.qps++
+	pd.mu.Unlock()
+	return qp, nil
+}
+
+func randomSecret() uint64 {
+	var b [8]byte
+	rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:]) | 1 // never zero: zero is "unset"
+}
+
+// Num returns the QP number.
+func (qp *QP) Num() uint32 { return qp.num }
+
+// Type returns the QP's transport service.
+func (qp *QP) Type() QPType { return qp.typ }
+
+// GID returns the local address the QP is bound to.
+func (qp *QP) GID() GID { return qp.dev.gids[qp.gid] }
+
+// State returns the QP's current state.
+func (qp *QP) State() QPState {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.state
+}
+
+// Endpoint returns what a peer needs to connect to this QP.
+func (qp *QP) Endpoint() Endpoint {
+	return Endpoint{GID: qp.GID(), QPN: qp.num, PSN: qp.startPSN, MTU: qp.port.MaxPayload(), Secret: qp.localSecret}
+}
+
+// Remote returns the endpoint the QP is connected to (zero before
+// ReadyToReceive).
+func (qp *QP) Remote() Endpoint {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.remote
+}
+
+// PathMTU returns the negotiated path MTU (zero before ReadyToReceive).
+func (qp *QP) PathMTU() int {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.mtu
+}
+
+// Init moves the QP from Reset to Init, where receives may be posted.
+func (qp *QP) Init() error {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if err := qp.usableLocked(); err != nil {
+		return err
+	}
+	if qp.state != StateReset {
+		return fmt.Errorf("verbs: QP %d: Init from %v: %w", qp.num, qp.state, ErrQPState)
+	}
+	qp.state = StateInit
+	return nil
+}
+
+// ReadyToReceive moves the QP from Init to ReadyToReceive, connected to
+// remote: from now on it accepts packets from that endpoint.
+func (qp *QP) ReadyToReceive(remote Endpoint, cfg *ConnectConfig) error {
+	c, err := resolveConnect(cfg)
+	if err != nil {
+		return err
+	}
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if err := qp.usableLocked(); err != nil {
+		return err
+	}
+	if qp.state != StateInit {
+		return fmt.Errorf("verbs: QP %d: ReadyToReceive from %v: %w", qp.num, qp.state, ErrQPState)
+	}
+	if !remote.GID.IsValid() || remote.QPN == 0 || remote.QPN > psn.Mask || remote.MTU < 256 {
+		return fmt.Errorf("verbs: QP %d: %w: remote endpoint %+v", qp.num, ErrInvalidArgument, remote)
+	}
+	qp.remote = remote
+	qp.mtu = min(qp.port.MaxPayload(), remote.MTU)
+	if cfg != nil && cfg.MTU > 0 {
+		qp.mtu = min(qp.mtu, cfg.MTU)
+	}
+	if qp.mtu < 256 {
+		qp.mtu = 256
+	}
+	qp.conn = c
+	qp.resp.reset(remote.PSN & psn.Mask)
+	qp.resp.initCache(c.maxRdAtomic)
+	qp.state = StateReadyToReceive
+	return nil
+}
+
+// ReadyToSend moves the QP from ReadyToReceive to ReadyToSend, where sends
+// may be posted. cfg's requester attributes (Timeout, RetryCount, RNRRetry,
+// MaxRdAtomic, Window) apply; nil keeps those given to ReadyToReceive.
+func (qp *QP) ReadyToSend(cfg *ConnectConfig) error {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if err := qp.usableLocked(); err != nil {
+		return err
+	}
+	if qp.state != StateReadyToReceive {
+		return fmt.Errorf("verbs: QP %d: ReadyToSend from %v: %w", qp.num, qp.state, ErrQPState)
+	}
+	if cfg != nil {
+		c, err := resolveConnect(cfg)
+		if err != nil {
+			return err
+		}
+		c.rnrCode = qp.conn.rnrCode
+		qp.conn = c
+	}
+	qp.req.start(qp.startPSN)
+	qp.state = StateReadyToSend
+	return nil
+}
+
+// Connect runs Init, ReadyToReceive and ReadyToSend with one configuration.
+func (qp *QP) Connect(remote Endpoint, cfg *ConnectConfig) error {
+	if err := qp.Init(); err != nil {
+		return err
+	}
+	if err := qp.ReadyToReceive(remote, cfg); err != nil {
+		return err
+	}
+	return qp.ReadyToSend(nil)
+}
+
+// SetError moves the QP to the error state: outstanding work requests
+// complete with StatusFlushed and new ones are flushed at once.
+func (qp *QP) SetError() error {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if err := qp.usableLocked(); err != nil {
+		return err
+	}
+	qp.toErrorLocked()
+	return nil
+}
+
+// Reset returns the QP to Reset, discarding every queued work request
+// without completions, as ibv_modify_qp to RESET does. The QP gets a new
+// starting PSN and secret, so packets of its old connection cannot reach it.
+func (qp *QP) Reset() error {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if err := qp.usableLocked(); err != nil {
+		return err
+	}
+	qp.stopTimerLocked()
+	qp.state = StateReset
+	qp.remote = Endpoint{}
+	qp.req.init(&qp.cfg)
+	if qp.srq == nil {
+		qp.rq.head, qp.rq.n = 0, 0
+	}
+	qp.resp.reset(0)
+	qp.localSecret = randomSecret()
+	qp.startPSN = mrand.Uint32() & psn.Mask
+	return nil
+}
+
+// Destroy removes the QP. Outstanding requests are discarded without
+// completions; later calls return ErrClosed.
+func (qp *QP) Destroy() error {
+	qp.mu.Lock()
+	if qp.closed {
+		qp.mu.Unlock()
+		return ErrClosed
+	}
+	qp.closed = true
+	qp.state = StateError
+	qp.resp.gen++
+	qp.stopTimerLocked()
+	qp.mu.Unlock()
+	d := qp.dev
+	d.mu.Lock()
+	cow(&d.qps, func(m map[uint32]*QP) { delete(m, qp.num) })
+	d.mu.Unlock()
+	qp.sendCQ.attach(-1)
+	qp.recvCQ.attach(-1)
+	qp.pd.mu.Lock()
+	qp.pd.qps--
+	qp.pd.mu.Unlock()
+	return nil
+}
+
+func (qp *QP) usableLocked() error {
+	if qp.closed || qp.dev.closed.Load() {
+		return ErrClosed
+	}
+	return nil
+}
+
+func resolveConnect(cfg *ConnectConfig) (connAttrs, error) {
+	var c ConnectConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	a := connAttrs{timeout: c.Timeout, retryCount: c.RetryCount, rnrRetry: c.RNRRetry,
+		maxRdAtomic: c.MaxRdAtomic, window: c.Window}
+	if a.timeout == 0 {
+		a.timeout = 20 * time.Millisecond
+	}
+	switch a.retryCount {
+	case 0:
+		a.retryCount = 7
+	case NoRetry:
+		a.retryCount = 0
+	}
+	switch a.rnrRetry {
+	case 0:
+		a.rnrRetry = 7
+	case NoRetry:
+		a.rnrRetry = 0
+	}
+	if a.maxRdAtomic == 0 {
+		a.maxRdAtomic = 16
+	}
+	if a.window == 0 {
+		a.window = 128
+	}
+	rnr := c.MinRNRTimer
+	if rnr == 0 {
+		rnr = time.Millisecond
+	}
+	if a.timeout < 100*time.Microsecond || a.timeout > 10*time.Second || a.retryCount < 0 || a.retryCount > 7 ||
+		a.rnrRetry < 0 || a.rnrRetry > 7 || a.maxRdAtomic < 1 || a.maxRdAtomic > 256 ||
+		a.window < 4 || a.window > 8192 || rnr < 0 {
+		return a, fmt.Errorf("verbs: connect: %w: %+v", ErrInvalidArgument, c)
+	}
+	a.rnrCode = rnrCodeFor(rnr)
+	a.ackEvery = max(1, a.window/4)
+	return a, nil
+}
+
+// rnrTimes is the InfiniBand RNR NAK timer table (microseconds), by code.
+var rnrTimes = [32]uint32{655360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920,
+	2560, 3840, 5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520}
+
+func rnrCodeFor(d time.Duration) uint8 {
+	us := uint32(d / time.Microsecond)
+	for c := 1; c < 32; c++ {
+		if rnrTimes[c] >= us {
+			return uint8(c)
+		}
+	}
+	return 0
+}
+
+func rnrDuration(code uint8) time.Duration {
+	return time.Duration(rnrTimes[code&31]) * time.Microsecond
+}
+
+// PostSend posts send work requests. It returns how many were accepted
+// before the first error. Requests that fail during execution (bad keys,
+// remote errors) report through completions, not here.
+//
+// In the error state, requests are accepted and flushed at once, as in
+// ibverbs; in Reset, Init and ReadyToReceive PostSend returns ErrQPState.
+func (qp *QP) PostSend(wrs []SendWR) (int, error) {
+	ob := outboxPool.Get().(*outbox)
+	qp.mu.Lock()
+	n, err := qp.postSendLocked(wrs, ob)
+	qp.mu.Unlock()
+	ob.flush(qp.port)
+	outboxPool.Put(ob)
+	return n, err
+}
+
+func (qp *QP) postSendLocked(wrs []SendWR, ob *outbox) (int, error) {
+	if err := qp.usableLocked(); err != nil {
+		return 0, err
+	}
+	switch qp.state {
+	case StateReadyToSend, StateError:
+	default:
+		return 0, fmt.Errorf("verbs: QP %d: post send in %v: %w", qp.num, qp.state, ErrQPState)
+	}
+	r := &qp.req
+	for i := range wrs {
+		wr := &wrs[i]
+		if err := qp.validateSend(wr); err != nil {
+			return i, err
+		}
+		if r.full() {
+			return i, fmt.Errorf("verbs: QP %d: post send: %w", qp.num, ErrQueueFull)
+		}
+		w := r.push()
+		qp.fillWQE(w, wr)
+		if qp.state == StateError {
+			r.pop()
+			qp.completeSend(w, StatusFlushed, 0, true)
+		}
+	}
+	if qp.state == StateReadyToSend {
+		qp.progressSend(time.Now(), ob)
+	}
+	return len(wrs), nil
+}
+
+func (qp *QP) validateSend(wr *SendWR) error {
+	if wr.Opcode < OpSend || wr.Opcode > OpMailboxWriteImm {
+		return fmt.Errorf("verbs: QP %d: %w: opcode %v", qp.num, ErrInvalidWR, wr.Opcode)
+	}
+	if qp.typ == UC && wr.Opcode.isReadLike() {
+		return fmt.Errorf("verbs: QP %d: %w: %v on a UC QP", qp.num, ErrInvalidWR, wr.Opcode)
+	}
+	if len(wr.SGL) > qp.cfg.MaxSendSGE {
+		return fmt.Errorf("verbs: QP %d: %w: %d SGEs, max %d", qp.num, ErrInvalidWR, len(wr.SGL), qp.cfg.MaxSendSGE)
+	}
+	if wr.Flags&FlagInline != 0 {
+		if wr.Opcode.isReadLike() {
+			return fmt.Errorf("verbs: QP %d: %w: inline %v", qp.num, ErrInvalidWR, wr.Opcode)
+		}
+		if len(wr.Inline) > qp.cfg.MaxInline {
+			return fmt.Errorf("verbs: QP %d: %w: inline data %d bytes, max %d", qp.num, ErrInvalidWR, len(wr.Inline), qp.cfg.MaxInline)
+		}
+	}
+	if wr.Opcode.isAtomic() {
+		if len(wr.SGL) != 1 || wr.SGL[0].Length != 8 {
+			return fmt.Errorf("verbs: QP %d: %w: an atomic needs one 8-byte SGE", qp.num, ErrInvalidWR)
+		}
+		if wr.RemoteAddr%8 != 0 {
+			return fmt.Errorf("verbs: QP %d: %w: atomic remote address %#x not 8-byte aligned", qp.num, ErrInvalidWR, wr.RemoteAddr)
+		}
+	}
+	return nil
+}
+
+// fillWQE copies a work request into a send-queue slot, resolving its
+// gather list; a local error is recorded and reported when the request
+// reaches the head of transmission.
+func (qp *QP) fillWQE(w *sendWQE, wr *SendWR) {
+	w.reset()
+	w.id, w.op, w.flags = wr.ID, wr.Opcode, wr.Flags
+	w.signaled = qp.cfg.SignalAll || wr.Flags&FlagSignaled != 0
+	w.raddr, w.rkey, w.imm = wr.RemoteAddr, wr.RKey, wr.Imm
+	w.compareAdd, w.swap = wr.CompareAdd, wr.Swap
+	w.mailbox, w.mboff = wr.Mailbox, wr.MailboxOffset
+	if wr.Flags&FlagInline != 0 {
+		w.inline = append(w.inline[:0], wr.Inline...)
+		w.segs = append(w.segs, w.inline)
+		w.length = len(w.inline)
+	} else {
+		need := Access(0)
+		if wr.Opcode.isReadLike() {
+			need = AccessLocalWrite
+		}
+		for _, s := range wr.SGL {
+			b, st := qp.pd.resolveLocal(s, need)
+			if st != StatusSuccess {
+				w.status = st
+				break
+			}
+			w.segs = append(w.segs, b)
+			w.length += len(b)
+		}
+	}
+	if w.length > 1<<31 {
+		w.status = StatusLocalLengthError
+	}
+	if wr.Opcode.isAtomic() {
+		w.npsn = 1
+	} else {
+		w.npsn = qp.npkts(w.length)
+	}
+	w.firstPSN = qp.req.nextPSN
+	qp.req.nextPSN = psn.Add(qp.req.nextPSN, w.npsn)
+}
+
+func (qp *QP) npkts(n int) int {
+	if n == 0 {
+		return 1
+	}
+	return (n + qp.mtu - 1) / qp.mtu
+}
+
+// PostRecv posts receives to the QP's own receive queue (not allowed with
+// an SRQ). Receives may be posted from Init on.
+func (qp *QP) PostRecv(wrs []RecvWR) (int, error) {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if err := qp.usableLocked(); err != nil {
+		return 0, err
+	}
+	if qp.srq != nil {
+		return 0, fmt.Errorf("verbs: QP %d: post recv: %w: the QP uses an SRQ", qp.num, ErrInvalidWR)
+	}
+	if qp.state == StateReset {
+		return 0, fmt.Errorf("verbs: QP %d: post recv in %v: %w", qp.num, qp.state, ErrQPState)
+	}
+	n, err := qp.rq.post(wrs)
+	if qp.state == StateError {
+		qp.flushRecvLocked()
+	}
+	return n, err
+}
+
+// completeSend reports a send request's outcome. Successful unsignaled
+// requests produce no completion.
+func (qp *QP) completeSend(w *sendWQE, st Status, vendor uint32, force bool) {
+	if st == StatusSuccess && !w.signaled && !force {
+		return
+	}
+	wc := WorkCompletion{WRID: w.id, Status: st, Opcode: w.op.wcOpcode(), QPN: qp.num, VendorErr: vendor}
+	if st == StatusSuccess {
+		wc.ByteLen = uint32(w.length)
+	}
+	if !qp.sendCQ.push(wc) && qp.state != StateError {
+		qp.toErrorLocked()
+	}
+}
+
+func (qp *QP) completeRecv(wc WorkCompletion) {
+	wc.QPN = qp.num
+	if !qp.recvCQ.push(wc) && qp.state != StateError {
+		qp.toErrorLocked()
+	}
+}
+
+// fail completes the request at the head of the queue with st and moves the
+// QP to the error state, flushing the rest.
+func (qp *QP) fail(st Status, vendor uint32) {
+	if w := qp.req.head(); w != nil {
+		qp.req.pop()
+		qp.completeSend(w, st, vendor, true)
+	}
+	qp.toErrorLocked()
+}
+
+// toErrorLocked enters the error state and flushes every outstanding work
+// request.
+func (qp *QP) toErrorLocked() {
+	if qp.state == StateError {
+		return
+	}
+	qp.state = StateError
+	qp.stopTimerLocked()
+	for w := qp.req.head(); w != nil; w = qp.req.head() {
+		qp.req.pop()
+		qp.completeSend(w, StatusFlushed, 0, true)
+	}
+	qp.req.init(&qp.cfg)
+	qp.flushRecvLocked()
+}
+
+func (qp *QP) flushRecvLocked() {
+	if qp.srq != nil {
+		return
+	}
+	var w recvWQE
+	for qp.rq.take(&w) {
+		qp.completeRecv(WorkCompletion{WRID: w.id, Status: StatusFlushed, Opcode: WCRecv})
+	}
+}
+
+// armTimer makes sure the QP's timer fires no later than at.
+func (qp *QP) armTimer(at time.Time) {
+	if qp.timerLive && !qp.timerAt.After(at) {
+		return // fires earlier; it re-arms itself then
+	}
+	qp.timerAt, qp.timerLive = at, true
+	qp.timer.Reset(time.Until(at))
+}
+
+func (qp *QP) stopTimerLocked() {
+	qp.timer.Stop()
+	qp.timerLive = false
+}
+
+func (qp *QP) onTimer() {
+	ob := outboxPool.Get().(*outbox)
+	qp.mu.Lock()
+	qp.timerLive = false
+	if !qp.closed && qp.state == StateReadyToSend {
+		qp.checkTimers(time.Now(), ob)
+	}
+	qp.mu.Unlock()
+	ob.flush(qp.port)
+	outboxPool.Put(ob)
+}
+
+// newPacket starts a packet to the connected peer.
+func (qp *QP) newPacket(op wire.Opcode, p uint32) *wire.Packet {
+	pk := wire.Get()
+	pk.Src, pk.Dst = qp.dev.gids[qp.gid], qp.remote.GID
+	pk.Opcode, pk.DestQP, pk.PSN, pk.Secret = op, qp.remote.QPN, p, qp.remote.Secret
+	return pk
+}

@@ -1,0 +1,538 @@
+package verbs
+
+import (
+	"encoding/binary"
+	"time"
+
+	"github.com/rvma/rvma/internal/psn"
+	"github.com/rvma/rvma/internal/wire"
+)
+
+// sendWQE is a send-queue slot: a copied work request plus its progress.
+type sendWQE struct {
+	id         uint64
+	op         Opcode
+	flags      SendFlags
+	signaled   bool
+	raddr      uint64
+	rkey       uint32
+	imm        uint32
+	compareAdd uint64
+	swap       uint64
+	mailbox    uint64
+	mboff      uint64
+
+	segs   [][]byte // resolved gather (or scatter, for READ and atomics) list
+	inline []byte   // owned copy of inline data
+	length int
+	status Status // local error found at post time
+
+	firstPSN uint32
+	npsn     int  // PSNs the request consumes
+	resp     int  // READ/atomic: responses received, in order
+	started  bool // transmitted at least once
+	acked    bool // done: acknowledged, or all responses in
+}
+
+func (w *sendWQE) reset() {
+	segs, inline := w.segs[:0], w.inline[:0]
+	*w = sendWQE{segs: segs, inline: inline}
+}
+
+func (w *sendWQE) lastPSN() uint32 { return psn.Add(w.firstPSN, w.npsn-1) }
+
+func (w *sendWQE) contains(p uint32) bool {
+	return psn.Diff(p, w.firstPSN) >= 0 && psn.Diff(p, w.lastPSN()) <= 0
+}
+
+// requester is the send side of a QP: go-back-N over a window of PSNs, as
+// InfiniBand RC requesters work. Go-back-N rather than selective repeat
+// because the responder then needs no reorder buffer and no per-packet
+// state, and because loss on the paths RC is meant for is rare; lossy
+// long-haul paths use UC with the reliability package's selective repeat
+// and erasure coding instead.
+type requester struct {
+	ring       []sendWQE
+	headSeq    uint64 // oldest incomplete request
+	tailSeq    uint64 // next free slot
+	txSeq      uint64 // request being transmitted
+	txOff      int    // next packet (PSN offset) of that request
+	nextPSN    uint32 // next PSN to assign at post time
+	txPSN      uint32 // next PSN to transmit
+	maxSent    uint32 // one past the highest PSN transmitted
+	unacked    uint32 // oldest unacknowledged PSN
+	rdInFlight int
+
+	retries      int
+	rnrRetries   int
+	lastProgress time.Time
+	rnrUntil     time.Time
+	rewound      bool // a sequence NAK already rewound to rewoundTo
+	rewoundTo    uint32
+}
+
+func (r *requester) init(cfg *QPConfig) {
+	if r.ring == nil {
+		r.ring = make([]sendWQE, cfg.MaxSendWR)
+		for i := range r.ring {
+			r.ring[i].segs = make([][]byte, 0, cfg.MaxSendSGE+1)
+			r.ring[i].inline = make([]byte, 0, cfg.MaxInline)
+		}
+	}
+	ring := r.ring
+	*r = requester{ring: ring}
+}
+
+func (r *requester) start(p uint32) {
+	r.nextPSN, r.txPSN, r.maxSent, r.unacked = p, p, p, p
+}
+
+func (r *requester) at(seq uint64) *sendWQE { return &r.ring[seq%uint64(len(r.ring))] }
+func (r *requester) full() bool            { return r.tailSeq-r.headSeq == uint64(len(r.ring)) }
+
+func (r *requester) push() *sendWQE {
+	w := r.at(r.tailSeq)
+	r.tailSeq++
+	return w
+}
+
+func (r *requester) head() *sendWQE {
+	if r.headSeq == r.tailSeq {
+		return nil
+	}
+	return r.at(r.headSeq)
+}
+
+func (r *requester) pop() {
+	r.headSeq++
+	if r.txSeq < r.headSeq {
+		r.txSeq, r.txOff = r.headSeq, 0
+	}
+}
+
+func (r *requester) inFlight() bool { return r.txPSN != r.unacked || r.maxSent != r.unacked }
+
+// progressSend transmits what the window allows.
+func (qp *QP) progressSend(now time.Time, ob *outbox) {
+	r := &qp.req
+	if qp.state != StateReadyToSend {
+		return
+	}
+	if !r.rnrUntil.IsZero() {
+		if now.Before(r.rnrUntil) {
+			qp.armTimer(r.rnrUntil)
+			return
+		}
+		r.rnrUntil = time.Time{}
+	}
+	win := int32(qp.conn.window)
+	for r.txSeq < r.tailSeq {
+		w := r.at(r.txSeq)
+		if w.status != StatusSuccess {
+			// Reported in order, once everything before it completed.
+			if r.txSeq == r.headSeq {
+				qp.fail(w.status, 0)
+				return
+			}
+			break
+		}
+		p := psn.Add(w.firstPSN, r.txOff)
+		room := win - psn.Diff(p, r.unacked)
+		if room <= 0 {
+			break
+		}
+		if r.txOff == 0 && !w.started {
+			if w.op.isReadLike() && r.rdInFlight >= qp.conn.maxRdAtomic {
+				break
+			}
+			if w.flags&FlagFence != 0 && r.rdInFlight > 0 {
+				break
+			}
+		}
+		if r.txPSN == r.unacked && r.maxSent == r.unacked {
+			r.lastProgress = now // the flight starts now
+		}
+		switch {
+		case w.op == OpRead:
+			n := min(w.npsn-r.txOff, int(room))
+			ob.pkts = append(ob.pkts, qp.readRequest(w, r.txOff, n))
+			r.txOff += n
+		case w.op.isAtomic():
+			ob.pkts = append(ob.pkts, qp.atomicRequest(w))
+			r.txOff++
+		default:
+			ob.pkts = append(ob.pkts, qp.dataPacket(w, r.txOff))
+			r.txOff++
+		}
+		if !w.started {
+			w.started = true
+			if w.op.isReadLike() {
+				r.rdInFlight++
+			}
+		}
+		r.txPSN = psn.Add(w.firstPSN, r.txOff)
+		if psn.Diff(r.txPSN, r.maxSent) > 0 {
+			r.maxSent = r.txPSN
+		}
+		if r.txOff == w.npsn {
+			r.txSeq++
+			r.txOff = 0
+			if qp.typ == UC {
+				// UC completes at the initiator once the message is sent.
+				w.acked = true
+				r.unacked, r.maxSent = r.txPSN, r.txPSN
+				qp.completeDone()
+			}
+		}
+	}
+	if qp.typ == RC && r.inFlight() {
+		qp.armTimer(r.lastProgress.Add(qp.conn.timeout))
+	}
+}
+
+// completeDone completes finished requests at the head, in order.
+func (qp *QP) completeDone() {
+	r := &qp.req
+	for w := r.head(); w != nil && w.acked; w = r.head() {
+		if w.op.isReadLike() {
+			r.rdInFlight--
+		}
+		r.pop()
+		qp.completeSend(w, StatusSuccess, 0, false)
+	}
+}
+
+// goBack rewinds transmission to PSN p (go-back-N).
+func (qp *QP) goBack(p uint32) {
+	r := &qp.req
+	for seq := r.headSeq; seq < r.tailSeq; seq++ {
+		w := r.at(seq)
+		if w.contains(p) {
+			r.txSeq, r.txOff = seq, int(psn.Diff(p, w.firstPSN))
+			r.txPSN = p
+			return
+		}
+	}
+	r.txSeq, r.txOff, r.txPSN = r.tailSeq, 0, r.nextPSN
+}
+
+// checkTimers handles the retransmission and RNR timers.
+func (qp *QP) checkTimers(now time.Time, ob *outbox) {
+	r := &qp.req
+	if !r.rnrUntil.IsZero() {
+		if now.Before(r.rnrUntil) {
+			qp.armTimer(r.rnrUntil)
+			return
+		}
+		r.rnrUntil = time.Time{}
+		r.lastProgress = now
+	} else if r.inFlight() {
+		deadline := r.lastProgress.Add(qp.conn.timeout)
+		if now.Before(deadline) {
+			qp.armTimer(deadline)
+			return
+		}
+		r.retries++
+		if r.retries > qp.conn.retryCount {
+			qp.fail(StatusRetryExceeded, 0)
+			return
+		}
+		qp.goBack(r.unacked)
+		r.rewound = false
+		r.lastProgress = now
+	}
+	qp.progressSend(now, ob)
+}
+
+// ackTo acknowledges every PSN up to and including a. It returns false if
+// the acknowledgement implies lost READ or atomic responses, in which case
+// transmission was rewound to the first missing response.
+func (qp *QP) ackTo(a uint32, now time.Time) bool {
+	r := &qp.req
+	if psn.Diff(a, r.unacked) < 0 {
+		return true // stale
+	}
+	if psn.Diff(a, r.maxSent) >= 0 {
+		qp.dev.drop(&qp.dev.stats.malformed) // acknowledges what was never sent
+		return false
+	}
+	for seq := r.headSeq; seq < r.tailSeq; seq++ {
+		w := r.at(seq)
+		if psn.Diff(a, w.firstPSN) < 0 {
+			break
+		}
+		if w.op.isReadLike() && !w.acked {
+			// The responder executed past this request, so its responses
+			// were lost: an implied NAK.
+			e := psn.Add(w.firstPSN, w.resp)
+			qp.progressTo(e, now)
+			qp.goBack(e)
+			return false
+		}
+		if psn.Diff(w.lastPSN(), a) <= 0 {
+			w.acked = true
+		} else {
+			break
+		}
+	}
+	qp.progressTo(psn.Add(a, 1), now)
+	return true
+}
+
+// progressTo records that every PSN before u is acknowledged.
+func (qp *QP) progressTo(u uint32, now time.Time) {
+	r := &qp.req
+	if psn.Diff(u, r.unacked) <= 0 {
+		return
+	}
+	for seq := r.headSeq; seq < r.tailSeq; seq++ {
+		w := r.at(seq)
+		if psn.Diff(u, w.lastPSN()) <= 0 {
+			break
+		}
+		w.acked = true // requests before u are done (READs only reach here complete)
+	}
+	r.unacked = u
+	r.retries, r.rnrRetries = 0, 0
+	r.lastProgress = now
+	r.rewound = false
+	if psn.Diff(r.txPSN, u) < 0 {
+		qp.goBack(u)
+	}
+}
+
+// handleResponse processes a packet from the responder: ACK, NAK, READ
+// response or atomic acknowledgement.
+func (qp *QP) handleResponse(p *wire.Packet, now time.Time, ob *outbox) {
+	if qp.typ != RC || qp.state != StateReadyToSend {
+		qp.dev.drop(&qp.dev.stats.rxDropped)
+		return
+	}
+	r := &qp.req
+	switch p.Opcode {
+	case wire.Acknowledge:
+		switch wire.SyndromeType(p.Syndrome) {
+		case wire.SyndromeACK:
+			qp.ackTo(p.PSN, now)
+		case wire.SyndromeRNR:
+			if psn.Diff(p.PSN, r.unacked) < 0 || !qp.ackTo(psn.Add(p.PSN, -1), now) {
+				break
+			}
+			r.rnrRetries++
+			if qp.conn.rnrRetry != 7 && r.rnrRetries > qp.conn.rnrRetry {
+				qp.fail(StatusRNRRetryExceeded, 0)
+				return
+			}
+			qp.goBack(p.PSN)
+			r.rnrUntil = now.Add(rnrDuration(wire.SyndromeValue(p.Syndrome)))
+			qp.armTimer(r.rnrUntil)
+		case wire.SyndromeNAK:
+			if psn.Diff(p.PSN, r.unacked) < 0 || !qp.ackTo(psn.Add(p.PSN, -1), now) {
+				break
+			}
+			qp.completeDone()
+			code := wire.SyndromeValue(p.Syndrome)
+			switch {
+			case code == wire.NAKSequence:
+				if r.rewound && r.rewoundTo == p.PSN {
+					break // already rewound for this loss
+				}
+				qp.goBack(p.PSN)
+				r.rewound, r.rewoundTo = true, p.PSN
+			case code == wire.NAKInvalid:
+				qp.fail(StatusRemoteInvalidRequest, 0)
+				return
+			case code == wire.NAKRemoteAccess:
+				qp.fail(StatusRemoteAccessError, 0)
+				return
+			case code >= wire.NAKMailboxBase:
+				qp.fail(StatusRemoteAccessError, uint32(code-wire.NAKMailboxBase)+uint32(MailboxRefused))
+				return
+			default:
+				qp.fail(StatusRemoteOperationalError, 0)
+				return
+			}
+		default:
+			qp.dev.drop(&qp.dev.stats.malformed)
+			return
+		}
+	case wire.ReadRespFirst, wire.ReadRespMiddle, wire.ReadRespLast, wire.ReadRespOnly, wire.AtomicAck:
+		qp.readResponse(p, now)
+	default:
+		qp.dev.drop(&qp.dev.stats.malformed)
+		return
+	}
+	if qp.state == StateReadyToSend {
+		qp.completeDone()
+		qp.progressSend(now, ob)
+	}
+}
+
+// readResponse places one READ response or atomic acknowledgement.
+func (qp *QP) readResponse(p *wire.Packet, now time.Time) {
+	r := &qp.req
+	var w *sendWQE
+	for seq := r.headSeq; seq < r.tailSeq; seq++ {
+		if x := r.at(seq); x.op.isReadLike() && !x.acked {
+			w = x
+			break
+		}
+	}
+	if w == nil || !w.started {
+		qp.dev.drop(&qp.dev.stats.duplicates)
+		return
+	}
+	e := psn.Add(w.firstPSN, w.resp)
+	switch d := psn.Diff(p.PSN, e); {
+	case d < 0:
+		qp.dev.drop(&qp.dev.stats.duplicates)
+		return
+	case d > 0:
+		// Responses before p were lost; everything before w was executed.
+		qp.dev.drop(&qp.dev.stats.outOfWindow)
+		if !w.contains(p.PSN) {
+			return
+		}
+		qp.progressTo(e, now)
+		if !(r.rewound && r.rewoundTo == e) {
+			qp.goBack(e)
+			r.rewound, r.rewoundTo = true, e
+		}
+		return
+	}
+	if (w.op == OpRead) != (p.Opcode != wire.AtomicAck) {
+		qp.dev.drop(&qp.dev.stats.malformed)
+		return
+	}
+	if w.op == OpRead {
+		off := w.resp * qp.mtu
+		want := min(qp.mtu, w.length-off)
+		first, last := w.resp == 0, w.resp == w.npsn-1
+		if len(p.Payload) != want || p.Opcode.Starts() != first || p.Opcode.Ends() != last {
+			qp.dev.drop(&qp.dev.stats.malformed)
+			return
+		}
+		scatter(w.segs, off, p.Payload)
+		w.resp++
+		w.acked = w.resp == w.npsn
+	} else {
+		var b [8]byte
+		binary.LittleEndian.PutUint64(b[:], p.Orig)
+		scatter(w.segs, 0, b[:])
+		w.resp, w.acked = 1, true
+	}
+	qp.progressTo(psn.Add(p.PSN, 1), now)
+}
+
+// dataPacket builds packet idx of a SEND, WRITE or mailbox write.
+func (qp *QP) dataPacket(w *sendWQE, idx int) *wire.Packet {
+	first, last := idx == 0, idx == w.npsn-1
+	var fam [6]wire.Opcode // first, middle, last, last+imm, only, only+imm
+	switch w.op {
+	case OpSend, OpSendImm:
+		fam = [6]wire.Opcode{wire.SendFirst, wire.SendMiddle, wire.SendLast, wire.SendLastImm, wire.SendOnly, wire.SendOnlyImm}
+	case OpWrite, OpWriteImm:
+		fam = [6]wire.Opcode{wire.WriteFirst, wire.WriteMiddle, wire.WriteLast, wire.WriteLastImm, wire.WriteOnly, wire.WriteOnlyImm}
+	default:
+		fam = [6]wire.Opcode{wire.MailboxFirst, wire.MailboxMiddle, wire.MailboxLast, wire.MailboxLastImm, wire.MailboxOnly, wire.MailboxOnlyImm}
+	}
+	imm := 0
+	if w.op.hasImm() {
+		imm = 1
+	}
+	var op wire.Opcode
+	switch {
+	case first && last:
+		op = fam[4+imm]
+	case first:
+		op = fam[0]
+	case last:
+		op = fam[2+imm]
+	default:
+		op = fam[1]
+	}
+	if qp.typ == UC {
+		op = op.UC()
+	}
+	pk := qp.newPacket(op, psn.Add(w.firstPSN, idx))
+	off := idx * qp.mtu
+	pk.Payload = gather(w.segs, off, min(qp.mtu, w.length-off), pk)
+	if op.HasRETH() {
+		pk.VA, pk.RKey, pk.DMALen = w.raddr, w.rkey, uint32(w.length)
+	}
+	if w.op.isMailbox() {
+		pk.Mailbox, pk.Offset, pk.MsgOff, pk.MsgLen = w.mailbox, w.mboff, uint32(off), uint32(w.length)
+	}
+	if op.HasImm() {
+		pk.Imm = w.imm
+	}
+	pk.Solicit = last && w.flags&FlagSolicited != 0
+	pk.AckReq = qp.typ == RC && (last || (idx+1)%qp.conn.ackEvery == 0)
+	return pk
+}
+
+// readRequest builds a READ request for n response packets starting at
+// packet idx; a READ longer than the window is requested in pieces.
+func (qp *QP) readRequest(w *sendWQE, idx, n int) *wire.Packet {
+	pk := qp.newPacket(wire.ReadRequest, psn.Add(w.firstPSN, idx))
+	off := idx * qp.mtu
+	pk.VA, pk.RKey = w.raddr+uint64(off), w.rkey
+	pk.DMALen = uint32(min(w.length-off, n*qp.mtu))
+	pk.AckReq = true
+	return pk
+}
+
+func (qp *QP) atomicRequest(w *sendWQE) *wire.Packet {
+	op := wire.FetchAdd
+	if w.op == OpCompareSwap {
+		op = wire.CompareSwap
+	}
+	pk := qp.newPacket(op, w.firstPSN)
+	pk.VA, pk.RKey, pk.SwapAdd, pk.Compare = w.raddr, w.rkey, w.compareAdd, w.swap
+	if w.op == OpCompareSwap {
+		pk.SwapAdd, pk.Compare = w.swap, w.compareAdd
+	}
+	pk.AckReq = true
+	return pk
+}
+
+// gather returns n bytes at offset off of the segment list: a slice of the
+// caller's memory when they lie in one segment (zero copy), else a copy in
+// the packet's own buffer.
+func gather(segs [][]byte, off, n int, pk *wire.Packet) []byte {
+	if n <= 0 {
+		return nil
+	}
+	i := 0
+	for i < len(segs) && off >= len(segs[i]) {
+		off -= len(segs[i])
+		i++
+	}
+	if off+n <= len(segs[i]) {
+		return segs[i][off : off+n : off+n]
+	}
+	b := pk.Bounce(n)
+	for k := 0; k < n; i++ {
+		k += copy(b[k:], segs[i][off:])
+		off = 0
+	}
+	return b
+}
+
+// scatter copies p into the segment list at offset off; false if it does
+// not fit.
+func scatter(segs [][]byte, off int, p []byte) bool {
+	for _, s := range segs {
+		if len(p) == 0 {
+			return true
+		}
+		if off >= len(s) {
+			off -= len(s)
+			continue
+		}
+		n := copy(s[off:], p)
+		p = p[n:]
+		off = 0
+	}
+	return len(p) == 0
+}

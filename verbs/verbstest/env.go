@@ -1,0 +1,145 @@
+// Package verbstest is the verbs conformance suite and its fixtures. Every
+// provider runs the same suite: a provider's test calls Run with an Env that
+// opens its devices.
+//
+//	func TestConformance(t *testing.T) { verbstest.Run(t, verbstest.Loop()) }
+package verbstest
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/verbs"
+)
+
+// Env opens devices that can reach each other.
+type Env interface {
+	// Name is the provider's name, for test output.
+	Name() string
+	// Open opens a new device; the test closes it at cleanup.
+	Open(t testing.TB) *verbs.Device
+	// Lossless reports whether the provider never loses packets unless
+	// faults are injected, so tests of UC delivery may expect every
+	// message.
+	Lossless() bool
+}
+
+var fabricSeq atomic.Uint64
+
+type loopEnv struct{ fabric string }
+
+// Loop returns an Env of loop devices on a fabric private to the caller.
+func Loop() Env { return loopEnv{fabric: fmt.Sprintf("verbstest-%d", fabricSeq.Add(1))} }
+
+func (e loopEnv) Name() string   { return "loop" }
+func (e loopEnv) Lossless() bool { return true }
+func (e loopEnv) Open(t testing.TB) *verbs.Device {
+	d, err := verbs.Open(context.Background(), "loop://"+e.fabric+"?gids=2", nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// Side is one end of a connected pair: a device with a PD, a CQ, a QP and a
+// registered buffer.
+type Side struct {
+	Dev *verbs.Device
+	PD  *verbs.PD
+	CQ  *verbs.CQ
+	QP  *verbs.QP
+	Buf []byte
+	MR  *verbs.MR
+}
+
+// PairConfig shapes a Pair. The zero value means an RC pair with 64 KiB
+// buffers and default attributes.
+type PairConfig struct {
+	QP      verbs.QPConfig
+	Connect verbs.ConnectConfig
+	BufSize int
+	Access  verbs.Access // default AccessAll
+}
+
+// Pair opens two devices and connects a QP on each to the other.
+func Pair(t testing.TB, env Env, cfg PairConfig) (a, b *Side) {
+	if cfg.BufSize == 0 {
+		cfg.BufSize = 64 << 10
+	}
+	if cfg.Access == 0 {
+		cfg.Access = verbs.AccessAll
+	}
+	mk := func() *Side {
+		s := &Side{Dev: env.Open(t)}
+		var err error
+		s.PD, err = s.Dev.AllocPD()
+		require.NoError(t, err)
+		s.CQ, err = s.Dev.CreateCQ(verbs.CQConfig{})
+		require.NoError(t, err)
+		qc := cfg.QP
+		qc.SendCQ = s.CQ
+		s.QP, err = s.PD.CreateQP(qc)
+		require.NoError(t, err)
+		s.Buf = make([]byte, cfg.BufSize)
+		s.MR, err = s.PD.RegisterMR(s.Buf, cfg.Access)
+		require.NoError(t, err)
+		return s
+	}
+	a, b = mk(), mk()
+	require.NoError(t, a.QP.Connect(b.QP.Endpoint(), &cfg.Connect))
+	require.NoError(t, b.QP.Connect(a.QP.Endpoint(), &cfg.Connect))
+	return a, b
+}
+
+// Wait polls s's CQ until one completion arrives (or fails the test after
+// 10 s) and returns it.
+func (s *Side) Wait(t testing.TB) verbs.WorkCompletion {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wc [1]verbs.WorkCompletion
+	n, err := s.CQ.WaitPoll(ctx, wc[:])
+	require.NoError(t, err, "waiting for a completion")
+	require.Equal(t, 1, n)
+	return wc[0]
+}
+
+// WaitN collects n completions.
+func (s *Side) WaitN(t testing.TB, n int) []verbs.WorkCompletion {
+	t.Helper()
+	out := make([]verbs.WorkCompletion, 0, n)
+	for len(out) < n {
+		out = append(out, s.Wait(t))
+	}
+	return out
+}
+
+// Post posts one send request and fails the test if posting fails.
+func (s *Side) Post(t testing.TB, wr verbs.SendWR) {
+	t.Helper()
+	n, err := s.QP.PostSend([]verbs.SendWR{wr})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+}
+
+// PostRecv posts one receive of n bytes at offset off of s's buffer.
+func (s *Side) PostRecv(t testing.TB, id uint64, off, n int) {
+	t.Helper()
+	_, err := s.QP.PostRecv([]verbs.RecvWR{{ID: id, SGL: []verbs.SGE{s.MR.SGE(off, n)}}})
+	require.NoError(t, err)
+}
+
+// NoCompletion asserts that no completion arrives within d.
+func (s *Side) NoCompletion(t testing.TB, d time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var wc [1]verbs.WorkCompletion
+	n, err := s.CQ.WaitPoll(ctx, wc[:])
+	require.ErrorIs(t, err, context.DeadlineExceeded, "unexpected completion %+v", wc[0])
+	require.Zero(t, n)
+}
