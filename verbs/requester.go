@@ -88,7 +88,7 @@ func (r *requester) start(p uint32) {
 }
 
 func (r *requester) at(seq uint64) *sendWQE { return &r.ring[seq%uint64(len(r.ring))] }
-func (r *requester) full() bool            { return r.tailSeq-r.headSeq == uint64(len(r.ring)) }
+func (r *requester) full() bool             { return r.tailSeq-r.headSeq == uint64(len(r.ring)) }
 
 func (r *requester) push() *sendWQE {
 	w := r.at(r.tailSeq)

@@ -16,10 +16,10 @@ type recvWQE struct {
 // recvQueue is a ring of posted receives, used by a QP's own receive queue
 // and by shared receive queues.
 type recvQueue struct {
-	ring       []recvWQE
-	head, n    int
-	maxSGE     int
-	pd         *PD
+	ring    []recvWQE
+	head, n int
+	maxSGE  int
+	pd      *PD
 }
 
 func newRecvQueue(pd *PD, depth, maxSGE int) recvQueue {

@@ -126,7 +126,7 @@ func (o Opcode) String() string {
 	return fmt.Sprintf("Opcode(%d)", uint8(o))
 }
 
-func (o Opcode) isAtomic() bool { return o == OpCompareSwap || o == OpFetchAdd }
+func (o Opcode) isAtomic() bool   { return o == OpCompareSwap || o == OpFetchAdd }
 func (o Opcode) isReadLike() bool { return o == OpRead || o.isAtomic() }
 func (o Opcode) isMailbox() bool  { return o == OpMailboxWrite || o == OpMailboxWriteImm }
 func (o Opcode) hasImm() bool     { return o == OpSendImm || o == OpWriteImm || o == OpMailboxWriteImm }

@@ -37,10 +37,10 @@ type FaultPort struct {
 		dropped, duplicated, reordered, delayed atomic.Uint64
 	}
 
-	mu      sync.Mutex // guards held, timer
-	held    delayHeap
-	timer   *time.Timer
-	closed  bool
+	mu     sync.Mutex // guards held, timer
+	held   delayHeap
+	timer  *time.Timer
+	closed bool
 }
 
 type faultState struct {
