@@ -407,8 +407,10 @@ func (qp *QP) readResponse(p *wire.Packet, now time.Time) {
 	if w.op == OpRead {
 		off := w.resp * qp.mtu
 		want := min(qp.mtu, w.length-off)
-		first, last := w.resp == 0, w.resp == w.npsn-1
-		if len(p.Payload) != want || p.Opcode.Starts() != first || p.Opcode.Ends() != last {
+		// Framing (FIRST/ONLY) restarts with every READ request, and a READ
+		// is re-requested from its first missing response, so only PSN
+		// order and length identify a response.
+		if len(p.Payload) != want {
 			qp.dev.drop(&qp.dev.stats.malformed)
 			return
 		}

@@ -1,0 +1,9 @@
+package verbs_test
+
+import (
+	"testing"
+
+	"github.com/rvma/rvma/verbs/verbstest"
+)
+
+func TestConformanceLoop(t *testing.T) { verbstest.Run(t, verbstest.Loop()) }
