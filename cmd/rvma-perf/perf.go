@@ -1,0 +1,567 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/rvma/rvma/verbs"
+	"github.com/rvma/rvma/verbs/cm"
+)
+
+const finImm = 0xF1F1F1F1
+
+// setup travels in the client's CM request; the server follows it.
+type setup struct {
+	Test     string        `json:"test"`
+	Size     int           `json:"size"`
+	Iters    int           `json:"iters"`
+	Duration time.Duration `json:"duration"`
+	Depth    int           `json:"depth"`
+	Warmup   int           `json:"warmup"`
+	QPs      int           `json:"qps"`
+	Index    int           `json:"index"`
+}
+
+// region travels in both directions: where the peer may write or read.
+type region struct {
+	Addr uint64 `json:"addr"`
+	RKey uint32 `json:"rkey"`
+	Len  int    `json:"len"`
+}
+
+type hello struct {
+	Setup  setup  `json:"setup"`
+	Region region `json:"region"`
+}
+
+// conn is one connected QP with its buffer.
+type conn struct {
+	qp     *verbs.QP
+	cq     *verbs.CQ
+	mr     *verbs.MR
+	buf    []byte
+	remote region
+	wcs    []verbs.WorkCompletion
+}
+
+type endpoint struct {
+	dev *verbs.Device
+	pd  *verbs.PD
+}
+
+func openEndpoint(ctx context.Context, uri string) (*endpoint, error) {
+	dev, err := verbs.Open(ctx, uri, nil)
+	if err != nil {
+		return nil, err
+	}
+	pd, err := dev.AllocPD()
+	if err != nil {
+		dev.Close()
+		return nil, err
+	}
+	return &endpoint{dev: dev, pd: pd}, nil
+}
+
+// bufLen is the size of one half of a connection's buffer, with room past
+// the message for write_lat's aligned marker word. The first half is the
+// local source, the second is what the peer writes into (perftest's post
+// and poll buffers).
+func bufLen(size int) int { return (size+8+7)&^7 + 8 }
+
+func (e *endpoint) newConn(s setup, gid int) (*conn, error) {
+	cq, err := e.dev.CreateCQ(verbs.CQConfig{Capacity: 8192})
+	if err != nil {
+		return nil, err
+	}
+	qp, err := e.pd.CreateQP(verbs.QPConfig{SendCQ: cq, GID: gid, MaxSendWR: max(2*s.Depth, 64), MaxRecvWR: max(2*s.Depth, 64)})
+	if err != nil {
+		return nil, err
+	}
+	buf := alignedBuf(2 * bufLen(s.Size))
+	mr, err := e.pd.RegisterMR(buf, verbs.AccessAll)
+	if err != nil {
+		return nil, err
+	}
+	return &conn{qp: qp, cq: cq, mr: mr, buf: buf, wcs: make([]verbs.WorkCompletion, 64)}, nil
+}
+
+func alignedBuf(n int) []byte {
+	w := make([]uint64, (n+7)/8)
+	return unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), n)
+}
+
+// region is the half of the buffer the peer writes into and reads from.
+func (c *conn) region() region {
+	h := c.mr.Len() / 2
+	return region{Addr: c.mr.Addr() + uint64(h), RKey: c.mr.RKey(), Len: h}
+}
+
+func (s *setup) connectConfig(mtu int) *cm.Config {
+	// A short receiver-not-ready timer: send_bw's receiver reposts as it
+	// goes, and a 1 ms pause per RNR NAK would measure the timer.
+	return &cm.Config{Connect: &verbs.ConnectConfig{MTU: mtu, Window: 256, MinRNRTimer: 20 * time.Microsecond}}
+}
+
+// client runs the measuring side; in one-process mode it also starts the
+// server side on a loopback listener.
+func client(ctx context.Context, o *options) (*Result, error) {
+	addr := o.connect
+	var serverErr chan error
+	if addr == "" {
+		ln, err := cm.Listen(ctx, "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		addr = ln.Addr().String()
+		serverErr = make(chan error, 1)
+		go func() { serverErr <- serveOn(ctx, o, ln, io.Discard) }()
+	}
+	ep, err := openEndpoint(ctx, o.device)
+	if err != nil {
+		return nil, err
+	}
+	defer ep.dev.Close()
+	s := setup{Test: o.test, Size: o.size, Iters: o.iters, Duration: o.duration, Depth: o.depth, QPs: o.qps}
+	if isLat(o.test) {
+		s.Warmup = 1000
+		if o.iters > 0 {
+			s.Warmup = min(1000, max(o.iters/10, 10))
+		}
+	}
+	conns := make([]*conn, o.qps)
+	for i := range conns {
+		s.Index = i
+		c, err := ep.newConn(s, i%len(ep.dev.GIDs()))
+		if err != nil {
+			return nil, err
+		}
+		cfg := s.connectConfig(o.mtu)
+		cfg.PrivateData, _ = json.Marshal(hello{Setup: s, Region: c.region()})
+		res, err := cm.Dial(ctx, addr, c.qp, cfg)
+		if err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal(res.PrivateData, &c.remote); err != nil {
+			return nil, fmt.Errorf("server's region: %w", err)
+		}
+		conns[i] = c
+	}
+	r, err := measure(ctx, o, s, conns)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range conns {
+		if err := c.fin(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if serverErr != nil {
+		if err := <-serverErr; err != nil {
+			return nil, fmt.Errorf("server side: %w", err)
+		}
+	}
+	r.Provider = o.provider
+	return r, nil
+}
+
+func serve(ctx context.Context, o *options, log io.Writer) error {
+	ln, err := cm.Listen(ctx, o.server)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(log, "rvma-perf: %s server listening on %s\n", o.test, ln.Addr())
+	return serveOn(ctx, o, ln, log)
+}
+
+// serveOn accepts one run's connections and plays the passive side.
+func serveOn(ctx context.Context, o *options, ln *cm.Listener, log io.Writer) error {
+	defer ln.Close()
+	ep, err := openEndpoint(ctx, o.device)
+	if err != nil {
+		return err
+	}
+	defer ep.dev.Close()
+	var conns []*conn
+	var s setup
+	for want := 1; len(conns) < want; {
+		req, err := ln.Accept(ctx)
+		if err != nil {
+			return err
+		}
+		var h hello
+		if err := json.Unmarshal(req.PrivateData(), &h); err != nil {
+			req.Reject("bad setup: " + err.Error())
+			continue
+		}
+		if h.Setup.Test != o.test {
+			req.Reject(fmt.Sprintf("server runs %s, client asked for %s", o.test, h.Setup.Test))
+			continue
+		}
+		s, want = h.Setup, h.Setup.QPs
+		c, err := ep.newConn(s, len(conns)%len(ep.dev.GIDs()))
+		if err != nil {
+			req.Reject(err.Error())
+			return err
+		}
+		c.remote = h.Region
+		// The receive for the client's FIN must be posted before the
+		// client can send it.
+		if err := c.qp.Init(); err != nil {
+			return err
+		}
+		if s.Test != "send_bw" && s.Test != "send_lat" {
+			if err := c.postRecv(1, 0); err != nil {
+				return err
+			}
+		}
+		cfg := s.connectConfig(o.mtu)
+		cfg.PrivateData, _ = json.Marshal(c.region())
+		if err := req.Accept(ctx, c.qp, cfg); err != nil {
+			return err
+		}
+		conns = append(conns, c)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(conns))
+	for i, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = c.serverRole(ctx, s)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (c *conn) postRecv(n, size int) error {
+	for i := 0; i < n; i++ {
+		if _, err := c.qp.PostRecv([]verbs.RecvWR{{SGL: []verbs.SGE{c.mr.SGE(0, max(size, 1))}}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// next waits for one completion and fails on an error status.
+func (c *conn) next(ctx context.Context) (verbs.WorkCompletion, error) {
+	for {
+		n, err := c.cq.Poll(c.wcs[:1])
+		if err != nil {
+			return verbs.WorkCompletion{}, err
+		}
+		if n == 1 {
+			return c.wcs[0], c.wcs[0].Err()
+		}
+		if err := c.cq.Wait(ctx); err != nil {
+			return verbs.WorkCompletion{}, err
+		}
+	}
+}
+
+// waitFIN consumes completions until the client's FIN arrives.
+func (c *conn) waitFIN(ctx context.Context) error {
+	for {
+		wc, err := c.next(ctx)
+		if err != nil {
+			return err
+		}
+		if wc.Opcode == verbs.WCRecv && wc.Flags&verbs.WCWithImm != 0 && wc.Imm == finImm {
+			return nil
+		}
+	}
+}
+
+func (c *conn) fin(ctx context.Context) error {
+	if _, err := c.qp.PostSend([]verbs.SendWR{{Opcode: verbs.OpSendImm, Imm: finImm, Flags: verbs.FlagSignaled}}); err != nil {
+		return err
+	}
+	for {
+		wc, err := c.next(ctx)
+		if err != nil {
+			return err
+		}
+		if wc.Opcode == verbs.WCSend {
+			return nil
+		}
+	}
+}
+
+func (c *conn) serverRole(ctx context.Context, s setup) error {
+	switch s.Test {
+	case "write_lat":
+		total := s.Warmup + s.Iters
+		if s.Iters == 0 {
+			total = -1 // until FIN
+		}
+		for i := 1; total < 0 || i <= total; i++ {
+			if !c.pollMarker(ctx, s.Size, i, total < 0) {
+				break
+			}
+			c.setMarker(s.Size, i)
+			if err := c.writeTo(s.Size, false); err != nil {
+				return err
+			}
+		}
+		return c.waitFIN(ctx)
+	case "send_lat":
+		if err := c.postRecv(2, s.Size); err != nil {
+			return err
+		}
+		for {
+			wc, err := c.next(ctx)
+			if err != nil {
+				return err
+			}
+			if wc.Opcode != verbs.WCRecv {
+				continue
+			}
+			if wc.Flags&verbs.WCWithImm != 0 && wc.Imm == finImm {
+				return nil
+			}
+			if err := c.postRecv(1, s.Size); err != nil {
+				return err
+			}
+			if _, err := c.qp.PostSend([]verbs.SendWR{{Opcode: verbs.OpSend, SGL: []verbs.SGE{c.mr.SGE(0, s.Size)}}}); err != nil {
+				return err
+			}
+		}
+	case "send_bw":
+		if err := c.postRecv(2*s.Depth, s.Size); err != nil {
+			return err
+		}
+		for {
+			n, err := c.cq.Poll(c.wcs)
+			if err != nil {
+				return err
+			}
+			for _, wc := range c.wcs[:n] {
+				if err := wc.Err(); err != nil {
+					return err
+				}
+				if wc.Flags&verbs.WCWithImm != 0 && wc.Imm == finImm {
+					return nil
+				}
+				if err := c.postRecv(1, s.Size); err != nil {
+					return err
+				}
+			}
+			if n == 0 {
+				if err := c.cq.Wait(ctx); err != nil {
+					return err
+				}
+			}
+		}
+	default: // passive target: the client does all the work
+		return c.waitFIN(ctx)
+	}
+}
+
+// marker returns the aligned word that holds the last byte of a size-byte
+// message; write_lat polls it, as ib_write_lat polls the last byte.
+func (c *conn) marker(size int) *uint32 {
+	return (*uint32)(unsafe.Pointer(&c.buf[len(c.buf)/2+(size-1)&^3]))
+}
+
+func markerByte(i int) byte { return byte(i%255) + 1 }
+
+func (c *conn) setMarker(size, i int) { c.buf[size-1] = markerByte(i) }
+
+// pollMarker spins until the last byte of the message equals iteration i's
+// marker. With untilFIN it gives up when the FIN completion arrives.
+func (c *conn) pollMarker(ctx context.Context, size, i int, untilFIN bool) bool {
+	shift := 8 * uint((size-1)&3)
+	want := uint32(markerByte(i))
+	p := c.marker(size)
+	for spin := 0; ; spin++ {
+		if (atomic.LoadUint32(p)>>shift)&0xFF == want {
+			return true
+		}
+		if spin&1023 == 1023 {
+			if ctx.Err() != nil {
+				return false
+			}
+			if untilFIN && c.cq.Len() > 0 {
+				return false
+			}
+		}
+	}
+}
+
+func (c *conn) writeTo(size int, signaled bool) error {
+	wr := verbs.SendWR{Opcode: verbs.OpWrite, SGL: []verbs.SGE{c.mr.SGE(0, size)}, RemoteAddr: c.remote.Addr, RKey: c.remote.RKey}
+	if signaled {
+		wr.Flags = verbs.FlagSignaled
+	}
+	_, err := c.qp.PostSend([]verbs.SendWR{wr})
+	return err
+}
+
+// measure runs the client side of a test on every connection.
+func measure(ctx context.Context, o *options, s setup, conns []*conn) (*Result, error) {
+	if isLat(s.Test) {
+		if len(conns) != 1 {
+			return nil, errors.New("latency tests use one QP")
+		}
+		return latency(ctx, s, conns[0])
+	}
+	var wg sync.WaitGroup
+	counts := make([]int, len(conns))
+	errs := make([]error, len(conns))
+	start := time.Now()
+	for i, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			counts[i], errs[i] = c.bandwidth(ctx, s)
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start).Seconds()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	total := 0
+	for _, n := range counts {
+		total += n
+	}
+	return &Result{Test: s.Test, Size: s.Size, Iters: total, QPs: len(conns), Seconds: el,
+		Gbps: float64(total) * float64(s.Size) * 8 / el / 1e9, Mops: float64(total) / el / 1e6}, nil
+}
+
+// bandwidth keeps depth requests outstanding, signalling one in every
+// batch, until the iterations or the duration are done.
+func (c *conn) bandwidth(ctx context.Context, s setup) (int, error) {
+	batch := min(16, s.Depth)
+	wrs := make([]verbs.SendWR, batch)
+	for i := range wrs {
+		switch s.Test {
+		case "write_bw":
+			wrs[i] = verbs.SendWR{Opcode: verbs.OpWrite, SGL: []verbs.SGE{c.mr.SGE(0, s.Size)}, RemoteAddr: c.remote.Addr, RKey: c.remote.RKey}
+		case "read_bw":
+			wrs[i] = verbs.SendWR{Opcode: verbs.OpRead, SGL: []verbs.SGE{c.mr.SGE(0, s.Size)}, RemoteAddr: c.remote.Addr, RKey: c.remote.RKey}
+		case "send_bw":
+			wrs[i] = verbs.SendWR{Opcode: verbs.OpSend, SGL: []verbs.SGE{c.mr.SGE(0, s.Size)}}
+		}
+	}
+	wrs[batch-1].Flags = verbs.FlagSignaled
+	maxOut := max(1, s.Depth/batch)
+	posted, done, out := 0, 0, 0
+	deadline := time.Now().Add(s.Duration)
+	for {
+		stop := s.Iters > 0 && posted >= s.Iters || s.Iters == 0 && (posted&1023 == 0 || out == maxOut) && time.Now().After(deadline)
+		if !stop && out < maxOut {
+			if _, err := c.qp.PostSend(wrs); err != nil {
+				return done, err
+			}
+			posted += batch
+			out++
+			continue
+		}
+		if out == 0 {
+			return done, nil
+		}
+		n, err := c.cq.Poll(c.wcs)
+		if err != nil {
+			return done, err
+		}
+		for _, wc := range c.wcs[:n] {
+			if err := wc.Err(); err != nil {
+				return done, err
+			}
+			out--
+			done += batch
+		}
+		if n == 0 {
+			if err := c.cq.Wait(ctx); err != nil {
+				return done, err
+			}
+		}
+	}
+}
+
+// latency runs warm-up plus measured iterations of one request at a time.
+func latency(ctx context.Context, s setup, c *conn) (*Result, error) {
+	var lat []time.Duration
+	if s.Iters > 0 {
+		lat = make([]time.Duration, 0, s.Iters)
+	}
+	deadline := time.Now().Add(s.Duration + 24*time.Hour)
+	var begin time.Time
+	for i := 1; ; i++ {
+		if i == s.Warmup+1 {
+			begin = time.Now()
+			deadline = begin.Add(s.Duration)
+		}
+		if i > s.Warmup && (s.Iters > 0 && len(lat) >= s.Iters || s.Iters == 0 && time.Now().After(deadline)) {
+			break
+		}
+		t0 := time.Now()
+		var err error
+		switch s.Test {
+		case "write_lat":
+			c.setMarker(s.Size, i)
+			if err = c.writeTo(s.Size, false); err == nil && !c.pollMarker(ctx, s.Size, i, false) {
+				err = ctx.Err()
+			}
+		case "send_lat":
+			if err = c.postRecv(1, s.Size); err == nil {
+				if _, err = c.qp.PostSend([]verbs.SendWR{{Opcode: verbs.OpSend, SGL: []verbs.SGE{c.mr.SGE(0, s.Size)}}}); err == nil {
+					err = c.waitRecv(ctx)
+				}
+			}
+		case "read_lat":
+			if _, err = c.qp.PostSend([]verbs.SendWR{{Opcode: verbs.OpRead, Flags: verbs.FlagSignaled,
+				SGL: []verbs.SGE{c.mr.SGE(0, s.Size)}, RemoteAddr: c.remote.Addr, RKey: c.remote.RKey}}); err == nil {
+				_, err = c.next(ctx)
+			}
+		case "atomic_lat":
+			if _, err = c.qp.PostSend([]verbs.SendWR{{Opcode: verbs.OpFetchAdd, Flags: verbs.FlagSignaled, CompareAdd: 1,
+				SGL: []verbs.SGE{c.mr.SGE(0, 8)}, RemoteAddr: c.remote.Addr, RKey: c.remote.RKey}}); err == nil {
+				_, err = c.next(ctx)
+			}
+		}
+		if err != nil {
+			return nil, err
+		}
+		if i > s.Warmup {
+			d := time.Since(t0)
+			if s.Test == "write_lat" || s.Test == "send_lat" {
+				d /= 2 // a ping-pong: report the one-way time, as perftest does
+			}
+			lat = append(lat, d)
+		}
+	}
+	el := time.Since(begin).Seconds()
+	slices.Sort(lat)
+	var sum time.Duration
+	for _, d := range lat {
+		sum += d
+	}
+	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
+	n := len(lat)
+	return &Result{Test: s.Test, Size: s.Size, Iters: n, QPs: 1, Seconds: el,
+		Gbps: float64(n) * float64(s.Size) * 8 / el / 1e9, Mops: float64(n) / el / 1e6,
+		LatP50: us(lat[n/2]), LatP99: us(lat[n*99/100]), LatAvg: us(sum / time.Duration(n))}, nil
+}
+
+// waitRecv waits for a receive completion, skipping send completions.
+func (c *conn) waitRecv(ctx context.Context) error {
+	for {
+		wc, err := c.next(ctx)
+		if err != nil {
+			return err
+		}
+		if wc.Opcode == verbs.WCRecv {
+			return nil
+		}
+	}
+}
