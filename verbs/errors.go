@@ -44,9 +44,9 @@ type CompletionError struct {
 
 func (e *CompletionError) Error() string {
 	if e.VendorErr != 0 {
-		return fmt.Sprintf("verbs: %v failed: %v (wr %d, vendor error %d)", e.Opcode, e.Status, e.WRID, e.VendorErr)
+		return fmt.Sprintf("verbs: %v failed: %s (wr %d, vendor error %d)", e.Opcode, e.Status.String(), e.WRID, e.VendorErr)
 	}
-	return fmt.Sprintf("verbs: %v failed: %v (wr %d)", e.Opcode, e.Status, e.WRID)
+	return fmt.Sprintf("verbs: %v failed: %s (wr %d)", e.Opcode, e.Status.String(), e.WRID)
 }
 
 // Is lets errors.Is match a CompletionError against a Status.

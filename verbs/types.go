@@ -289,5 +289,6 @@ func (s Status) String() string {
 	return fmt.Sprintf("Status(%d)", uint8(s))
 }
 
-// Error makes Status usable as an errors.Is target.
-func (s Status) Error() string { return "verbs: " + s.String() }
+// Error makes Status usable as an errors.Is target. It returns the bare
+// name, because fmt prints an error's Error rather than its String.
+func (s Status) Error() string { return s.String() }

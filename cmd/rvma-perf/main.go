@@ -102,7 +102,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	if !slices.Contains(tests, o.test) {
 		return nil, fmt.Errorf("unknown test %q (tests: %s)", o.test, strings.Join(tests, " "))
 	}
-	if o.size == 0 {
+	sizeSet := false
+	fs.Visit(func(f *flag.Flag) { sizeSet = sizeSet || f.Name == "size" })
+	if !sizeSet {
 		o.size = 65536
 		if isLat(o.test) {
 			o.size = 8

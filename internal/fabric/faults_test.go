@@ -1,0 +1,116 @@
+package fabric
+
+import (
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/internal/wire"
+)
+
+// sink is a Port that records what reaches it.
+type sink struct {
+	mu  sync.Mutex
+	got []uint32
+}
+
+func (s *sink) Addr() netip.AddrPort { return netip.MustParseAddrPort("[fd00::1]:1") }
+func (s *sink) MaxPayload() int      { return 1024 }
+func (s *sink) SetHandler(Handler)   {}
+func (s *sink) Close() error         { return nil }
+func (s *sink) Send(pkts []*wire.Packet) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range pkts {
+		s.got = append(s.got, p.PSN)
+		p.Release()
+	}
+}
+
+func (s *sink) psns() []uint32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]uint32(nil), s.got...)
+}
+
+func send(fp *FaultPort, n int) {
+	for i := 0; i < n; i++ {
+		p := wire.Get()
+		p.PSN = uint32(i)
+		fp.Send([]*wire.Packet{p})
+	}
+}
+
+func TestFaults(t *testing.T) {
+	const n = 20000
+	cases := []struct {
+		name   string
+		f      Faults
+		check  func(t *testing.T, got []uint32)
+		settle time.Duration
+	}{
+		{"none", Faults{}, func(t *testing.T, got []uint32) {
+			require.Len(t, got, n)
+		}, 0},
+		{"drop 10%", Faults{Drop: 0.1, Seed: 1}, func(t *testing.T, got []uint32) {
+			require.InDelta(t, 0.9*n, len(got), 0.02*n)
+		}, 0},
+		{"duplicate 10%", Faults{Duplicate: 0.1, Seed: 2}, func(t *testing.T, got []uint32) {
+			require.InDelta(t, 1.1*n, len(got), 0.02*n)
+		}, 0},
+		{"reorder 5%", Faults{Reorder: 0.05, Seed: 3}, func(t *testing.T, got []uint32) {
+			require.Len(t, got, n)
+			inversions := 0
+			for i := 1; i < len(got); i++ {
+				if got[i] < got[i-1] {
+					inversions++
+				}
+			}
+			require.Positive(t, inversions)
+		}, 50 * time.Millisecond},
+		{"delay", Faults{Delay: 20 * time.Millisecond, Seed: 4}, nil, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := &sink{}
+			fp := NewFaultPort(s)
+			fp.SetFaults(c.f)
+			if c.check == nil { // delay: nothing arrives before the delay
+				send(fp, 10)
+				require.Empty(t, s.psns())
+				require.Eventually(t, func() bool { return len(s.psns()) == 10 }, time.Second, time.Millisecond)
+				return
+			}
+			send(fp, n)
+			if c.settle > 0 {
+				require.Eventually(t, func() bool { return len(s.psns()) >= n }, time.Second, time.Millisecond)
+			}
+			c.check(t, s.psns())
+		})
+	}
+}
+
+func TestFaultsSeeded(t *testing.T) {
+	run := func() []uint32 {
+		s := &sink{}
+		fp := NewFaultPort(s)
+		fp.SetFaults(Faults{Drop: 0.3, Seed: 77})
+		send(fp, 1000)
+		return s.psns()
+	}
+	require.Equal(t, run(), run(), "the same seed drops the same packets")
+}
+
+func TestFaultPortCloseDropsHeld(t *testing.T) {
+	s := &sink{}
+	fp := NewFaultPort(s)
+	fp.SetFaults(Faults{Delay: time.Hour})
+	send(fp, 5)
+	require.NoError(t, fp.Close())
+	send(fp, 5) // after close: released, never delivered
+	time.Sleep(5 * time.Millisecond)
+	require.Empty(t, s.psns())
+}

@@ -1,0 +1,72 @@
+// Package verbs is rvma's soft RDMA NIC: the ibverbs object model in Go,
+// running entirely in software over pluggable providers.
+//
+// # Objects
+//
+// A Device is opened from a provider URI (loop://NAME today; udp:// next)
+// and has one or more GIDs, its local addresses. A PD groups memory regions
+// and queue pairs. An MR registers a caller-owned []byte with access rights
+// and random local and remote keys. A CQ collects flat WorkCompletion values.
+// A QP (RC or UC) is bound to one GID and moves through the states Reset,
+// Init, ReadyToReceive, ReadyToSend and Error; an SRQ is a receive queue
+// several QPs share. The connection manager (package cm) exchanges
+// Endpoints and brings QPs to ReadyToSend.
+//
+// Operations are SEND and SEND with immediate, RDMA WRITE and WRITE with
+// immediate, RDMA READ, fetch-and-add and compare-and-swap on 8 aligned
+// bytes, and rvma's mailbox write, whose target is a 64-bit mailbox address
+// and offset placed by the target's MailboxHandler instead of an IOVA and a
+// key.
+//
+// # Semantics
+//
+// RC is reliable: in order, exactly once, acknowledged, with go-back-N
+// retransmission after a sequence NAK or a timeout (ConnectConfig.Timeout,
+// RetryCount), receiver-not-ready NAKs for SENDs that find no receive
+// posted (RNRRetry), duplicate READs re-executed and duplicate atomics
+// answered from a result cache so that no atomic executes twice. UC sends
+// without acknowledgement or retransmission: a message that loses a packet
+// produces no completion at the target, and the initiator completes as
+// soon as the message is sent.
+//
+// Access is checked at the target, as a NIC checks it: a remote access with
+// a wrong key, outside the region, without the right, or to a deregistered
+// region fails at the initiator with StatusRemoteAccessError and writes
+// nothing. Such a failure, and every local error (a wrong lkey or an SGE
+// outside its region: StatusLocalProtectionError), moves the QP to Error,
+// where every outstanding request completes with StatusFlushed, as in
+// InfiniBand.
+//
+// Where rvma differs from ibverbs: there are no memory windows, no UD or
+// XRC, and no completion channels (CQ.Wait blocks with a context instead);
+// atomics operate in host byte order; a READ larger than the window is
+// requested in pieces; PostSend returns ErrQPState in Reset, Init and
+// ReadyToReceive but accepts and flushes requests in Error.
+//
+// # Concurrency and ownership
+//
+// Every object is safe for concurrent use. Requests posted to one QP
+// execute in post order. Completions carry values only; Poll copies them
+// into the caller's slice and allocates nothing.
+//
+// The caller owns every buffer. A registered buffer must stay registered
+// while requests that name it are outstanding; the initiator's source bytes
+// are read when packets are sent (and again on retransmission), so they
+// must not change until the request completes, as with a hardware NIC.
+// Inline data is copied at post time. Bytes placed by remote writes are
+// visible to the target's goroutines once they observe a completion that
+// follows them (the initiator's completion, communicated, or the target's
+// own receive completion). After MR.Deregister returns, the device never
+// touches the buffer again.
+//
+// # Providers
+//
+// The loop provider connects devices that open the same fabric name in one
+// process. It behaves like a NIC rather than a function call: packets pass
+// through the destination port's queue, completions are asynchronous,
+// access checks happen at the target, and Device.SetFaults injects seeded
+// loss, duplication, reordering and delay per GID, so higher layers can test
+// loss handling deterministically without sockets. Its packets carry
+// references to the initiator's memory, and the target copies them once
+// into place, which is the one copy a NIC's DMA makes.
+package verbs
