@@ -58,6 +58,8 @@ type options struct {
 	server   string
 	connect  string
 	chunk    int
+	vs       string
+	reps     int
 }
 
 var tests = []string{"write_bw", "write_lat", "read_bw", "read_lat", "send_bw", "send_lat", "atomic_lat", "memcpy"}
@@ -91,6 +93,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.server, "server", "", "run only the server side, listening on this TCP address")
 	fs.StringVar(&o.connect, "connect", "", "run only the client side, connecting to this TCP address")
 	fs.IntVar(&o.chunk, "chunk", 0, "memcpy: copy each message in pieces of this size (default: one copy)")
+	fs.StringVar(&o.vs, "vs", "", "also run this test with the same flags, alternating, and report the ratio")
+	fs.IntVar(&o.reps, "reps", 1, "with --vs: number of alternating pairs; the median ratio is reported")
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		fs.Usage()
 		return nil, errors.New("missing TEST")
@@ -125,6 +129,12 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("--server and --connect exclude each other")
 	case o.iters < 0 || o.duration <= 0:
 		return nil, errors.New("--iters and --duration must be positive")
+	case o.vs != "" && !slices.Contains(tests, o.vs):
+		return nil, fmt.Errorf("--vs: unknown test %q", o.vs)
+	case o.vs != "" && isLat(o.vs) != isLat(o.test):
+		return nil, errors.New("--vs compares a bandwidth test with a bandwidth test, a latency test with a latency test")
+	case o.reps < 1 || o.reps > 100:
+		return nil, fmt.Errorf("--reps %d: want 1..100", o.reps)
 	}
 	if o.device == "" {
 		switch o.provider {
@@ -147,20 +157,74 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
 	defer stop()
-	var res *Result
-	switch {
-	case o.test == "memcpy":
-		res = memcpyTest(o)
-	case o.server != "":
+	if o.server != "" {
 		return serve(ctx, o, stderr)
-	default:
-		res, err = client(ctx, o)
+	}
+	if o.vs == "" {
+		res, err := measureOne(ctx, o)
 		if err != nil {
 			return err
 		}
+		print(stdout, o, res)
+		return nil
 	}
-	print(stdout, o, res)
+	// Alternate the two tests so that both see the same machine, and
+	// report the median ratio: these machines are shared and noisy.
+	other := *o
+	other.test = o.vs
+	var ratios []float64
+	for i := 0; i < o.reps; i++ {
+		a, err := measureOne(ctx, o)
+		if err != nil {
+			return err
+		}
+		b, err := measureOne(ctx, &other)
+		if err != nil {
+			return err
+		}
+		print(stdout, o, a)
+		print(stdout, o, b)
+		if isLat(o.test) {
+			ratios = append(ratios, a.LatP50/b.LatP50)
+		} else {
+			ratios = append(ratios, a.Gbps/b.Gbps)
+		}
+	}
+	printRatio(stdout, o, ratios)
 	return nil
+}
+
+func measureOne(ctx context.Context, o *options) (*Result, error) {
+	if o.test == "memcpy" {
+		return memcpyTest(o), nil
+	}
+	return client(ctx, o)
+}
+
+// Ratio is the --vs summary line.
+type Ratio struct {
+	Test   string    `json:"test"`
+	Vs     string    `json:"vs"`
+	Metric string    `json:"metric"`
+	Size   int       `json:"size"`
+	Median float64   `json:"ratio"`
+	All    []float64 `json:"ratios"`
+}
+
+func printRatio(w io.Writer, o *options, ratios []float64) {
+	r := Ratio{Test: o.test, Vs: o.vs, Metric: "gbps", Size: o.size, All: ratios}
+	if isLat(o.test) {
+		r.Metric = "lat_us_p50"
+	}
+	s := slices.Clone(ratios)
+	slices.Sort(s)
+	r.Median = s[len(s)/2]
+	if o.json {
+		b, _ := json.Marshal(r)
+		fmt.Fprintln(w, string(b))
+		return
+	}
+	fmt.Fprintf(w, "ratio %s/%s (%s) at %d bytes: median %.3f of %v\n", r.Test, r.Vs, r.Metric, r.Size, r.Median, ratios)
 }
 
 func print(w io.Writer, o *options, r *Result) {

@@ -72,3 +72,17 @@ func TestBadArguments(t *testing.T) {
 		})
 	}
 }
+
+func TestVs(t *testing.T) {
+	var out, errb bytes.Buffer
+	require.NoError(t, run(context.Background(), []string{"write_bw", "--vs", "memcpy", "--reps", "2", "--iters", "64", "--size", "4096", "--json"}, &out, &errb), errb.String())
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	require.Len(t, lines, 5, "two pairs of results and the ratio")
+	var r Ratio
+	require.NoError(t, json.Unmarshal([]byte(lines[4]), &r))
+	require.Equal(t, "memcpy", r.Vs)
+	require.Len(t, r.All, 2)
+	require.Positive(t, r.Median)
+	var errs bytes.Buffer
+	require.Error(t, run(context.Background(), []string{"write_bw", "--vs", "write_lat"}, &out, &errs), "bandwidth vs latency")
+}
