@@ -143,8 +143,13 @@ func (p *Port) Addr() netip.AddrPort { return p.addr }
 // MaxPayload returns the port's MTU.
 func (p *Port) MaxPayload() int { return p.mtu }
 
-// SetHandler installs the packet handler.
-func (p *Port) SetHandler(h fabric.Handler) { p.handler = h }
+// SetHandler installs the packet handler. Packets that arrive before it
+// are dropped as undeliverable.
+func (p *Port) SetHandler(h fabric.Handler) {
+	p.mu.Lock()
+	p.handler = h
+	p.mu.Unlock()
+}
 
 // Stats returns counters of the port's traffic.
 func (p *Port) Stats() fabric.Stats {
