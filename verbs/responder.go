@@ -63,7 +63,7 @@ func (qp *QP) receive(p *wire.Packet, now time.Time, ob *outbox) {
 		d.drop(&d.stats.rxDropped)
 	case p.Src != qp.remote.GID:
 		d.drop(&d.stats.badSource)
-	case p.Secret != qp.localSecret:
+	case !p.Verify(qp.localSecret):
 		d.drop(&d.stats.badSecret)
 	case !p.Opcode.Valid() || p.Opcode.IsUC() != (qp.typ == UC):
 		d.drop(&d.stats.malformed)

@@ -71,6 +71,11 @@ type Packet struct {
 
 	Payload []byte
 
+	// Raw and ICRC are set by Parse: the encoded bytes the trailer covers
+	// and the trailer itself, checked by Verify.
+	Raw  []byte
+	ICRC uint32
+
 	bounce []byte // owned buffer Payload may point into
 }
 
