@@ -7,3 +7,5 @@ import (
 )
 
 func TestConformanceLoop(t *testing.T) { verbstest.Run(t, verbstest.Loop()) }
+
+func TestConformanceUDP(t *testing.T) { verbstest.Run(t, verbstest.UDP()) }

@@ -4,14 +4,17 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/rvma/rvma/internal/fabric"
 	"github.com/rvma/rvma/internal/loopfab"
+	"github.com/rvma/rvma/internal/udpfab"
 	"github.com/rvma/rvma/internal/wire"
 )
 
@@ -76,11 +79,17 @@ type mailboxBox struct{ h MailboxHandler }
 // Open opens a device from a provider URI:
 //
 //	loop://NAME[?gids=N&mtu=BYTES]
+//	udp://IP:PORT[,IP:PORT...][?mtu=BYTES]
 //
 // Devices that open the same loop fabric NAME reach each other in this
 // process. gids (default 1, range 1..256) sets the number of local
 // addresses; mtu (default 65536, range 256..1048576) the largest payload.
-// The udp provider is added by its own issue.
+//
+// A udp device has one GID per address, each a UDP socket (port 0 picks a
+// free port; Device.GIDs reports the one chosen). IPv4 and IPv6 addresses
+// may be mixed, but a QP only reaches peers of its GID's family. mtu
+// (payload bytes, range 256..64864) defaults to RoCE's 4096, or less when
+// the interface that owns the address cannot carry it unfragmented.
 func Open(ctx context.Context, uri string, cfg *DeviceConfig) (*Device, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -88,13 +97,20 @@ func Open(ctx context.Context, uri string, cfg *DeviceConfig) (*Device, error) {
 	if cfg == nil {
 		cfg = &DeviceConfig{}
 	}
-	u, err := url.Parse(uri)
-	if err != nil {
-		return nil, fmt.Errorf("verbs: open %q: %w: %v", uri, ErrInvalidArgument, err)
-	}
 	d := &Device{uri: uri, log: cfg.Logger, pds: map[*PD]struct{}{}, cqs: map[*CQ]struct{}{}, nextIO: 1 << 40}
 	if d.log == nil {
 		d.log = slog.Default()
+	}
+	if rest, ok := strings.CutPrefix(uri, "udp://"); ok {
+		ports, err := openUDP(rest, d.log)
+		if err != nil {
+			return nil, fmt.Errorf("verbs: open %q: %w", uri, err)
+		}
+		return newDevice(d, ports), nil
+	}
+	u, err := url.Parse(uri)
+	if err != nil {
+		return nil, fmt.Errorf("verbs: open %q: %w: %v", uri, ErrInvalidArgument, err)
 	}
 	var ports []fabric.Port
 	switch u.Scheme {
@@ -123,6 +139,38 @@ func Open(ctx context.Context, uri string, cfg *DeviceConfig) (*Device, error) {
 		return nil, fmt.Errorf("verbs: open %q: %w %q", uri, ErrUnknownProvider, u.Scheme)
 	}
 	return newDevice(d, ports), nil
+}
+
+// openUDP opens one port per address of "IP:PORT[,IP:PORT...][?mtu=N]".
+func openUDP(spec string, log *slog.Logger) ([]fabric.Port, error) {
+	hosts, query, _ := strings.Cut(spec, "?")
+	q, err := url.ParseQuery(query)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	var ports []fabric.Port
+	fail := func(err error) ([]fabric.Port, error) {
+		for _, p := range ports {
+			p.Close()
+		}
+		return nil, err
+	}
+	for _, h := range strings.Split(hosts, ",") {
+		ap, err := netip.ParseAddrPort(h)
+		if err != nil {
+			return fail(fmt.Errorf("%w: address %q: %v", ErrInvalidArgument, h, err))
+		}
+		mtu, err := intParam(q, "mtu", udpfab.DefaultMTUFor(ap.Addr()))
+		if err != nil {
+			return fail(err)
+		}
+		p, err := udpfab.Open(ap, mtu, log)
+		if err != nil {
+			return fail(fmt.Errorf("%w: %v", ErrInvalidArgument, err))
+		}
+		ports = append(ports, p)
+	}
+	return ports, nil
 }
 
 func intParam(q url.Values, key string, def int) (int, error) {

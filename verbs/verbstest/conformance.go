@@ -653,28 +653,32 @@ func testMailbox(t *testing.T, env Env) {
 	t.Run("not ready, then ready", func(t *testing.T) {
 		a, b := Pair(t, env, PairConfig{Connect: verbs.ConnectConfig{MinRNRTimer: 100 * time.Microsecond}})
 		var mu sync.Mutex
-		ready, retries := false, 0
+		calls, retries := 0, 0
+		// Not ready for the first three attempts, then ready: the
+		// initiator's retries must carry the write through.
 		h := &recordingHandler{boxes: map[uint64][]byte{3: make([]byte, 100)}, verdict: func(w *verbs.MailboxWrite) verbs.MailboxResult {
 			mu.Lock()
 			defer mu.Unlock()
+			calls++
 			if w.Retry {
 				retries++
 			}
-			if !ready {
+			if calls <= 3 {
 				return verbs.MailboxNotReady
 			}
 			return verbs.MailboxAccepted
 		}}
 		b.Dev.SetMailboxHandler(h)
+		fill(a.Buf, 12)
 		a.Post(t, verbs.SendWR{ID: 1, Opcode: verbs.OpMailboxWrite, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{a.MR.SGE(0, 10)}, Mailbox: 3})
-		a.NoCompletion(t, 3*time.Millisecond)
-		mu.Lock()
-		ready = true
-		mu.Unlock()
 		require.Equal(t, verbs.StatusSuccess, a.Wait(t).Status)
 		mu.Lock()
-		require.Positive(t, retries)
+		require.Equal(t, 4, calls)
+		require.Equal(t, 3, retries, "every retransmission after an RNR NAK is flagged")
 		mu.Unlock()
+		h.mu.Lock()
+		require.Equal(t, a.Buf[:10], h.boxes[3][:10])
+		h.mu.Unlock()
 	})
 	t.Run("not ready beyond the retry bound", func(t *testing.T) {
 		a, b := Pair(t, env, PairConfig{Connect: verbs.ConnectConfig{MinRNRTimer: 100 * time.Microsecond, RNRRetry: 3}})

@@ -45,6 +45,24 @@ func (e loopEnv) Open(t testing.TB) *verbs.Device {
 	return d
 }
 
+type udpEnv struct{ addr string }
+
+// UDP returns an Env of udp devices on loopback, two GIDs each (two ports
+// of 127.0.0.1).
+func UDP() Env { return udpEnv{addr: "127.0.0.1"} }
+
+// UDP6 returns an Env of udp devices on the IPv6 loopback.
+func UDP6() Env { return udpEnv{addr: "[::1]"} }
+
+func (e udpEnv) Name() string   { return "udp" }
+func (e udpEnv) Lossless() bool { return false }
+func (e udpEnv) Open(t testing.TB) *verbs.Device {
+	d, err := verbs.Open(context.Background(), "udp://"+e.addr+":0,"+e.addr+":0", nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
 // Side is one end of a connected pair: a device with a PD, a CQ, a QP and a
 // registered buffer.
 type Side struct {

@@ -1,0 +1,58 @@
+package udpfab
+
+import (
+	"net/netip"
+	"os"
+)
+
+// Message is one datagram, or one GSO/GRO train of equal-size datagrams,
+// for batch I/O.
+type Message struct {
+	// Buf holds the bytes to send; for a receive, its capacity is the
+	// room to fill.
+	Buf []byte
+	// N is the number of bytes received.
+	N int
+	// Addr is the destination of a send and the source of a receive.
+	Addr netip.AddrPort
+	// Seg is the segment size of a train: on send, Buf holds datagrams of
+	// Seg bytes (the last may be shorter) to be sent with GSO; on receive,
+	// the kernel coalesced datagrams of Seg bytes (GRO). Zero means one
+	// datagram.
+	Seg int
+}
+
+// Batch limits.
+const (
+	// BatchSize is how many messages one batch call handles.
+	BatchSize = 64
+	// MaxTrain is the largest GSO train (IPv4 UDP payload limit).
+	MaxTrain = 65507
+	// MaxSegments is the kernel's limit of datagrams per GSO train.
+	MaxSegments = 64
+	// socketBuffer is what we ask for, as wireguard-go and quic-go do.
+	socketBuffer = 7 << 20
+)
+
+// Features reports what a Conn uses.
+type Features struct {
+	GSO, GRO, Batch bool
+	RecvBuffer      int // bytes, as the kernel reports it
+	SendBuffer      int
+}
+
+func envOff(name string) bool { return os.Getenv(name) == "1" }
+
+// Split returns the datagrams of a received message.
+func Split(m *Message, f func(d []byte)) {
+	b := m.Buf[:m.N]
+	if m.Seg <= 0 || m.Seg >= len(b) {
+		f(b)
+		return
+	}
+	for len(b) > 0 {
+		n := min(m.Seg, len(b))
+		f(b[:n:n])
+		b = b[n:]
+	}
+}

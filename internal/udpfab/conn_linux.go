@@ -1,0 +1,315 @@
+//go:build linux
+
+package udpfab
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Conn is a UDP socket with batch I/O. Reads must come from one goroutine
+// at a time, and so must writes.
+type Conn struct {
+	uc    *net.UDPConn
+	rc    syscall.RawConn
+	v6    bool
+	local netip.AddrPort
+	feat  Features
+
+	r ioState
+	w ioState
+}
+
+// ioState holds the preallocated headers of one direction and the closure
+// passed to RawConn, so a batch call allocates nothing.
+type ioState struct {
+	hdrs  []unix.Mmsghdr
+	iovs  []unix.Iovec
+	names []unix.RawSockaddrInet6
+	cmsg  []byte // cmsgSpace bytes per message
+	n     int    // messages to handle
+	done  int    // messages handled (result)
+	errno syscall.Errno
+	fn    func(fd uintptr) bool
+}
+
+var cmsgSpace = unix.CmsgSpace(4)
+
+func newIOState() ioState {
+	return ioState{
+		hdrs:  make([]unix.Mmsghdr, BatchSize),
+		iovs:  make([]unix.Iovec, BatchSize),
+		names: make([]unix.RawSockaddrInet6, BatchSize),
+		cmsg:  make([]byte, BatchSize*cmsgSpace),
+	}
+}
+
+var warnOnce sync.Once
+
+// Listen opens a UDP socket bound to addr (port 0 picks a free port).
+func Listen(addr netip.AddrPort, log *slog.Logger) (*Conn, error) {
+	network := "udp4"
+	if addr.Addr().Is6() && !addr.Addr().Is4In6() {
+		network = "udp6"
+	}
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			// Sizes: try the privileged variants first (root ignores the
+			// sysctl cap), then the ordinary ones. Best effort: a small
+			// buffer costs speed, not correctness.
+			if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, socketBuffer) != nil {
+				unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, socketBuffer)
+			}
+			if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, socketBuffer) != nil {
+				unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, socketBuffer)
+			}
+			// Don't fragment: an oversized datagram must fail loudly.
+			if network == "udp4" {
+				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_PROBE)
+			} else {
+				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_PROBE)
+			}
+		})
+		if err != nil {
+			return err
+		}
+		return serr
+	}}
+	pc, err := lc.ListenPacket(context.Background(), network, addr.String())
+	if err != nil {
+		return nil, err
+	}
+	uc := pc.(*net.UDPConn)
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		uc.Close()
+		return nil, err
+	}
+	c := &Conn{uc: uc, rc: rc, v6: network == "udp6", r: newIOState(), w: newIOState()}
+	c.local = uc.LocalAddr().(*net.UDPAddr).AddrPort()
+	c.feat.Batch = true
+	rc.Control(func(fd uintptr) {
+		if !envOff("RVMA_DISABLE_GSO") {
+			_, err := unix.GetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_SEGMENT)
+			c.feat.GSO = err == nil
+		}
+		if !envOff("RVMA_DISABLE_GRO") {
+			c.feat.GRO = unix.SetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_GRO, 1) == nil
+		}
+		c.feat.RecvBuffer, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF)
+		c.feat.SendBuffer, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF)
+	})
+	// The kernel reports double what was granted (its bookkeeping share).
+	if c.feat.RecvBuffer < socketBuffer && log != nil {
+		warnOnce.Do(func() {
+			log.Warn("udp socket receive buffer smaller than requested; raise net.core.rmem_max",
+				"got", c.feat.RecvBuffer, "want", socketBuffer)
+		})
+	}
+	c.r.fn = c.readFn
+	c.w.fn = c.writeFn
+	return c, nil
+}
+
+// LocalAddr returns the bound address.
+func (c *Conn) LocalAddr() netip.AddrPort { return c.local }
+
+// Features reports the socket's capabilities.
+func (c *Conn) Features() Features { return c.feat }
+
+// Close closes the socket; a blocked ReadBatch returns net.ErrClosed.
+func (c *Conn) Close() error { return c.uc.Close() }
+
+func (c *Conn) putName(n *unix.RawSockaddrInet6, a netip.AddrPort) uint32 {
+	if !c.v6 {
+		s4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(n))
+		s4.Family = unix.AF_INET
+		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&s4.Port))[:], a.Port())
+		s4.Addr = a.Addr().Unmap().As4()
+		return unix.SizeofSockaddrInet4
+	}
+	n.Family = unix.AF_INET6
+	binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&n.Port))[:], a.Port())
+	n.Addr = a.Addr().As16()
+	n.Scope_id = 0
+	return unix.SizeofSockaddrInet6
+}
+
+func getName(n *unix.RawSockaddrInet6) netip.AddrPort {
+	port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&n.Port))[:])
+	if n.Family == unix.AF_INET {
+		s4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(n))
+		return netip.AddrPortFrom(netip.AddrFrom4(s4.Addr), port)
+	}
+	return netip.AddrPortFrom(netip.AddrFrom16(n.Addr).Unmap(), port)
+}
+
+// WriteBatch sends every message, blocking while the socket buffer is
+// full. A message the kernel refuses (too big, unroutable) is skipped and
+// counted in the returned dropped count; it returns an error only when the
+// socket itself fails.
+func (c *Conn) WriteBatch(msgs []Message) (dropped int, err error) {
+	for len(msgs) > 0 {
+		n := min(len(msgs), BatchSize)
+		s := &c.w
+		for i := 0; i < n; i++ {
+			m := &msgs[i]
+			h := &s.hdrs[i]
+			s.iovs[i] = unix.Iovec{Base: unsafe.SliceData(m.Buf), Len: uint64(len(m.Buf))}
+			h.Hdr.Iov, h.Hdr.Iovlen = &s.iovs[i], 1
+			h.Hdr.Name = (*byte)(unsafe.Pointer(&s.names[i]))
+			h.Hdr.Namelen = c.putName(&s.names[i], m.Addr)
+			h.Hdr.Control, h.Hdr.Controllen = nil, 0
+			if m.Seg > 0 && m.Seg < len(m.Buf) {
+				cm := s.cmsg[i*cmsgSpace : (i+1)*cmsgSpace]
+				hdr := (*unix.Cmsghdr)(unsafe.Pointer(&cm[0]))
+				hdr.Level, hdr.Type = unix.IPPROTO_UDP, unix.UDP_SEGMENT
+				hdr.SetLen(unix.CmsgLen(2))
+				binary.NativeEndian.PutUint16(cm[unix.CmsgLen(0):], uint16(m.Seg))
+				h.Hdr.Control, h.Hdr.Controllen = &cm[0], uint64(unix.CmsgSpace(2))
+			}
+		}
+		s.n = n
+		if err := c.rc.Write(s.fn); err != nil {
+			return dropped, err
+		}
+		switch {
+		case s.errno == 0:
+			msgs = msgs[s.done:]
+		case s.errno == unix.EIO && c.feat.GSO:
+			// No checksum offload for GSO on this device: turn it off and
+			// resend the trains as single datagrams.
+			c.feat.GSO = false
+			return c.writeSplit(msgs, dropped)
+		case s.errno == unix.EMSGSIZE || s.errno == unix.ENETUNREACH || s.errno == unix.EHOSTUNREACH ||
+			s.errno == unix.ECONNREFUSED || s.errno == unix.EPERM || s.errno == unix.EINVAL || s.errno == unix.ENOBUFS:
+			dropped++
+			msgs = msgs[s.done+1:]
+		default:
+			return dropped, fmt.Errorf("udpfab: sendmmsg: %w", s.errno)
+		}
+	}
+	return dropped, nil
+}
+
+// writeSplit resends GSO trains datagram by datagram.
+func (c *Conn) writeSplit(msgs []Message, dropped int) (int, error) {
+	var one [1]Message
+	for i := range msgs {
+		m := msgs[i]
+		seg := m.Seg
+		if seg <= 0 {
+			seg = len(m.Buf)
+		}
+		for b := m.Buf; len(b) > 0; {
+			k := min(seg, len(b))
+			one[0] = Message{Buf: b[:k], Addr: m.Addr}
+			d, err := c.WriteBatch(one[:])
+			dropped += d
+			if err != nil {
+				return dropped, err
+			}
+			b = b[k:]
+		}
+	}
+	return dropped, nil
+}
+
+func (c *Conn) writeFn(fd uintptr) bool {
+	s := &c.w
+	r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.n), unix.MSG_DONTWAIT, 0, 0)
+	if e == unix.EAGAIN {
+		return false
+	}
+	s.errno = e
+	if e == 0 {
+		s.done = int(r)
+	} else {
+		s.done = 0
+	}
+	return true
+}
+
+// ReadBatch fills messages with received datagrams (or GRO trains) and
+// returns how many; it blocks until at least one arrives.
+func (c *Conn) ReadBatch(msgs []Message) (int, error) {
+	n := min(len(msgs), BatchSize)
+	s := &c.r
+	for i := 0; i < n; i++ {
+		m := &msgs[i]
+		h := &s.hdrs[i]
+		s.iovs[i] = unix.Iovec{Base: unsafe.SliceData(m.Buf[:cap(m.Buf)]), Len: uint64(cap(m.Buf))}
+		h.Hdr.Iov, h.Hdr.Iovlen = &s.iovs[i], 1
+		h.Hdr.Name = (*byte)(unsafe.Pointer(&s.names[i]))
+		h.Hdr.Namelen = unix.SizeofSockaddrInet6
+		h.Hdr.Control = &s.cmsg[i*cmsgSpace]
+		h.Hdr.Controllen = uint64(cmsgSpace)
+		h.Hdr.Flags = 0
+	}
+	s.n = n
+	for {
+		if err := c.rc.Read(s.fn); err != nil {
+			return 0, err
+		}
+		if s.errno == unix.EINTR {
+			continue
+		}
+		if s.errno != 0 {
+			return 0, fmt.Errorf("udpfab: recvmmsg: %w", s.errno)
+		}
+		break
+	}
+	for i := 0; i < s.done; i++ {
+		m := &msgs[i]
+		h := &s.hdrs[i]
+		m.N = int(h.Len)
+		m.Buf = m.Buf[:cap(m.Buf)]
+		m.Addr = getName(&s.names[i])
+		m.Seg = groSize(s.cmsg[i*cmsgSpace : i*cmsgSpace+int(h.Hdr.Controllen)])
+	}
+	return s.done, nil
+}
+
+func (c *Conn) readFn(fd uintptr) bool {
+	s := &c.r
+	r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.n), unix.MSG_DONTWAIT, 0, 0)
+	if e == unix.EAGAIN {
+		return false
+	}
+	s.errno = e
+	s.done = int(r)
+	if e != 0 {
+		s.done = 0
+	}
+	return true
+}
+
+// groSize returns the segment size of a UDP_GRO control message, or 0.
+func groSize(cm []byte) int {
+	for len(cm) >= unix.CmsgLen(0) {
+		hdr := (*unix.Cmsghdr)(unsafe.Pointer(&cm[0]))
+		l := int(hdr.Len)
+		if l < unix.CmsgLen(0) || l > len(cm) {
+			return 0
+		}
+		if hdr.Level == unix.IPPROTO_UDP && hdr.Type == unix.UDP_GRO && l >= unix.CmsgLen(2) {
+			return int(binary.NativeEndian.Uint16(cm[unix.CmsgLen(0):]))
+		}
+		cm = cm[min(unix.CmsgSpace(l-unix.CmsgLen(0)), len(cm)):]
+	}
+	return 0
+}
+
+// errClosed reports whether err means the socket was closed.
+func errClosed(err error) bool { return errors.Is(err, net.ErrClosed) }

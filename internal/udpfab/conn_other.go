@@ -1,0 +1,63 @@
+//go:build !linux
+
+package udpfab
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"net/netip"
+)
+
+// Conn is a UDP socket with the batch interface, one datagram per call on
+// systems without sendmmsg, GSO and GRO.
+type Conn struct {
+	uc    *net.UDPConn
+	local netip.AddrPort
+}
+
+// Listen opens a UDP socket bound to addr.
+func Listen(addr netip.AddrPort, _ *slog.Logger) (*Conn, error) {
+	uc, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(addr))
+	if err != nil {
+		return nil, err
+	}
+	uc.SetReadBuffer(socketBuffer)
+	uc.SetWriteBuffer(socketBuffer)
+	return &Conn{uc: uc, local: uc.LocalAddr().(*net.UDPAddr).AddrPort()}, nil
+}
+
+func (c *Conn) LocalAddr() netip.AddrPort { return c.local }
+func (c *Conn) Features() Features        { return Features{} }
+func (c *Conn) Close() error              { return c.uc.Close() }
+
+func (c *Conn) WriteBatch(msgs []Message) (dropped int, err error) {
+	for i := range msgs {
+		m := &msgs[i]
+		seg := m.Seg
+		if seg <= 0 {
+			seg = len(m.Buf)
+		}
+		for b := m.Buf; len(b) > 0; b = b[min(seg, len(b)):] {
+			if _, err := c.uc.WriteToUDPAddrPort(b[:min(seg, len(b))], m.Addr); err != nil {
+				if errClosed(err) {
+					return dropped, err
+				}
+				dropped++
+			}
+		}
+	}
+	return dropped, nil
+}
+
+func (c *Conn) ReadBatch(msgs []Message) (int, error) {
+	m := &msgs[0]
+	n, a, err := c.uc.ReadFromUDPAddrPort(m.Buf[:cap(m.Buf)])
+	if err != nil {
+		return 0, err
+	}
+	m.Buf, m.N, m.Addr, m.Seg = m.Buf[:cap(m.Buf)], n, a, 0
+	return 1, nil
+}
+
+func errClosed(err error) bool { return errors.Is(err, net.ErrClosed) }

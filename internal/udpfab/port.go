@@ -1,0 +1,263 @@
+package udpfab
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rvma/rvma/internal/fabric"
+	"github.com/rvma/rvma/internal/wire"
+)
+
+// MaxMTU is the largest payload a udp port carries: a UDP datagram's limit
+// less the largest header stack.
+const MaxMTU = 65000 - wire.MaxHeaderLen
+
+// DefaultMTU is RoCE's largest standard path MTU.
+const DefaultMTU = 4096
+
+// kernelOrder models, for the Go memory model and the race detector, the
+// ordering a datagram gives: everything a goroutine did before sending
+// happens before what the receiver does after receiving it. The kernel
+// provides that (a syscall is a full barrier, and delivery follows the
+// send); Go cannot see it through a socket, so a send releases this word
+// and a receive acquires it. Without it, a process that holds both ends of
+// a connection (tests, in-process worlds) would see a data race between a
+// remote write's placement and the reads its completion allows.
+var kernelOrder atomic.Uint64
+
+// Port is one GID of a udp device. It implements fabric.Port.
+type Port struct {
+	conn *Conn
+	addr netip.AddrPort
+	mtu  int
+	log  *slog.Logger
+
+	hmu     sync.Mutex
+	handler fabric.Handler
+
+	smu    sync.Mutex // guards the send batch
+	trains []Message
+	bufs   [][]byte
+	ntrain int
+
+	closed atomic.Bool
+	done   chan struct{}
+
+	sent, received, malformed, sendDropped atomic.Uint64
+}
+
+var _ fabric.Port = (*Port)(nil)
+
+// Open binds a port to addr with the given MTU (payload bytes).
+func Open(addr netip.AddrPort, mtu int, log *slog.Logger) (*Port, error) {
+	if mtu < 256 || mtu > MaxMTU {
+		return nil, fmt.Errorf("udpfab: MTU %d: want 256..%d", mtu, MaxMTU)
+	}
+	c, err := Listen(addr, log)
+	if err != nil {
+		return nil, fmt.Errorf("udpfab: listen %v: %w", addr, err)
+	}
+	p := &Port{conn: c, addr: c.LocalAddr(), mtu: mtu, log: log, done: make(chan struct{}),
+		trains: make([]Message, BatchSize), bufs: make([][]byte, BatchSize)}
+	for i := range p.bufs {
+		p.bufs[i] = make([]byte, 0, MaxTrain)
+	}
+	go p.receive()
+	return p, nil
+}
+
+// Addr returns the bound address (with the port chosen if 0 was asked).
+func (p *Port) Addr() netip.AddrPort { return p.addr }
+
+// MaxPayload returns the port's MTU.
+func (p *Port) MaxPayload() int { return p.mtu }
+
+// Features reports the socket features in use.
+func (p *Port) Features() Features { return p.conn.Features() }
+
+// SetHandler installs the packet handler; packets that arrive before it
+// are dropped.
+func (p *Port) SetHandler(h fabric.Handler) {
+	p.hmu.Lock()
+	p.handler = h
+	p.hmu.Unlock()
+}
+
+// Stats returns the port's counters.
+func (p *Port) Stats() fabric.Stats {
+	return fabric.Stats{Sent: p.sent.Load(), Received: p.received.Load(),
+		Dropped: p.malformed.Load(), Undeliverable: p.sendDropped.Load()}
+}
+
+// Malformed returns the number of datagrams that did not decode.
+func (p *Port) Malformed() uint64 { return p.malformed.Load() }
+
+// Send encodes packets into GSO trains and sends them in one batch.
+// Consecutive packets to one destination with the same encoded size share
+// a train; a shorter packet ends its train, as GSO requires.
+func (p *Port) Send(pkts []*wire.Packet) {
+	if p.closed.Load() {
+		for _, pk := range pkts {
+			pk.Release()
+		}
+		return
+	}
+	gso := p.conn.Features().GSO
+	p.smu.Lock()
+	defer p.smu.Unlock()
+	var cur *Message
+	for _, pk := range pkts {
+		n := pk.EncodedLen()
+		if cur == nil || !gso || cur.Addr != pk.Dst || cur.Seg == 0 && len(cur.Buf) > 0 ||
+			len(cur.Buf)%cur.Seg != 0 || n > cur.Seg || len(cur.Buf)+n > MaxTrain || len(cur.Buf)/cur.Seg >= MaxSegments {
+			if p.ntrain == len(p.trains) {
+				p.flush()
+			}
+			cur = &p.trains[p.ntrain]
+			p.ntrain++
+			*cur = Message{Buf: p.bufs[p.ntrain-1][:0], Addr: pk.Dst, Seg: n}
+			if !gso {
+				cur.Seg = 0
+			}
+		}
+		cur.Buf = wire.Append(cur.Buf, pk)
+		pk.Release()
+	}
+	p.flush()
+}
+
+// flush sends the pending trains; p.smu is held.
+func (p *Port) flush() {
+	if p.ntrain == 0 {
+		return
+	}
+	msgs := p.trains[:p.ntrain]
+	var segs uint64
+	for i := range msgs {
+		m := &msgs[i]
+		if m.Seg > 0 && len(m.Buf) <= m.Seg {
+			m.Seg = 0 // a train of one is a plain datagram
+		}
+		if m.Seg > 0 {
+			segs += uint64((len(m.Buf) + m.Seg - 1) / m.Seg)
+		} else {
+			segs++
+		}
+	}
+	kernelOrder.Add(1)
+	dropped, err := p.conn.WriteBatch(msgs)
+	if err != nil && !errClosed(err) && p.log != nil {
+		p.log.Warn("udp send failed", "port", p.addr, "err", err)
+	}
+	p.sent.Add(segs)
+	p.sendDropped.Add(uint64(dropped))
+	clear(p.trains[:p.ntrain])
+	p.ntrain = 0
+}
+
+// receive is the port's one receiving goroutine: it reads batches, decodes
+// them and hands them to the handler.
+func (p *Port) receive() {
+	n := BatchSize
+	size := MaxTrain
+	if !p.conn.Features().GRO {
+		size = min(MaxTrain, p.mtu+wire.MaxHeaderLen+64)
+	}
+	msgs := make([]Message, n)
+	for i := range msgs {
+		msgs[i].Buf = make([]byte, size)
+	}
+	pkts := make([]*wire.Packet, 0, 4*BatchSize)
+	errs := 0
+	for {
+		k, err := p.conn.ReadBatch(msgs)
+		if err != nil {
+			if p.closed.Load() || errClosed(err) {
+				close(p.done)
+				return
+			}
+			// A transient error: back off, and give up on a death spiral.
+			if errs++; errs > 10 {
+				if p.log != nil {
+					p.log.Error("udp receive failing, port stops receiving", "port", p.addr, "err", err)
+				}
+				close(p.done)
+				return
+			}
+			time.Sleep(time.Second / 3)
+			continue
+		}
+		errs = 0
+		kernelOrder.Load()
+		for i := 0; i < k; i++ {
+			src := msgs[i].Addr
+			Split(&msgs[i], func(d []byte) {
+				pk := wire.Get()
+				if wire.Parse(d, pk) != nil {
+					p.malformed.Add(1)
+					pk.Release()
+					return
+				}
+				pk.Src, pk.Dst = src, p.addr
+				pkts = append(pkts, pk)
+			})
+		}
+		p.received.Add(uint64(len(pkts)))
+		p.hmu.Lock()
+		h := p.handler
+		p.hmu.Unlock()
+		if h != nil && len(pkts) > 0 {
+			h.HandlePackets(pkts)
+		}
+		for j, pk := range pkts {
+			pk.Release()
+			pkts[j] = nil
+		}
+		pkts = pkts[:0]
+	}
+}
+
+// Close closes the socket and waits for the receiving goroutine to stop.
+func (p *Port) Close() error {
+	if p.closed.Swap(true) {
+		return net.ErrClosed
+	}
+	err := p.conn.Close()
+	<-p.done
+	return err
+}
+
+// DefaultMTUFor picks the path MTU for a port bound to addr: RoCE's 4096,
+// or the largest RoCE MTU (256..4096) whose datagram fits the interface
+// that owns addr, since don't-fragment is set.
+func DefaultMTUFor(addr netip.Addr) int {
+	ifaces, err := net.Interfaces()
+	if err != nil || addr.IsUnspecified() {
+		return DefaultMTU
+	}
+	overhead := 8 + 20 + wire.MaxHeaderLen
+	if addr.Is6() && !addr.Is4In6() {
+		overhead += 20
+	}
+	for _, ifc := range ifaces {
+		as, _ := ifc.Addrs()
+		for _, a := range as {
+			pfx, err := netip.ParsePrefix(a.String())
+			if err != nil || pfx.Addr().Unmap() != addr.Unmap() {
+				continue
+			}
+			for mtu := DefaultMTU; mtu >= 256; mtu /= 2 {
+				if mtu+overhead <= ifc.MTU {
+					return mtu
+				}
+			}
+			return 256
+		}
+	}
+	return DefaultMTU
+}
