@@ -14,9 +14,9 @@ type CQConfig struct {
 	// finds it full overruns it (see ErrCQOverrun). Default 4096, range
 	// 1..1<<20.
 	Capacity int
-	// Spin is how long Wait polls before it blocks, which saves a wake-up
-	// when completions arrive within microseconds. Default 20µs; a negative
-	// value disables spinning.
+	// Spin is how long Wait polls (driving the device's progress) before it
+	// blocks, which saves a wake-up when completions arrive within
+	// microseconds. Default 20µs; a negative value disables spinning.
 	Spin time.Duration
 }
 
@@ -105,6 +105,9 @@ func (cq *CQ) wake() {
 // Once the stored completions are drained, a CQ that overran returns
 // ErrCQOverrun; a closed CQ returns ErrClosed.
 func (cq *CQ) Poll(wcs []WorkCompletion) (int, error) {
+	if cq.count.Load() == 0 && !cq.dev.closed.Load() {
+		cq.dev.Progress()
+	}
 	if cq.count.Load() == 0 {
 		// Fast path without the lock; the flags are re-read under it.
 		if !cq.overrunOrClosed() {
@@ -157,7 +160,10 @@ func (cq *CQ) Wait(ctx context.Context) error {
 			if cq.count.Load() > 0 {
 				return nil
 			}
-			if i&63 == 63 && time.Now().After(deadline) {
+			if !cq.dev.closed.Load() {
+				cq.dev.Progress()
+			}
+			if i&15 == 15 && time.Now().After(deadline) {
 				break
 			}
 		}

@@ -112,6 +112,7 @@ type QP struct {
 	timer     *time.Timer
 	timerAt   time.Time
 	timerLive bool
+	ackTimer  *time.Timer // the responder's delayed ACK
 }
 
 type connAttrs struct {
@@ -185,6 +186,8 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	}
 	qp.timer = time.AfterFunc(time.Hour, qp.onTimer)
 	qp.timer.Stop()
+	qp.ackTimer = time.AfterFunc(time.Hour, qp.onAckTimer)
+	qp.ackTimer.Stop()
 
 	d.mu.Lock()
 	qps := *d.qps.Load()
@@ -665,6 +668,8 @@ func (qp *QP) armTimer(at time.Time) {
 func (qp *QP) stopTimerLocked() {
 	qp.timer.Stop()
 	qp.timerLive = false
+	qp.ackTimer.Stop()
+	qp.resp.ackTimerLive, qp.resp.delayed = false, false
 }
 
 func (qp *QP) onTimer() {

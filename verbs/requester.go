@@ -61,6 +61,7 @@ type requester struct {
 	txPSN      uint32 // next PSN to transmit
 	maxSent    uint32 // one past the highest PSN transmitted
 	unacked    uint32 // oldest unacknowledged PSN
+	lastAckReq uint32 // the last PSN sent with AckReq
 	rdInFlight int
 
 	retries      int
@@ -84,7 +85,7 @@ func (r *requester) init(cfg *QPConfig) {
 }
 
 func (r *requester) start(p uint32) {
-	r.nextPSN, r.txPSN, r.maxSent, r.unacked = p, p, p, p
+	r.nextPSN, r.txPSN, r.maxSent, r.unacked, r.lastAckReq = p, p, p, p, p
 }
 
 func (r *requester) at(seq uint64) *sendWQE { return &r.ring[seq%uint64(len(r.ring))] }
@@ -469,8 +470,25 @@ func (qp *QP) dataPacket(w *sendWQE, idx int) *wire.Packet {
 		pk.Imm = w.imm
 	}
 	pk.Solicit = last && w.flags&FlagSolicited != 0
-	pk.AckReq = qp.typ == RC && (last || (idx+1)%qp.conn.ackEvery == 0)
+	pk.AckReq = qp.typ == RC && qp.wantAck(pk.PSN, last, w.signaled, idx)
 	return pk
+}
+
+// wantAck decides whether a data packet asks for an immediate ACK. A
+// responder may coalesce acknowledgements, so the requester asks only where
+// it needs one soon: for a signaled request's completion, every quarter
+// window so the window keeps moving, and when the send queue is half full.
+// Other packets are acknowledged by the responder's delayed ACK
+// (ackDelay), well before the retransmission timeout.
+func (qp *QP) wantAck(p uint32, last, signaled bool, idx int) bool {
+	r := &qp.req
+	ask := (idx+1)%qp.conn.ackEvery == 0 ||
+		last && (signaled || r.tailSeq-r.headSeq >= uint64(len(r.ring)/2) ||
+			psn.Diff(p, r.lastAckReq) >= int32(qp.conn.ackEvery))
+	if ask {
+		r.lastAckReq = p
+	}
+	return ask
 }
 
 // readRequest builds a READ request for n response packets starting at

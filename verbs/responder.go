@@ -20,6 +20,9 @@ type responder struct {
 	rnrPending bool // the last packet was answered with an RNR NAK
 	gen        uint64
 
+	delayed      bool // an ACK is owed within ackDelay
+	ackTimerLive bool
+
 	cur struct {
 		active  bool
 		family  wire.Opcode // SendFirst, WriteFirst or MailboxFirst
@@ -237,9 +240,42 @@ func (qp *QP) execute(p *wire.Packet, ob *outbox) {
 		rs.msn++
 	}
 	rs.ePSN = psn.Add(rs.ePSN, 1)
-	if p.AckReq {
+	switch {
+	case p.AckReq:
 		qp.scheduleAck(ob)
+	case qp.typ == RC:
+		qp.delayAck()
 	}
+}
+
+// ackDelay is how long a responder may hold the acknowledgement of packets
+// that did not ask for one. It must stay well below the requester's
+// retransmission timeout (ConnectConfig.Timeout, 100µs at the least, 20ms
+// by default); Go's timers may fire later than asked on an idle process,
+// which only delays the freeing of unsignaled send-queue slots.
+const ackDelay = 50 * time.Microsecond
+
+// delayAck makes sure an ACK covering ePSN-1 goes out within ackDelay.
+func (qp *QP) delayAck() {
+	rs := &qp.resp
+	rs.delayed = true
+	if !rs.ackTimerLive {
+		rs.ackTimerLive = true
+		qp.ackTimer.Reset(ackDelay)
+	}
+}
+
+func (qp *QP) onAckTimer() {
+	ob := outboxPool.Get().(*outbox)
+	qp.mu.Lock()
+	rs := &qp.resp
+	rs.ackTimerLive = false
+	if rs.delayed && !qp.closed && (qp.state == StateReadyToReceive || qp.state == StateReadyToSend) {
+		qp.emitAck(ob, wire.SyndromeACK|0x1F, psn.Add(rs.ePSN, -1))
+	}
+	qp.mu.Unlock()
+	ob.flush(qp.port)
+	outboxPool.Put(ob)
 }
 
 // takeRecv makes sure a receive is held for the current message.
@@ -417,7 +453,7 @@ func (qp *QP) readRequestExec(p *wire.Packet, ob *outbox, inSeq bool) {
 		}
 		ob.pkts = append(ob.pkts, pk)
 	}
-	rs.ackPending = false
+	rs.ackPending, rs.delayed = false, false
 	if inSeq {
 		rs.ePSN = psn.Add(rs.ePSN, n)
 	}
@@ -479,7 +515,7 @@ func (qp *QP) atomicAck(ob *outbox, p uint32, orig uint64) {
 	pk := qp.newPacket(wire.AtomicAck, p)
 	pk.Syndrome, pk.MSN, pk.Orig = wire.SyndromeACK|0x1F, qp.resp.msn, orig
 	ob.pkts = append(ob.pkts, pk)
-	qp.resp.ackPending = false
+	qp.resp.ackPending, qp.resp.delayed = false, false
 }
 
 // emitAck sends an ACK or NAK now.
@@ -487,7 +523,7 @@ func (qp *QP) emitAck(ob *outbox, syndrome uint8, p uint32) {
 	pk := qp.newPacket(wire.Acknowledge, p)
 	pk.Syndrome, pk.MSN = syndrome, qp.resp.msn
 	ob.pkts = append(ob.pkts, pk)
-	qp.resp.ackPending = false
+	qp.resp.ackPending, qp.resp.delayed = false, false
 }
 
 // scheduleAck asks for a coalesced ACK at the end of the receive batch.

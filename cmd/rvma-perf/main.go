@@ -7,7 +7,11 @@
 //
 //	rvma-perf TEST [flags]
 //
-// Tests: write_bw write_lat read_bw read_lat send_bw send_lat atomic_lat memcpy.
+// Tests: write_bw, write_lat (half a ping-pong, the target polling memory,
+// as ib_write_lat), write_ack_lat (a signaled WRITE until its completion:
+// the round trip of MPI put + flush), read_bw, read_lat, send_bw, send_lat,
+// atomic_lat, and the baselines memcpy (copy bandwidth), udp_raw (the raw
+// UDP ceiling on the same sockets) and udp_pingpong (raw UDP round trip / 2).
 // Both sides run in one process unless --server or --connect is given; the
 // two sides then run as two processes that meet through the connection
 // manager (the loop provider is in-process only, so two-process runs need a
@@ -21,8 +25,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -60,11 +66,17 @@ type options struct {
 	chunk    int
 	vs       string
 	reps     int
+	addr     string
+	cpuprof  string
 }
 
-var tests = []string{"write_bw", "write_lat", "read_bw", "read_lat", "send_bw", "send_lat", "atomic_lat", "memcpy"}
+var tests = []string{"write_bw", "write_lat", "write_ack_lat", "read_bw", "read_lat", "send_bw", "send_lat", "atomic_lat",
+	"memcpy", "udp_raw", "udp_pingpong"}
 
-func isLat(test string) bool { return strings.HasSuffix(test, "_lat") }
+// local reports whether a test is a baseline that runs without verbs.
+func local(test string) bool { return test == "memcpy" || test == "udp_raw" || test == "udp_pingpong" }
+
+func isLat(test string) bool { return strings.HasSuffix(test, "_lat") || test == "udp_pingpong" }
 
 func main() {
 	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
@@ -81,7 +93,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		fs.PrintDefaults()
 	}
 	o := &options{}
-	fs.StringVar(&o.provider, "provider", "loop", "provider: loop (in-process)")
+	fs.StringVar(&o.provider, "provider", "loop", "provider: loop (in-process) or udp")
+	fs.StringVar(&o.addr, "addr", "127.0.0.1", "udp: the local IP address of the device")
+	fs.StringVar(&o.cpuprof, "cpuprofile", "", "write a CPU profile of the run to this file")
 	fs.StringVar(&o.device, "device", "", "device URI (default: chosen from --provider)")
 	fs.IntVar(&o.size, "size", 0, "message size in bytes (default 8 for latency tests, 65536 otherwise)")
 	fs.IntVar(&o.iters, "iters", 0, "iterations (default: run for --duration)")
@@ -135,6 +149,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("--vs compares a bandwidth test with a bandwidth test, a latency test with a latency test")
 	case o.reps < 1 || o.reps > 100:
 		return nil, fmt.Errorf("--reps %d: want 1..100", o.reps)
+	case local(o.test) && (o.server != "" || o.connect != ""):
+		return nil, fmt.Errorf("%s runs both ends in one process", o.test)
 	}
 	if o.device == "" {
 		switch o.provider {
@@ -143,6 +159,15 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 				return nil, errors.New("the loop provider is in-process: --server/--connect need a network provider")
 			}
 			o.device = fmt.Sprintf("loop://rvma-perf-%d", os.Getpid())
+		case "udp":
+			ip, err := netip.ParseAddr(o.addr)
+			if err != nil {
+				return nil, fmt.Errorf("--addr: %w", err)
+			}
+			o.device = "udp://" + netip.AddrPortFrom(ip, 0).String()
+			if o.mtu > 0 {
+				o.device += fmt.Sprintf("?mtu=%d", o.mtu)
+			}
 		default:
 			return nil, fmt.Errorf("unknown provider %q", o.provider)
 		}
@@ -157,6 +182,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
 	defer stop()
+	if o.cpuprof != "" {
+		f, err := os.Create(o.cpuprof)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if o.server != "" {
 		return serve(ctx, o, stderr)
 	}
@@ -195,8 +231,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 func measureOne(ctx context.Context, o *options) (*Result, error) {
-	if o.test == "memcpy" {
+	switch o.test {
+	case "memcpy":
 		return memcpyTest(o), nil
+	case "udp_raw":
+		return udpRaw(ctx, o)
+	case "udp_pingpong":
+		return udpPingPong(ctx, o)
 	}
 	return client(ctx, o)
 }

@@ -4,8 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"net"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -20,25 +25,95 @@ func runJSON(t *testing.T, args ...string) Result {
 }
 
 func TestEveryTest(t *testing.T) {
+	for _, provider := range []string{"loop", "udp"} {
+		for _, test := range tests {
+			if test == "write_lat" && raceEnabled {
+				continue // polls memory the peer writes: a deliberate race, as in ib_write_lat
+			}
+			if local(test) && provider == "udp" {
+				continue // baselines do not depend on the provider
+			}
+			t.Run(provider+"/"+test, func(t *testing.T) {
+				r := runJSON(t, test, "--provider", provider, "--iters", "200", "--size", "4096")
+				require.Equal(t, test, r.Test)
+				require.Positive(t, r.Iters)
+				require.Positive(t, r.Gbps)
+				require.Positive(t, r.Mops)
+				if isLat(test) {
+					require.Positive(t, r.LatP50)
+					require.GreaterOrEqual(t, r.LatP99, r.LatP50)
+				}
+				switch test {
+				case "memcpy":
+					require.Equal(t, "cpu", r.Provider)
+				case "udp_raw", "udp_pingpong":
+					require.Equal(t, "udp", r.Provider)
+				default:
+					require.Equal(t, provider, r.Provider)
+				}
+			})
+		}
+	}
+}
+
+// TestTwoProcesses runs every verbs test as two processes, server and
+// client, over the udp provider on loopback.
+func TestTwoProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := filepath.Join(t.TempDir(), "rvma-perf")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, string(out))
 	for _, test := range tests {
-		if test == "write_lat" && raceEnabled {
-			continue // polls memory the peer writes: a deliberate race, as in ib_write_lat
+		if local(test) {
+			continue
 		}
 		t.Run(test, func(t *testing.T) {
-			r := runJSON(t, test, "--iters", "200", "--size", "4096")
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			port := freePort(t)
+			srv := exec.CommandContext(ctx, bin, test, "--provider", "udp", "--server", port)
+			var srvOut bytes.Buffer
+			srv.Stdout, srv.Stderr = &srvOut, &srvOut
+			require.NoError(t, srv.Start())
+			var res []byte
+			var cerr error
+			for try := 0; try < 50; try++ { // until the server listens
+				res, cerr = exec.CommandContext(ctx, bin, test, "--provider", "udp", "--connect", port,
+					"--iters", "300", "--size", "2048", "--json").Output()
+				if cerr == nil || !strings.Contains(string(res)+errText(cerr), "refused") {
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			require.NoError(t, cerr, "client: %s %s", res, errText(cerr))
+			require.NoError(t, srv.Wait(), "server: %s", srvOut.String())
+			var r Result
+			require.NoError(t, json.Unmarshal(res, &r), string(res))
 			require.Equal(t, test, r.Test)
-			require.Positive(t, r.Iters)
-			require.Positive(t, r.Gbps)
-			require.Positive(t, r.Mops)
-			if isLat(test) {
-				require.Positive(t, r.LatP50)
-				require.GreaterOrEqual(t, r.LatP99, r.LatP50)
-			}
-			if test != "memcpy" {
-				require.Equal(t, "loop", r.Provider)
-			}
+			require.Equal(t, "udp", r.Provider)
+			require.GreaterOrEqual(t, r.Iters, 300)
 		})
 	}
+}
+
+func errText(err error) string {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return string(ee.Stderr)
+	}
+	if err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+func freePort(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().String()
 }
 
 func TestMultipleQPs(t *testing.T) {

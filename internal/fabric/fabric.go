@@ -40,6 +40,14 @@ type Port interface {
 	Close() error
 }
 
+// Progresser is implemented by ports that can receive in the caller's
+// goroutine: Progress handles what has arrived and returns the number of
+// packets, without blocking. Busy-polling callers use it to save a
+// goroutine hand-off per packet; ports without it progress on their own.
+type Progresser interface {
+	Progress() int
+}
+
 // Stats counts what a port did with packets, for diagnostics and tests.
 type Stats struct {
 	Sent, Received                 uint64

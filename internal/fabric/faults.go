@@ -175,6 +175,14 @@ func (fp *FaultPort) Close() error {
 	return fp.Port.Close()
 }
 
+// Progress forwards to the wrapped port if it can progress.
+func (fp *FaultPort) Progress() int {
+	if pr, ok := fp.Port.(Progresser); ok {
+		return pr.Progress()
+	}
+	return 0
+}
+
 // Addr forwards to the wrapped port (spelled out so FaultPort is a Port
 // even where embedding would be ambiguous).
 func (fp *FaultPort) Addr() netip.AddrPort { return fp.Port.Addr() }

@@ -3,6 +3,7 @@ package udpfab
 import (
 	"net/netip"
 	"os"
+	"time"
 )
 
 // Message is one datagram, or one GSO/GRO train of equal-size datagrams,
@@ -32,6 +33,8 @@ const (
 	MaxSegments = 64
 	// socketBuffer is what we ask for, as wireguard-go and quic-go do.
 	socketBuffer = 7 << 20
+	// DefaultSpin is how long a receive spins before it parks.
+	DefaultSpin = 50 * time.Microsecond
 )
 
 // Features reports what a Conn uses.

@@ -10,8 +10,11 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -28,6 +31,12 @@ type Conn struct {
 
 	r ioState
 	w ioState
+
+	// Spin is how long ReadBatch keeps trying a non-blocking receive
+	// (yielding the processor between tries) before it parks on the
+	// network poller. Parking costs a wake-up; spinning keeps the reader
+	// runnable, which matters when other goroutines busy-poll memory.
+	Spin time.Duration
 }
 
 // ioState holds the preallocated headers of one direction and the closure
@@ -41,6 +50,16 @@ type ioState struct {
 	done  int    // messages handled (result)
 	errno syscall.Errno
 	fn    func(fd uintptr) bool
+	ctl   func(fd uintptr) // one non-blocking attempt, for RawConn.Control
+
+	roleFn func(fd uintptr) bool // ReadBatchRole's attempt
+	role   *sync.Mutex
+	missed *atomic.Bool
+	msgs   []Message
+
+	preparedFor *Message // the messages the headers point at
+	preparedN   int
+	dirty       int // headers the last receive filled
 }
 
 var cmsgSpace = unix.CmsgSpace(4)
@@ -118,7 +137,10 @@ func Listen(addr netip.AddrPort, log *slog.Logger) (*Conn, error) {
 		})
 	}
 	c.r.fn = c.readFn
+	c.r.ctl = func(fd uintptr) { c.readFn(fd) }
+	c.r.roleFn = c.roleReadFn
 	c.w.fn = c.writeFn
+	c.Spin = DefaultSpin
 	return c, nil
 }
 
@@ -244,8 +266,65 @@ func (c *Conn) writeFn(fd uintptr) bool {
 // ReadBatch fills messages with received datagrams (or GRO trains) and
 // returns how many; it blocks until at least one arrives.
 func (c *Conn) ReadBatch(msgs []Message) (int, error) {
+	s := &c.r
+	c.prepareRead(msgs)
+	var deadline time.Time
+	s.errno = unix.EAGAIN
+	for spins := 0; c.Spin > 0; spins++ {
+		if err := c.rc.Control(s.ctl); err != nil {
+			return 0, err
+		}
+		if s.errno == unix.EINTR {
+			s.errno = unix.EAGAIN
+		}
+		if s.errno != unix.EAGAIN {
+			break
+		}
+		if spins == 0 {
+			deadline = time.Now().Add(c.Spin)
+		} else if spins&15 == 0 && time.Now().After(deadline) {
+			break
+		}
+		runtime.Gosched()
+	}
+	for s.errno == unix.EAGAIN {
+		if err := c.rc.Read(s.fn); err != nil {
+			return 0, err
+		}
+		if s.errno == unix.EINTR {
+			s.errno = unix.EAGAIN
+			continue
+		}
+		break
+	}
+	if s.errno != 0 {
+		return 0, fmt.Errorf("udpfab: recvmmsg: %w", s.errno)
+	}
+	c.finishRead(msgs)
+	return s.done, nil
+}
+
+// prepareRead points the receive headers at msgs' buffers. Headers already
+// pointing at them only get the fields the kernel changed reset, so an
+// empty poll costs little.
+func (c *Conn) prepareRead(msgs []Message) {
 	n := min(len(msgs), BatchSize)
 	s := &c.r
+	same := len(msgs) > 0 && s.preparedFor == &msgs[0] && s.preparedN == n
+	for i := 0; same && i < n; i++ {
+		b := msgs[i].Buf[:cap(msgs[i].Buf)]
+		same = s.iovs[i].Base == unsafe.SliceData(b) && s.iovs[i].Len == uint64(len(b))
+	}
+	if same {
+		for i := 0; i < s.dirty; i++ {
+			h := &s.hdrs[i]
+			h.Hdr.Namelen = unix.SizeofSockaddrInet6
+			h.Hdr.Controllen = uint64(cmsgSpace)
+			h.Hdr.Flags = 0
+		}
+		s.dirty, s.n = 0, n
+		return
+	}
 	for i := 0; i < n; i++ {
 		m := &msgs[i]
 		h := &s.hdrs[i]
@@ -257,19 +336,16 @@ func (c *Conn) ReadBatch(msgs []Message) (int, error) {
 		h.Hdr.Controllen = uint64(cmsgSpace)
 		h.Hdr.Flags = 0
 	}
-	s.n = n
-	for {
-		if err := c.rc.Read(s.fn); err != nil {
-			return 0, err
-		}
-		if s.errno == unix.EINTR {
-			continue
-		}
-		if s.errno != 0 {
-			return 0, fmt.Errorf("udpfab: recvmmsg: %w", s.errno)
-		}
-		break
+	s.n, s.dirty = n, 0
+	if n > 0 {
+		s.preparedFor, s.preparedN = &msgs[0], n
 	}
+}
+
+// finishRead fills msgs from the headers of a completed receive.
+func (c *Conn) finishRead(msgs []Message) {
+	s := &c.r
+	s.dirty = s.done
 	for i := 0; i < s.done; i++ {
 		m := &msgs[i]
 		h := &s.hdrs[i]
@@ -278,21 +354,83 @@ func (c *Conn) ReadBatch(msgs []Message) (int, error) {
 		m.Addr = getName(&s.names[i])
 		m.Seg = groSize(s.cmsg[i*cmsgSpace : i*cmsgSpace+int(h.Hdr.Controllen)])
 	}
-	return s.done, nil
 }
 
 func (c *Conn) readFn(fd uintptr) bool {
 	s := &c.r
 	r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.n), unix.MSG_DONTWAIT, 0, 0)
+	s.errno = e
 	if e == unix.EAGAIN {
 		return false
 	}
-	s.errno = e
 	s.done = int(r)
 	if e != 0 {
 		s.done = 0
 	}
 	return true
+}
+
+// ReadBatchRole is ReadBatch for a socket shared with TryReadBatch callers:
+// it parks until the socket is readable, then takes role (without
+// blocking) for the read and returns with it held when it returned
+// messages. If another goroutine holds role it sets missed first and waits
+// for the next arrival; that holder re-drains when it sees missed, so no
+// datagram is left unread while everyone sleeps.
+func (c *Conn) ReadBatchRole(msgs []Message, role *sync.Mutex, missed *atomic.Bool) (int, error) {
+	s := &c.r
+	s.role, s.missed, s.msgs = role, missed, msgs
+	for {
+		if err := c.rc.Read(s.roleFn); err != nil {
+			return 0, err
+		}
+		if s.errno == unix.EINTR {
+			role.Unlock()
+			continue
+		}
+		break
+	}
+	if s.errno != 0 {
+		role.Unlock()
+		return 0, fmt.Errorf("udpfab: recvmmsg: %w", s.errno)
+	}
+	c.finishRead(msgs)
+	return s.done, nil
+}
+
+func (c *Conn) roleReadFn(fd uintptr) bool {
+	s := &c.r
+	s.missed.Store(true)
+	if !s.role.TryLock() {
+		return false // the holder drains; wait for the next arrival
+	}
+	s.missed.Store(false)
+	c.prepareRead(s.msgs)
+	c.readFn(fd)
+	if s.errno == unix.EAGAIN {
+		s.role.Unlock()
+		return false
+	}
+	return true
+}
+
+// TryReadBatch makes one non-blocking receive attempt and returns 0 if
+// nothing was waiting. The caller must hold the reader role.
+func (c *Conn) TryReadBatch(msgs []Message) (int, error) {
+	c.prepareRead(msgs)
+	// Control, not Read: Read holds the descriptor's read lock while it
+	// waits, so it would block behind the parked background reader.
+	if err := c.rc.Control(c.r.ctl); err != nil {
+		return 0, err
+	}
+	switch c.r.errno {
+	case 0:
+	case unix.EAGAIN, unix.EINTR:
+		return 0, nil
+	default:
+		return 0, fmt.Errorf("udpfab: recvmmsg: %w", c.r.errno)
+	}
+	c.finishRead(msgs)
+	return c.r.done, nil
 }
 
 // groSize returns the segment size of a UDP_GRO control message, or 0.

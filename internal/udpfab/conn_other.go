@@ -7,6 +7,9 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // Conn is a UDP socket with the batch interface, one datagram per call on
@@ -14,6 +17,7 @@ import (
 type Conn struct {
 	uc    *net.UDPConn
 	local netip.AddrPort
+	Spin  time.Duration // unused here
 }
 
 // Listen opens a UDP socket bound to addr.
@@ -59,5 +63,17 @@ func (c *Conn) ReadBatch(msgs []Message) (int, error) {
 	m.Buf, m.N, m.Addr, m.Seg = m.Buf[:cap(m.Buf)], n, a, 0
 	return 1, nil
 }
+
+// ReadBatchRole reads one datagram, then takes role.
+func (c *Conn) ReadBatchRole(msgs []Message, role *sync.Mutex, _ *atomic.Bool) (int, error) {
+	n, err := c.ReadBatch(msgs)
+	if err == nil {
+		role.Lock()
+	}
+	return n, err
+}
+
+// TryReadBatch never finds anything here: the background reader progresses.
+func (c *Conn) TryReadBatch([]Message) (int, error) { return 0, nil }
 
 func errClosed(err error) bool { return errors.Is(err, net.ErrClosed) }

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,6 +49,23 @@ type Port struct {
 	closed atomic.Bool
 	done   chan struct{}
 
+	// The reader role: whoever holds rmu reads the socket and runs the
+	// handler (the background goroutine, or a Progress caller), so the
+	// handler never runs twice at once and the receive buffers are shared.
+	rmu    sync.Mutex
+	missed atomic.Bool
+	rxMsgs []Message
+	rxPkts []*wire.Packet
+
+	// lastPoll is when a goroutine last called Progress (nanoseconds on
+	// the monotonic clock since start); while pollers are active the
+	// background reader does not spin.
+	lastPoll atomic.Int64
+	start    time.Time
+	// Spin is how long the background reader keeps polling after traffic
+	// before it parks (see DefaultSpin).
+	Spin time.Duration
+
 	sent, received, malformed, sendDropped atomic.Uint64
 }
 
@@ -63,10 +81,23 @@ func Open(addr netip.AddrPort, mtu int, log *slog.Logger) (*Port, error) {
 		return nil, fmt.Errorf("udpfab: listen %v: %w", addr, err)
 	}
 	p := &Port{conn: c, addr: c.LocalAddr(), mtu: mtu, log: log, done: make(chan struct{}),
-		trains: make([]Message, BatchSize), bufs: make([][]byte, BatchSize)}
+		trains: make([]Message, BatchSize), bufs: make([][]byte, BatchSize), start: time.Now(), Spin: DefaultSpin}
+	p.lastPoll.Store(-int64(time.Hour))
 	for i := range p.bufs {
 		p.bufs[i] = make([]byte, 0, MaxTrain)
 	}
+	// The socket's own spin is off: the port decides when its background
+	// reader spins (not while pollers call Progress).
+	c.Spin = 0
+	size := MaxTrain
+	if !c.Features().GRO {
+		size = min(MaxTrain, mtu+wire.MaxHeaderLen+64)
+	}
+	p.rxMsgs = make([]Message, BatchSize)
+	for i := range p.rxMsgs {
+		p.rxMsgs[i].Buf = make([]byte, size)
+	}
+	p.rxPkts = make([]*wire.Packet, 0, 4*BatchSize)
 	go p.receive()
 	return p, nil
 }
@@ -160,22 +191,14 @@ func (p *Port) flush() {
 	p.ntrain = 0
 }
 
-// receive is the port's one receiving goroutine: it reads batches, decodes
-// them and hands them to the handler.
+// receive is the port's background receiver: asynchronous progress for
+// when no goroutine polls. It parks on the network poller until a datagram
+// arrives and takes the reader role for each batch.
 func (p *Port) receive() {
-	n := BatchSize
-	size := MaxTrain
-	if !p.conn.Features().GRO {
-		size = min(MaxTrain, p.mtu+wire.MaxHeaderLen+64)
-	}
-	msgs := make([]Message, n)
-	for i := range msgs {
-		msgs[i].Buf = make([]byte, size)
-	}
-	pkts := make([]*wire.Packet, 0, 4*BatchSize)
 	errs := 0
 	for {
-		k, err := p.conn.ReadBatch(msgs)
+		p.spinAfterTraffic()
+		k, err := p.conn.ReadBatchRole(p.rxMsgs, &p.rmu, &p.missed)
 		if err != nil {
 			if p.closed.Load() || errClosed(err) {
 				close(p.done)
@@ -193,33 +216,102 @@ func (p *Port) receive() {
 			continue
 		}
 		errs = 0
-		kernelOrder.Load()
-		for i := 0; i < k; i++ {
-			src := msgs[i].Addr
-			Split(&msgs[i], func(d []byte) {
-				pk := wire.Get()
-				if wire.Parse(d, pk) != nil {
-					p.malformed.Add(1)
-					pk.Release()
-					return
-				}
-				pk.Src, pk.Dst = src, p.addr
-				pkts = append(pkts, pk)
-			})
-		}
-		p.received.Add(uint64(len(pkts)))
-		p.hmu.Lock()
-		h := p.handler
-		p.hmu.Unlock()
-		if h != nil && len(pkts) > 0 {
-			h.HandlePackets(pkts)
-		}
-		for j, pk := range pkts {
-			pk.Release()
-			pkts[j] = nil
-		}
-		pkts = pkts[:0]
+		p.handle(k)
+		p.rmu.Unlock()
 	}
+}
+
+func (p *Port) now() int64 { return int64(time.Since(p.start)) }
+
+// spinAfterTraffic keeps receiving without parking for Spin after the last
+// packet, so that a peer's reply costs no wake-up, unless a goroutine is
+// polling the port itself, in which case a spinning reader would only take
+// processor time from it.
+func (p *Port) spinAfterTraffic() {
+	spin := int64(p.Spin)
+	if spin <= 0 {
+		return
+	}
+	last := p.now()
+	for i := 0; ; i++ {
+		now := p.now()
+		if now-last > spin || now-p.lastPoll.Load() < spin || p.closed.Load() {
+			return
+		}
+		if p.rmu.TryLock() {
+			k, err := p.conn.TryReadBatch(p.rxMsgs)
+			if k > 0 {
+				p.handle(k)
+				last = p.now()
+			}
+			p.rmu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+		runtime.Gosched()
+	}
+}
+
+// Progress receives and handles, in the caller's goroutine, every datagram
+// waiting at the socket, and returns how many packets it handled. It
+// returns at once if another goroutine holds the reader role. Busy-polling
+// callers use it to avoid a goroutine hand-off per packet.
+func (p *Port) Progress() int {
+	p.lastPoll.Store(p.now())
+	total := 0
+	for {
+		if !p.rmu.TryLock() {
+			return total
+		}
+		for {
+			k, err := p.conn.TryReadBatch(p.rxMsgs)
+			if k == 0 || err != nil {
+				break
+			}
+			total += p.handle(k)
+		}
+		p.rmu.Unlock()
+		// The background reader may have found the role taken while we
+		// held it; it then waits for the next arrival, so drain again.
+		if !p.missed.Swap(false) {
+			return total
+		}
+	}
+}
+
+// handle decodes k received messages and runs the handler; the caller
+// holds the reader role.
+func (p *Port) handle(k int) int {
+	kernelOrder.Load()
+	pkts := p.rxPkts[:0]
+	for i := 0; i < k; i++ {
+		src := p.rxMsgs[i].Addr
+		Split(&p.rxMsgs[i], func(d []byte) {
+			pk := wire.Get()
+			if wire.Parse(d, pk) != nil {
+				p.malformed.Add(1)
+				pk.Release()
+				return
+			}
+			pk.Src, pk.Dst = src, p.addr
+			pkts = append(pkts, pk)
+		})
+	}
+	n := len(pkts)
+	p.received.Add(uint64(n))
+	p.hmu.Lock()
+	h := p.handler
+	p.hmu.Unlock()
+	if h != nil && n > 0 {
+		h.HandlePackets(pkts)
+	}
+	for j, pk := range pkts {
+		pk.Release()
+		pkts[j] = nil
+	}
+	p.rxPkts = pkts[:0]
+	return n
 }
 
 // Close closes the socket and waits for the receiving goroutine to stop.
