@@ -72,6 +72,9 @@ type DeviceStats struct {
 	OutOfOrder uint64 // outside the PSN window or out of sequence
 	Duplicates uint64 // duplicate requests (re-acknowledged, not re-executed)
 	Malformed  uint64 // inconsistent headers or lengths
+	// Undecodable counts datagrams a port could not decode (they never
+	// reach the engine, so they are not in RxPackets or RxDropped).
+	Undecodable uint64
 }
 
 type mailboxBox struct{ h MailboxHandler }
@@ -255,11 +258,17 @@ func (d *Device) Progress() int {
 // Stats returns the device's receive counters.
 func (d *Device) Stats() DeviceStats {
 	s := &d.stats
-	return DeviceStats{
+	ds := DeviceStats{
 		RxPackets: s.rxPackets.Load(), RxDropped: s.rxDropped.Load(), UnknownQP: s.unknownQP.Load(),
 		BadSource: s.badSource.Load(), BadSecret: s.badSecret.Load(), BadPort: s.badPort.Load(),
 		OutOfOrder: s.outOfWindow.Load(), Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(),
 	}
+	for _, p := range d.ports {
+		if u, ok := p.Port.(interface{ Malformed() uint64 }); ok {
+			ds.Undecodable += u.Malformed()
+		}
+	}
+	return ds
 }
 
 // Close destroys every QP, closes the ports and invalidates every object of
