@@ -8,21 +8,26 @@ import (
 	"github.com/rvma/rvma/verbs/verbstest"
 )
 
-// benchPair connects two loop devices with an MTU of mtu.
+// benchPair connects two loop devices.
 func benchPair(b *testing.B, size int) (a, t *verbstest.Side) {
-	a, t = verbstest.Pair(b, verbstest.Loop(), verbstest.PairConfig{BufSize: max(size, 64)})
-	return a, t
+	return verbstest.Pair(b, verbstest.Loop(), verbstest.PairConfig{BufSize: max(size, 64)})
 }
 
-func BenchmarkWrite(b *testing.B) { benchRDMA(b, verbs.OpWrite, 8, 4096, 65536, 1<<20) }
-func BenchmarkRead(b *testing.B)  { benchRDMA(b, verbs.OpRead, 8, 65536, 1<<20) }
+func BenchmarkWrite(b *testing.B) { benchRDMA(b, verbstest.Loop(), verbs.OpWrite, 8, 4096, 65536, 1<<20) }
+func BenchmarkRead(b *testing.B)  { benchRDMA(b, verbstest.Loop(), verbs.OpRead, 8, 65536, 1<<20) }
+
+// The same over the udp provider on loopback: every packet is encoded,
+// sent, received, decoded and verified, so allocs/op covers the socket
+// path too.
+func BenchmarkWriteUDP(b *testing.B) { benchRDMA(b, verbstest.UDP(), verbs.OpWrite, 8, 65536, 1<<20) }
+func BenchmarkReadUDP(b *testing.B)  { benchRDMA(b, verbstest.UDP(), verbs.OpRead, 8, 65536) }
 
 // benchRDMA posts one signaled WRITE or READ of each size and polls its
 // completion per op: the steady-state post + poll path.
-func benchRDMA(b *testing.B, op verbs.Opcode, sizes ...int) {
+func benchRDMA(b *testing.B, env verbstest.Env, op verbs.Opcode, sizes ...int) {
 	for _, size := range sizes {
 		b.Run(sizeName(size), func(b *testing.B) {
-			a, t := benchPair(b, size)
+			a, t := verbstest.Pair(b, env, verbstest.PairConfig{BufSize: max(size, 64)})
 			wrs := []verbs.SendWR{{Opcode: op, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{a.MR.SGE(0, size)},
 				RemoteAddr: t.MR.Addr(), RKey: t.MR.RKey()}}
 			run(b, a, wrs, size)
