@@ -13,8 +13,10 @@ func benchPair(b *testing.B, size int) (a, t *verbstest.Side) {
 	return verbstest.Pair(b, verbstest.Loop(), verbstest.PairConfig{BufSize: max(size, 64)})
 }
 
-func BenchmarkWrite(b *testing.B) { benchRDMA(b, verbstest.Loop(), verbs.OpWrite, 8, 4096, 65536, 1<<20) }
-func BenchmarkRead(b *testing.B)  { benchRDMA(b, verbstest.Loop(), verbs.OpRead, 8, 65536, 1<<20) }
+func BenchmarkWrite(b *testing.B) {
+	benchRDMA(b, verbstest.Loop(), verbs.OpWrite, 8, 4096, 65536, 1<<20)
+}
+func BenchmarkRead(b *testing.B) { benchRDMA(b, verbstest.Loop(), verbs.OpRead, 8, 65536, 1<<20) }
 
 // The same over the udp provider on loopback: every packet is encoded,
 // sent, received, decoded and verified, so allocs/op covers the socket

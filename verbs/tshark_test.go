@@ -93,8 +93,8 @@ func TestTsharkDissects(t *testing.T) {
 	require.Len(t, lines, 3, out.String())
 	want := []string{
 		fmt.Sprintf("6,%d,%d,%d,%d,2500", b.QP.Num(), psn, va, b.MR.RKey()), // RC RDMA WRITE First with RETH
-		fmt.Sprintf("7,%d,%d,,,", b.QP.Num(), psn+1),                         // Middle
-		fmt.Sprintf("8,%d,%d,,,", b.QP.Num(), psn+2),                         // Last
+		fmt.Sprintf("7,%d,%d,,,", b.QP.Num(), psn+1),                        // Middle
+		fmt.Sprintf("8,%d,%d,,,", b.QP.Num(), psn+2),                        // Last
 	}
 	for i, line := range lines {
 		require.Equal(t, want[i], normalize(line), "packet %d as tshark decoded it", i)
