@@ -1,0 +1,240 @@
+package udpfab
+
+import (
+	"bytes"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/internal/wire"
+)
+
+var lo = netip.MustParseAddrPort("127.0.0.1:0")
+
+func TestSplit(t *testing.T) {
+	cases := []struct {
+		n, seg int
+		want   []int
+	}{
+		{10, 0, []int{10}},
+		{10, 4, []int{4, 4, 2}},
+		{12, 4, []int{4, 4, 4}},
+		{3, 4, []int{3}},
+		{0, 0, []int{0}},
+	}
+	for _, c := range cases {
+		m := Message{Buf: make([]byte, 64), N: c.n, Seg: c.seg}
+		var got []int
+		Split(&m, func(d []byte) { got = append(got, len(d)) })
+		require.Equal(t, c.want, got, "%d bytes in segments of %d", c.n, c.seg)
+	}
+}
+
+// roundTrip sends trains of datagrams and checks every datagram arrives
+// once and intact, whatever the kernel coalesces.
+func roundTrip(t *testing.T) {
+	tx, err := Listen(lo, nil)
+	require.NoError(t, err)
+	defer tx.Close()
+	rx, err := Listen(lo, nil)
+	require.NoError(t, err)
+	defer rx.Close()
+	const seg = 1000
+	var want [][]byte
+	var msgs []Message
+	for i := 0; i < 20; i++ {
+		var train []byte
+		n := 1 + i%5
+		for k := 0; k < n; k++ {
+			size := seg
+			if k == n-1 && i%2 == 1 {
+				size = 300 // a short last segment ends the train
+			}
+			d := bytes.Repeat([]byte{byte(i), byte(k)}, size/2)
+			want = append(want, d)
+			train = append(train, d...)
+		}
+		msgs = append(msgs, Message{Buf: train, Addr: rx.LocalAddr(), Seg: seg})
+	}
+	if !tx.Features().GSO {
+		// Without GSO every datagram is its own message.
+		msgs = msgs[:0]
+		for _, d := range want {
+			msgs = append(msgs, Message{Buf: d, Addr: rx.LocalAddr()})
+		}
+	}
+	dropped, err := tx.WriteBatch(msgs)
+	require.NoError(t, err)
+	require.Zero(t, dropped)
+	in := make([]Message, BatchSize)
+	for i := range in {
+		in[i].Buf = make([]byte, MaxTrain)
+	}
+	var got [][]byte
+	for len(got) < len(want) {
+		n, err := rx.ReadBatch(in)
+		require.NoError(t, err)
+		for i := 0; i < n; i++ {
+			require.Equal(t, tx.LocalAddr(), in[i].Addr)
+			Split(&in[i], func(d []byte) { got = append(got, bytes.Clone(d)) })
+		}
+	}
+	require.Equal(t, want, got)
+}
+
+func TestRoundTrip(t *testing.T) {
+	t.Run("offloads", roundTrip)
+	t.Run("no GSO", func(t *testing.T) { t.Setenv("RVMA_DISABLE_GSO", "1"); roundTrip(t) })
+	t.Run("no GRO", func(t *testing.T) { t.Setenv("RVMA_DISABLE_GRO", "1"); roundTrip(t) })
+	t.Run("neither", func(t *testing.T) {
+		t.Setenv("RVMA_DISABLE_GSO", "1")
+		t.Setenv("RVMA_DISABLE_GRO", "1")
+		roundTrip(t)
+	})
+}
+
+func TestFeatures(t *testing.T) {
+	c, err := Listen(lo, nil)
+	require.NoError(t, err)
+	defer c.Close()
+	f := c.Features()
+	t.Logf("features: %+v", f)
+	require.Positive(t, f.RecvBuffer)
+	t.Setenv("RVMA_DISABLE_GSO", "1")
+	t.Setenv("RVMA_DISABLE_GRO", "1")
+	c2, err := Listen(lo, nil)
+	require.NoError(t, err)
+	defer c2.Close()
+	require.False(t, c2.Features().GSO)
+	require.False(t, c2.Features().GRO)
+}
+
+func TestOversizedDatagramIsDroppedNotFatal(t *testing.T) {
+	tx, err := Listen(lo, nil)
+	require.NoError(t, err)
+	defer tx.Close()
+	rx, err := Listen(lo, nil)
+	require.NoError(t, err)
+	defer rx.Close()
+	dropped, err := tx.WriteBatch([]Message{
+		{Buf: make([]byte, 70000), Addr: rx.LocalAddr()}, // over the UDP limit
+		{Buf: []byte("after"), Addr: rx.LocalAddr()},
+	})
+	require.NoError(t, err)
+	require.Equal(t, 1, dropped)
+	in := []Message{{Buf: make([]byte, 100)}}
+	n, err := rx.ReadBatch(in)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, "after", string(in[0].Buf[:in[0].N]))
+}
+
+// recorder checks the handler contract: never concurrent, every packet once.
+type recorder struct {
+	mu      sync.Mutex
+	psns    map[uint32]int
+	active  atomic.Int32
+	overlap atomic.Bool
+}
+
+func (r *recorder) HandlePackets(pkts []*wire.Packet) {
+	if r.active.Add(1) > 1 {
+		r.overlap.Store(true)
+	}
+	defer r.active.Add(-1)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range pkts {
+		r.psns[p.PSN]++
+	}
+}
+
+func (r *recorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.psns)
+}
+
+// TestProgressWithBackground: a goroutine calling Progress and the
+// background reader share the socket; every packet is handled exactly
+// once, never concurrently, and nothing is stranded when polling stops.
+func TestProgressWithBackground(t *testing.T) {
+	a, err := Open(lo, DefaultMTU, nil)
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := Open(lo, DefaultMTU, nil)
+	require.NoError(t, err)
+	defer b.Close()
+	r := &recorder{psns: map[uint32]int{}}
+	b.SetHandler(r)
+	const total = 20000
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // an intermittent poller
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			b.Progress()
+			if time.Now().UnixNano()%3 == 0 {
+				time.Sleep(20 * time.Microsecond)
+			}
+		}
+	}()
+	for i := 0; i < total; i++ {
+		p := wire.Get()
+		p.Opcode, p.PSN, p.Dst, p.DestQP = wire.Acknowledge, uint32(i), b.Addr(), 5
+		a.Send([]*wire.Packet{p})
+		if i%256 == 255 {
+			for r.count() < i-2048 { // stay within the socket buffer
+				time.Sleep(50 * time.Microsecond)
+			}
+		}
+	}
+	close(stop) // polling stops: the background reader must finish the job
+	wg.Wait()
+	require.Eventually(t, func() bool { return r.count() == total }, 10*time.Second, time.Millisecond)
+	require.False(t, r.overlap.Load(), "the handler ran concurrently")
+	for psn, n := range r.psns {
+		require.Equal(t, 1, n, "packet %d handled %d times", psn, n)
+	}
+}
+
+func TestMalformedCounted(t *testing.T) {
+	p, err := Open(lo, DefaultMTU, nil)
+	require.NoError(t, err)
+	defer p.Close()
+	p.SetHandler(&recorder{psns: map[uint32]int{}})
+	c, err := Listen(lo, nil)
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = c.WriteBatch([]Message{{Buf: []byte("not a packet"), Addr: p.Addr()}, {Buf: []byte{0xFF}, Addr: p.Addr()}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return p.Malformed() == 2 }, 5*time.Second, time.Millisecond)
+}
+
+func TestOpenErrors(t *testing.T) {
+	_, err := Open(lo, 100, nil)
+	require.Error(t, err)
+	_, err = Open(lo, MaxMTU+1, nil)
+	require.Error(t, err)
+	p, err := Open(lo, DefaultMTU, nil)
+	require.NoError(t, err)
+	_, err = Open(p.Addr(), DefaultMTU, nil)
+	require.Error(t, err, "address in use")
+	require.NoError(t, p.Close())
+	require.Error(t, p.Close())
+}
+
+func TestDefaultMTU(t *testing.T) {
+	require.Equal(t, DefaultMTU, DefaultMTUFor(netip.MustParseAddr("127.0.0.1")), "lo carries 4096 easily")
+	require.Equal(t, DefaultMTU, DefaultMTUFor(netip.MustParseAddr("0.0.0.0")))
+}
