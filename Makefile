@@ -3,7 +3,7 @@ GO          ?= go
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME    ?= 20s
 # package:FuzzTarget pairs run by fuzz-short
-FUZZ_TARGETS = ./internal/psn:FuzzDiff ./verbs/cm:FuzzMessage
+FUZZ_TARGETS = ./internal/psn:FuzzDiff ./internal/wire:FuzzParse ./verbs/cm:FuzzMessage
 
 .PHONY: all build test bench fuzz-short lint demo perf clean
 
@@ -35,18 +35,16 @@ lint:
 demo:
 	$(GO) run ./examples/verbsdemo
 
-# The side-by-side figures of docs/PERFORMANCE.md (loop provider).
+# The side-by-side figures of docs/PERFORMANCE.md.
 perf:
 	$(GO) build -o bin/rvma-perf ./cmd/rvma-perf
-	bin/rvma-perf write_bw --provider loop --size 1048576 --json
-	bin/rvma-perf memcpy --size 1048576 --json
-	bin/rvma-perf memcpy --size 1048576 --chunk 65536 --json
+	bin/rvma-perf write_bw --provider loop --size 1048576 --vs memcpy --reps 5 --json
+	bin/rvma-perf write_bw --provider loop --size 1048576 --vs memcpy --chunk 65536 --reps 5 --json
 	bin/rvma-perf write_lat --provider loop --size 8 --json
-	bin/rvma-perf read_lat --provider loop --size 8 --json
-	bin/rvma-perf send_lat --provider loop --size 8 --json
-	bin/rvma-perf atomic_lat --provider loop --json
-	bin/rvma-perf read_bw --provider loop --size 1048576 --json
-	bin/rvma-perf send_bw --provider loop --size 65536 --json
+	bin/rvma-perf write_bw --provider udp --size 1048576 --vs udp_raw --reps 5 --json
+	bin/rvma-perf write_lat --provider udp --size 8 --vs udp_pingpong --reps 5 --json
+	for t in write_ack_lat read_lat send_lat atomic_lat; do bin/rvma-perf $$t --provider udp --size 8 --json; done
+	for t in read_bw send_bw; do bin/rvma-perf $$t --provider udp --size 1048576 --json; done
 
 clean:
 	rm -rf bin

@@ -3,8 +3,9 @@
 //
 // # Objects
 //
-// A Device is opened from a provider URI (loop://NAME today; udp:// next)
-// and has one or more GIDs, its local addresses. A PD groups memory regions
+// A Device is opened from a provider URI (loop://NAME in process,
+// udp://IP:PORT[,IP:PORT...] over UDP) and has one or more GIDs, its local
+// addresses. A PD groups memory regions
 // and queue pairs. An MR registers a caller-owned []byte with access rights
 // and random local and remote keys. A CQ collects flat WorkCompletion values.
 // A QP (RC or UC) is bound to one GID and moves through the states Reset,
@@ -59,6 +60,17 @@
 // own receive completion). After MR.Deregister returns, the device never
 // touches the buffer again.
 //
+// # Progress
+//
+// A device makes progress on its own (a goroutine per UDP socket), and also
+// in the goroutines that poll it: CQ.Poll and the spin of CQ.Wait receive
+// and handle arrived packets in the caller's goroutine, and Device.Progress
+// does the same for callers that poll memory rather than a CQ. Polling saves
+// a goroutine hand-off per packet, which is most of a small message's
+// latency over UDP. Requesters ask for an immediate acknowledgement only
+// when they need it (signaled requests, every quarter window, a half-full
+// send queue); otherwise the responder acknowledges within 50µs, coalescing.
+//
 // # Providers
 //
 // The loop provider connects devices that open the same fabric name in one
@@ -69,4 +81,12 @@
 // loss handling deterministically without sockets. Its packets carry
 // references to the initiator's memory, and the target copies them once
 // into place, which is the one copy a NIC's DMA makes.
+//
+// The udp provider carries RoCEv2's header layout (BTH and the extension
+// headers, IBTA opcodes; rvma's mailbox extension in the manufacturer range)
+// in UDP datagrams, one socket per GID, with batched system calls and UDP
+// GSO/GRO. A packet is accepted only from the connected peer's address and
+// QP, inside the PSN window, with a valid key, and with a trailer (in the
+// ICRC position) that is a CRC-32C keyed by the receiver's connection
+// secret; see package internal/wire for what the trailer covers.
 package verbs

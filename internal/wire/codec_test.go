@@ -197,3 +197,26 @@ func TestSecretSeed(t *testing.T) {
 		require.Equal(t, crc32.Update(0, castagnoli, b[:]), secretSeed(s))
 	}
 }
+
+// The trailer pins the headers and the payload length.
+func TestTrailerCoverage(t *testing.T) {
+	p := sample(WriteOnly, []byte("12345678"))
+	b := Append(nil, p)
+	for _, c := range []struct {
+		name string
+		mut  func([]byte) []byte
+	}{
+		{"header byte", func(b []byte) []byte { b[13] ^= 1; return b }},
+		{"PSN", func(b []byte) []byte { b[11] ^= 1; return b }},
+		{"length", func(b []byte) []byte { // four payload bytes fewer, same trailer
+			n := len(b)
+			return append(b[:n-8], b[n-4:]...)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var q Packet
+			require.NoError(t, Parse(c.mut(bytes.Clone(b)), &q))
+			require.False(t, q.Verify(p.Secret))
+		})
+	}
+}

@@ -71,7 +71,7 @@ type Packet struct {
 
 	Payload []byte
 
-	// Raw and ICRC are set by Parse: the encoded bytes the trailer covers
+	// Raw and ICRC are set by Parse: the encoded headers the trailer covers
 	// and the trailer itself, checked by Verify.
 	Raw  []byte
 	ICRC uint32
