@@ -69,7 +69,8 @@
 // a goroutine hand-off per packet, which is most of a small message's
 // latency over UDP. Requesters ask for an immediate acknowledgement only
 // when they need it (signaled requests, every quarter window, a half-full
-// send queue); otherwise the responder acknowledges within 50µs, coalescing.
+// send queue); otherwise the responder acknowledges within an eighth of the
+// retransmission timeout (at most 1ms), coalescing.
 //
 // # Providers
 //

@@ -249,11 +249,15 @@ func (qp *QP) execute(p *wire.Packet, ob *outbox) {
 }
 
 // ackDelay is how long a responder may hold the acknowledgement of packets
-// that did not ask for one. It must stay well below the requester's
-// retransmission timeout (ConnectConfig.Timeout, 100µs at the least, 20ms
-// by default); Go's timers may fire later than asked on an idle process,
-// which only delays the freeing of unsignaled send-queue slots.
-const ackDelay = 50 * time.Microsecond
+// that did not ask for one: an eighth of the retransmission timeout (the
+// connection's Timeout, which both ends are normally given), at most 1ms.
+// Longer is cheaper (each delayed ACK is a timer goroutine and a datagram
+// competing with pollers for a processor); it only delays the freeing of
+// unsignaled send-queue slots, and requesters ask for an immediate ACK when
+// their queue is half full.
+func (qp *QP) ackDelay() time.Duration {
+	return min(qp.conn.timeout/8, time.Millisecond)
+}
 
 // delayAck makes sure an ACK covering ePSN-1 goes out within ackDelay.
 func (qp *QP) delayAck() {
@@ -261,7 +265,7 @@ func (qp *QP) delayAck() {
 	rs.delayed = true
 	if !rs.ackTimerLive {
 		rs.ackTimerLive = true
-		qp.ackTimer.Reset(ackDelay)
+		qp.ackTimer.Reset(qp.ackDelay())
 	}
 }
 

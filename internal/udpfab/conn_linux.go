@@ -305,16 +305,15 @@ func (c *Conn) ReadBatch(msgs []Message) (int, error) {
 }
 
 // prepareRead points the receive headers at msgs' buffers. Headers already
-// pointing at them only get the fields the kernel changed reset, so an
-// empty poll costs little.
+// pointing at the same messages only get the fields the kernel changed
+// reset, so an empty poll costs little. A caller that gives a message a
+// different buffer must pass a different slice of messages (only the first
+// buffer is checked).
 func (c *Conn) prepareRead(msgs []Message) {
 	n := min(len(msgs), BatchSize)
 	s := &c.r
-	same := len(msgs) > 0 && s.preparedFor == &msgs[0] && s.preparedN == n
-	for i := 0; same && i < n; i++ {
-		b := msgs[i].Buf[:cap(msgs[i].Buf)]
-		same = s.iovs[i].Base == unsafe.SliceData(b) && s.iovs[i].Len == uint64(len(b))
-	}
+	same := len(msgs) > 0 && s.preparedFor == &msgs[0] && s.preparedN == n &&
+		s.iovs[0].Base == unsafe.SliceData(msgs[0].Buf[:cap(msgs[0].Buf)])
 	if same {
 		for i := 0; i < s.dirty; i++ {
 			h := &s.hdrs[i]

@@ -57,11 +57,11 @@ type Port struct {
 	rxMsgs []Message
 	rxPkts []*wire.Packet
 
-	// lastPoll is when a goroutine last called Progress (nanoseconds on
-	// the monotonic clock since start); while pollers are active the
-	// background reader does not spin.
-	lastPoll atomic.Int64
-	start    time.Time
+	// polled is set by Progress; the background reader clears it while it
+	// spins and stops spinning when it finds it set again (pollers are
+	// active, so a spinning reader would only take processor time).
+	polled atomic.Bool
+	start  time.Time
 	// Spin is how long the background reader keeps polling after traffic
 	// before it parks (see DefaultSpin).
 	Spin time.Duration
@@ -82,7 +82,6 @@ func Open(addr netip.AddrPort, mtu int, log *slog.Logger) (*Port, error) {
 	}
 	p := &Port{conn: c, addr: c.LocalAddr(), mtu: mtu, log: log, done: make(chan struct{}),
 		trains: make([]Message, BatchSize), bufs: make([][]byte, BatchSize), start: time.Now(), Spin: DefaultSpin}
-	p.lastPoll.Store(-int64(time.Hour))
 	for i := range p.bufs {
 		p.bufs[i] = make([]byte, 0, MaxTrain)
 	}
@@ -233,9 +232,10 @@ func (p *Port) spinAfterTraffic() {
 		return
 	}
 	last := p.now()
+	p.polled.Store(false)
 	for i := 0; ; i++ {
 		now := p.now()
-		if now-last > spin || now-p.lastPoll.Load() < spin || p.closed.Load() {
+		if now-last > spin || p.polled.Load() || p.closed.Load() {
 			return
 		}
 		if p.rmu.TryLock() {
@@ -258,7 +258,9 @@ func (p *Port) spinAfterTraffic() {
 // returns at once if another goroutine holds the reader role. Busy-polling
 // callers use it to avoid a goroutine hand-off per packet.
 func (p *Port) Progress() int {
-	p.lastPoll.Store(p.now())
+	if !p.polled.Load() {
+		p.polled.Store(true)
+	}
 	total := 0
 	for {
 		if !p.rmu.TryLock() {
