@@ -39,6 +39,10 @@ type Device struct {
 	ports  []*fabric.FaultPort
 	gids   []GID
 	closed atomic.Bool
+	// handling counts receive handlers running; Close waits for them, so
+	// what they received is acknowledged before the QPs go away. A counter,
+	// not a lock: handlers nest when the loop fabric delivers inline.
+	handling atomic.Int32
 
 	mu     sync.Mutex // guards the maps' writers, nextIOVA, objects
 	qps    atomic.Pointer[map[uint32]*QP]
@@ -272,10 +276,17 @@ func (d *Device) Stats() DeviceStats {
 }
 
 // Close destroys every QP, closes the ports and invalidates every object of
-// the device. Later calls on any of them return ErrClosed.
+// the device. Later calls on any of them return ErrClosed. It first lets
+// receive handling already in progress finish, so what was received is
+// acknowledged; it must not be called from a MailboxHandler of the device.
 func (d *Device) Close() error {
 	if d.closed.Swap(true) {
 		return ErrClosed
+	}
+	// Let receive handlers in progress finish, so that a peer whose last
+	// message was received gets its acknowledgement.
+	for d.handling.Load() != 0 {
+		time.Sleep(10 * time.Microsecond)
 	}
 	for _, qp := range *d.qps.Load() {
 		qp.Destroy()
@@ -312,6 +323,8 @@ type portHandler struct {
 
 func (h *portHandler) HandlePackets(pkts []*wire.Packet) {
 	d := h.dev
+	d.handling.Add(1)
+	defer d.handling.Add(-1)
 	if d.closed.Load() {
 		return
 	}

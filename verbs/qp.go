@@ -70,7 +70,9 @@ type ConnectConfig struct {
 	// the atomic results kept for duplicates (as responder). Default 16,
 	// range 1..256.
 	MaxRdAtomic int
-	// Window bounds the PSNs in flight unacknowledged. Default 128, range
+	// Window bounds the PSNs in flight unacknowledged. The requester starts
+	// with the whole window, halves it on every loss (down to 4) and grows
+	// it back by one PSN per window acknowledged. Default 128, range
 	// 4..8192.
 	Window int
 }
@@ -431,7 +433,9 @@ func resolveConnect(cfg *ConnectConfig) (connAttrs, error) {
 		return a, fmt.Errorf("verbs: connect: %w: %+v", ErrInvalidArgument, c)
 	}
 	a.rnrCode = rnrCodeFor(rnr)
-	a.ackEvery = max(1, a.window/4)
+	// Ask for an ACK every quarter window, but at least every 64 packets:
+	// sparser ACKs only stretch the round trip the timeout must cover.
+	a.ackEvery = min(max(1, a.window/4), 64)
 	return a, nil
 }
 

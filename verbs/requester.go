@@ -64,6 +64,14 @@ type requester struct {
 	lastAckReq uint32 // the last PSN sent with AckReq
 	rdInFlight int
 
+	// cwnd is the congestion window in PSNs (AIMD between minCwnd and the
+	// configured Window): halved on a loss, grown by about one PSN per
+	// window acknowledged. Go-back-N resends the whole flight after a
+	// loss, so without it a window larger than the receiver's buffer
+	// would overflow it again on every retry.
+	cwnd    int
+	cwndAcc int // PSNs acknowledged toward the next increase
+
 	retries      int
 	rnrRetries   int
 	lastProgress time.Time
@@ -113,6 +121,28 @@ func (r *requester) pop() {
 
 func (r *requester) inFlight() bool { return r.txPSN != r.unacked || r.maxSent != r.unacked }
 
+const minCwnd = 4
+
+// onLoss halves the congestion window.
+func (qp *QP) onLoss() {
+	r := &qp.req
+	r.cwnd = max(minCwnd, r.cwnd/2)
+	r.cwndAcc = 0
+}
+
+// onAcked grows the congestion window by one PSN per window acknowledged.
+func (qp *QP) onAcked(n int) {
+	r := &qp.req
+	if r.cwnd >= qp.conn.window {
+		return
+	}
+	r.cwndAcc += n
+	for r.cwndAcc >= r.cwnd && r.cwnd < qp.conn.window {
+		r.cwndAcc -= r.cwnd
+		r.cwnd++
+	}
+}
+
 // progressSend transmits what the window allows.
 func (qp *QP) progressSend(now time.Time, ob *outbox) {
 	r := &qp.req
@@ -126,7 +156,10 @@ func (qp *QP) progressSend(now time.Time, ob *outbox) {
 		}
 		r.rnrUntil = time.Time{}
 	}
-	win := int32(qp.conn.window)
+	if r.cwnd == 0 {
+		r.cwnd = qp.conn.window
+	}
+	win := int32(r.cwnd)
 	for r.txSeq < r.tailSeq {
 		w := r.at(r.txSeq)
 		if w.status != StatusSuccess {
@@ -238,6 +271,7 @@ func (qp *QP) checkTimers(now time.Time, ob *outbox) {
 			qp.fail(StatusRetryExceeded, 0)
 			return
 		}
+		qp.onLoss()
 		qp.goBack(r.unacked)
 		r.rewound = false
 		r.lastProgress = now
@@ -267,6 +301,7 @@ func (qp *QP) ackTo(a uint32, now time.Time) bool {
 			// were lost: an implied NAK.
 			e := psn.Add(w.firstPSN, w.resp)
 			qp.progressTo(e, now)
+			qp.onLoss()
 			qp.goBack(e)
 			return false
 		}
@@ -293,6 +328,7 @@ func (qp *QP) progressTo(u uint32, now time.Time) {
 		}
 		w.acked = true // requests before u are done (READs only reach here complete)
 	}
+	qp.onAcked(int(psn.Diff(u, r.unacked)))
 	r.unacked = u
 	r.retries, r.rnrRetries = 0, 0
 	r.lastProgress = now
@@ -338,6 +374,7 @@ func (qp *QP) handleResponse(p *wire.Packet, now time.Time, ob *outbox) {
 				if r.rewound && r.rewoundTo == p.PSN {
 					break // already rewound for this loss
 				}
+				qp.onLoss()
 				qp.goBack(p.PSN)
 				r.rewound, r.rewoundTo = true, p.PSN
 			case code == wire.NAKInvalid:
@@ -396,6 +433,7 @@ func (qp *QP) readResponse(p *wire.Packet, now time.Time) {
 		}
 		qp.progressTo(e, now)
 		if !(r.rewound && r.rewoundTo == e) {
+			qp.onLoss()
 			qp.goBack(e)
 			r.rewound, r.rewoundTo = true, e
 		}

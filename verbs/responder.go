@@ -421,8 +421,11 @@ func (qp *QP) mailboxExec(p *wire.Packet, ob *outbox, starts, ends, retry bool) 
 	return false
 }
 
-// readRequestExec sends the READ responses for p; in-sequence requests
-// advance ePSN, duplicates are re-executed without.
+// readRequestExec sends the READ responses for p. A request that reaches
+// past the expected PSN consumes the PSNs up to its end, duplicate or not:
+// a READ is re-requested from its first missing response, and the new
+// request may cover more than the piece first requested (pieces follow the
+// requester's window), so PSNs beyond ePSN can only belong to this READ.
 func (qp *QP) readRequestExec(p *wire.Packet, ob *outbox, inSeq bool) {
 	rs := &qp.resp
 	_, b, ok := qp.pd.resolveRemote(p.RKey, p.VA, uint64(p.DMALen), AccessRemoteRead)
@@ -433,7 +436,9 @@ func (qp *QP) readRequestExec(p *wire.Packet, ob *outbox, inSeq bool) {
 		return
 	}
 	n := qp.npkts(len(b))
-	if inSeq {
+	end := psn.Add(p.PSN, n)
+	extends := psn.Diff(end, rs.ePSN) > 0
+	if extends {
 		rs.msn++
 	}
 	for i := 0; i < n; i++ {
@@ -450,16 +455,16 @@ func (qp *QP) readRequestExec(p *wire.Packet, ob *outbox, inSeq bool) {
 		}
 		pk := qp.newPacket(op, psn.Add(p.PSN, i))
 		off := i * qp.mtu
-		end := min(off+qp.mtu, len(b))
-		pk.Payload = b[off:end:end] // the responder's memory, read once by the requester
+		e := min(off+qp.mtu, len(b))
+		pk.Payload = b[off:e:e] // the responder's memory, read once by the requester
 		if op.HasAETH() {
 			pk.Syndrome, pk.MSN = wire.SyndromeACK|0x1F, rs.msn
 		}
 		ob.pkts = append(ob.pkts, pk)
 	}
 	rs.ackPending, rs.delayed = false, false
-	if inSeq {
-		rs.ePSN = psn.Add(rs.ePSN, n)
+	if extends {
+		rs.ePSN, rs.nakSent = end, false
 	}
 }
 

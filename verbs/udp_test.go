@@ -52,8 +52,11 @@ func rcvbufErrors() uint64 {
 // transport, not fatal.
 func TestOverflowRecovered(t *testing.T) {
 	const qps, msgs, size = 4, 24, 1 << 20
-	a, b := verbstest.Pair(t, verbstest.UDP(), verbstest.PairConfig{BufSize: qps * size,
-		Connect: verbs.ConnectConfig{Window: 4096, Timeout: 5 * time.Millisecond}})
+	// A large window and no pacing: the receiver's socket buffer (14 MiB as
+	// root) is smaller than what four QPs put in flight. The timeout is
+	// generous because the race detector slows the receiver tenfold.
+	cfg := &verbs.ConnectConfig{Window: 4096, Timeout: 50 * time.Millisecond}
+	a, b := verbstest.Pair(t, verbstest.UDP(), verbstest.PairConfig{BufSize: qps * size, Connect: *cfg})
 	r := rand.New(rand.NewPCG(3, 4))
 	for i := range a.Buf {
 		a.Buf[i] = byte(r.Uint32())
@@ -69,7 +72,6 @@ func TestOverflowRecovered(t *testing.T) {
 		pcq, _ := b.Dev.CreateCQ(verbs.CQConfig{})
 		peer, err := b.PD.CreateQP(verbs.QPConfig{SendCQ: pcq})
 		require.NoError(t, err)
-		cfg := &verbs.ConnectConfig{Window: 4096, Timeout: 5 * time.Millisecond}
 		require.NoError(t, qp.Connect(peer.Endpoint(), cfg))
 		require.NoError(t, peer.Connect(qp.Endpoint(), cfg))
 		wg.Add(1)

@@ -156,13 +156,22 @@ func client(ctx context.Context, o *options) (*Result, error) {
 		conns[i] = c
 	}
 	r, err := measure(ctx, o, s, conns)
-	if err != nil {
-		return nil, err
-	}
-	for _, c := range conns {
-		if err := c.fin(ctx); err != nil {
-			return nil, err
+	if err == nil {
+		for _, c := range conns {
+			if err = c.fin(ctx); err != nil {
+				break
+			}
 		}
+	}
+	if err != nil {
+		if serverErr != nil {
+			select {
+			case serr := <-serverErr:
+				return nil, fmt.Errorf("%w (server side: %v)", err, serr)
+			case <-time.After(time.Second):
+			}
+		}
+		return nil, err
 	}
 	if serverErr != nil {
 		if err := <-serverErr; err != nil {
