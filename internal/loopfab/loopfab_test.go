@@ -2,45 +2,14 @@ package loopfab
 
 import (
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rvma/rvma/internal/fabric/fabrictest"
 	"github.com/rvma/rvma/internal/wire"
 )
-
-type recorder struct {
-	mu      sync.Mutex
-	psns    []uint32
-	payload []string
-	active  atomic.Int32
-	overlap atomic.Bool
-	delay   time.Duration
-}
-
-func (r *recorder) HandlePackets(pkts []*wire.Packet) {
-	if r.active.Add(1) > 1 {
-		r.overlap.Store(true)
-	}
-	defer r.active.Add(-1)
-	if r.delay > 0 {
-		time.Sleep(r.delay)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, p := range pkts {
-		r.psns = append(r.psns, p.PSN)
-		r.payload = append(r.payload, string(p.Payload))
-	}
-}
-
-func (r *recorder) count() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.psns)
-}
 
 func TestDeliveryAndOrder(t *testing.T) {
 	a, err := Open(t.Name(), 2, 4096)
@@ -52,16 +21,16 @@ func TestDeliveryAndOrder(t *testing.T) {
 	defer b[0].Close()
 	require.NotEqual(t, a[0].Addr(), a[1].Addr())
 	require.NotEqual(t, a[0].Addr().Addr(), b[0].Addr().Addr(), "devices get distinct addresses")
-	r := &recorder{}
+	r := &fabrictest.Recorder{}
 	b[0].SetHandler(r)
-	a[0].SetHandler(&recorder{})
+	a[0].SetHandler(&fabrictest.Recorder{})
 	for i := 0; i < 1000; i++ {
 		p := wire.Get()
 		p.Dst, p.PSN, p.Payload = b[0].Addr(), uint32(i), []byte("x")
 		a[0].Send([]*wire.Packet{p})
 	}
-	require.Equal(t, 1000, r.count())
-	for i, psn := range r.psns {
+	require.Equal(t, 1000, r.Count())
+	for i, psn := range r.PSNs() {
 		require.Equal(t, uint32(i), psn)
 	}
 	require.Equal(t, uint64(1000), b[0].Stats().Received)
@@ -73,7 +42,7 @@ func TestUndeliverable(t *testing.T) {
 	defer a[0].Close()
 	other, err := Open(t.Name()+"-other", 1, 1024)
 	require.NoError(t, err)
-	other[0].SetHandler(&recorder{})
+	other[0].SetHandler(&fabrictest.Recorder{})
 	p := wire.Get()
 	p.Dst = other[0].Addr() // another fabric: unreachable
 	a[0].Send([]*wire.Packet{p})
@@ -88,7 +57,7 @@ func TestSingleDrainer(t *testing.T) {
 	dst, err := Open(t.Name(), 1, 1024)
 	require.NoError(t, err)
 	defer dst[0].Close()
-	r := &recorder{delay: 10 * time.Microsecond}
+	r := &fabrictest.Recorder{Delay: func() { time.Sleep(10 * time.Microsecond) }}
 	dst[0].SetHandler(r)
 	var wg sync.WaitGroup
 	const senders, per = 4, 500
@@ -107,8 +76,8 @@ func TestSingleDrainer(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	require.Eventually(t, func() bool { return r.count() == senders*per }, 5*time.Second, time.Millisecond)
-	require.False(t, r.overlap.Load(), "the handler ran concurrently")
+	require.Eventually(t, func() bool { return r.Count() == senders*per }, 5*time.Second, time.Millisecond)
+	require.False(t, r.Overlapped(), "the handler ran concurrently")
 }
 
 func TestOpenLimits(t *testing.T) {

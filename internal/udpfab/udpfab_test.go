@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rvma/rvma/internal/fabric/fabrictest"
 	"github.com/rvma/rvma/internal/wire"
 )
 
@@ -133,32 +133,6 @@ func TestOversizedDatagramIsDroppedNotFatal(t *testing.T) {
 	require.Equal(t, "after", string(in[0].Buf[:in[0].N]))
 }
 
-// recorder checks the handler contract: never concurrent, every packet once.
-type recorder struct {
-	mu      sync.Mutex
-	psns    map[uint32]int
-	active  atomic.Int32
-	overlap atomic.Bool
-}
-
-func (r *recorder) HandlePackets(pkts []*wire.Packet) {
-	if r.active.Add(1) > 1 {
-		r.overlap.Store(true)
-	}
-	defer r.active.Add(-1)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, p := range pkts {
-		r.psns[p.PSN]++
-	}
-}
-
-func (r *recorder) count() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.psns)
-}
-
 // TestProgressWithBackground: a goroutine calling Progress and the
 // background reader share the socket; every packet is handled exactly
 // once, never concurrently, and nothing is stranded when polling stops.
@@ -169,7 +143,7 @@ func TestProgressWithBackground(t *testing.T) {
 	b, err := Open(lo, DefaultMTU, nil)
 	require.NoError(t, err)
 	defer b.Close()
-	r := &recorder{psns: map[uint32]int{}}
+	r := &fabrictest.Recorder{}
 	b.SetHandler(r)
 	const total = 20000
 	stop := make(chan struct{})
@@ -194,17 +168,19 @@ func TestProgressWithBackground(t *testing.T) {
 		p.Opcode, p.PSN, p.Dst, p.DestQP = wire.Acknowledge, uint32(i), b.Addr(), 5
 		a.Send([]*wire.Packet{p})
 		if i%256 == 255 {
-			for r.count() < i-2048 { // stay within the socket buffer
+			for r.Count() < i-2048 { // stay within the socket buffer
 				time.Sleep(50 * time.Microsecond)
 			}
 		}
 	}
 	close(stop) // polling stops: the background reader must finish the job
 	wg.Wait()
-	require.Eventually(t, func() bool { return r.count() == total }, 10*time.Second, time.Millisecond)
-	require.False(t, r.overlap.Load(), "the handler ran concurrently")
-	for psn, n := range r.psns {
-		require.Equal(t, 1, n, "packet %d handled %d times", psn, n)
+	require.Eventually(t, func() bool { return r.Count() == total }, 10*time.Second, time.Millisecond)
+	require.False(t, r.Overlapped(), "the handler ran concurrently")
+	seen := map[uint32]bool{}
+	for _, psn := range r.PSNs() {
+		require.False(t, seen[psn], "packet %d handled twice", psn)
+		seen[psn] = true
 	}
 }
 
@@ -212,7 +188,7 @@ func TestMalformedCounted(t *testing.T) {
 	p, err := Open(lo, DefaultMTU, nil)
 	require.NoError(t, err)
 	defer p.Close()
-	p.SetHandler(&recorder{psns: map[uint32]int{}})
+	p.SetHandler(&fabrictest.Recorder{})
 	c, err := Listen(lo, nil)
 	require.NoError(t, err)
 	defer c.Close()
