@@ -245,7 +245,7 @@ func (w *Window) Post(buf []byte) (int, error) {
 		return 0, fmt.Errorf("%w: %d buffers posted", ErrLimit, len(w.posted))
 	}
 	w.nextID++
-	w.posted = append(w.posted, &buffer{id: w.nextID, data: buf, byPeer: map[peer]int{}})
+	w.posted = append(w.posted, &buffer{id: w.nextID, data: buf})
 	return w.nextID, nil
 }
 
@@ -326,7 +326,12 @@ func (w *Window) place(m *verbs.MailboxWrite) verbs.MailboxResult {
 	}
 	copy(b.data[off:], m.Payload)
 	if n > 0 {
-		b.byPeer[key] += n
+		if w.t.cfg.MaxOutstanding > 0 {
+			if b.byPeer == nil {
+				b.byPeer = map[peer]int{}
+			}
+			b.byPeer[key] += n
+		}
 		if len(b.written) < 1024 {
 			b.written = append(b.written, [2]int{off, n})
 		} else {
@@ -399,7 +404,7 @@ func (w *Window) Abandon() error {
 			delete(w.pins, k)
 		}
 	}
-	*b = buffer{id: b.id, data: b.data, byPeer: map[peer]int{}}
+	*b = buffer{id: b.id, data: b.data}
 	return nil
 }
 

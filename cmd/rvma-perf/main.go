@@ -10,7 +10,13 @@
 // Tests: write_bw, write_lat (half a ping-pong, the target polling memory,
 // as ib_write_lat), write_ack_lat (a signaled WRITE until its completion:
 // the round trip of MPI put + flush), read_bw, read_lat, send_bw, send_lat,
-// atomic_lat, and the baselines memcpy (copy bandwidth), udp_raw (the raw
+// atomic_lat, put_bw (mailbox puts into a window, one epoch per put),
+// put_notify_lat (an RVMA put the target learns of by waiting on its
+// window, replied the same way) and write_send_lat (a WRITE then a 1-byte
+// SEND the target waits on: the RDMA specification's way, both posted
+// together), write_flush_send_lat (a WRITE, its completion, then the SEND:
+// put + flush + notify as MPI and libfabric applications do it), and the
+// baselines memcpy (copy bandwidth), udp_raw (the raw
 // UDP ceiling on the same sockets) and udp_pingpong (raw UDP round trip / 2).
 // Both sides run in one process unless --server or --connect is given; the
 // two sides then run as two processes that meet through the connection
@@ -71,6 +77,7 @@ type options struct {
 }
 
 var tests = []string{"write_bw", "write_lat", "write_ack_lat", "read_bw", "read_lat", "send_bw", "send_lat", "atomic_lat",
+	"put_bw", "put_notify_lat", "write_send_lat", "write_flush_send_lat",
 	"memcpy", "udp_raw", "udp_pingpong"}
 
 // local reports whether a test is a baseline that runs without verbs.

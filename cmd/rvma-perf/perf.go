@@ -12,6 +12,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/rvma/rvma/epoch"
+	"github.com/rvma/rvma/mailbox"
 	"github.com/rvma/rvma/verbs"
 	"github.com/rvma/rvma/verbs/cm"
 )
@@ -45,6 +47,8 @@ type hello struct {
 // conn is one connected QP with its buffer.
 type conn struct {
 	dev    *verbs.Device
+	win    *mailbox.Window // put tests: this side's window
+	raddr  uint64          // put tests: the peer's window address
 	qp     *verbs.QP
 	cq     *verbs.CQ
 	mr     *verbs.MR
@@ -56,6 +60,25 @@ type conn struct {
 type endpoint struct {
 	dev *verbs.Device
 	pd  *verbs.PD
+	tgt *mailbox.Target
+}
+
+// Put tests: connection i uses mailbox address windowBase+i on both sides.
+const windowBase = 0x52564D41_00000000
+
+func isPut(test string) bool { return test == "put_bw" || test == "put_notify_lat" }
+
+// put_bw's window: buffers of about 16 MiB, eight posted. Smaller buffers
+// make the test measure how fast the target reposts (and the RNR timer),
+// not placement.
+const putBufBytes, putBuffers = 16 << 20, 8
+
+// putsPerBuffer is how many puts fill one window buffer.
+func putsPerBuffer(s setup) int {
+	if s.Test != "put_bw" {
+		return 1
+	}
+	return max(1, (putBufBytes)/max(s.Size, 1))
 }
 
 func openEndpoint(ctx context.Context, uri string) (*endpoint, error) {
@@ -91,7 +114,30 @@ func (e *endpoint) newConn(s setup, gid int) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &conn{dev: e.dev, qp: qp, cq: cq, mr: mr, buf: buf, wcs: make([]verbs.WorkCompletion, 64)}, nil
+	c := &conn{dev: e.dev, qp: qp, cq: cq, mr: mr, buf: buf, wcs: make([]verbs.WorkCompletion, 64),
+		raddr: windowBase + uint64(s.Index)}
+	if isPut(s.Test) {
+		if e.tgt == nil {
+			e.tgt = mailbox.NewTarget(e.dev, nil)
+		}
+		// put_notify_lat: one epoch per put. put_bw: buffers of about
+		// 16 MiB, one epoch per buffer, so the test measures placement
+		// rather than how fast the target reposts.
+		per, nbuf := putsPerBuffer(s), 16
+		if s.Test == "put_bw" {
+			nbuf = putBuffers
+		}
+		c.win, err = e.tgt.Init(c.raddr, mailbox.Config{Threshold: per * max(s.Size, 1), History: 1})
+		if err != nil {
+			return nil, err
+		}
+		for i := 0; i < nbuf; i++ {
+			if _, err := c.win.Post(make([]byte, per*max(s.Size, 1))); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return c, nil
 }
 
 func alignedBuf(n int) []byte {
@@ -227,7 +273,7 @@ func serveOn(ctx context.Context, o *options, ln *cm.Listener, log io.Writer) er
 		if err := c.qp.Init(); err != nil {
 			return err
 		}
-		if s.Test != "send_bw" && s.Test != "send_lat" {
+		if s.Test != "send_bw" && s.Test != "send_lat" && s.Test != "write_send_lat" {
 			if err := c.postRecv(1, 0); err != nil {
 				return err
 			}
@@ -370,9 +416,96 @@ func (c *conn) serverRole(ctx context.Context, s setup) error {
 				}
 			}
 		}
+	case "put_notify_lat", "put_bw":
+		// Wait on the window; on FIN (a SEND on the CQ) stop.
+		wctx, cancel := context.WithCancel(ctx)
+		fin := make(chan error, 1)
+		go func() { fin <- c.waitFIN(ctx); cancel() }()
+		for {
+			rec, err := c.win.Wait(wctx)
+			if err != nil {
+				if wctx.Err() != nil && ctx.Err() == nil {
+					return <-fin
+				}
+				return err
+			}
+			if _, err := c.win.Post(rec.Data); err != nil {
+				return err
+			}
+			if s.Test == "put_notify_lat" {
+				if err := c.putTo(s.Size); err != nil {
+					return err
+				}
+			}
+		}
+	case "write_send_lat", "write_flush_send_lat":
+		if err := c.postRecv(2, 1); err != nil {
+			return err
+		}
+		for {
+			wc, err := c.next(ctx)
+			if err != nil {
+				return err
+			}
+			if wc.Opcode != verbs.WCRecv {
+				continue
+			}
+			if wc.Flags&verbs.WCWithImm != 0 && wc.Imm == finImm {
+				return nil
+			}
+			if err := c.postRecv(1, 1); err != nil {
+				return err
+			}
+			if s.Test == "write_flush_send_lat" {
+				err = c.writeFlushSend(ctx, s.Size)
+			} else {
+				err = c.writeSend(s.Size)
+			}
+			if err != nil {
+				return err
+			}
+		}
 	default: // passive target: the client does all the work
 		return c.waitFIN(ctx)
 	}
+}
+
+// putTo puts size bytes into the peer's window, unsignaled (the peer's
+// window is the notification).
+func (c *conn) putTo(size int) error {
+	_, err := c.qp.PostSend([]verbs.SendWR{{Opcode: verbs.OpMailboxWrite, SGL: []verbs.SGE{c.mr.SGE(0, size)},
+		Mailbox: c.raddr}})
+	return err
+}
+
+// writeFlushSend writes size bytes, waits for the write's completion (its
+// acknowledgement by the peer), then sends one byte: put + flush + notify.
+func (c *conn) writeFlushSend(ctx context.Context, size int) error {
+	if err := c.writeTo(size, true); err != nil {
+		return err
+	}
+	for {
+		wc, err := c.next(ctx)
+		if err != nil {
+			return err
+		}
+		if wc.Opcode == verbs.WCWrite {
+			break
+		}
+	}
+	_, err := c.qp.PostSend([]verbs.SendWR{{Opcode: verbs.OpSend, SGL: []verbs.SGE{c.mr.SGE(0, 1)}}})
+	return err
+}
+
+// writeSend writes size bytes into the peer's memory, then sends one byte
+// that the peer waits for: write-then-notify as the RDMA specification
+// allows it (RC delivers the SEND after the WRITE).
+func (c *conn) writeSend(size int) error {
+	_, err := c.qp.PostSend([]verbs.SendWR{
+		{Opcode: verbs.OpWrite, SGL: []verbs.SGE{c.mr.SGE(0, size)}, RemoteAddr: c.remote.Addr, RKey: c.remote.RKey},
+		{Opcode: verbs.OpSend, SGL: []verbs.SGE{c.mr.SGE(0, 1)}},
+	})
+	return err
 }
 
 // marker returns the aligned word that holds the last byte of a size-byte
@@ -464,15 +597,23 @@ func (c *conn) bandwidth(ctx context.Context, s setup) (int, error) {
 			wrs[i] = verbs.SendWR{Opcode: verbs.OpRead, SGL: []verbs.SGE{c.mr.SGE(0, s.Size)}, RemoteAddr: c.remote.Addr, RKey: c.remote.RKey}
 		case "send_bw":
 			wrs[i] = verbs.SendWR{Opcode: verbs.OpSend, SGL: []verbs.SGE{c.mr.SGE(0, s.Size)}}
+		case "put_bw":
+			wrs[i] = verbs.SendWR{Opcode: verbs.OpMailboxWrite, SGL: []verbs.SGE{c.mr.SGE(0, s.Size)}, Mailbox: c.raddr}
 		}
 	}
 	wrs[batch-1].Flags = verbs.FlagSignaled
 	maxOut := max(1, s.Depth/batch)
 	posted, done, out := 0, 0, 0
+	per := putsPerBuffer(s)
 	deadline := time.Now().Add(s.Duration)
 	for {
 		stop := s.Iters > 0 && posted >= s.Iters || s.Iters == 0 && (posted&1023 == 0 || out == maxOut) && time.Now().After(deadline)
 		if !stop && out < maxOut {
+			if s.Test == "put_bw" { // fill each buffer put by put
+				for i := range wrs {
+					wrs[i].MailboxOffset = uint64((posted+i)%per) * uint64(s.Size)
+				}
+			}
 			if _, err := c.qp.PostSend(wrs); err != nil {
 				return done, err
 			}
@@ -532,6 +673,24 @@ func latency(ctx context.Context, s setup, c *conn) (*Result, error) {
 					err = c.waitRecv(ctx)
 				}
 			}
+		case "put_notify_lat":
+			if err = c.putTo(s.Size); err == nil {
+				var rec epoch.Record
+				if rec, err = c.win.Wait(ctx); err == nil {
+					_, err = c.win.Post(rec.Data)
+				}
+			}
+		case "write_send_lat", "write_flush_send_lat":
+			if err = c.postRecv(1, 1); err == nil {
+				if s.Test == "write_flush_send_lat" {
+					err = c.writeFlushSend(ctx, s.Size)
+				} else {
+					err = c.writeSend(s.Size)
+				}
+				if err == nil {
+					err = c.waitRecv(ctx)
+				}
+			}
 		case "write_ack_lat":
 			// A signaled WRITE and its completion: the remote-completion
 			// round trip that MPI's put + flush and fi_write + completion
@@ -555,7 +714,8 @@ func latency(ctx context.Context, s setup, c *conn) (*Result, error) {
 		}
 		if i > s.Warmup {
 			d := time.Since(t0)
-			if s.Test == "write_lat" || s.Test == "send_lat" {
+			switch s.Test {
+			case "write_lat", "send_lat", "put_notify_lat", "write_send_lat", "write_flush_send_lat":
 				d /= 2 // a ping-pong: report the one-way time, as perftest does
 			}
 			lat = append(lat, d)
