@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rvma/rvma/epoch"
@@ -209,6 +210,7 @@ type Window struct {
 	closed  bool
 	pins    map[peer]*pin
 	pending []epoch.Record // completions not yet taken by Wait/Poll
+	npend   atomic.Int32   // len(pending), read without the lock by spinning waiters
 	history *epoch.History
 	notify  chan struct{}
 }
@@ -365,6 +367,7 @@ func (w *Window) complete(partial bool) epoch.Record {
 	w.epoch++
 	w.history.Add(r)
 	w.pending = append(w.pending, r)
+	w.npend.Add(1)
 	w.t.release(b.byPeer)
 	select {
 	case w.notify <- struct{}{}:
@@ -435,6 +438,7 @@ func (w *Window) Poll() (epoch.Record, bool) {
 	}
 	r := w.pending[0]
 	w.pending = w.pending[1:]
+	w.npend.Add(-1)
 	return r, true
 }
 
@@ -444,10 +448,13 @@ func (w *Window) Poll() (epoch.Record, bool) {
 func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
 	deadline := time.Now().Add(20 * time.Microsecond)
 	for i := 0; ; i++ {
-		if r, ok := w.Poll(); ok {
-			return r, nil
+		// Look without the lock: the placing goroutine needs it.
+		if w.npend.Load() > 0 {
+			if r, ok := w.Poll(); ok {
+				return r, nil
+			}
 		}
-		if i&15 == 15 && time.Now().After(deadline) {
+		if i&63 == 63 && time.Now().After(deadline) {
 			break
 		}
 		w.t.dev.Progress()

@@ -31,6 +31,7 @@ func (f Faults) active() bool {
 type FaultPort struct {
 	Port
 	deliver func([]*wire.Packet) // the wrapped port's Send
+	prog    Progresser           // the wrapped port, if it can progress
 
 	faults atomic.Pointer[faultState]
 	stats  struct {
@@ -52,6 +53,7 @@ type faultState struct {
 // NewFaultPort wraps p.
 func NewFaultPort(p Port) *FaultPort {
 	fp := &FaultPort{Port: p, deliver: p.Send}
+	fp.prog, _ = p.(Progresser)
 	fp.timer = time.AfterFunc(time.Hour, fp.release)
 	fp.timer.Stop()
 	return fp
@@ -177,10 +179,10 @@ func (fp *FaultPort) Close() error {
 
 // Progress forwards to the wrapped port if it can progress.
 func (fp *FaultPort) Progress() int {
-	if pr, ok := fp.Port.(Progresser); ok {
-		return pr.Progress()
+	if fp.prog == nil {
+		return 0
 	}
-	return 0
+	return fp.prog.Progress()
 }
 
 // Addr forwards to the wrapped port (spelled out so FaultPort is a Port
