@@ -369,27 +369,10 @@ func (c *conn) serverRole(ctx context.Context, s setup) error {
 		}
 		return c.waitFIN(ctx)
 	case "send_lat":
-		if err := c.postRecv(2, s.Size); err != nil {
+		return c.echoRecvs(ctx, s.Size, func() error {
+			_, err := c.qp.PostSend([]verbs.SendWR{{Opcode: verbs.OpSend, SGL: []verbs.SGE{c.mr.SGE(0, s.Size)}}})
 			return err
-		}
-		for {
-			wc, err := c.next(ctx)
-			if err != nil {
-				return err
-			}
-			if wc.Opcode != verbs.WCRecv {
-				continue
-			}
-			if wc.Flags&verbs.WCWithImm != 0 && wc.Imm == finImm {
-				return nil
-			}
-			if err := c.postRecv(1, s.Size); err != nil {
-				return err
-			}
-			if _, err := c.qp.PostSend([]verbs.SendWR{{Opcode: verbs.OpSend, SGL: []verbs.SGE{c.mr.SGE(0, s.Size)}}}); err != nil {
-				return err
-			}
-		}
+		})
 	case "send_bw":
 		if err := c.postRecv(2*s.Depth, s.Size); err != nil {
 			return err
@@ -439,34 +422,39 @@ func (c *conn) serverRole(ctx context.Context, s setup) error {
 			}
 		}
 	case "write_send_lat", "write_flush_send_lat":
-		if err := c.postRecv(2, 1); err != nil {
-			return err
-		}
-		for {
-			wc, err := c.next(ctx)
-			if err != nil {
-				return err
-			}
-			if wc.Opcode != verbs.WCRecv {
-				continue
-			}
-			if wc.Flags&verbs.WCWithImm != 0 && wc.Imm == finImm {
-				return nil
-			}
-			if err := c.postRecv(1, 1); err != nil {
-				return err
-			}
+		return c.echoRecvs(ctx, 1, func() error {
 			if s.Test == "write_flush_send_lat" {
-				err = c.writeFlushSend(ctx, s.Size)
-			} else {
-				err = c.writeSend(s.Size)
+				return c.writeFlushSend(ctx, s.Size)
 			}
-			if err != nil {
-				return err
-			}
-		}
+			return c.writeSend(s.Size)
+		})
 	default: // passive target: the client does all the work
 		return c.waitFIN(ctx)
+	}
+}
+
+// echoRecvs answers every receive with reply until the client's FIN.
+func (c *conn) echoRecvs(ctx context.Context, size int, reply func() error) error {
+	if err := c.postRecv(2, size); err != nil {
+		return err
+	}
+	for {
+		wc, err := c.next(ctx)
+		if err != nil {
+			return err
+		}
+		if wc.Opcode != verbs.WCRecv {
+			continue
+		}
+		if wc.Flags&verbs.WCWithImm != 0 && wc.Imm == finImm {
+			return nil
+		}
+		if err := c.postRecv(1, size); err != nil {
+			return err
+		}
+		if err := reply(); err != nil {
+			return err
+		}
 	}
 }
 
@@ -480,6 +468,8 @@ func (c *conn) putTo(size int) error {
 
 // writeFlushSend writes size bytes, waits for the write's completion (its
 // acknowledgement by the peer), then sends one byte: put + flush + notify.
+// It skips other completions while it waits, which the ping-pong allows:
+// the peer sends nothing until it has this SEND.
 func (c *conn) writeFlushSend(ctx context.Context, size int) error {
 	if err := c.writeTo(size, true); err != nil {
 		return err
