@@ -2,10 +2,9 @@ package mailbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
-	"time"
+	"sync/atomic"
 
 	"github.com/rvma/rvma/verbs"
 )
@@ -16,15 +15,21 @@ type Initiator struct {
 	qp *verbs.QP
 	cq *verbs.CQ
 
-	mu      sync.Mutex // guards nextID, handles, wcs (polling)
+	mu      sync.Mutex // guards nextID, handles, wcs (polling), round
 	nextID  uint64
 	handles map[uint64]*Handle
 	wcs     []verbs.WorkCompletion
+	// round is closed (and replaced) after completions are dispatched or
+	// the blocked poller leaves; waiters that are not the poller sleep on
+	// it, so exactly one goroutine blocks on the CQ at a time.
+	round  chan struct{}
+	poller atomic.Bool
 }
 
 // NewInitiator wraps a connected QP and its send CQ.
 func NewInitiator(qp *verbs.QP, cq *verbs.CQ) *Initiator {
-	return &Initiator{qp: qp, cq: cq, handles: map[uint64]*Handle{}, wcs: make([]verbs.WorkCompletion, 32)}
+	return &Initiator{qp: qp, cq: cq, handles: map[uint64]*Handle{}, wcs: make([]verbs.WorkCompletion, 32),
+		round: make(chan struct{})}
 }
 
 // Handle is a put in flight.
@@ -77,7 +82,17 @@ func (in *Initiator) poll() error {
 			h.done, h.err = true, putError(&wc)
 		}
 	}
+	if n > 0 {
+		in.nextRound()
+	}
 	return err
+}
+
+// nextRound wakes the waiters that sleep on the current round; in.mu is
+// held.
+func (in *Initiator) nextRound() {
+	close(in.round)
+	in.round = make(chan struct{})
 }
 
 // putError maps a completion to the put's outcome.
@@ -108,44 +123,63 @@ func putError(wc *verbs.WorkCompletion) error {
 	return wc.Err()
 }
 
-// Test reports whether the put has completed, and how.
+// Test reports whether the put has completed, and how. It polls the CQ
+// only when no goroutine is blocked in Wait doing so, so it never takes a
+// completion from under a blocked poller.
 func (h *Handle) Test() (bool, error) {
-	h.in.mu.Lock()
-	done, err := h.done, h.err
-	h.in.mu.Unlock()
-	if done {
-		return true, err
+	in := h.in
+	var perr error
+	if in.poller.CompareAndSwap(false, true) {
+		perr = in.poll()
+		in.poller.Store(false)
 	}
-	if perr := h.in.poll(); perr != nil {
-		return false, perr
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if h.done {
+		return true, h.err
 	}
-	h.in.mu.Lock()
-	defer h.in.mu.Unlock()
-	return h.done, h.err
+	return false, perr
 }
 
-// Wait blocks until the put completes or ctx ends.
-//
-// Several goroutines may wait on different handles of one initiator; one
-// may then take another's completion from the CQ while the other sleeps,
-// so sleepers re-check at least every millisecond.
+// Wait blocks until the put completes or ctx ends. Any number of
+// goroutines may wait on handles of one initiator: one of them blocks on the
+// CQ and dispatches what arrives; the others sleep until it has.
 func (h *Handle) Wait(ctx context.Context) error {
+	in := h.in
 	for {
-		done, err := h.Test()
+		in.mu.Lock()
+		done, herr, round := h.done, h.err, in.round
+		in.mu.Unlock()
 		if done {
-			return err
+			return herr
 		}
-		if err != nil {
-			return err
+		if in.poller.CompareAndSwap(false, true) {
+			err := in.poll()
+			if err == nil && !h.isDone() {
+				err = in.cq.Wait(ctx)
+				if err == nil {
+					err = in.poll()
+				}
+			}
+			in.poller.Store(false)
+			in.mu.Lock()
+			in.nextRound() // whoever sleeps may take over polling
+			in.mu.Unlock()
+			if err != nil {
+				return err
+			}
+			continue
 		}
-		wctx, cancel := context.WithTimeout(ctx, time.Millisecond)
-		err = h.in.cq.Wait(wctx)
-		cancel()
-		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
-			return err
-		}
-		if ctx.Err() != nil {
+		select {
+		case <-round:
+		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
+}
+
+func (h *Handle) isDone() bool {
+	h.in.mu.Lock()
+	defer h.in.mu.Unlock()
+	return h.done
 }

@@ -384,3 +384,41 @@ func TestBadConfig(t *testing.T) {
 	_, err = r.tgt.Init(1, mailbox.Config{Threshold: 1})
 	require.ErrorIs(t, err, mailbox.ErrExists)
 }
+
+// TestConcurrentWaiters: many goroutines wait on their own puts through one
+// initiator; each returns as soon as its put completes (none is stranded
+// behind a waiter that took its completion).
+func TestConcurrentWaiters(t *testing.T) {
+	r := newRig(t, verbstest.Loop(), verbs.ConnectConfig{}, nil)
+	w, _ := r.tgt.Init(1, mailbox.Config{Threshold: 1 << 30, Placement: mailbox.Appended})
+	w.Post(make([]byte, 1<<20))
+	const waiters, each = 8, 50
+	var wg sync.WaitGroup
+	errs := make(chan error, waiters)
+	for g := 0; g < waiters; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				h, err := r.in.PutAsync(1, 0, r.a.MR.SGE(g*64, 64))
+				if err == nil {
+					c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					err = h.Wait(c)
+					cancel()
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	rec, err := w.IncEpoch()
+	require.NoError(t, err)
+	require.Equal(t, waiters*each, rec.Ops)
+}
