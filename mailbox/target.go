@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -454,8 +455,11 @@ func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
 				return r, nil
 			}
 		}
-		if i&63 == 63 && time.Now().After(deadline) {
-			break
+		if i&63 == 63 {
+			if time.Now().After(deadline) {
+				break
+			}
+			runtime.Gosched() // let a placing goroutine run when processors are scarce
 		}
 		w.t.dev.Progress()
 	}

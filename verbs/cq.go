@@ -3,6 +3,7 @@ package verbs
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -163,8 +164,13 @@ func (cq *CQ) Wait(ctx context.Context) error {
 			if !cq.dev.closed.Load() {
 				cq.dev.Progress()
 			}
-			if i&15 == 15 && time.Now().After(deadline) {
-				break
+			if i&15 == 15 {
+				if time.Now().After(deadline) {
+					break
+				}
+				// Yield now and then: with more goroutines than processors
+				// the one that would complete the request must get to run.
+				runtime.Gosched()
 			}
 		}
 	}

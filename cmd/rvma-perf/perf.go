@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -523,6 +524,7 @@ func (c *conn) pollMarker(ctx context.Context, size, i int, untilFIN bool) bool 
 		// provider has nothing to do here).
 		c.dev.Progress()
 		if spin&1023 == 1023 {
+			runtime.Gosched() // with one processor, the writer must get to run
 			if ctx.Err() != nil {
 				return false
 			}
