@@ -38,7 +38,7 @@ func (pd *PD) Device() *Device { return pd.dev }
 func (pd *PD) Close() error {
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
-	if pd.closed {
+	if pd.closed || pd.dev.closed.Load() {
 		return ErrClosed
 	}
 	if pd.mrs > 0 || pd.qps > 0 {
@@ -149,6 +149,10 @@ func (mr *MR) SGE(off, n int) SGE {
 // fail with a remote access error; placements in progress finish before it
 // returns, so the caller may reuse the slice at once.
 func (mr *MR) Deregister() error {
+	if mr.pd.dev.closed.Load() {
+		mr.dead.Store(true)
+		return ErrClosed
+	}
 	if mr.dead.Swap(true) {
 		return ErrClosed
 	}

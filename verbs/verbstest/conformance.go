@@ -524,8 +524,11 @@ func testClosed(t *testing.T, env Env) {
 	require.NoError(t, a.PD.Close())
 	require.ErrorIs(t, a.PD.Close(), verbs.ErrClosed)
 
+	live, err := b.PD.RegisterMR(make([]byte, 64), verbs.AccessAll)
+	require.NoError(t, err)
 	require.NoError(t, b.Dev.Close())
 	require.ErrorIs(t, b.Dev.Close(), verbs.ErrClosed)
+	require.ErrorIs(t, live.Deregister(), verbs.ErrClosed, "a still-registered MR of a closed device")
 	_, err = b.Dev.AllocPD()
 	require.ErrorIs(t, err, verbs.ErrClosed)
 	_, err = b.Dev.CreateCQ(verbs.CQConfig{})
@@ -541,6 +544,12 @@ func testClosed(t *testing.T, env Env) {
 	require.ErrorIs(t, b.QP.Init(), verbs.ErrClosed)
 	_, err = b.CQ.Poll(make([]verbs.WorkCompletion, 1))
 	require.ErrorIs(t, err, verbs.ErrClosed)
+	require.ErrorIs(t, b.PD.Close(), verbs.ErrClosed)
+	require.ErrorIs(t, b.CQ.Close(), verbs.ErrClosed)
+	require.ErrorIs(t, b.QP.Destroy(), verbs.ErrClosed)
+	require.ErrorIs(t, b.QP.SetError(), verbs.ErrClosed)
+	require.ErrorIs(t, b.QP.Reset(), verbs.ErrClosed)
+	require.ErrorIs(t, b.CQ.Wait(context.Background()), verbs.ErrClosed)
 }
 
 func testSRQ(t *testing.T, env Env) {
