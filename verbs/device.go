@@ -62,7 +62,7 @@ type Device struct {
 
 type deviceStats struct {
 	rxPackets, rxDropped, unknownQP, badSource, badSecret, badPort atomic.Uint64
-	outOfWindow, duplicates, malformed                             atomic.Uint64
+	outOfWindow, duplicates, malformed, discarded                  atomic.Uint64
 }
 
 // DeviceStats counts packets the device received and why it dropped some.
@@ -76,6 +76,10 @@ type DeviceStats struct {
 	OutOfOrder uint64 // outside the PSN window or out of sequence
 	Duplicates uint64 // duplicate requests (re-acknowledged, not re-executed)
 	Malformed  uint64 // inconsistent headers or lengths
+	// Discarded counts packets dropped for the receiving QP's state: not
+	// ready to receive, a response on a QP that is not sending, the rest
+	// of a UC message that lost a packet or was refused.
+	Discarded uint64
 	// Undecodable counts datagrams a port could not decode (they never
 	// reach the engine, so they are not in RxPackets or RxDropped).
 	Undecodable uint64
@@ -266,6 +270,7 @@ func (d *Device) Stats() DeviceStats {
 		RxPackets: s.rxPackets.Load(), RxDropped: s.rxDropped.Load(), UnknownQP: s.unknownQP.Load(),
 		BadSource: s.badSource.Load(), BadSecret: s.badSecret.Load(), BadPort: s.badPort.Load(),
 		OutOfOrder: s.outOfWindow.Load(), Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(),
+		Discarded: s.discarded.Load(),
 	}
 	for _, p := range d.ports {
 		if u, ok := p.Port.(interface{ Malformed() uint64 }); ok {

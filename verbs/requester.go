@@ -342,7 +342,7 @@ func (qp *QP) progressTo(u uint32, now time.Time) {
 // response or atomic acknowledgement.
 func (qp *QP) handleResponse(p *wire.Packet, now time.Time, ob *outbox) {
 	if qp.typ != RC || qp.state != StateReadyToSend {
-		qp.dev.drop(&qp.dev.stats.rxDropped)
+		qp.dev.drop(&qp.dev.stats.discarded)
 		return
 	}
 	r := &qp.req

@@ -63,7 +63,7 @@ func (qp *QP) receive(p *wire.Packet, now time.Time, ob *outbox) {
 	defer qp.mu.Unlock()
 	switch {
 	case qp.closed || (qp.state != StateReadyToReceive && qp.state != StateReadyToSend):
-		d.drop(&d.stats.rxDropped)
+		d.drop(&d.stats.discarded)
 	case p.Src != qp.remote.GID:
 		d.drop(&d.stats.badSource)
 	case !p.Verify(qp.localSecret):
@@ -114,7 +114,7 @@ func (qp *QP) handleUC(p *wire.Packet, ob *outbox) {
 	}
 	if !starts && (!rs.cur.active || rs.cur.broken) {
 		rs.ePSN = psn.Add(rs.ePSN, 1)
-		qp.dev.drop(&qp.dev.stats.rxDropped)
+		qp.dev.drop(&qp.dev.stats.discarded)
 		return
 	}
 	if starts {
@@ -151,7 +151,7 @@ func (qp *QP) reject(ob *outbox, code uint8) {
 		rs.cur.broken = true
 		rs.cur.active = true
 		rs.ePSN = psn.Add(rs.ePSN, 1)
-		qp.dev.drop(&qp.dev.stats.rxDropped)
+		qp.dev.drop(&qp.dev.stats.discarded)
 		return
 	}
 	rs.cur.active = false

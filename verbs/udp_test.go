@@ -134,3 +134,24 @@ func TestBadUDPURIs(t *testing.T) {
 		require.ErrorIs(t, err, verbs.ErrInvalidArgument, uri)
 	}
 }
+
+// TestDropAccounting: every dropped packet is counted once, under exactly
+// one reason, so RxDropped equals the sum of the reasons.
+func TestDropAccounting(t *testing.T) {
+	a, b := verbstest.Pair(t, verbstest.Loop(), verbstest.PairConfig{QP: verbs.QPConfig{Type: verbs.UC}, Connect: verbs.ConnectConfig{MTU: 256}})
+	// Packets to a QP that is no longer ready, and UC messages broken by
+	// loss, take the "discarded" path.
+	require.NoError(t, a.Dev.SetFaults(-1, verbs.Faults{Drop: 0.3, Seed: 5}))
+	for i := 0; i < 50; i++ {
+		a.Post(t, verbs.SendWR{Opcode: verbs.OpWrite, SGL: []verbs.SGE{a.MR.SGE(0, 2000)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()})
+	}
+	require.NoError(t, b.QP.SetError())
+	require.NoError(t, a.Dev.SetFaults(-1, verbs.Faults{}))
+	for i := 0; i < 10; i++ {
+		a.Post(t, verbs.SendWR{Opcode: verbs.OpWrite, SGL: []verbs.SGE{a.MR.SGE(0, 100)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()})
+	}
+	s := b.Dev.Stats()
+	require.Positive(t, s.Discarded)
+	require.Equal(t, s.RxDropped, s.UnknownQP+s.BadSource+s.BadSecret+s.BadPort+s.OutOfOrder+s.Duplicates+s.Malformed+s.Discarded,
+		"%+v", s)
+}
