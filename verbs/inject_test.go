@@ -135,7 +135,7 @@ func TestForgedPackets(t *testing.T) {
 	}
 	wait()
 	require.Equal(t, sent, accounted(), "every forged packet from a foreign socket is counted as a drop")
-	require.Equal(t, b.Dev.Stats().BadSource-before.BadSource > 0, true)
+	require.Positive(t, b.Dev.Stats().BadSource-before.BadSource, "the source check stopped foreign packets")
 
 	// Spoofing the peer's own address (root only): the source check passes,
 	// so the connection secret, the QPN and the PSN window must stop them.

@@ -341,12 +341,19 @@ func (c *conn) fin(ctx context.Context) error {
 	if _, err := c.qp.PostSend([]verbs.SendWR{{Opcode: verbs.OpSendImm, Imm: finImm, Flags: verbs.FlagSignaled}}); err != nil {
 		return err
 	}
+	return c.waitFor(ctx, verbs.WCSend)
+}
+
+// waitFor consumes completions until one of opcode op arrives. It skips
+// others, which the tests' ping-pongs allow: the peer sends nothing new
+// until it has what this side is waiting to complete.
+func (c *conn) waitFor(ctx context.Context, op verbs.WCOpcode) error {
 	for {
 		wc, err := c.next(ctx)
 		if err != nil {
 			return err
 		}
-		if wc.Opcode == verbs.WCSend {
+		if wc.Opcode == op {
 			return nil
 		}
 	}
@@ -469,20 +476,12 @@ func (c *conn) putTo(size int) error {
 
 // writeFlushSend writes size bytes, waits for the write's completion (its
 // acknowledgement by the peer), then sends one byte: put + flush + notify.
-// It skips other completions while it waits, which the ping-pong allows:
-// the peer sends nothing until it has this SEND.
 func (c *conn) writeFlushSend(ctx context.Context, size int) error {
 	if err := c.writeTo(size, true); err != nil {
 		return err
 	}
-	for {
-		wc, err := c.next(ctx)
-		if err != nil {
-			return err
-		}
-		if wc.Opcode == verbs.WCWrite {
-			break
-		}
+	if err := c.waitFor(ctx, verbs.WCWrite); err != nil {
+		return err
 	}
 	_, err := c.qp.PostSend([]verbs.SendWR{{Opcode: verbs.OpSend, SGL: []verbs.SGE{c.mr.SGE(0, 1)}}})
 	return err
@@ -662,7 +661,7 @@ func latency(ctx context.Context, s setup, c *conn) (*Result, error) {
 		case "send_lat":
 			if err = c.postRecv(1, s.Size); err == nil {
 				if _, err = c.qp.PostSend([]verbs.SendWR{{Opcode: verbs.OpSend, SGL: []verbs.SGE{c.mr.SGE(0, s.Size)}}}); err == nil {
-					err = c.waitRecv(ctx)
+					err = c.waitFor(ctx, verbs.WCRecv)
 				}
 			}
 		case "put_notify_lat":
@@ -680,7 +679,7 @@ func latency(ctx context.Context, s setup, c *conn) (*Result, error) {
 					err = c.writeSend(s.Size)
 				}
 				if err == nil {
-					err = c.waitRecv(ctx)
+					err = c.waitFor(ctx, verbs.WCRecv)
 				}
 			}
 		case "write_ack_lat":
@@ -724,17 +723,4 @@ func latency(ctx context.Context, s setup, c *conn) (*Result, error) {
 	return &Result{Test: s.Test, Size: s.Size, Iters: n, QPs: 1, Seconds: el,
 		Gbps: float64(n) * float64(s.Size) * 8 / el / 1e9, Mops: float64(n) / el / 1e6,
 		LatP50: us(lat[n/2]), LatP99: us(lat[n*99/100]), LatAvg: us(sum / time.Duration(n))}, nil
-}
-
-// waitRecv waits for a receive completion, skipping send completions.
-func (c *conn) waitRecv(ctx context.Context) error {
-	for {
-		wc, err := c.next(ctx)
-		if err != nil {
-			return err
-		}
-		if wc.Opcode == verbs.WCRecv {
-			return nil
-		}
-	}
 }

@@ -50,8 +50,7 @@ type Progresser interface {
 
 // Stats counts what a port did with packets, for diagnostics and tests.
 type Stats struct {
-	Sent, Received                 uint64
-	Dropped, Duplicated, Reordered uint64 // by fault injection
-	Delayed                        uint64
-	Undeliverable                  uint64 // no port at the destination
+	Sent, Received uint64
+	Dropped        uint64 // received but undecodable
+	Undeliverable  uint64 // could not be sent: no port at the destination, or refused by the kernel
 }

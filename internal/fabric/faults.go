@@ -34,9 +34,6 @@ type FaultPort struct {
 	prog    Progresser           // the wrapped port, if it can progress
 
 	faults atomic.Pointer[faultState]
-	stats  struct {
-		dropped, duplicated, reordered, delayed atomic.Uint64
-	}
 
 	mu     sync.Mutex // guards held, timer
 	held   delayHeap
@@ -73,11 +70,6 @@ func (fp *FaultPort) SetFaults(f Faults) {
 	fp.faults.Store(&faultState{Faults: f, rng: rand.New(rand.NewPCG(seed, seed^0x9E3779B97F4A7C15))})
 }
 
-// FaultStats returns the counts of injected faults.
-func (fp *FaultPort) FaultStats() (dropped, duplicated, reordered, delayed uint64) {
-	return fp.stats.dropped.Load(), fp.stats.duplicated.Load(), fp.stats.reordered.Load(), fp.stats.delayed.Load()
-}
-
 // Send applies the faults, then passes what survives to the wrapped port.
 func (fp *FaultPort) Send(pkts []*wire.Packet) {
 	fs := fp.faults.Load()
@@ -92,14 +84,12 @@ func (fp *FaultPort) Send(pkts []*wire.Packet) {
 	fs.mu.Lock()
 	for _, p := range pkts {
 		if fs.Drop > 0 && fs.rng.Float64() < fs.Drop {
-			fp.stats.dropped.Add(1)
 			p.Release()
 			continue
 		}
 		copies := 1
 		if fs.Duplicate > 0 && fs.rng.Float64() < fs.Duplicate {
 			copies = 2
-			fp.stats.duplicated.Add(1)
 		}
 		for i := 0; i < copies; i++ {
 			q := p
@@ -114,10 +104,8 @@ func (fp *FaultPort) Send(pkts []*wire.Packet) {
 				// Held back long enough for packets sent just after it to
 				// overtake it.
 				d += 50*time.Microsecond + time.Duration(fs.rng.Int64N(int64(200*time.Microsecond)))
-				fp.stats.reordered.Add(1)
 			}
 			if d > 0 {
-				fp.stats.delayed.Add(1)
 				later = append(later, heldPacket{at: now.Add(d), p: q})
 				continue
 			}

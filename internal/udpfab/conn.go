@@ -39,9 +39,9 @@ const (
 
 // Features reports what a Conn uses.
 type Features struct {
-	GSO, GRO, Batch bool
-	RecvBuffer      int // bytes, as the kernel reports it
-	SendBuffer      int
+	GSO, GRO   bool
+	RecvBuffer int // bytes, as the kernel reports it
+	SendBuffer int
 }
 
 func envOff(name string) bool { return os.Getenv(name) == "1" }

@@ -117,7 +117,6 @@ func Listen(addr netip.AddrPort, log *slog.Logger) (*Conn, error) {
 	}
 	c := &Conn{uc: uc, rc: rc, v6: network == "udp6", r: newIOState(), w: newIOState()}
 	c.local = uc.LocalAddr().(*net.UDPAddr).AddrPort()
-	c.feat.Batch = true
 	rc.Control(func(fd uintptr) {
 		if !envOff("RVMA_DISABLE_GSO") {
 			_, err := unix.GetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_SEGMENT)

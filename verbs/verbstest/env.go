@@ -23,10 +23,6 @@ type Env interface {
 	Name() string
 	// Open opens a new device; the test closes it at cleanup.
 	Open(t testing.TB) *verbs.Device
-	// Lossless reports whether the provider never loses packets unless
-	// faults are injected, so tests of UC delivery may expect every
-	// message.
-	Lossless() bool
 }
 
 var fabricSeq atomic.Uint64
@@ -36,8 +32,7 @@ type loopEnv struct{ fabric string }
 // Loop returns an Env of loop devices on a fabric private to the caller.
 func Loop() Env { return loopEnv{fabric: fmt.Sprintf("verbstest-%d", fabricSeq.Add(1))} }
 
-func (e loopEnv) Name() string   { return "loop" }
-func (e loopEnv) Lossless() bool { return true }
+func (e loopEnv) Name() string { return "loop" }
 func (e loopEnv) Open(t testing.TB) *verbs.Device {
 	d, err := verbs.Open(context.Background(), "loop://"+e.fabric+"?gids=2", nil)
 	require.NoError(t, err)
@@ -54,8 +49,7 @@ func UDP() Env { return udpEnv{addr: "127.0.0.1"} }
 // UDP6 returns an Env of udp devices on the IPv6 loopback.
 func UDP6() Env { return udpEnv{addr: "[::1]"} }
 
-func (e udpEnv) Name() string   { return "udp" }
-func (e udpEnv) Lossless() bool { return false }
+func (e udpEnv) Name() string { return "udp" }
 func (e udpEnv) Open(t testing.TB) *verbs.Device {
 	d, err := verbs.Open(context.Background(), "udp://"+e.addr+":0,"+e.addr+":0", nil)
 	require.NoError(t, err)
