@@ -1,0 +1,337 @@
+// Package progress dispatches the completions of one CQ to the requests
+// waiting for them, so that any number of goroutines can wait on requests
+// that share a CQ while exactly one of them polls it.
+//
+// An Engine owns its CQ: nothing else may poll it. Send completions are
+// matched to Ops by work-request id; receive completions go, in CQ order,
+// to the Config.OnRecv callback of whoever holds the poller role, which
+// makes the engine the progress engine of a layer that also reacts to
+// incoming messages (rma's active messages).
+//
+// Two waiting modes. Without a background goroutine a waiter that finds
+// the poller role free blocks on the CQ itself, which saves a goroutine
+// wake-up per request (the mailbox initiator's latency path). With
+// Config.Background a goroutine blocks on the CQ whenever nobody else polls,
+// so incoming messages are handled even while the application computes;
+// waiters then poll for Config.Spin and sleep until the round they are
+// waiting for has been dispatched.
+//
+// An Engine and its Ops are safe for concurrent use.
+package progress
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rvma/rvma/verbs"
+)
+
+// Config configures New. The zero value means defaults.
+type Config struct {
+	// OnRecv handles a receive completion. It runs in the goroutine that
+	// holds the poller role, one completion at a time in CQ order, without
+	// the engine's lock: it may start and finish Ops and post work, but must
+	// not wait for an Op.
+	OnRecv func(wc *verbs.WorkCompletion)
+	// Background starts a goroutine that polls the CQ while no waiter does.
+	Background bool
+	// Spin is how long a waiter polls before it sleeps, in Background mode.
+	// Default 20µs; negative: do not spin.
+	Spin time.Duration
+	// Err maps a failed send completion to an error. Default: wc.Err().
+	Err func(wc *verbs.WorkCompletion) error
+}
+
+// Engine is the progress engine of one CQ.
+type Engine struct {
+	cq   *verbs.CQ
+	cfg  Config
+	spin time.Duration
+
+	mu     sync.Mutex // guards next, ops, round, Op fields and callers' state touched in OnDone
+	next   uint64
+	ops    map[uint64]*Op
+	round  chan struct{}
+	poller atomic.Bool
+	wcs    []verbs.WorkCompletion // owned by the poller
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// Op is a request of one or more work requests in flight.
+type Op struct {
+	e      *Engine
+	left   int
+	done   bool
+	err    error
+	onDone func(*Op)
+	// Tag is the caller's label (rma: the target rank).
+	Tag int
+}
+
+// New returns an engine for cq.
+func New(cq *verbs.CQ, cfg Config) *Engine {
+	e := &Engine{cq: cq, cfg: cfg, spin: cfg.Spin, ops: map[uint64]*Op{}, round: make(chan struct{}),
+		wcs: make([]verbs.WorkCompletion, 64), stop: make(chan struct{}), done: make(chan struct{})}
+	if e.spin == 0 {
+		e.spin = 20 * time.Microsecond
+	}
+	if e.cfg.Err == nil {
+		e.cfg.Err = func(wc *verbs.WorkCompletion) error { return wc.Err() }
+	}
+	if cfg.Background {
+		go e.background()
+	} else {
+		close(e.done)
+	}
+	return e
+}
+
+// Close stops the background goroutine; Ops still in flight stay pending.
+func (e *Engine) Close() {
+	select {
+	case <-e.stop:
+	default:
+		close(e.stop)
+	}
+	<-e.done
+}
+
+// Start registers an Op of n work requests (n >= 0) and returns the id of
+// the first; the others are id+1..id+n-1. onDone, if not nil, runs under the
+// engine's lock when the Op finishes. An Op with n == 0 is finished by
+// Finish.
+func (e *Engine) Start(n, tag int, onDone func(*Op)) (*Op, uint64) {
+	op := &Op{e: e, left: n, Tag: tag, onDone: onDone}
+	e.mu.Lock()
+	base := e.next + 1
+	e.next += uint64(max(n, 1))
+	for i := range n {
+		e.ops[base+uint64(i)] = op
+	}
+	e.mu.Unlock()
+	return op, base
+}
+
+// Posted reports that only the first k of the Op's work requests were
+// posted (a partial PostSend), and finishes it with err if none are left.
+func (e *Engine) Posted(op *Op, base uint64, n, k int, err error) {
+	e.mu.Lock()
+	for i := k; i < n; i++ {
+		delete(e.ops, base+uint64(i))
+	}
+	op.left -= n - k
+	if op.err == nil {
+		op.err = err
+	}
+	if op.left <= 0 {
+		e.finishLocked(op, op.err)
+	}
+	e.mu.Unlock()
+}
+
+// Finish finishes an Op from outside the CQ (a reply message).
+func (e *Engine) Finish(op *Op, err error) {
+	e.mu.Lock()
+	e.finishLocked(op, err)
+	e.mu.Unlock()
+}
+
+func (e *Engine) finishLocked(op *Op, err error) {
+	if op.done {
+		return
+	}
+	op.done = true
+	if op.err == nil {
+		op.err = err
+	}
+	if op.onDone != nil {
+		op.onDone(op)
+	}
+	e.nextRound()
+}
+
+// nextRound wakes the sleepers of the current round; e.mu is held.
+func (e *Engine) nextRound() {
+	close(e.round)
+	e.round = make(chan struct{})
+}
+
+// Locked runs f under the engine's lock, for state that OnDone callbacks
+// update.
+func (e *Engine) Locked(f func()) {
+	e.mu.Lock()
+	f()
+	e.mu.Unlock()
+}
+
+// Wake wakes the waiters so that they re-evaluate their conditions, after
+// the caller changed state they wait on.
+func (e *Engine) Wake() {
+	e.mu.Lock()
+	e.nextRound()
+	e.mu.Unlock()
+}
+
+// poll takes what the CQ holds and dispatches it; the caller holds the
+// poller role. It reports how many completions it took.
+func (e *Engine) poll() (int, error) {
+	n, err := e.cq.Poll(e.wcs)
+	if n == 0 {
+		return 0, err
+	}
+	recv := false
+	e.mu.Lock()
+	for i := range e.wcs[:n] {
+		wc := &e.wcs[i]
+		if wc.Opcode >= verbs.WCRecv {
+			recv = true
+			continue
+		}
+		op := e.ops[wc.WRID]
+		if op == nil {
+			continue
+		}
+		delete(e.ops, wc.WRID)
+		if wc.Status != verbs.StatusSuccess && op.err == nil {
+			op.err = e.cfg.Err(wc)
+		}
+		op.left--
+		if op.left == 0 {
+			e.finishLocked(op, nil)
+		}
+	}
+	e.mu.Unlock()
+	if recv && e.cfg.OnRecv != nil {
+		for i := range e.wcs[:n] {
+			if e.wcs[i].Opcode >= verbs.WCRecv {
+				e.cfg.OnRecv(&e.wcs[i])
+			}
+		}
+	}
+	e.Wake()
+	return n, err
+}
+
+// Progress polls once if no other goroutine is polling, and reports
+// whether it took completions.
+func (e *Engine) Progress() (bool, error) {
+	if !e.poller.CompareAndSwap(false, true) {
+		return false, nil
+	}
+	n, err := e.poll()
+	e.poller.Store(false)
+	return n > 0, err
+}
+
+// Wait blocks until cond (evaluated under the engine's lock) holds, or ctx
+// ends, driving the CQ meanwhile.
+func (e *Engine) Wait(ctx context.Context, cond func() bool) error {
+	var spinUntil time.Time
+	for i := 0; ; i++ {
+		e.mu.Lock()
+		ok, round := cond(), e.round
+		e.mu.Unlock()
+		if ok {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if e.poller.CompareAndSwap(false, true) {
+			n, err := e.poll()
+			if err == nil && n == 0 && !e.cfg.Background {
+				// Nobody else polls: block on the CQ ourselves.
+				err = e.cq.Wait(ctx)
+				if err == nil {
+					_, err = e.poll()
+				}
+			}
+			e.poller.Store(false)
+			if err != nil {
+				e.Wake()
+				return err
+			}
+			if n > 0 || !e.cfg.Background {
+				continue
+			}
+		}
+		if e.cfg.Background && e.spin > 0 {
+			if spinUntil.IsZero() {
+				spinUntil = time.Now().Add(e.spin)
+			}
+			if i&15 != 15 || time.Now().Before(spinUntil) {
+				runtime.Gosched()
+				continue
+			}
+		}
+		select {
+		case <-round:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Wait blocks until the Op finishes or ctx ends, and returns its error.
+func (op *Op) Wait(ctx context.Context) error {
+	if err := op.e.Wait(ctx, func() bool { return op.done }); err != nil {
+		return err
+	}
+	return op.Err()
+}
+
+// Test reports whether the Op has finished, and its error; it polls the CQ
+// if nobody else does.
+func (op *Op) Test() (bool, error) {
+	_, perr := op.e.Progress()
+	op.e.mu.Lock()
+	defer op.e.mu.Unlock()
+	if op.done {
+		return true, op.err
+	}
+	return false, perr
+}
+
+// Err returns the Op's error once it has finished.
+func (op *Op) Err() error {
+	op.e.mu.Lock()
+	defer op.e.mu.Unlock()
+	return op.err
+}
+
+func (e *Engine) background() {
+	defer close(e.done)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-e.stop
+		cancel()
+	}()
+	for {
+		if err := e.cq.Wait(ctx); err != nil {
+			return
+		}
+		e.mu.Lock()
+		round := e.round
+		e.mu.Unlock()
+		if e.poller.CompareAndSwap(false, true) {
+			_, err := e.poll()
+			e.poller.Store(false)
+			if err != nil {
+				return
+			}
+			continue
+		}
+		// A waiter polls; sleep until it has dispatched.
+		select {
+		case <-round:
+		case <-e.stop:
+			return
+		}
+	}
+}
