@@ -443,6 +443,10 @@ func (w *Window) Poll() (epoch.Record, bool) {
 	return r, true
 }
 
+// Pending returns the number of completion records not yet taken by Poll
+// or Wait.
+func (w *Window) Pending() int { return int(w.npend.Load()) }
+
 // Wait returns the next completion record of this window. It spins for a
 // few microseconds, driving the device's progress, then blocks until the
 // window completes an epoch, the window closes or ctx ends.

@@ -68,7 +68,7 @@ type Op struct {
 	left   int
 	done   bool
 	err    error
-	onDone func(*Op)
+	onDone func(error)
 	// Tag is the caller's label (rma: the target rank).
 	Tag int
 }
@@ -103,9 +103,9 @@ func (e *Engine) Close() {
 
 // Start registers an Op of n work requests (n >= 0) and returns the id of
 // the first; the others are id+1..id+n-1. onDone, if not nil, runs under the
-// engine's lock when the Op finishes. An Op with n == 0 is finished by
-// Finish.
-func (e *Engine) Start(n, tag int, onDone func(*Op)) (*Op, uint64) {
+// engine's lock when the Op finishes, with its error. An Op with n == 0 is
+// finished by Finish.
+func (e *Engine) Start(n, tag int, onDone func(error)) (*Op, uint64) {
 	op := &Op{e: e, left: n, Tag: tag, onDone: onDone}
 	e.mu.Lock()
 	base := e.next + 1
@@ -141,6 +141,10 @@ func (e *Engine) Finish(op *Op, err error) {
 	e.mu.Unlock()
 }
 
+// FinishLocked is Finish for callers that hold the engine's lock (OnDone
+// callbacks, Locked functions).
+func (e *Engine) FinishLocked(op *Op, err error) { e.finishLocked(op, err) }
+
 func (e *Engine) finishLocked(op *Op, err error) {
 	if op.done {
 		return
@@ -150,7 +154,7 @@ func (e *Engine) finishLocked(op *Op, err error) {
 		op.err = err
 	}
 	if op.onDone != nil {
-		op.onDone(op)
+		op.onDone(op.err)
 	}
 	e.nextRound()
 }

@@ -1,0 +1,210 @@
+package rma
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+)
+
+// Collectives: every rank calls them in the same order. Each call takes a
+// fresh internal tag, so consecutive collectives never mix.
+
+func (c *Comm) collTag() uint32 {
+	c.collSeq++
+	return 1<<31 | (c.collSeq&0x1ffffff)<<5
+}
+
+// Barrier returns once every rank has entered it (dissemination: log2(size)
+// rounds of one message each).
+func (c *Comm) Barrier(ctx context.Context) error {
+	tag := c.collTag()
+	for k, round := 1, uint32(0); k < c.size; k, round = k*2, round+1 {
+		to, from := (c.rank+k)%c.size, (c.rank-k+c.size)%c.size
+		op, err := c.sendMsg(ctx, to, kindMsg, tag|round, nil, nil)
+		if err != nil {
+			return opErr("barrier", to, err)
+		}
+		if _, err := c.recvMsg(ctx, from, tag|round); err != nil {
+			return opErr("barrier", from, err)
+		}
+		if err := op.Wait(ctx); err != nil {
+			return opErr("barrier", to, err)
+		}
+	}
+	return nil
+}
+
+// Bcast copies root's buf into every rank's buf (binomial tree). All ranks
+// pass buffers of the same length.
+func (c *Comm) Bcast(ctx context.Context, root int, buf []byte) error {
+	if err := c.checkRank("bcast", root); err != nil {
+		return err
+	}
+	tag := c.collTag()
+	vr := (c.rank - root + c.size) % c.size // rank relative to root
+	mask := 1
+	for mask < c.size {
+		if vr&mask != 0 {
+			src := (vr - mask + root) % c.size
+			m, err := c.recvMsg(ctx, src, tag)
+			if err != nil {
+				return opErr("bcast", src, err)
+			}
+			if len(m) != len(buf) {
+				return opErr("bcast", src, fmt.Errorf("%w: %d bytes received into %d", ErrDatatype, len(m), len(buf)))
+			}
+			copy(buf, m)
+			break
+		}
+		mask <<= 1
+	}
+	mask >>= 1
+	var reqs []*Request
+	for ; mask > 0; mask >>= 1 {
+		if vr+mask < c.size {
+			dst := (vr + mask + root) % c.size
+			op, err := c.sendMsg(ctx, dst, kindMsg, tag, buf, nil)
+			if err != nil {
+				return opErr("bcast", dst, err)
+			}
+			reqs = append(reqs, &Request{op: op, name: "bcast", rank: dst})
+		}
+	}
+	return WaitAll(ctx, reqs...)
+}
+
+// Allgather returns every rank's contribution, indexed by rank.
+// Contributions may differ in length.
+func (c *Comm) Allgather(ctx context.Context, mine []byte) ([][]byte, error) {
+	tag := c.collTag()
+	out := make([][]byte, c.size)
+	out[c.rank] = append([]byte(nil), mine...)
+	if c.size == 1 {
+		return out, nil
+	}
+	// Gather at rank 0, which then broadcasts the concatenation.
+	var all []byte
+	if c.rank != 0 {
+		op, err := c.sendMsg(ctx, 0, kindMsg, tag, mine, nil)
+		if err != nil {
+			return nil, opErr("allgather", 0, err)
+		}
+		if err := op.Wait(ctx); err != nil {
+			return nil, opErr("allgather", 0, err)
+		}
+	} else {
+		for r := 1; r < c.size; r++ {
+			m, err := c.recvMsg(ctx, r, tag)
+			if err != nil {
+				return nil, opErr("allgather", r, err)
+			}
+			out[r] = m
+		}
+		for _, m := range out {
+			all = binary.LittleEndian.AppendUint32(all, uint32(len(m)))
+			all = append(all, m...)
+		}
+	}
+	// Broadcast the length first, then the bytes.
+	var n [8]byte
+	binary.LittleEndian.PutUint64(n[:], uint64(len(all)))
+	if err := c.Bcast(ctx, 0, n[:]); err != nil {
+		return nil, err
+	}
+	if c.rank != 0 {
+		all = make([]byte, binary.LittleEndian.Uint64(n[:]))
+	}
+	if err := c.Bcast(ctx, 0, all); err != nil {
+		return nil, err
+	}
+	if c.rank != 0 {
+		for r := range c.size {
+			if len(all) < 4 {
+				return nil, opErr("allgather", 0, fmt.Errorf("%w: short gather", ErrDatatype))
+			}
+			l := int(binary.LittleEndian.Uint32(all))
+			all = all[4:]
+			if l > len(all) {
+				return nil, opErr("allgather", 0, fmt.Errorf("%w: short gather", ErrDatatype))
+			}
+			out[r] = all[:l:l]
+			all = all[l:]
+		}
+	}
+	return out, nil
+}
+
+// ReduceOp is the reduction of Allreduce.
+type ReduceOp uint8
+
+// Reductions.
+const (
+	ReduceSum ReduceOp = iota + 1
+	ReduceMin
+	ReduceMax
+)
+
+// AllreduceInt64 replaces vals, on every rank, by the element-wise
+// reduction over all ranks' vals (same length everywhere).
+func (c *Comm) AllreduceInt64(ctx context.Context, op ReduceOp, vals []int64) error {
+	b := make([]byte, 8*len(vals))
+	for i, v := range vals {
+		binary.LittleEndian.PutUint64(b[8*i:], uint64(v))
+	}
+	all, err := c.Allgather(ctx, b)
+	if err != nil {
+		return err
+	}
+	for r, m := range all {
+		if len(m) != len(b) {
+			return opErr("allreduce", r, fmt.Errorf("%w: %d values against %d", ErrDatatype, len(m)/8, len(vals)))
+		}
+		for i := range vals {
+			x := int64(binary.LittleEndian.Uint64(m[8*i:]))
+			switch {
+			case r == 0:
+				vals[i] = x
+			case op == ReduceSum:
+				vals[i] += x
+			case op == ReduceMin:
+				vals[i] = min(vals[i], x)
+			case op == ReduceMax:
+				vals[i] = max(vals[i], x)
+			}
+		}
+	}
+	return nil
+}
+
+// AllreduceFloat64 is AllreduceInt64 over float64. The sum is taken in
+// rank order, so every rank gets the same bits.
+func (c *Comm) AllreduceFloat64(ctx context.Context, op ReduceOp, vals []float64) error {
+	b := make([]byte, 8*len(vals))
+	for i, v := range vals {
+		binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(v))
+	}
+	all, err := c.Allgather(ctx, b)
+	if err != nil {
+		return err
+	}
+	for r, m := range all {
+		if len(m) != len(b) {
+			return opErr("allreduce", r, fmt.Errorf("%w: %d values against %d", ErrDatatype, len(m)/8, len(vals)))
+		}
+		for i := range vals {
+			x := math.Float64frombits(binary.LittleEndian.Uint64(m[8*i:]))
+			switch {
+			case r == 0:
+				vals[i] = x
+			case op == ReduceSum:
+				vals[i] += x
+			case op == ReduceMin:
+				vals[i] = math.Min(vals[i], x)
+			case op == ReduceMax:
+				vals[i] = math.Max(vals[i], x)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,577 @@
+package rma
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/rvma/rvma/internal/kvs"
+	"github.com/rvma/rvma/internal/pmi"
+	"github.com/rvma/rvma/internal/progress"
+	"github.com/rvma/rvma/mailbox"
+	"github.com/rvma/rvma/verbs"
+	"github.com/rvma/rvma/verbs/cm"
+)
+
+// Environment variables read by Init (see the package documentation).
+const (
+	EnvRank       = "RVMA_RANK"       // set by rvmarun: this process's rank
+	EnvSize       = "RVMA_SIZE"       // set by rvmarun: the number of ranks
+	EnvKVS        = "RVMA_KVS"        // set by rvmarun: the rendezvous server's TCP address
+	EnvRendezvous = "RVMA_RENDEZVOUS" // Slurm jobs: host:port where rank 0 serves the rendezvous
+	EnvProvider   = "RVMA_PROVIDER"   // udp (default) or loop
+	EnvAddr       = "RVMA_ADDR"       // local IP address for the UDP provider; default 127.0.0.1
+)
+
+// Config configures Init and NewWorld. The zero value means defaults.
+type Config struct {
+	// Provider is the verbs provider: "udp" (default, or RVMA_PROVIDER) or
+	// "loop" (in-process worlds only).
+	Provider string
+	// Addr is the local IP address for the UDP provider and the connection
+	// manager. Default RVMA_ADDR, else 127.0.0.1.
+	Addr string
+	// Timeout bounds bootstrap and each connection set-up. Default 60s.
+	Timeout time.Duration
+	// Connect holds the QP attributes of every connection. Default: verbs'
+	// defaults.
+	Connect verbs.ConnectConfig
+	// Logger receives diagnostics. Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) withDefaults() Config {
+	var d Config
+	if c != nil {
+		d = *c
+	}
+	if d.Provider == "" {
+		d.Provider = os.Getenv(EnvProvider)
+	}
+	if d.Provider == "" {
+		d.Provider = "udp"
+	}
+	if d.Addr == "" {
+		d.Addr = os.Getenv(EnvAddr)
+	}
+	if d.Addr == "" {
+		d.Addr = "127.0.0.1"
+	}
+	if d.Timeout <= 0 {
+		d.Timeout = 60 * time.Second
+	}
+	if d.Logger == nil {
+		d.Logger = slog.Default()
+	}
+	return d
+}
+
+// Comm is a group of ranks that communicate: the world of a job.
+type Comm struct {
+	rank, size int
+	cfg        Config
+	store      kvs.Store
+	ownStore   bool
+	kvServer   *kvs.Server
+
+	dev    *verbs.Device
+	pd     *verbs.PD
+	cq     *verbs.CQ
+	srq    *verbs.SRQ
+	eng    *progress.Engine
+	target *mailbox.Target
+	ln     *cm.Listener
+
+	peers []*peer
+	qpnMu sync.Mutex
+	byQPN map[uint32]int // local QP number -> peer rank
+
+	msg  msgState // guarded by the engine's lock
+	recv recvPool
+	reg  regCache
+
+	winMu   sync.Mutex
+	wins    map[uint32]*Win
+	nextWin uint32
+	collSeq uint32 // collective sequence number; collectives are called in order
+
+	closeOnce sync.Once
+	done      chan struct{}
+	acceptWG  sync.WaitGroup
+}
+
+type peer struct {
+	mu        sync.Mutex
+	qp        *verbs.QP
+	ready     chan struct{} // closed once qp is connected (or err set)
+	err       error
+	dialing   bool
+	accepting bool
+	sendMu    sync.Mutex // one message's fragments are posted together
+}
+
+// Rank returns this process's rank.
+func (c *Comm) Rank() int { return c.rank }
+
+// Size returns the number of ranks.
+func (c *Comm) Size() int { return c.size }
+
+// Device returns the verbs device the communicator runs on.
+func (c *Comm) Device() *verbs.Device { return c.dev }
+
+// Init bootstraps the communicator of this process from its environment,
+// first match wins: rvmarun's variables (RVMA_RANK, RVMA_SIZE, RVMA_KVS);
+// the PMI-1 protocol of MPICH's Hydra (PMI_FD, PMI_RANK, PMI_SIZE); Slurm
+// (SLURM_PROCID, SLURM_NTASKS and RVMA_RENDEZVOUS=host:port, where rank 0
+// serves the rendezvous); otherwise a world of size 1. It is collective:
+// it returns once every rank has published its address.
+func Init(ctx context.Context, cfg *Config) (*Comm, error) {
+	conf := cfg.withDefaults()
+	if conf.Provider == "loop" {
+		return nil, fmt.Errorf("%w: the loop provider is in-process; use NewWorld", ErrBootstrap)
+	}
+	ctx, cancel := context.WithTimeout(ctx, conf.Timeout)
+	defer cancel()
+	rank, size, store, srv, err := bootstrap(ctx)
+	if err != nil {
+		return nil, err
+	}
+	dev, err := verbs.Open(ctx, "udp://"+net.JoinHostPort(conf.Addr, "0"), &verbs.DeviceConfig{Logger: conf.Logger})
+	if err != nil {
+		store.Close()
+		if srv != nil {
+			srv.Close()
+		}
+		return nil, fmt.Errorf("%w: %w", ErrBootstrap, err)
+	}
+	c, err := newComm(ctx, rank, size, store, true, dev, conf)
+	if err != nil {
+		dev.Close()
+		if srv != nil {
+			srv.Close()
+		}
+		return nil, err
+	}
+	c.kvServer = srv
+	return c, nil
+}
+
+func envInt(name string) (int, bool, error) {
+	s, ok := os.LookupEnv(name)
+	if !ok {
+		return 0, false, nil
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, true, fmt.Errorf("%w: %s=%q is not a number", ErrBootstrap, name, s)
+	}
+	return v, true, nil
+}
+
+func bootstrap(ctx context.Context) (rank, size int, store kvs.Store, srv *kvs.Server, err error) {
+	check := func(rank, size int, src string) error {
+		if size < 1 || rank < 0 || rank >= size {
+			return fmt.Errorf("%w: %s gives rank %d of %d", ErrBootstrap, src, rank, size)
+		}
+		return nil
+	}
+	// 1. rvmarun.
+	if r, ok, err := envInt(EnvRank); ok || err != nil {
+		s, _, err2 := envInt(EnvSize)
+		if err = errors.Join(err, err2, check(r, s, "RVMA_RANK/RVMA_SIZE")); err != nil {
+			return 0, 0, nil, nil, err
+		}
+		addr := os.Getenv(EnvKVS)
+		if addr == "" {
+			return 0, 0, nil, nil, fmt.Errorf("%w: RVMA_RANK is set but RVMA_KVS is not", ErrBootstrap)
+		}
+		cl, err := kvs.Dial(ctx, addr)
+		if err != nil {
+			return 0, 0, nil, nil, fmt.Errorf("%w: %w", ErrBootstrap, err)
+		}
+		return r, s, cl, nil, nil
+	}
+	// 2. Hydra's PMI-1.
+	if cl, ok, err := pmi.FromEnv(); ok {
+		if err != nil {
+			return 0, 0, nil, nil, fmt.Errorf("%w: %w", ErrBootstrap, err)
+		}
+		return cl.Rank(), cl.Size(), cl, nil, nil
+	}
+	// 3. Slurm.
+	if r, ok, err := envInt("SLURM_PROCID"); ok || err != nil {
+		s, _, err2 := envInt("SLURM_NTASKS")
+		if err = errors.Join(err, err2, check(r, s, "SLURM_PROCID/SLURM_NTASKS")); err != nil {
+			return 0, 0, nil, nil, err
+		}
+		addr := os.Getenv(EnvRendezvous)
+		if addr == "" {
+			return 0, 0, nil, nil, fmt.Errorf("%w: a Slurm job needs %s=host:port (rank 0 serves the rendezvous there)", ErrBootstrap, EnvRendezvous)
+		}
+		if r == 0 {
+			if srv, err = kvs.Listen(addr, s); err != nil {
+				return 0, 0, nil, nil, fmt.Errorf("%w: %w", ErrBootstrap, err)
+			}
+		}
+		cl, err := kvs.Dial(ctx, addr)
+		if err != nil {
+			if srv != nil {
+				srv.Close()
+			}
+			return 0, 0, nil, nil, fmt.Errorf("%w: %w", ErrBootstrap, err)
+		}
+		return r, s, cl, srv, nil
+	}
+	// 4. Singleton.
+	return 0, 1, kvs.NewMem(1), nil, nil
+}
+
+// NewWorld starts size ranks in this process, as goroutines' communicators
+// over the in-process loop provider (or over UDP on loopback with
+// cfg.Provider "udp"). It is what tests and examples use instead of a
+// launcher. Close every Comm, concurrently, when done.
+func NewWorld(ctx context.Context, size int, cfg *Config) ([]*Comm, error) {
+	conf := cfg.withDefaults()
+	if cfg == nil || cfg.Provider == "" {
+		conf.Provider = "loop"
+	}
+	if size < 1 {
+		return nil, fmt.Errorf("%w: world of %d ranks", ErrBootstrap, size)
+	}
+	ctx, cancel := context.WithTimeout(ctx, conf.Timeout)
+	defer cancel()
+	var id [8]byte
+	rand.Read(id[:])
+	fabric := "loop://world-" + hex.EncodeToString(id[:])
+	store := kvs.NewMem(size)
+	comms := make([]*Comm, size)
+	errs := make([]error, size)
+	var wg sync.WaitGroup
+	for r := range size {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			uri := fabric
+			if conf.Provider == "udp" {
+				uri = "udp://" + net.JoinHostPort(conf.Addr, "0")
+			}
+			dev, err := verbs.Open(ctx, uri, &verbs.DeviceConfig{Logger: conf.Logger})
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			comms[r], errs[r] = newComm(ctx, r, size, store, false, dev, conf)
+			if errs[r] != nil {
+				dev.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, c := range comms {
+			if c != nil {
+				c.teardown()
+			}
+		}
+		return nil, fmt.Errorf("%w: %w", ErrBootstrap, err)
+	}
+	return comms, nil
+}
+
+func newComm(ctx context.Context, rank, size int, store kvs.Store, ownStore bool, dev *verbs.Device, cfg Config) (_ *Comm, err error) {
+	c := &Comm{rank: rank, size: size, cfg: cfg, store: store, ownStore: ownStore, dev: dev,
+		byQPN: map[uint32]int{}, wins: map[uint32]*Win{}, done: make(chan struct{})}
+	c.peers = make([]*peer, size)
+	for i := range c.peers {
+		c.peers[i] = &peer{ready: make(chan struct{})}
+	}
+	defer func() {
+		if err != nil {
+			c.teardown()
+		}
+	}()
+	if c.pd, err = dev.AllocPD(); err != nil {
+		return nil, err
+	}
+	// The engine's waiters spin; the CQ itself must not, so that the
+	// background poller sleeps when idle.
+	if c.cq, err = dev.CreateCQ(verbs.CQConfig{Capacity: 1 << 16, Spin: -1}); err != nil {
+		return nil, err
+	}
+	if c.srq, err = c.pd.CreateSRQ(verbs.SRQConfig{MaxWR: recvSlots, MaxSGE: 1}); err != nil {
+		return nil, err
+	}
+	if err = c.recv.init(c.pd, c.srq); err != nil {
+		return nil, err
+	}
+	c.reg.pd = c.pd
+	c.msg.init()
+	c.eng = progress.New(c.cq, progress.Config{OnRecv: c.onRecv, Background: true, Err: errOf})
+	c.target = mailbox.NewTarget(dev, nil)
+	if size > 1 {
+		host := cfg.Addr
+		if c.ln, err = cm.Listen(ctx, net.JoinHostPort(host, "0")); err != nil {
+			return nil, err
+		}
+		if err = store.Put(ctx, fmt.Sprintf("rvma-cm-%d", rank), c.ln.Addr().String()); err != nil {
+			return nil, err
+		}
+		c.acceptWG.Add(1)
+		go c.acceptLoop()
+	}
+	if err = store.Barrier(ctx); err != nil {
+		return nil, fmt.Errorf("%w: rendezvous barrier: %w", ErrBootstrap, err)
+	}
+	return c, nil
+}
+
+// Close ends the communicator. It is collective: it waits (bounded by
+// ctx) until every rank has called it, so that no rank tears down a
+// connection another still uses; then it frees everything.
+func (c *Comm) Close(ctx context.Context) error {
+	var err error
+	if c.size > 1 {
+		err = c.Barrier(ctx)
+	}
+	c.teardown()
+	return err
+}
+
+func (c *Comm) teardown() {
+	c.closeOnce.Do(func() {
+		close(c.done)
+		if c.ln != nil {
+			c.ln.Close()
+		}
+		c.acceptWG.Wait()
+		if c.eng != nil {
+			c.eng.Close()
+		}
+		c.dev.Close()
+		if c.ownStore && c.store != nil {
+			c.store.Close()
+		}
+		if c.kvServer != nil {
+			c.kvServer.Close()
+		}
+	})
+}
+
+func (c *Comm) closed() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (c *Comm) checkRank(op string, r int) error {
+	if r < 0 || r >= c.size {
+		return opErr(op, r, fmt.Errorf("%w: %d ranks", ErrRank, c.size))
+	}
+	return nil
+}
+
+// newQP creates a QP for a connection to rank r. Its number maps to r
+// from the start: the peer may send as soon as its side is connected,
+// before this side's connect call returns.
+func (c *Comm) newQP(r int) (*verbs.QP, error) {
+	qp, err := c.pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: c.cq, RecvCQ: c.cq, SRQ: c.srq,
+		MaxSendWR: 16384, MaxSendSGE: maxSGE})
+	if err != nil {
+		return nil, err
+	}
+	c.qpnMu.Lock()
+	c.byQPN[qp.Num()] = r
+	c.qpnMu.Unlock()
+	return qp, nil
+}
+
+// dropQP destroys a QP whose connection failed.
+func (c *Comm) dropQP(qp *verbs.QP) {
+	c.qpnMu.Lock()
+	delete(c.byQPN, qp.Num())
+	c.qpnMu.Unlock()
+	qp.Destroy()
+}
+
+const rejectCrossed = "crossed"
+
+// conn returns the QP connected to rank r, connecting on first use. When
+// both ranks dial each other at once, the lower rank's dial wins and the
+// other waits for it to arrive through its listener.
+func (c *Comm) conn(ctx context.Context, r int) (*verbs.QP, error) {
+	p := c.peers[r]
+	p.mu.Lock()
+	if p.qp != nil || p.err != nil {
+		qp, err := p.qp, p.err
+		p.mu.Unlock()
+		return qp, err
+	}
+	if r == c.rank {
+		p.mu.Unlock()
+		if err := c.selfConnect(); err != nil {
+			return nil, err
+		}
+		return c.awaitPeer(ctx, r)
+	}
+	if p.dialing || p.accepting {
+		p.mu.Unlock()
+		return c.awaitPeer(ctx, r)
+	}
+	p.dialing = true
+	p.mu.Unlock()
+
+	qp, err := c.dial(ctx, r)
+	p.mu.Lock()
+	p.dialing = false
+	if err == nil {
+		c.established(r, p, qp)
+		p.mu.Unlock()
+		return qp, nil
+	}
+	p.mu.Unlock()
+	var rej *cm.RejectError
+	if errors.As(err, &rej) && rej.Reason == rejectCrossed {
+		return c.awaitPeer(ctx, r)
+	}
+	return nil, opErr("connect", r, fmt.Errorf("%w: %w", ErrPeer, err))
+}
+
+// established records a connected QP; p.mu is held.
+func (c *Comm) established(r int, p *peer, qp *verbs.QP) {
+	p.qp = qp
+	close(p.ready)
+}
+
+func (c *Comm) awaitPeer(ctx context.Context, r int) (*verbs.QP, error) {
+	p := c.peers[r]
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	select {
+	case <-p.ready:
+	case <-ctx.Done():
+		return nil, opErr("connect", r, fmt.Errorf("%w: %w", ErrPeer, ctx.Err()))
+	case <-c.done:
+		return nil, opErr("connect", r, ErrClosed)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.qp, p.err
+}
+
+func (c *Comm) dial(ctx context.Context, r int) (*verbs.QP, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	addr, err := c.store.Get(ctx, fmt.Sprintf("rvma-cm-%d", r))
+	if err != nil {
+		return nil, err
+	}
+	qp, err := c.newQP(r)
+	if err != nil {
+		return nil, err
+	}
+	var me [4]byte
+	binary.BigEndian.PutUint32(me[:], uint32(c.rank))
+	if _, err := cm.Dial(ctx, addr, qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: me[:]}); err != nil {
+		c.dropQP(qp)
+		return nil, err
+	}
+	return qp, nil
+}
+
+func (c *Comm) acceptLoop() {
+	defer c.acceptWG.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-c.done
+		cancel()
+	}()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		req, err := c.ln.Accept(ctx)
+		if err != nil {
+			return
+		}
+		pd := req.PrivateData()
+		if len(pd) != 4 || int(binary.BigEndian.Uint32(pd)) >= c.size || req.Type() != verbs.RC {
+			req.Reject("not a rank of this job")
+			continue
+		}
+		r := int(binary.BigEndian.Uint32(pd))
+		p := c.peers[r]
+		p.mu.Lock()
+		if p.qp != nil || p.accepting || (p.dialing && c.rank < r) {
+			p.mu.Unlock()
+			req.Reject(rejectCrossed)
+			continue
+		}
+		p.accepting = true
+		p.mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			actx, acancel := context.WithTimeout(ctx, c.cfg.Timeout)
+			defer acancel()
+			qp, err := c.newQP(r)
+			if err == nil {
+				if err = req.Accept(actx, qp, &cm.Config{Connect: &c.cfg.Connect}); err != nil {
+					c.dropQP(qp)
+				}
+			}
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			p.accepting = false
+			if err != nil {
+				c.cfg.Logger.Debug("rma: accept failed", "rank", c.rank, "peer", r, "err", err)
+				return // the dialer fails or retries; this side stays unconnected
+			}
+			c.established(r, p, qp)
+		}()
+	}
+}
+
+// selfConnect connects a QP to itself (loopback), for operations a rank
+// aims at itself.
+func (c *Comm) selfConnect() error {
+	p := c.peers[c.rank]
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.qp != nil || p.err != nil {
+		return p.err
+	}
+	qp, err := c.newQP(c.rank)
+	if err == nil {
+		ep := qp.Endpoint()
+		if err = qp.Connect(ep, &c.cfg.Connect); err != nil {
+			c.dropQP(qp)
+		}
+	}
+	if err != nil {
+		p.err = opErr("connect", c.rank, err)
+		close(p.ready)
+		return p.err
+	}
+	c.established(c.rank, p, qp)
+	return nil
+}
+
+// peerOf maps a local QP number to its peer's rank.
+func (c *Comm) peerOf(qpn uint32) (int, bool) {
+	c.qpnMu.Lock()
+	defer c.qpnMu.Unlock()
+	r, ok := c.byQPN[qpn]
+	return r, ok
+}

@@ -1,0 +1,202 @@
+package rma
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"sync/atomic"
+	"unsafe"
+)
+
+// Datatype is the element type of an accumulate or atomic operation.
+type Datatype uint8
+
+// Element types (little-endian in memory, as on every platform rvma runs
+// on).
+const (
+	Int32 Datatype = iota + 1
+	Int64
+	Uint32
+	Uint64
+	Float32
+	Float64
+)
+
+// Size returns the element size in bytes.
+func (d Datatype) Size() int {
+	switch d {
+	case Int32, Uint32, Float32:
+		return 4
+	case Int64, Uint64, Float64:
+		return 8
+	}
+	return 0
+}
+
+func (d Datatype) String() string {
+	names := [...]string{"", "int32", "int64", "uint32", "uint64", "float32", "float64"}
+	if int(d) < len(names) && d != 0 {
+		return names[d]
+	}
+	return fmt.Sprintf("Datatype(%d)", uint8(d))
+}
+
+func (d Datatype) isFloat() bool { return d == Float32 || d == Float64 }
+
+// Op is an accumulate operation, as MPI's predefined reduction operations.
+type Op uint8
+
+// Accumulate operations. Band, Bor and Bxor apply to integer types only.
+const (
+	Sum Op = iota + 1
+	Prod
+	Min
+	Max
+	Band
+	Bor
+	Bxor
+	Replace
+	NoOp
+)
+
+func (o Op) String() string {
+	names := [...]string{"", "sum", "prod", "min", "max", "band", "bor", "bxor", "replace", "no_op"}
+	if int(o) < len(names) && o != 0 {
+		return names[o]
+	}
+	return fmt.Sprintf("Op(%d)", uint8(o))
+}
+
+// check validates an (op, datatype) pair and a buffer length.
+func check(op Op, dt Datatype, n int) error {
+	sz := dt.Size()
+	if sz == 0 {
+		return fmt.Errorf("%w: unknown datatype %v", ErrDatatype, dt)
+	}
+	if op < Sum || op > NoOp {
+		return fmt.Errorf("%w: unknown operation %v", ErrDatatype, op)
+	}
+	if dt.isFloat() && (op == Band || op == Bor || op == Bxor) {
+		return fmt.Errorf("%w: %v does not apply to %v", ErrDatatype, op, dt)
+	}
+	if n%sz != 0 {
+		return fmt.Errorf("%w: %d bytes is not a whole number of %v", ErrDatatype, n, dt)
+	}
+	return nil
+}
+
+// combine returns op(old, x) for one element held in the low bits.
+func combine(op Op, dt Datatype, old, x uint64) uint64 {
+	switch op {
+	case Replace:
+		return x
+	case NoOp:
+		return old
+	case Band:
+		return old & x
+	case Bor:
+		return old | x
+	case Bxor:
+		return old ^ x
+	}
+	switch dt {
+	case Int32:
+		a, b := int32(old), int32(x)
+		return uint64(uint32(arith(op, a, b)))
+	case Int64:
+		return uint64(arith(op, int64(old), int64(x)))
+	case Uint32:
+		return uint64(arith(op, uint32(old), uint32(x)))
+	case Uint64:
+		return arith(op, old, x)
+	case Float32:
+		a, b := math.Float32frombits(uint32(old)), math.Float32frombits(uint32(x))
+		return uint64(math.Float32bits(arith(op, a, b)))
+	case Float64:
+		return math.Float64bits(arith(op, math.Float64frombits(old), math.Float64frombits(x)))
+	}
+	return old
+}
+
+type number interface {
+	~int32 | ~int64 | ~uint32 | ~uint64 | ~float32 | ~float64
+}
+
+func arith[T number](op Op, a, b T) T {
+	switch op {
+	case Sum:
+		return a + b
+	case Prod:
+		return a * b
+	case Min:
+		return min(a, b)
+	case Max:
+		return max(a, b)
+	}
+	return a
+}
+
+// applyAtomic applies op element-wise to mem with origin's elements, each
+// element atomically (a compare-and-swap loop), so that accumulates from
+// several origins, and the verbs engine's own atomics on 8-byte elements,
+// never interleave within an element. If old is not nil it receives the
+// previous values. mem must be aligned to the element size.
+func applyAtomic(op Op, dt Datatype, mem, origin, old []byte) {
+	sz := dt.Size()
+	for i := 0; i+sz <= len(origin); i += sz {
+		p := unsafe.Pointer(&mem[i])
+		if sz == 4 {
+			x := uint64(binary.LittleEndian.Uint32(origin[i:]))
+			w := (*uint32)(p)
+			for {
+				o := atomic.LoadUint32(w)
+				if op == NoOp || atomic.CompareAndSwapUint32(w, o, uint32(combine(op, dt, uint64(o), x))) {
+					if old != nil {
+						binary.LittleEndian.PutUint32(old[i:], o)
+					}
+					break
+				}
+			}
+			continue
+		}
+		x := binary.LittleEndian.Uint64(origin[i:])
+		w := (*uint64)(p)
+		for {
+			o := atomic.LoadUint64(w)
+			if op == NoOp || atomic.CompareAndSwapUint64(w, o, combine(op, dt, o, x)) {
+				if old != nil {
+					binary.LittleEndian.PutUint64(old[i:], o)
+				}
+				break
+			}
+		}
+	}
+}
+
+// compareSwap atomically replaces the element at mem with swap if it
+// equals cmp, and returns the previous value.
+func compareSwap(dt Datatype, mem []byte, cmp, swap uint64) uint64 {
+	p := unsafe.Pointer(&mem[0])
+	if dt.Size() == 4 {
+		w := (*uint32)(p)
+		for {
+			o := atomic.LoadUint32(w)
+			if uint64(o) != cmp&0xffffffff {
+				return uint64(o)
+			}
+			if atomic.CompareAndSwapUint32(w, o, uint32(swap)) {
+				return uint64(o)
+			}
+		}
+	}
+	w := (*uint64)(p)
+	for {
+		o := atomic.LoadUint64(w)
+		if o != cmp {
+			return o
+		}
+		if atomic.CompareAndSwapUint64(w, o, swap) {
+			return o
+		}
+	}
+}

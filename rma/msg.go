@@ -1,0 +1,374 @@
+package rma
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+
+	"github.com/rvma/rvma/internal/progress"
+	"github.com/rvma/rvma/verbs"
+)
+
+// Messages are SENDs of at most chunk bytes (header included) into the
+// receive pool that every connection of a Comm shares (an SRQ). A larger
+// message travels as fragments posted back to back on one QP, so RC
+// ordering reassembles them.
+const (
+	chunk     = 64 << 10
+	hdrLen    = 16
+	fragMax   = chunk - hdrLen
+	recvSlots = 128
+	maxSGE    = 32
+)
+
+// Message kinds.
+const (
+	kindMsg      = 1 // point-to-point and collective data, matched by (source, tag)
+	kindAM       = 2 // an active message for a window (accumulate, fetch-op, strided put)
+	kindAMReply  = 3 // its reply
+	userTagLimit = 1 << 30
+)
+
+// recvPool is the registered memory behind the SRQ's receive slots.
+type recvPool struct {
+	mem []byte
+	mr  *verbs.MR
+	srq *verbs.SRQ
+}
+
+func (p *recvPool) init(pd *verbs.PD, srq *verbs.SRQ) error {
+	p.mem = make([]byte, recvSlots*chunk)
+	mr, err := pd.RegisterMR(p.mem, verbs.AccessLocalWrite)
+	if err != nil {
+		return err
+	}
+	p.mr, p.srq = mr, srq
+	wrs := make([]verbs.RecvWR, recvSlots)
+	for i := range wrs {
+		wrs[i] = verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{mr.SGE(i*chunk, chunk)}}
+	}
+	_, err = srq.PostRecv(wrs)
+	return err
+}
+
+func (p *recvPool) slot(i uint64) []byte { return p.mem[i*chunk : (i+1)*chunk] }
+
+func (p *recvPool) repost(i uint64) {
+	p.srq.PostRecv([]verbs.RecvWR{{ID: i, SGL: []verbs.SGE{p.mr.SGE(int(i)*chunk, chunk)}}})
+}
+
+// sendPool holds registered staging chunks for outgoing messages.
+type sendPool struct {
+	mu   sync.Mutex
+	free [][]byte
+	mrs  map[*byte]*verbs.MR
+}
+
+func (s *sendPool) get(pd *verbs.PD) ([]byte, *verbs.MR, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mrs == nil {
+		s.mrs = map[*byte]*verbs.MR{}
+	}
+	if n := len(s.free); n > 0 {
+		b := s.free[n-1]
+		s.free = s.free[:n-1]
+		return b, s.mrs[&b[0]], nil
+	}
+	b := make([]byte, chunk)
+	mr, err := pd.RegisterMR(b, verbs.AccessLocalWrite)
+	if err != nil {
+		return nil, nil, err
+	}
+	s.mrs[&b[0]] = mr
+	return b, mr, nil
+}
+
+func (s *sendPool) put(b []byte) {
+	s.mu.Lock()
+	s.free = append(s.free, b)
+	s.mu.Unlock()
+}
+
+type inboxKey struct {
+	src int
+	tag uint32
+}
+
+// msgState is the receive side's matching state; guarded by the engine's
+// lock.
+type msgState struct {
+	inbox   map[inboxKey][][]byte
+	partial map[int]*partialMsg // per source: the message being reassembled
+	send    sendPool
+	am      map[uint64]*amCall // outstanding active messages by request id
+	nextAM  uint64
+}
+
+type partialMsg struct {
+	kind byte
+	tag  uint32
+	buf  []byte
+	got  int
+}
+
+func (m *msgState) init() {
+	m.inbox = map[inboxKey][][]byte{}
+	m.partial = map[int]*partialMsg{}
+	m.am = map[uint64]*amCall{}
+}
+
+// post posts wrs on qp, progressing the device while its send queue is
+// full. It never waits for a completion, so it may run in the receive
+// handler.
+func (c *Comm) post(qp *verbs.QP, wrs []verbs.SendWR) (int, error) {
+	done := 0
+	for done < len(wrs) {
+		n, err := qp.PostSend(wrs[done:])
+		done += n
+		if err == nil {
+			continue
+		}
+		if !isQueueFull(err) || c.closed() {
+			return done, err
+		}
+		c.dev.Progress()
+		runtime.Gosched()
+	}
+	return done, nil
+}
+
+// sendMsg sends one message of kind to rank dst and returns the Op that
+// finishes when every fragment has been acknowledged.
+// onSent, if not nil, runs under the engine's lock when the message has
+// been acknowledged or has failed.
+func (c *Comm) sendMsg(ctx context.Context, dst int, kind byte, tag uint32, data []byte, onSent func(error)) (*progress.Op, error) {
+	qp, err := c.conn(ctx, dst)
+	if err != nil {
+		return nil, err
+	}
+	nfrag := max(1, (len(data)+fragMax-1)/fragMax)
+	bufs := make([][]byte, 0, nfrag)
+	op, base := c.eng.Start(nfrag, dst, func(err error) {
+		for _, b := range bufs {
+			c.msg.send.put(b)
+		}
+		if onSent != nil {
+			onSent(err)
+		}
+	})
+	wrs := make([]verbs.SendWR, nfrag)
+	for i := range nfrag {
+		off := i * fragMax
+		n := min(fragMax, len(data)-off)
+		b, mr, err := c.msg.send.get(c.pd)
+		if err != nil {
+			c.eng.Posted(op, base, nfrag, 0, err)
+			return nil, err
+		}
+		bufs = append(bufs, b)
+		b[0] = kind
+		binary.LittleEndian.PutUint32(b[4:], tag)
+		binary.LittleEndian.PutUint32(b[8:], uint32(len(data)))
+		binary.LittleEndian.PutUint32(b[12:], uint32(off))
+		copy(b[hdrLen:], data[off:off+n])
+		wrs[i] = verbs.SendWR{ID: base + uint64(i), Opcode: verbs.OpSend, Flags: verbs.FlagSignaled,
+			SGL: []verbs.SGE{mr.SGE(0, hdrLen+n)}}
+	}
+	p := c.peers[dst]
+	p.sendMu.Lock()
+	k, err := c.post(qp, wrs)
+	p.sendMu.Unlock()
+	if err != nil {
+		c.eng.Posted(op, base, nfrag, k, err)
+		if k == 0 {
+			return nil, opErr("send", dst, err)
+		}
+	}
+	return op, nil
+}
+
+// onRecv handles one receive completion (in the engine's poller).
+func (c *Comm) onRecv(wc *verbs.WorkCompletion) {
+	if wc.Status != verbs.StatusSuccess {
+		// Flushed receives of a broken connection: the slot returns to the
+		// pool unless the device is going away.
+		if wc.Status == verbs.StatusFlushed && !c.closed() {
+			c.recv.repost(wc.WRID)
+		}
+		return
+	}
+	defer c.recv.repost(wc.WRID)
+	src, ok := c.peerOf(wc.QPN)
+	if !ok || wc.ByteLen < hdrLen {
+		return
+	}
+	b := c.recv.slot(wc.WRID)[:wc.ByteLen]
+	kind, tag := b[0], binary.LittleEndian.Uint32(b[4:])
+	total, off := int(binary.LittleEndian.Uint32(b[8:])), int(binary.LittleEndian.Uint32(b[12:]))
+	frag := b[hdrLen:]
+	var whole []byte
+	switch {
+	case off == 0 && len(frag) == total:
+		whole = frag // not copied: handled before the slot is reposted
+	default:
+		pm := c.msg.partial[src]
+		if off == 0 {
+			pm = &partialMsg{kind: kind, tag: tag, buf: make([]byte, total)}
+			c.msg.partial[src] = pm
+		}
+		if pm == nil || off+len(frag) > len(pm.buf) || pm.tag != tag || pm.kind != kind {
+			c.cfg.Logger.Warn("rma: fragment out of sequence", "rank", c.rank, "src", src)
+			return
+		}
+		copy(pm.buf[off:], frag)
+		pm.got += len(frag)
+		if pm.got < len(pm.buf) {
+			return
+		}
+		delete(c.msg.partial, src)
+		whole = pm.buf
+	}
+	switch kind {
+	case kindMsg:
+		if len(whole) > 0 && &whole[0] == &frag[0] {
+			whole = append([]byte(nil), whole...)
+		} else if whole == nil {
+			whole = []byte{}
+		}
+		c.eng.Locked(func() {
+			k := inboxKey{src, tag}
+			c.msg.inbox[k] = append(c.msg.inbox[k], whole)
+		})
+	case kindAM:
+		c.handleAM(src, whole)
+	case kindAMReply:
+		c.handleAMReply(whole)
+	}
+}
+
+// recvMsg waits for the next message from src with tag.
+func (c *Comm) recvMsg(ctx context.Context, src int, tag uint32) ([]byte, error) {
+	k := inboxKey{src, tag}
+	var got []byte
+	err := c.eng.Wait(ctx, func() bool {
+		q := c.msg.inbox[k]
+		if len(q) == 0 {
+			return false
+		}
+		got = q[0]
+		if len(q) == 1 {
+			delete(c.msg.inbox, k)
+		} else {
+			c.msg.inbox[k] = q[1:]
+		}
+		return true
+	})
+	if err != nil {
+		return nil, opErr("receive", src, err)
+	}
+	return got, nil
+}
+
+// Request is a non-blocking operation in flight.
+type Request struct {
+	op   *progress.Op
+	name string
+	rank int
+	// then runs once after the operation finished successfully (copying
+	// a fetched result out, for example).
+	then func()
+	once sync.Once
+}
+
+// Wait blocks until the operation has completed or ctx ends.
+func (r *Request) Wait(ctx context.Context) error {
+	if err := r.op.Wait(ctx); err != nil {
+		return opErr(r.name, r.rank, err)
+	}
+	r.finish()
+	return nil
+}
+
+// Test reports whether the operation has completed, without blocking.
+func (r *Request) Test() (bool, error) {
+	done, err := r.op.Test()
+	if !done {
+		return false, nil
+	}
+	if err != nil {
+		return true, opErr(r.name, r.rank, err)
+	}
+	r.finish()
+	return true, nil
+}
+
+func (r *Request) finish() {
+	if r.then != nil {
+		r.once.Do(r.then)
+	}
+}
+
+// WaitAll waits for every request.
+func WaitAll(ctx context.Context, reqs ...*Request) error {
+	for _, r := range reqs {
+		if r == nil {
+			continue
+		}
+		if err := r.Wait(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkTag(tag int) error {
+	if tag < 0 || tag >= userTagLimit {
+		return fmt.Errorf("%w: tag %d outside 0..%d", ErrSync, tag, userTagLimit-1)
+	}
+	return nil
+}
+
+// Isend starts sending data to rank dst with a tag (0 <= tag < 2^30). The
+// data is copied before Isend returns; the Request completes when the
+// destination has it.
+func (c *Comm) Isend(ctx context.Context, dst, tag int, data []byte) (*Request, error) {
+	if err := c.checkRank("send", dst); err != nil {
+		return nil, err
+	}
+	if err := checkTag(tag); err != nil {
+		return nil, opErr("send", dst, err)
+	}
+	op, err := c.sendMsg(ctx, dst, kindMsg, uint32(tag), data, nil)
+	if err != nil {
+		return nil, opErr("send", dst, err)
+	}
+	return &Request{op: op, name: "send", rank: dst}, nil
+}
+
+// Send sends data to rank dst and waits until it has arrived.
+func (c *Comm) Send(ctx context.Context, dst, tag int, data []byte) error {
+	r, err := c.Isend(ctx, dst, tag, data)
+	if err != nil {
+		return err
+	}
+	return r.Wait(ctx)
+}
+
+// Recv waits for the next message from rank src with tag and returns it
+// (messages from one source with one tag arrive in send order). The
+// returned slice belongs to the caller.
+func (c *Comm) Recv(ctx context.Context, src, tag int) ([]byte, error) {
+	if err := c.checkRank("receive", src); err != nil {
+		return nil, err
+	}
+	if err := checkTag(tag); err != nil {
+		return nil, opErr("receive", src, err)
+	}
+	return c.recvMsg(ctx, src, uint32(tag))
+}
+
+func isQueueFull(err error) bool { return err != nil && errors.Is(err, verbs.ErrQueueFull) }

@@ -1,0 +1,213 @@
+package rma
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/rvma/rvma/mailbox"
+)
+
+// NotifyConfig makes a window RVMA-notified: puts into it are mailbox
+// puts, and the target learns that an epoch is complete when the bytes (or
+// puts) it expects have arrived, with no fence and no extra message. The
+// window's memory is the mailbox buffer of every epoch.
+type NotifyConfig struct {
+	// Expect is the number of bytes (or puts, with Count) that complete an
+	// epoch, from all origins together. Puts of a later epoch must not
+	// start before every origin's puts of this one have arrived: use
+	// ExpectFrom when origins run ahead.
+	Expect int
+	// ExpectFrom gives the expectation per origin rank instead; each origin
+	// has its own mailbox, so an origin that runs an epoch ahead is never
+	// counted into the current one. Origins not listed must not put.
+	ExpectFrom map[int]int
+	// Count is what is counted: mailbox.CountBytes (default) or
+	// mailbox.CountOps.
+	Count mailbox.Count
+	// Depth is how many epochs are posted ahead, so that puts of the next
+	// epoch never wait for the target to repost. Default 2, range 1..64.
+	Depth int
+	// History is how many completed epochs are kept, as copies of the
+	// window's memory, for Rewind. Default 0 (Rewind then fails); each
+	// costs a copy of the window per epoch.
+	History int
+}
+
+const (
+	notifyAggregate = 1
+	notifyPerOrigin = 2
+)
+
+type notifyState struct {
+	w     *Win
+	mode  uint8
+	cfg   NotifyConfig
+	boxes []*mailbox.Window
+	epoch uint64
+	snaps [][]byte // most recent last
+}
+
+func newNotify(w *Win, cfg NotifyConfig) (*notifyState, error) {
+	if cfg.Depth == 0 {
+		cfg.Depth = 2
+	}
+	if cfg.Depth < 1 || cfg.Depth > 64 || cfg.History < 0 {
+		return nil, fmt.Errorf("%w: notify depth %d, history %d", ErrSync, cfg.Depth, cfg.History)
+	}
+	n := &notifyState{w: w, cfg: cfg}
+	mcfg := mailbox.Config{Count: cfg.Count, Placement: mailbox.Steered, History: 1}
+	init := func(origin, expect int) error {
+		if expect < 1 {
+			return fmt.Errorf("%w: expectation %d from rank %d", ErrSync, expect, origin)
+		}
+		mcfg.Threshold = expect
+		mb, err := w.c.target.Init(mailboxOf(w.id, origin), mcfg)
+		if err != nil {
+			return err
+		}
+		n.boxes = append(n.boxes, mb)
+		for range cfg.Depth {
+			if _, err := mb.Post(w.mem); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var err error
+	switch {
+	case len(cfg.ExpectFrom) > 0:
+		n.mode = notifyPerOrigin
+		for _, o := range slices.Sorted(maps.Keys(cfg.ExpectFrom)) {
+			if err = w.c.checkRank("notify", o); err != nil {
+				break
+			}
+			if err = init(o, cfg.ExpectFrom[o]); err != nil {
+				break
+			}
+		}
+	default:
+		n.mode = notifyAggregate
+		err = init(-1, cfg.Expect)
+	}
+	if err != nil {
+		n.close()
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *notifyState) close() {
+	for _, b := range n.boxes {
+		b.Close()
+	}
+}
+
+func (w *Win) notifyState(op string) (*notifyState, error) {
+	if w.notify == nil {
+		return nil, opErr(op, -1, fmt.Errorf("%w: not a notified window", ErrSync))
+	}
+	return w.notify, nil
+}
+
+// WaitEpoch waits until this rank's next epoch is complete (every expected
+// byte or put has arrived) and returns its number (1 for the first). The
+// data is in the window's memory. Only this window's waiters wake.
+func (w *Win) WaitEpoch(ctx context.Context) (uint64, error) {
+	n, err := w.notifyState("wait_epoch")
+	if err != nil {
+		return 0, err
+	}
+	for _, b := range n.boxes {
+		if _, err := b.Wait(ctx); err != nil {
+			return 0, opErr("wait_epoch", -1, err)
+		}
+	}
+	for _, b := range n.boxes {
+		if _, err := b.Post(w.mem); err != nil {
+			return 0, opErr("wait_epoch", -1, err)
+		}
+	}
+	n.epoch++
+	if n.cfg.History > 0 {
+		var s []byte
+		if len(n.snaps) == n.cfg.History {
+			s = n.snaps[0]
+			n.snaps = n.snaps[1:]
+		} else {
+			s = make([]byte, len(w.mem))
+		}
+		copy(s, w.mem)
+		n.snaps = append(n.snaps, s)
+	}
+	return n.epoch, nil
+}
+
+// TestEpoch reports, without blocking, whether the next epoch is complete;
+// if so it is consumed as by WaitEpoch.
+func (w *Win) TestEpoch() (uint64, bool, error) {
+	n, err := w.notifyState("test_epoch")
+	if err != nil {
+		return 0, false, err
+	}
+	w.c.dev.Progress()
+	for _, b := range n.boxes {
+		if b.Pending() == 0 {
+			return 0, false, nil
+		}
+	}
+	e, err := w.WaitEpoch(context.Background())
+	return e, err == nil, err
+}
+
+// Epoch returns the number of epochs completed (and waited for) so far.
+func (w *Win) Epoch() uint64 {
+	if w.notify == nil {
+		return 0
+	}
+	return w.notify.epoch
+}
+
+// ErrNotRetained reports a rewind further back than the history holds.
+var ErrNotRetained = errors.New("rma: epoch not retained")
+
+// Rewind rolls a notified window back k epochs (k >= 1: 1 is the last
+// completed epoch): the current, partial epoch is abandoned (whatever
+// arrived for it is discarded, counts reset), and the window's memory is
+// restored to what it held when epoch Epoch()-k+1 completed. It returns
+// the epoch the window is now at. Call it when no origin is putting into
+// the window (after the ranks agreed to rewind, and a barrier); origins
+// then redo their puts from that epoch on.
+func (w *Win) Rewind(k int) (uint64, error) {
+	n, err := w.notifyState("rewind")
+	if err != nil {
+		return 0, err
+	}
+	if k < 1 || k > len(n.snaps) {
+		return 0, opErr("rewind", -1, fmt.Errorf("%w: %d epochs back, %d kept", ErrNotRetained, k, len(n.snaps)))
+	}
+	for _, b := range n.boxes {
+		// Completions of the abandoned epochs that were not waited for
+		// go too, so the redo starts from empty mailboxes.
+		for {
+			if _, ok := b.Poll(); !ok {
+				break
+			}
+		}
+		if err := b.Abandon(); err != nil && !errors.Is(err, mailbox.ErrNothingToTake) {
+			return 0, opErr("rewind", -1, err)
+		}
+		for b.Posted() < n.cfg.Depth {
+			if _, err := b.Post(w.mem); err != nil {
+				return 0, opErr("rewind", -1, err)
+			}
+		}
+	}
+	snap := n.snaps[len(n.snaps)-k]
+	copy(w.mem, snap)
+	n.snaps = n.snaps[:len(n.snaps)-k+1]
+	n.epoch -= uint64(k - 1)
+	return n.epoch, nil
+}

@@ -1,0 +1,338 @@
+package rma
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/rvma/rvma/verbs"
+)
+
+// Tags of synchronisation messages: internal, per window.
+func (w *Win) syncTag(kind uint32) uint32 { return 3<<30 | (w.id&0xfffff)<<4 | kind }
+
+const (
+	syncPost     = 1
+	syncComplete = 2
+)
+
+// Fence ends the current fence epoch and starts the next: every operation
+// this rank started on the window has completed at its target, and every
+// rank has entered the fence, before it returns. Pass ModeNoSucceed when
+// no epoch follows; the other assertions are accepted as hints.
+func (w *Win) Fence(ctx context.Context, assert int) error {
+	if err := w.FlushAll(ctx); err != nil {
+		return opErr("fence", -1, err)
+	}
+	if err := w.c.Barrier(ctx); err != nil {
+		return opErr("fence", -1, err)
+	}
+	w.mu.Lock()
+	w.fence = assert&ModeNoSucceed == 0
+	w.mu.Unlock()
+	return nil
+}
+
+func checkGroup(c *Comm, op string, group []int) error {
+	seen := map[int]bool{}
+	for _, r := range group {
+		if err := c.checkRank(op, r); err != nil {
+			return err
+		}
+		if seen[r] {
+			return opErr(op, r, fmt.Errorf("%w: rank listed twice in the group", ErrSync))
+		}
+		seen[r] = true
+	}
+	return nil
+}
+
+// Post starts an exposure epoch for the origins in group: they may access
+// this rank's window between their Start and Complete.
+func (w *Win) Post(ctx context.Context, group []int, assert int) error {
+	if err := checkGroup(w.c, "post", group); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	if w.postGroup != nil {
+		w.mu.Unlock()
+		return opErr("post", -1, fmt.Errorf("%w: an exposure epoch is already open", ErrSync))
+	}
+	w.postGroup = slices.Clone(group)
+	w.mu.Unlock()
+	var reqs []*Request
+	for _, r := range group {
+		op, err := w.c.sendMsg(ctx, r, kindMsg, w.syncTag(syncPost), nil, nil)
+		if err != nil {
+			return opErr("post", r, err)
+		}
+		reqs = append(reqs, &Request{op: op, name: "post", rank: r})
+	}
+	return WaitAll(ctx, reqs...)
+}
+
+// Start starts an access epoch to the targets in group; it waits until
+// each of them has posted.
+func (w *Win) Start(ctx context.Context, group []int, assert int) error {
+	if err := checkGroup(w.c, "start", group); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	if w.startGroup != nil {
+		w.mu.Unlock()
+		return opErr("start", -1, fmt.Errorf("%w: an access epoch is already open", ErrSync))
+	}
+	w.mu.Unlock()
+	for _, r := range group {
+		if _, err := w.c.recvMsg(ctx, r, w.syncTag(syncPost)); err != nil {
+			return opErr("start", r, err)
+		}
+	}
+	w.mu.Lock()
+	w.startGroup = slices.Clone(group)
+	w.mu.Unlock()
+	return nil
+}
+
+// Complete ends the access epoch: it tells each target, in a message
+// ordered after this rank's operations on the same connection (so it
+// needs no extra round trip), and waits until the operations completed.
+func (w *Win) Complete(ctx context.Context) error {
+	w.mu.Lock()
+	group := w.startGroup
+	w.startGroup = nil
+	w.mu.Unlock()
+	if group == nil {
+		return opErr("complete", -1, fmt.Errorf("%w: complete without start", ErrSync))
+	}
+	var reqs []*Request
+	for _, r := range group {
+		op, err := w.c.sendMsg(ctx, r, kindMsg, w.syncTag(syncComplete), nil, nil)
+		if err != nil {
+			return opErr("complete", r, err)
+		}
+		reqs = append(reqs, &Request{op: op, name: "complete", rank: r})
+	}
+	if err := WaitAll(ctx, reqs...); err != nil {
+		return err
+	}
+	for _, r := range group {
+		if err := w.Flush(ctx, r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Wait ends the exposure epoch: it returns once every origin of the
+// posted group has completed its access epoch.
+func (w *Win) Wait(ctx context.Context) error {
+	w.mu.Lock()
+	group := w.postGroup
+	w.mu.Unlock()
+	if group == nil {
+		return opErr("wait", -1, fmt.Errorf("%w: wait without post", ErrSync))
+	}
+	for _, r := range group {
+		if _, err := w.c.recvMsg(ctx, r, w.syncTag(syncComplete)); err != nil {
+			return opErr("wait", r, err)
+		}
+	}
+	w.mu.Lock()
+	w.postGroup = nil
+	w.mu.Unlock()
+	return nil
+}
+
+// Test is Wait without blocking: it reports whether the exposure epoch
+// has ended (and ends it if so).
+func (w *Win) Test() (bool, error) {
+	w.mu.Lock()
+	group := w.postGroup
+	w.mu.Unlock()
+	if group == nil {
+		return false, opErr("test", -1, fmt.Errorf("%w: test without post", ErrSync))
+	}
+	w.c.eng.Progress()
+	tag := w.syncTag(syncComplete)
+	all := true
+	w.c.eng.Locked(func() {
+		for _, r := range group {
+			if len(w.c.msg.inbox[inboxKey{r, tag}]) == 0 {
+				all = false
+				return
+			}
+		}
+		for _, r := range group {
+			k := inboxKey{r, tag}
+			if q := w.c.msg.inbox[k]; len(q) == 1 {
+				delete(w.c.msg.inbox, k)
+			} else {
+				w.c.msg.inbox[k] = q[1:]
+			}
+		}
+	})
+	if all {
+		w.mu.Lock()
+		w.postGroup = nil
+		w.mu.Unlock()
+	}
+	return all, nil
+}
+
+// The lock word of every rank's window: the exclusive bit, or the number
+// of shared holders.
+const lockExcl = 1 << 63
+
+// Lock starts a passive-target access epoch to target: shared locks
+// coexist, an exclusive lock excludes every other lock. It waits (with
+// backoff) until the lock is granted. The lock lives in the target's
+// memory and is taken with the NIC's atomics, so the target does nothing.
+func (w *Win) Lock(ctx context.Context, lt LockType, target int) error {
+	if err := w.c.checkRank("lock", target); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	if w.locks[target] != 0 || w.lockAll {
+		w.mu.Unlock()
+		return opErr("lock", target, fmt.Errorf("%w: already locked", ErrSync))
+	}
+	w.mu.Unlock()
+	if err := w.acquire(ctx, lt, target); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	w.locks[target] = lt
+	w.mu.Unlock()
+	return nil
+}
+
+func (w *Win) acquire(ctx context.Context, lt LockType, target int) error {
+	backoff := time.Microsecond
+	for {
+		if lt == LockExclusive {
+			old, err := w.lockOp(ctx, target, verbs.OpCompareSwap, 0, lockExcl)
+			if err != nil {
+				return err
+			}
+			if old == 0 {
+				return nil
+			}
+		} else {
+			old, err := w.lockOp(ctx, target, verbs.OpFetchAdd, 1, 0)
+			if err != nil {
+				return err
+			}
+			if old&lockExcl == 0 {
+				return nil
+			}
+			if _, err := w.lockOp(ctx, target, verbs.OpFetchAdd, ^uint64(0), 0); err != nil {
+				return err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return opErr("lock", target, ctx.Err())
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Millisecond)
+	}
+}
+
+// lockOp runs one atomic on target's lock word and returns the old value.
+func (w *Win) lockOp(ctx context.Context, target int, opc verbs.Opcode, cmpAdd, swap uint64) (uint64, error) {
+	qp, err := w.c.conn(ctx, target)
+	if err != nil {
+		return 0, err
+	}
+	slot := w.lockMR.SGE(8*(1+target), 8)
+	op, base := w.c.eng.Start(1, target, nil)
+	rw := &w.remote[target]
+	if _, err := w.c.post(qp, []verbs.SendWR{{ID: base, Opcode: opc, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{slot},
+		RemoteAddr: rw.lockAddr, RKey: rw.lockKey, CompareAdd: cmpAdd, Swap: swap}}); err != nil {
+		w.c.eng.Posted(op, base, 1, 0, err)
+		return 0, opErr("lock", target, err)
+	}
+	if err := op.Wait(ctx); err != nil {
+		return 0, opErr("lock", target, err)
+	}
+	return atomicAdd(&w.lockMem[1+target], 0), nil
+}
+
+// Unlock ends the passive-target epoch to target: its operations complete
+// at the target, then the lock is released.
+func (w *Win) Unlock(ctx context.Context, target int) error {
+	if err := w.c.checkRank("unlock", target); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	lt := w.locks[target]
+	w.mu.Unlock()
+	if lt == 0 {
+		return opErr("unlock", target, fmt.Errorf("%w: not locked", ErrSync))
+	}
+	if err := w.Flush(ctx, target); err != nil {
+		return err
+	}
+	if err := w.release1(ctx, lt, target); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	delete(w.locks, target)
+	w.mu.Unlock()
+	return nil
+}
+
+func (w *Win) release1(ctx context.Context, lt LockType, target int) error {
+	dec := ^uint64(0) // -1: one shared holder fewer
+	if lt == LockExclusive {
+		dec = 1 + ^uint64(lockExcl) // -lockExcl, modulo 2^64
+	}
+	_, err := w.lockOp(ctx, target, verbs.OpFetchAdd, dec, 0)
+	return err
+}
+
+// LockAll takes a shared lock on every rank.
+func (w *Win) LockAll(ctx context.Context) error {
+	w.mu.Lock()
+	if w.lockAll || len(w.locks) > 0 {
+		w.mu.Unlock()
+		return opErr("lock_all", -1, fmt.Errorf("%w: already locked", ErrSync))
+	}
+	w.mu.Unlock()
+	for r := range w.c.size {
+		if err := w.acquire(ctx, LockShared, r); err != nil {
+			for q := range r {
+				w.release1(ctx, LockShared, q)
+			}
+			return err
+		}
+	}
+	w.mu.Lock()
+	w.lockAll = true
+	w.mu.Unlock()
+	return nil
+}
+
+// UnlockAll completes every operation and releases LockAll's locks.
+func (w *Win) UnlockAll(ctx context.Context) error {
+	w.mu.Lock()
+	if !w.lockAll {
+		w.mu.Unlock()
+		return opErr("unlock_all", -1, fmt.Errorf("%w: not locked", ErrSync))
+	}
+	w.mu.Unlock()
+	if err := w.FlushAll(ctx); err != nil {
+		return err
+	}
+	for r := range w.c.size {
+		if err := w.release1(ctx, LockShared, r); err != nil {
+			return err
+		}
+	}
+	w.mu.Lock()
+	w.lockAll = false
+	w.mu.Unlock()
+	return nil
+}

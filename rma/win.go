@@ -1,0 +1,536 @@
+package rma
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/rvma/rvma/internal/progress"
+	"github.com/rvma/rvma/mailbox"
+	"github.com/rvma/rvma/verbs"
+)
+
+// WinConfig configures a window. The zero value means defaults.
+type WinConfig struct {
+	// DispUnit is the unit of target displacements, in bytes, as MPI's
+	// disp_unit. Default 1.
+	DispUnit int
+	// Notify makes the window RVMA-notified (see NotifyConfig); nil: a
+	// plain MPI-style window.
+	Notify *NotifyConfig
+}
+
+// Layout describes where the bytes of one side of a transfer are: Count
+// blocks of Block bytes, Stride bytes apart (MPI's vector type, in bytes).
+// The zero Layout is the whole buffer, contiguous.
+type Layout struct {
+	Count, Block, Stride int
+}
+
+// Contiguous reports whether the layout is one block.
+func (l Layout) Contiguous() bool { return l.Count <= 1 || l.Block == l.Stride }
+
+// Size is the number of bytes the layout moves.
+func (l Layout) Size() int { return l.Count * l.Block }
+
+// Extent is the span from the first byte to the last.
+func (l Layout) Extent() int {
+	if l.Count == 0 {
+		return 0
+	}
+	return (l.Count-1)*l.Stride + l.Block
+}
+
+func (l Layout) norm(n int) (Layout, error) {
+	if l == (Layout{}) {
+		return Layout{Count: 1, Block: n, Stride: n}, nil
+	}
+	if l.Count < 0 || l.Block < 0 || (l.Count > 1 && l.Stride < l.Block) {
+		return l, fmt.Errorf("%w: layout %+v overlaps itself or is negative", ErrDatatype, l)
+	}
+	return l, nil
+}
+
+// remoteWin is what an origin knows of a target's window.
+type remoteWin struct {
+	addr     uint64
+	rkey     uint32
+	size     uint64
+	unit     uint32
+	lockAddr uint64
+	lockKey  uint32
+	notify   uint8 // 0 plain, 1 aggregate mailbox, 2 per-origin mailboxes
+}
+
+const remoteWinLen = 8 + 4 + 8 + 4 + 8 + 4 + 1
+
+// LockType is MPI's lock type.
+type LockType uint8
+
+// Lock types.
+const (
+	LockExclusive LockType = iota + 1
+	LockShared
+)
+
+// Assertions accepted by Fence, Post and Start (MPI's MPI_MODE_*). rvma
+// uses NoSucceed (no epoch follows the fence) and ignores the others,
+// which are hints.
+const (
+	ModeNoCheck = 1 << iota
+	ModeNoStore
+	ModeNoPut
+	ModeNoPrecede
+	ModeNoSucceed
+)
+
+// Win is a window: memory of every rank that the others may access.
+type Win struct {
+	c      *Comm
+	id     uint32
+	mem    []byte
+	mr     *verbs.MR
+	unit   int
+	remote []remoteWin
+
+	lockMem []uint64 // this rank's lock word, then one result slot per target
+	lockMR  *verbs.MR
+
+	mu         sync.Mutex // guards the epoch state below
+	fence      bool
+	startGroup []int
+	postGroup  []int
+	locks      map[int]LockType
+	lockAll    bool
+
+	out  []int // operations in flight per target; guarded by the engine's lock
+	outN int
+
+	notify *notifyState
+	freed  bool
+}
+
+// Allocate creates a window of size bytes that the library allocates
+// (8-byte aligned, zeroed). It is collective.
+func (c *Comm) Allocate(ctx context.Context, size int, cfg *WinConfig) (*Win, error) {
+	if size < 0 {
+		return nil, opErr("allocate", -1, fmt.Errorf("%w: size %d", ErrOutOfBounds, size))
+	}
+	words := make([]uint64, (size+7)/8)
+	var mem []byte
+	if size > 0 {
+		mem = unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), size)
+	}
+	return c.Create(ctx, mem, cfg)
+}
+
+// Create creates a window over the caller's memory, which the window
+// shares with the caller (MPI's unified model). It is collective. Atomic
+// operations need the memory 8-byte aligned (Allocate's always is).
+func (c *Comm) Create(ctx context.Context, mem []byte, cfg *WinConfig) (*Win, error) {
+	var conf WinConfig
+	if cfg != nil {
+		conf = *cfg
+	}
+	if conf.DispUnit == 0 {
+		conf.DispUnit = 1
+	}
+	if conf.DispUnit < 0 {
+		return nil, opErr("create window", -1, fmt.Errorf("%w: disp unit %d", ErrDatatype, conf.DispUnit))
+	}
+	c.winMu.Lock()
+	c.nextWin++
+	id := c.nextWin
+	c.winMu.Unlock()
+	w := &Win{c: c, id: id, mem: mem, unit: conf.DispUnit, locks: map[int]LockType{},
+		out: make([]int, c.size), lockMem: make([]uint64, 1+c.size)}
+	var err error
+	if len(mem) > 0 {
+		if w.mr, err = c.pd.RegisterMR(mem, verbs.AccessAll); err != nil {
+			return nil, opErr("create window", -1, err)
+		}
+		c.reg.addWin(w.mr)
+	}
+	lb := unsafe.Slice((*byte)(unsafe.Pointer(&w.lockMem[0])), 8*len(w.lockMem))
+	if w.lockMR, err = c.pd.RegisterMR(lb, verbs.AccessAll); err != nil {
+		w.release()
+		return nil, opErr("create window", -1, err)
+	}
+	var mode uint8
+	if conf.Notify != nil {
+		if w.notify, err = newNotify(w, *conf.Notify); err != nil {
+			w.release()
+			return nil, opErr("create window", -1, err)
+		}
+		mode = w.notify.mode
+	}
+	c.winMu.Lock()
+	c.wins[id] = w
+	c.winMu.Unlock()
+
+	var me [remoteWinLen]byte
+	if w.mr != nil {
+		binary.LittleEndian.PutUint64(me[0:], w.mr.Addr())
+		binary.LittleEndian.PutUint32(me[8:], w.mr.RKey())
+	}
+	binary.LittleEndian.PutUint64(me[12:], uint64(len(mem)))
+	binary.LittleEndian.PutUint32(me[20:], uint32(w.unit))
+	binary.LittleEndian.PutUint64(me[24:], w.lockMR.Addr())
+	binary.LittleEndian.PutUint32(me[32:], w.lockMR.RKey())
+	me[36] = mode
+	all, err := c.Allgather(ctx, me[:])
+	if err != nil {
+		w.release()
+		return nil, err
+	}
+	w.remote = make([]remoteWin, c.size)
+	for r, b := range all {
+		if len(b) != remoteWinLen {
+			w.release()
+			return nil, opErr("create window", r, fmt.Errorf("%w: bad window description", ErrDatatype))
+		}
+		w.remote[r] = remoteWin{addr: binary.LittleEndian.Uint64(b[0:]), rkey: binary.LittleEndian.Uint32(b[8:]),
+			size: binary.LittleEndian.Uint64(b[12:]), unit: binary.LittleEndian.Uint32(b[20:]),
+			lockAddr: binary.LittleEndian.Uint64(b[24:]), lockKey: binary.LittleEndian.Uint32(b[32:]), notify: b[36]}
+	}
+	return w, nil
+}
+
+// Bytes returns the window's local memory.
+func (w *Win) Bytes() []byte { return w.mem }
+
+// Free frees the window. It is collective: it waits for this rank's
+// operations and for every rank to stop using the window.
+func (w *Win) Free(ctx context.Context) error {
+	if err := w.FlushAll(ctx); err != nil {
+		return err
+	}
+	if err := w.c.Barrier(ctx); err != nil {
+		return err
+	}
+	w.release()
+	return nil
+}
+
+func (w *Win) release() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.freed {
+		return
+	}
+	w.freed = true
+	w.c.winMu.Lock()
+	delete(w.c.wins, w.id)
+	w.c.winMu.Unlock()
+	if w.notify != nil {
+		w.notify.close()
+	}
+	if w.mr != nil {
+		w.c.reg.removeWin(w.mr)
+		w.mr.Deregister()
+	}
+	if w.lockMR != nil {
+		w.lockMR.Deregister()
+	}
+}
+
+// access checks that an operation may go to target now; w.mu is not held.
+func (w *Win) access(op string, target int, notified bool) error {
+	if err := w.c.checkRank(op, target); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.freed {
+		return opErr(op, target, ErrClosed)
+	}
+	if notified && w.notifyTarget(target) {
+		return nil // a notified window's mailboxes are always open
+	}
+	if w.fence || w.lockAll || w.locks[target] != 0 {
+		return nil
+	}
+	for _, r := range w.startGroup {
+		if r == target {
+			return nil
+		}
+	}
+	return opErr(op, target, ErrNoEpoch)
+}
+
+func (w *Win) notifyTarget(target int) bool { return w.remote[target].notify != 0 }
+
+// span checks [disp*unit, +extent) against the target's window and
+// returns the byte offset.
+func (w *Win) span(op string, target, disp, extent int) (int, error) {
+	rw := &w.remote[target]
+	off := disp * int(rw.unit)
+	if disp < 0 || extent < 0 || uint64(off)+uint64(extent) > rw.size {
+		return 0, opErr(op, target, fmt.Errorf("%w: bytes [%d, %d) of a %d-byte window", ErrOutOfBounds, off, off+extent, rw.size))
+	}
+	return off, nil
+}
+
+// track registers an operation of n work requests to target; it counts
+// in w.out until it finishes.
+func (w *Win) track(n, target int) (*progress.Op, uint64) {
+	w.c.eng.Locked(func() { w.out[target]++; w.outN++ })
+	return w.c.eng.Start(n, target, func(error) { w.out[target]--; w.outN-- })
+}
+
+// seg is one contiguous piece of a transfer.
+type seg struct{ o, t, n int }
+
+// segments pairs the blocks of the origin and target layouts.
+func segments(ol, tl Layout, emit func(seg)) {
+	oi, ti, oo, to := 0, 0, 0, 0 // block index and offset within it
+	for oi < ol.Count && ti < tl.Count {
+		n := min(ol.Block-oo, tl.Block-to)
+		if n > 0 {
+			emit(seg{o: oi*ol.Stride + oo, t: ti*tl.Stride + to, n: n})
+		}
+		oo += n
+		to += n
+		if oo == ol.Block {
+			oi, oo = oi+1, 0
+		}
+		if to == tl.Block {
+			ti, to = ti+1, 0
+		}
+	}
+}
+
+// smallBlock is the target block size below which a strided put travels
+// packed, as one active message the target unpacks, rather than as one
+// WRITE per block.
+const smallBlock = 64
+
+// Rput starts a put of origin into target's window at disp (in the
+// target's displacement units) and returns its request; the put has
+// completed at the target when the request has, or at the next
+// synchronisation. origin must not change until then.
+func (w *Win) Rput(ctx context.Context, origin []byte, target, disp int) (*Request, error) {
+	return w.RputLayout(ctx, origin, Layout{}, target, disp, Layout{})
+}
+
+// Put is Rput without a request: it completes at the next
+// synchronisation (fence, complete, unlock, flush, or, on a notified
+// window, the target's epoch).
+func (w *Win) Put(ctx context.Context, origin []byte, target, disp int) error {
+	_, err := w.Rput(ctx, origin, target, disp)
+	return err
+}
+
+// PutLayout is Put with layouts for both sides: non-contiguous data moves
+// without a put per element.
+func (w *Win) PutLayout(ctx context.Context, origin []byte, ol Layout, target, disp int, tl Layout) error {
+	_, err := w.RputLayout(ctx, origin, ol, target, disp, tl)
+	return err
+}
+
+// RputLayout is Rput with layouts.
+func (w *Win) RputLayout(ctx context.Context, origin []byte, ol Layout, target, disp int, tl Layout) (*Request, error) {
+	const name = "put"
+	if err := w.access(name, target, true); err != nil {
+		return nil, err
+	}
+	ol, err := ol.norm(len(origin))
+	if err != nil {
+		return nil, opErr(name, target, err)
+	}
+	tl, err = tl.norm(ol.Size())
+	if err != nil {
+		return nil, opErr(name, target, err)
+	}
+	if ol.Extent() > len(origin) || ol.Size() != tl.Size() {
+		return nil, opErr(name, target, fmt.Errorf("%w: origin layout moves %d of %d bytes, target layout %d",
+			ErrDatatype, ol.Size(), len(origin), tl.Size()))
+	}
+	off, err := w.span(name, target, disp, tl.Extent())
+	if err != nil {
+		return nil, err
+	}
+	if tl.Size() == 0 {
+		op, _ := w.track(0, target)
+		w.c.eng.Finish(op, nil)
+		return &Request{op: op, name: name, rank: target}, nil
+	}
+	if !tl.Contiguous() && tl.Block < smallBlock && !w.notifyTarget(target) {
+		return w.putPacked(ctx, origin, ol, target, off, tl)
+	}
+	qp, err := w.c.conn(ctx, target)
+	if err != nil {
+		return nil, err
+	}
+	rw := &w.remote[target]
+	var wrs []verbs.SendWR
+	next := -1 // the target offset where the last WR ends
+	var perr error
+	segments(ol, tl, func(s seg) {
+		sge, err := w.c.reg.sge(origin[s.o : s.o+s.n])
+		if err != nil {
+			perr = err
+			return
+		}
+		dst := off + s.t
+		if n := len(wrs); n > 0 && len(wrs[n-1].SGL) < maxSGE && next == dst {
+			wrs[n-1].SGL = append(wrs[n-1].SGL, sge)
+		} else if rw.notify != 0 {
+			wrs = append(wrs, verbs.SendWR{Opcode: verbs.OpMailboxWrite, Flags: verbs.FlagSignaled,
+				SGL: []verbs.SGE{sge}, Mailbox: w.mailboxAddr(target), MailboxOffset: uint64(dst)})
+		} else {
+			wrs = append(wrs, verbs.SendWR{Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
+				SGL: []verbs.SGE{sge}, RemoteAddr: rw.addr + uint64(dst), RKey: rw.rkey})
+		}
+		next = dst + s.n
+	})
+	if perr != nil {
+		return nil, opErr(name, target, perr)
+	}
+	return w.postOps(name, qp, target, wrs)
+}
+
+// postOps posts wrs as one tracked operation.
+func (w *Win) postOps(name string, qp *verbs.QP, target int, wrs []verbs.SendWR) (*Request, error) {
+	op, base := w.track(len(wrs), target)
+	for i := range wrs {
+		wrs[i].ID = base + uint64(i)
+	}
+	k, err := w.c.post(qp, wrs)
+	if err != nil {
+		w.c.eng.Posted(op, base, len(wrs), k, err)
+		if k == 0 {
+			return nil, opErr(name, target, err)
+		}
+	}
+	return &Request{op: op, name: name, rank: target}, nil
+}
+
+// Rget starts a get of len(origin) bytes from target's window at disp
+// into origin.
+func (w *Win) Rget(ctx context.Context, origin []byte, target, disp int) (*Request, error) {
+	return w.RgetLayout(ctx, origin, Layout{}, target, disp, Layout{})
+}
+
+// Get is Rget completing at the next synchronisation.
+func (w *Win) Get(ctx context.Context, origin []byte, target, disp int) error {
+	_, err := w.Rget(ctx, origin, target, disp)
+	return err
+}
+
+// RgetLayout is Rget with layouts for both sides.
+func (w *Win) RgetLayout(ctx context.Context, origin []byte, ol Layout, target, disp int, tl Layout) (*Request, error) {
+	const name = "get"
+	if err := w.access(name, target, false); err != nil {
+		return nil, err
+	}
+	ol, err := ol.norm(len(origin))
+	if err != nil {
+		return nil, opErr(name, target, err)
+	}
+	tl, err = tl.norm(ol.Size())
+	if err != nil {
+		return nil, opErr(name, target, err)
+	}
+	if ol.Extent() > len(origin) || ol.Size() != tl.Size() {
+		return nil, opErr(name, target, fmt.Errorf("%w: origin layout moves %d bytes, target layout %d", ErrDatatype, ol.Size(), tl.Size()))
+	}
+	off, err := w.span(name, target, disp, tl.Extent())
+	if err != nil {
+		return nil, err
+	}
+	qp, err := w.c.conn(ctx, target)
+	if err != nil {
+		return nil, err
+	}
+	rw := &w.remote[target]
+	var wrs []verbs.SendWR
+	var last int = -1
+	var perr error
+	segments(ol, tl, func(s seg) {
+		sge, err := w.c.reg.sge(origin[s.o : s.o+s.n])
+		if err != nil {
+			perr = err
+			return
+		}
+		if n := len(wrs); n > 0 && len(wrs[n-1].SGL) < maxSGE && last == s.t {
+			wrs[n-1].SGL = append(wrs[n-1].SGL, sge)
+		} else {
+			wrs = append(wrs, verbs.SendWR{Opcode: verbs.OpRead, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{sge},
+				RemoteAddr: rw.addr + uint64(off+s.t), RKey: rw.rkey})
+		}
+		last = s.t + s.n
+	})
+	if perr != nil {
+		return nil, opErr(name, target, perr)
+	}
+	if len(wrs) == 0 {
+		op, _ := w.track(0, target)
+		w.c.eng.Finish(op, nil)
+		return &Request{op: op, name: name, rank: target}, nil
+	}
+	return w.postOps(name, qp, target, wrs)
+}
+
+// mailboxAddr is the mailbox this rank puts into at target's notified
+// window: derived from the window's identity, never exchanged.
+func (w *Win) mailboxAddr(target int) uint64 {
+	if w.remote[target].notify == notifyAggregate {
+		return mailboxOf(w.id, -1)
+	}
+	return mailboxOf(w.id, w.c.rank)
+}
+
+func mailboxOf(win uint32, origin int) uint64 {
+	if origin < 0 {
+		return uint64(win)<<32 | 0xffffffff
+	}
+	return uint64(win)<<32 | uint64(origin)
+}
+
+// Flush waits until every operation this rank started on the window
+// towards target has completed at the target.
+func (w *Win) Flush(ctx context.Context, target int) error {
+	if err := w.c.checkRank("flush", target); err != nil {
+		return err
+	}
+	if err := w.c.eng.Wait(ctx, func() bool { return w.out[target] == 0 }); err != nil {
+		return opErr("flush", target, err)
+	}
+	return nil
+}
+
+// FlushAll is Flush towards every rank.
+func (w *Win) FlushAll(ctx context.Context) error {
+	if err := w.c.eng.Wait(ctx, func() bool { return w.outN == 0 }); err != nil {
+		return opErr("flush", -1, err)
+	}
+	return nil
+}
+
+// FlushLocal waits until the origin buffers of operations towards target
+// may be reused. rvma keeps origin buffers until the target acknowledges
+// them (a retransmission may read them again), so it equals Flush.
+func (w *Win) FlushLocal(ctx context.Context, target int) error { return w.Flush(ctx, target) }
+
+// FlushLocalAll equals FlushAll (see FlushLocal).
+func (w *Win) FlushLocalAll(ctx context.Context) error { return w.FlushAll(ctx) }
+
+var syncWord uint64
+
+// Sync synchronises the window's memory with the caller's view (MPI's
+// win_sync). Memory is unified, so it is only a memory barrier.
+func (w *Win) Sync() {
+	atomicAdd(&syncWord, 0)
+}
+
+// errOf picks a failed operation's error for a completion that carries
+// mailbox results.
+func errOf(wc *verbs.WorkCompletion) error {
+	if wc.Opcode == verbs.WCMailboxWrite {
+		return mailbox.CompletionError(wc)
+	}
+	return wc.Err()
+}
