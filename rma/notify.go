@@ -31,8 +31,12 @@ type NotifyConfig struct {
 	// epoch never wait for the target to repost. Default 2, range 1..64.
 	Depth int
 	// History is how many completed epochs are kept, as copies of the
-	// window's memory, for Rewind. Default 0 (Rewind then fails); each
-	// costs a copy of the window per epoch.
+	// window's memory taken when WaitEpoch returns, for Rewind. Default 0
+	// (Rewind then fails); each costs a copy of the window per epoch. A
+	// copy holds whatever of the next epoch had already arrived, so an
+	// application that rewinds must place consecutive epochs' data in
+	// different bytes (double buffering, as halo codes do) or keep origins
+	// from running ahead.
 	History int
 }
 

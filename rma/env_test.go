@@ -1,0 +1,5 @@
+package rma
+
+import "os"
+
+var osUnsetenv = os.Unsetenv

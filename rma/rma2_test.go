@@ -1,0 +1,472 @@
+package rma
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// enc encodes float64 values as a datatype's elements.
+func enc(dt Datatype, vals ...float64) []byte {
+	var b []byte
+	for _, v := range vals {
+		switch dt {
+		case Int32:
+			b = binary.LittleEndian.AppendUint32(b, uint32(int32(v)))
+		case Uint32:
+			b = binary.LittleEndian.AppendUint32(b, uint32(v))
+		case Int64:
+			b = binary.LittleEndian.AppendUint64(b, uint64(int64(v)))
+		case Uint64:
+			b = binary.LittleEndian.AppendUint64(b, uint64(v))
+		case Float32:
+			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(float32(v)))
+		case Float64:
+			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
+		}
+	}
+	return b
+}
+
+func TestAccumulateOps(t *testing.T) {
+	comms := newWorld(t, 2, nil)
+	types := []Datatype{Int32, Int64, Uint32, Uint64, Float32, Float64}
+	tests := []struct {
+		op        Op
+		init, arg float64
+		want      float64
+		intOnly   bool
+	}{
+		{Sum, 6, 3, 9, false},
+		{Prod, 6, 3, 18, false},
+		{Min, 6, 3, 3, false},
+		{Max, 6, 3, 6, false},
+		{Replace, 6, 3, 3, false},
+		{NoOp, 6, 3, 6, false},
+		{Band, 6, 3, 2, true},
+		{Bor, 6, 3, 7, true},
+		{Bxor, 6, 3, 5, true},
+	}
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		w, err := c.Allocate(ctx, 64, nil)
+		if err != nil {
+			return err
+		}
+		for _, dt := range types {
+			for _, tc := range tests {
+				if c.Rank() == 1 {
+					copy(w.Bytes(), enc(dt, tc.init, tc.init))
+				}
+				if err := w.Fence(ctx, 0); err != nil {
+					return err
+				}
+				if c.Rank() == 0 {
+					err := w.Accumulate(ctx, enc(dt, tc.arg, tc.arg), dt, tc.op, 1, 0)
+					if tc.intOnly && dt.isFloat() {
+						if !errors.Is(err, ErrDatatype) {
+							return fmt.Errorf("%v on %v: %v", tc.op, dt, err)
+						}
+					} else if err != nil {
+						return err
+					}
+				}
+				if err := w.Fence(ctx, 0); err != nil {
+					return err
+				}
+				if c.Rank() == 1 && !(tc.intOnly && dt.isFloat()) {
+					want := enc(dt, tc.want, tc.want)
+					if got := w.Bytes()[:len(want)]; string(got) != string(want) {
+						return fmt.Errorf("%v %v: got %x want %x", dt, tc.op, got, want)
+					}
+				}
+			}
+		}
+		// GetAccumulate returns the previous values.
+		if c.Rank() == 1 {
+			copy(w.Bytes(), enc(Int64, 10, 20))
+		}
+		if err := w.Fence(ctx, 0); err != nil {
+			return err
+		}
+		if c.Rank() == 0 {
+			res := make([]byte, 16)
+			r, err := w.RgetAccumulate(ctx, enc(Int64, 1, 2), res, Int64, Sum, 1, 0)
+			if err != nil {
+				return err
+			}
+			if err := r.Wait(ctx); err != nil {
+				return err
+			}
+			if string(res) != string(enc(Int64, 10, 20)) {
+				return fmt.Errorf("get_accumulate old values %x", res)
+			}
+			if err := w.Accumulate(ctx, enc(Int64, 1), Int64, Sum, 1, 60); !errors.Is(err, ErrOutOfBounds) {
+				return fmt.Errorf("accumulate past the end: %v", err)
+			}
+			if err := w.Accumulate(ctx, []byte{1, 2, 3}, Int32, Sum, 1, 0); !errors.Is(err, ErrDatatype) {
+				return fmt.Errorf("partial element: %v", err)
+			}
+		}
+		if err := w.Fence(ctx, ModeNoSucceed); err != nil {
+			return err
+		}
+		if c.Rank() == 1 && string(w.Bytes()[:16]) != string(enc(Int64, 11, 22)) {
+			return fmt.Errorf("after get_accumulate %x", w.Bytes()[:16])
+		}
+		return w.Free(ctx)
+	})
+}
+
+// MPI's default ordering: accumulates from one origin to one target
+// apply in issue order, so replace-then-sum sequences give one answer.
+func TestAccumulateOrdering(t *testing.T) {
+	comms := newWorld(t, 2, nil)
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		w, err := c.Allocate(ctx, 8, nil)
+		if err != nil {
+			return err
+		}
+		if err := w.LockAll(ctx); err != nil {
+			return err
+		}
+		if c.Rank() == 0 {
+			for i := range 50 {
+				if err := w.Accumulate(ctx, enc(Int64, float64(i)), Int64, Replace, 1, 0); err != nil {
+					return err
+				}
+				if err := w.Accumulate(ctx, enc(Int64, 1000), Int64, Sum, 1, 0); err != nil {
+					return err
+				}
+			}
+			if err := w.Flush(ctx, 1); err != nil {
+				return err
+			}
+		}
+		if err := w.UnlockAll(ctx); err != nil {
+			return err
+		}
+		if err := c.Barrier(ctx); err != nil {
+			return err
+		}
+		if c.Rank() == 1 && i64(w.Bytes()) != 49+1000 {
+			return fmt.Errorf("final %d", i64(w.Bytes()))
+		}
+		return w.Free(ctx)
+	})
+}
+
+func TestRequestsAndLayouts(t *testing.T) {
+	comms := newWorld(t, 2, nil)
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		// An 8x8 matrix of bytes; rank 0 writes its column 2 (8 blocks of 1
+		// byte, stride 8: packed as one message) and row 5 (contiguous)
+		// into rank 1's transposed positions.
+		w, err := c.Allocate(ctx, 64, nil)
+		if err != nil {
+			return err
+		}
+		if c.Rank() == 0 {
+			for i := range w.Bytes() {
+				w.Bytes()[i] = byte(i)
+			}
+		}
+		if err := w.LockAll(ctx); err != nil {
+			return err
+		}
+		if err := c.Barrier(ctx); err != nil {
+			return err
+		}
+		if c.Rank() == 0 {
+			m := w.Bytes()
+			col := Layout{Count: 8, Block: 1, Stride: 8}
+			r1, err := w.RputLayout(ctx, m[2:], col, 1, 8*2, Layout{}) // column 2 -> row 2
+			if err != nil {
+				return err
+			}
+			r2, err := w.RputLayout(ctx, m[8*5:8*6], Layout{}, 1, 5, col) // row 5 -> column 5
+			if err != nil {
+				return err
+			}
+			if err := WaitAll(ctx, r1, r2); err != nil {
+				return err
+			}
+			// Strided get with 16-byte blocks (one READ per block, SGL on
+			// the origin side).
+			got := make([]byte, 32)
+			r3, err := w.RgetLayout(ctx, got, Layout{}, 1, 0, Layout{Count: 2, Block: 16, Stride: 32})
+			if err != nil {
+				return err
+			}
+			if done, err := r3.Test(); err != nil || done && len(got) != 32 {
+				return fmt.Errorf("test: %v", err)
+			}
+			if err := r3.Wait(ctx); err != nil {
+				return err
+			}
+			var want []byte
+			for _, row := range []int{0, 1, 4, 5} { // bytes 0-15 and 32-47: rows 0,1,4,5
+				for k := range 8 {
+					want = append(want, rowCol(row, k))
+				}
+			}
+			if string(got) != string(want) {
+				return fmt.Errorf("strided get %v, want %v", got, want)
+			}
+			if _, err := w.RputLayout(ctx, m, Layout{Count: 2, Block: 8, Stride: 4}, 1, 0, Layout{}); !errors.Is(err, ErrDatatype) {
+				return fmt.Errorf("overlapping layout: %v", err)
+			}
+			if _, err := w.Rput(ctx, m, 1, 1); !errors.Is(err, ErrOutOfBounds) {
+				return fmt.Errorf("put past the end: %v", err)
+			}
+			if _, err := w.Rput(ctx, m, 2, 0); !errors.Is(err, ErrRank) {
+				return fmt.Errorf("put to rank 2: %v", err)
+			}
+		}
+		if err := w.UnlockAll(ctx); err != nil {
+			return err
+		}
+		if err := c.Barrier(ctx); err != nil {
+			return err
+		}
+		return w.Free(ctx)
+	})
+}
+
+// rowCol is what rank 1's matrix holds after the puts: row 2 is rank 0's
+// column 2, column 5 is rank 0's row 5, the rest zero.
+func rowCol(row, col int) byte {
+	switch {
+	case col == 5:
+		return byte(8*5 + row)
+	case row == 2:
+		return byte(8*col + 2)
+	}
+	return 0
+}
+
+func TestOpErrorNamesRankAndOp(t *testing.T) {
+	comms := newWorld(t, 2, nil)
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		w, err := c.Allocate(ctx, 16, nil)
+		if err != nil {
+			return err
+		}
+		err = w.Put(ctx, make([]byte, 8), 1-c.Rank(), 0)
+		var oe *OpError
+		if !errors.As(err, &oe) || oe.Op != "put" || oe.Rank != 1-c.Rank() || !errors.Is(err, ErrNoEpoch) {
+			return fmt.Errorf("put without epoch: %v", err)
+		}
+		if want := fmt.Sprintf("rma: put to rank %d: ", 1-c.Rank()); err.Error()[:len(want)] != want {
+			return fmt.Errorf("message %q", err)
+		}
+		return w.Free(ctx)
+	})
+}
+
+func TestNotifiedWindow(t *testing.T) {
+	const n, epochs = 3, 30
+	for _, perOrigin := range []bool{false, true} {
+		t.Run(fmt.Sprint("perOrigin=", perOrigin), func(t *testing.T) {
+			comms := newWorld(t, n, nil)
+			each(t, comms, func(ctx context.Context, c *Comm) error {
+				// Every rank receives 8 bytes from each other rank per epoch,
+				// into two alternating slots per origin (double buffering).
+				cfg := &NotifyConfig{Expect: 8 * (n - 1)}
+				if perOrigin {
+					cfg = &NotifyConfig{ExpectFrom: map[int]int{}}
+					for r := range n {
+						if r != c.Rank() {
+							cfg.ExpectFrom[r] = 8
+						}
+					}
+				}
+				w, err := c.Allocate(ctx, 2*8*n, &WinConfig{DispUnit: 8, Notify: cfg})
+				if err != nil {
+					return err
+				}
+				for e := 1; e <= epochs; e++ {
+					for r := range n {
+						if r == c.Rank() {
+							continue
+						}
+						if err := w.Put(ctx, u64(uint64(1000*e+c.Rank())), r, (e%2)*n+c.Rank()); err != nil {
+							return err
+						}
+					}
+					got, err := w.WaitEpoch(ctx)
+					if err != nil {
+						return err
+					}
+					if got != uint64(e) {
+						return fmt.Errorf("epoch %d reported as %d", e, got)
+					}
+					for r := range n {
+						if r == c.Rank() {
+							continue
+						}
+						v := binary.LittleEndian.Uint64(w.Bytes()[8*((e%2)*n+r):])
+						if v != uint64(1000*e+r) {
+							return fmt.Errorf("epoch %d: slot of rank %d holds %d", e, r, v)
+						}
+					}
+					if !perOrigin {
+						// Aggregate counting needs every origin's epoch
+						// finished before any starts the next.
+						if err := c.Barrier(ctx); err != nil {
+							return err
+						}
+					}
+				}
+				if err := w.FlushAll(ctx); err != nil {
+					return err
+				}
+				if _, ok, err := w.TestEpoch(); ok || err != nil {
+					return fmt.Errorf("an epoch nobody put into: %v %v", ok, err)
+				}
+				return w.Free(ctx)
+			})
+		})
+	}
+}
+
+func TestRewind(t *testing.T) {
+	comms := newWorld(t, 2, nil)
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		peer := 1 - c.Rank()
+		// Epoch e's 16 bytes land in slot e%2 (a peer may run one epoch
+		// ahead, so consecutive epochs must not share bytes); byte 32 is
+		// local state, part of the snapshots too.
+		w, err := c.Allocate(ctx, 33, &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{peer: 16}, History: 2}})
+		if err != nil {
+			return err
+		}
+		put := func(e int, n int) error {
+			data := make([]byte, 16)
+			for i := range data {
+				data[i] = byte(e*16 + i)
+			}
+			return w.Put(ctx, data[:n], peer, 16*(e%2))
+		}
+		for e := 1; e <= 3; e++ {
+			if err := put(e, 16); err != nil {
+				return err
+			}
+			if _, err := w.WaitEpoch(ctx); err != nil {
+				return err
+			}
+			w.Bytes()[32] = byte(e) // after the snapshot of epoch e
+		}
+		// Epoch 4 fails halfway: only 8 of its 16 bytes arrive.
+		if err := put(4, 8); err != nil {
+			return err
+		}
+		if err := w.FlushAll(ctx); err != nil {
+			return err
+		}
+		if err := c.Barrier(ctx); err != nil {
+			return err
+		}
+		w.Bytes()[32] = 99
+		e, err := w.Rewind(1)
+		if err != nil {
+			return err
+		}
+		slot3 := w.Bytes()[16:32]
+		if e != 3 || slot3[0] != 3*16 || slot3[15] != 3*16+15 || w.Bytes()[32] != 2 {
+			return fmt.Errorf("after rewind(1): epoch %d, memory %v", e, w.Bytes())
+		}
+		if err := c.Barrier(ctx); err != nil {
+			return err
+		}
+		// Redo epoch 4 in full: it completes with exactly its bytes.
+		if err := put(4, 16); err != nil {
+			return err
+		}
+		if e, err := w.WaitEpoch(ctx); err != nil || e != 4 {
+			return fmt.Errorf("redo: epoch %d, %v", e, err)
+		}
+		for i := range 16 {
+			if w.Bytes()[i] != byte(4*16+i) {
+				return fmt.Errorf("redo byte %d = %d", i, w.Bytes()[i])
+			}
+		}
+		// Rewind 2: back to the snapshot of epoch 3 again (the history
+		// now holds epochs 3 and 4).
+		if e, err := w.Rewind(2); err != nil || e != 3 || w.Bytes()[16] != 3*16 {
+			return fmt.Errorf("rewind(2): epoch %d, %v, memory %v", e, err, w.Bytes())
+		}
+		if _, err := w.Rewind(2); !errors.Is(err, ErrNotRetained) {
+			return fmt.Errorf("rewind past history: %v", err)
+		}
+		return w.Free(ctx)
+	})
+}
+
+func TestUDPWorld(t *testing.T) {
+	comms := newWorld(t, 3, &Config{Provider: "udp"})
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		w, err := c.Allocate(ctx, 1<<20, nil)
+		if err != nil {
+			return err
+		}
+		src := make([]byte, 1<<20)
+		for i := range src {
+			src[i] = byte(i*13 + c.Rank())
+		}
+		if err := w.Fence(ctx, 0); err != nil {
+			return err
+		}
+		right := (c.Rank() + 1) % c.Size()
+		if err := w.Put(ctx, src, right, 0); err != nil {
+			return err
+		}
+		if err := w.Fence(ctx, ModeNoSucceed); err != nil {
+			return err
+		}
+		left := (c.Rank() + c.Size() - 1) % c.Size()
+		for i, b := range w.Bytes() {
+			if b != byte(i*13+left) {
+				return fmt.Errorf("byte %d", i)
+			}
+		}
+		return w.Free(ctx)
+	})
+	require.Equal(t, 3, comms[0].Size())
+}
+
+func TestSingletonInit(t *testing.T) {
+	for _, v := range []string{EnvRank, EnvSize, EnvKVS, "PMI_FD", "SLURM_PROCID"} {
+		t.Setenv(v, "")
+		unsetenv(t, v)
+	}
+	ctx := context.Background()
+	c, err := Init(ctx, nil)
+	require.NoError(t, err)
+	require.Equal(t, 0, c.Rank())
+	require.Equal(t, 1, c.Size())
+	w, err := c.Allocate(ctx, 8, nil)
+	require.NoError(t, err)
+	require.NoError(t, w.Fence(ctx, 0))
+	require.NoError(t, w.Put(ctx, u64(42), 0, 0)) // a rank may target itself
+	require.NoError(t, w.Fence(ctx, 0))
+	require.Equal(t, int64(42), i64(w.Bytes()))
+	require.NoError(t, w.Free(ctx))
+	require.NoError(t, c.Close(ctx))
+
+	t.Setenv(EnvRank, "3")
+	t.Setenv(EnvSize, "2")
+	_, err = Init(ctx, nil)
+	require.ErrorIs(t, err, ErrBootstrap)
+	_, err = Init(ctx, &Config{Provider: "loop"})
+	require.ErrorIs(t, err, ErrBootstrap)
+}
+
+func unsetenv(t *testing.T, k string) {
+	t.Helper()
+	require.NoError(t, osUnsetenv(k))
+}
