@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/rvma/rvma/epoch"
+	"github.com/rvma/rvma/internal/spin"
 	"github.com/rvma/rvma/verbs"
 )
 
@@ -463,7 +463,7 @@ func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
 			if time.Now().After(deadline) {
 				break
 			}
-			runtime.Gosched() // let a placing goroutine run when processors are scarce
+			spin.Pause(i >> 6) // let a placing goroutine (or process) run when processors are scarce
 		}
 		w.t.dev.Progress()
 	}

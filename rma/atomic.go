@@ -29,6 +29,7 @@ const (
 	amNoWin      = 2
 	amBadType    = 3
 	amMisaligned = 4
+	amRefused    = 5
 )
 
 type amHdr struct {
@@ -126,7 +127,7 @@ func (c *Comm) handleAM(src int, b []byte) {
 	case w == nil:
 		status = amNoWin
 	default:
-		status, result = w.apply(&h, data)
+		status, result = w.apply(src, &h, data)
 	}
 	reply := make([]byte, 16, 16+len(result))
 	binary.LittleEndian.PutUint64(reply, h.id)
@@ -135,14 +136,31 @@ func (c *Comm) handleAM(src int, b []byte) {
 	c.sendMsg(context.Background(), src, kindAMReply, 0, reply, nil)
 }
 
-// apply executes an active message on the local window memory.
-func (w *Win) apply(h *amHdr, data []byte) (byte, []byte) {
+// apply executes an active message from rank src on the local window
+// memory.
+func (w *Win) apply(src int, h *amHdr, data []byte) (byte, []byte) {
 	mem := w.mem
 	switch h.kind {
 	case amPacked:
 		l := h.layout
 		if l.Count < 0 || l.Block < 0 || l.Size() != len(data) || h.off+uint64(l.Extent()) > uint64(len(mem)) {
 			return amBounds, nil
+		}
+		if n := w.notify; n != nil {
+			// A notified window places and counts through its mailboxes,
+			// block by block, exactly as if each block were a put.
+			box := mailboxOf(w.id, src)
+			if n.mode == notifyAggregate {
+				box = mailboxOf(w.id, -1)
+			}
+			for i := range l.Count {
+				m := verbs.MailboxWrite{Mailbox: box, Offset: h.off + uint64(i*l.Stride), MsgLen: uint32(l.Block),
+					First: true, Last: true, Payload: data[i*l.Block : (i+1)*l.Block], Transport: verbs.RC}
+				if w.c.target.HandleMailboxWrite(&m) != verbs.MailboxAccepted {
+					return amRefused, nil
+				}
+			}
+			return amOK, nil
 		}
 		for i := range l.Count {
 			o := int(h.off) + i*l.Stride
@@ -223,6 +241,8 @@ func (c *Comm) handleAMReply(b []byte) {
 			err = fmt.Errorf("%w (checked at the target)", ErrOutOfBounds)
 		case amNoWin:
 			err = fmt.Errorf("%w: the target has no such window", ErrClosed)
+		case amRefused:
+			err = fmt.Errorf("%w: the target's mailbox refused a block (no buffer posted, or past its end)", ErrSync)
 		case amMisaligned:
 			err = fmt.Errorf("%w: target memory not aligned to the element size", ErrDatatype)
 		default:

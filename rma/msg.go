@@ -5,10 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 
 	"github.com/rvma/rvma/internal/progress"
+	"github.com/rvma/rvma/internal/spin"
 	"github.com/rvma/rvma/verbs"
 )
 
@@ -126,7 +126,7 @@ func (m *msgState) init() {
 // handler.
 func (c *Comm) post(qp *verbs.QP, wrs []verbs.SendWR) (int, error) {
 	done := 0
-	for done < len(wrs) {
+	for i := 0; done < len(wrs); i++ {
 		n, err := qp.PostSend(wrs[done:])
 		done += n
 		if err == nil {
@@ -136,7 +136,7 @@ func (c *Comm) post(qp *verbs.QP, wrs []verbs.SendWR) (int, error) {
 			return done, err
 		}
 		c.dev.Progress()
-		runtime.Gosched()
+		spin.Pause(i)
 	}
 	return done, nil
 }

@@ -3,10 +3,11 @@ package verbs
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rvma/rvma/internal/spin"
 )
 
 // CQConfig configures CreateCQ. The zero value means defaults.
@@ -168,9 +169,10 @@ func (cq *CQ) Wait(ctx context.Context) error {
 				if time.Now().After(deadline) {
 					break
 				}
-				// Yield now and then: with more goroutines than processors
-				// the one that would complete the request must get to run.
-				runtime.Gosched()
+				// Yield now and then: with more goroutines (or processes)
+				// than processors the one that would complete the request
+				// must get to run.
+				spin.Pause(i >> 4)
 			}
 		}
 	}

@@ -63,6 +63,7 @@ type Device struct {
 type deviceStats struct {
 	rxPackets, rxDropped, unknownQP, badSource, badSecret, badPort atomic.Uint64
 	outOfWindow, duplicates, malformed, discarded                  atomic.Uint64
+	rnrNaks, timeouts, seqNaks                                     atomic.Uint64
 }
 
 // DeviceStats counts packets the device received and why it dropped some.
@@ -83,6 +84,11 @@ type DeviceStats struct {
 	// Undecodable counts datagrams a port could not decode (they never
 	// reach the engine, so they are not in RxPackets or RxDropped).
 	Undecodable uint64
+
+	// Requester events: receiver-not-ready NAKs received (each a wait of
+	// the RNR timer), retransmission timeouts, and sequence-error NAKs
+	// (each a go-back).
+	RNRNaks, Timeouts, SeqNaks uint64
 }
 
 type mailboxBox struct{ h MailboxHandler }
@@ -270,7 +276,7 @@ func (d *Device) Stats() DeviceStats {
 		RxPackets: s.rxPackets.Load(), RxDropped: s.rxDropped.Load(), UnknownQP: s.unknownQP.Load(),
 		BadSource: s.badSource.Load(), BadSecret: s.badSecret.Load(), BadPort: s.badPort.Load(),
 		OutOfOrder: s.outOfWindow.Load(), Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(),
-		Discarded: s.discarded.Load(),
+		Discarded: s.discarded.Load(), RNRNaks: s.rnrNaks.Load(), Timeouts: s.timeouts.Load(), SeqNaks: s.seqNaks.Load(),
 	}
 	for _, p := range d.ports {
 		if u, ok := p.Port.(interface{ Malformed() uint64 }); ok {

@@ -267,6 +267,7 @@ func (qp *QP) checkTimers(now time.Time, ob *outbox) {
 			return
 		}
 		r.retries++
+		qp.dev.stats.timeouts.Add(1)
 		if r.retries > qp.conn.retryCount {
 			qp.fail(StatusRetryExceeded, 0)
 			return
@@ -356,6 +357,7 @@ func (qp *QP) handleResponse(p *wire.Packet, now time.Time, ob *outbox) {
 				break
 			}
 			r.rnrRetries++
+			qp.dev.stats.rnrNaks.Add(1)
 			if qp.conn.rnrRetry != 7 && r.rnrRetries > qp.conn.rnrRetry {
 				qp.fail(StatusRNRRetryExceeded, 0)
 				return
@@ -374,6 +376,7 @@ func (qp *QP) handleResponse(p *wire.Packet, now time.Time, ob *outbox) {
 				if r.rewound && r.rewoundTo == p.PSN {
 					break // already rewound for this loss
 				}
+				qp.dev.stats.seqNaks.Add(1)
 				qp.onLoss()
 				qp.goBack(p.PSN)
 				r.rewound, r.rewoundTo = true, p.PSN

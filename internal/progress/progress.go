@@ -21,11 +21,11 @@ package progress
 
 import (
 	"context"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/rvma/rvma/internal/spin"
 	"github.com/rvma/rvma/verbs"
 )
 
@@ -134,7 +134,9 @@ func (e *Engine) Posted(op *Op, base uint64, n, k int, err error) {
 	e.mu.Unlock()
 }
 
-// Finish finishes an Op from outside the CQ (a reply message).
+// Finish finishes an Op from outside the CQ (a reply message). Waiters
+// that block on the CQ (no Background) do not see it until the CQ next
+// delivers something, so engines that finish Ops this way run Background.
 func (e *Engine) Finish(op *Op, err error) {
 	e.mu.Lock()
 	e.finishLocked(op, err)
@@ -269,7 +271,7 @@ func (e *Engine) Wait(ctx context.Context, cond func() bool) error {
 				spinUntil = time.Now().Add(e.spin)
 			}
 			if i&15 != 15 || time.Now().Before(spinUntil) {
-				runtime.Gosched()
+				spin.Pause(i)
 				continue
 			}
 		}
@@ -320,9 +322,6 @@ func (e *Engine) background() {
 		if err := e.cq.Wait(ctx); err != nil {
 			return
 		}
-		e.mu.Lock()
-		round := e.round
-		e.mu.Unlock()
 		if e.poller.CompareAndSwap(false, true) {
 			_, err := e.poll()
 			e.poller.Store(false)
@@ -331,11 +330,17 @@ func (e *Engine) background() {
 			}
 			continue
 		}
-		// A waiter polls; sleep until it has dispatched.
-		select {
-		case <-round:
-		case <-e.stop:
-			return
+		// A waiter holds the poller role. In Background mode it never
+		// blocks while holding it, so wait for it to let go and look
+		// again: it may have polled just before this completion arrived
+		// and be about to sleep, and then nobody else would take it.
+		for i := 0; e.poller.Load(); i++ {
+			select {
+			case <-e.stop:
+				return
+			default:
+				spin.Pause(i)
+			}
 		}
 	}
 }

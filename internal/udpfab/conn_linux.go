@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -18,6 +17,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rvma/rvma/internal/spin"
 )
 
 // Conn is a UDP socket with batch I/O. Reads must come from one goroutine
@@ -284,7 +285,7 @@ func (c *Conn) ReadBatch(msgs []Message) (int, error) {
 		} else if spins&15 == 0 && time.Now().After(deadline) {
 			break
 		}
-		runtime.Gosched()
+		spin.Pause(spins)
 	}
 	for s.errno == unix.EAGAIN {
 		if err := c.rc.Read(s.fn); err != nil {

@@ -5,12 +5,12 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/rvma/rvma/internal/fabric"
+	"github.com/rvma/rvma/internal/spin"
 	"github.com/rvma/rvma/internal/wire"
 )
 
@@ -227,15 +227,15 @@ func (p *Port) now() int64 { return int64(time.Since(p.start)) }
 // polling the port itself, in which case a spinning reader would only take
 // processor time from it.
 func (p *Port) spinAfterTraffic() {
-	spin := int64(p.Spin)
-	if spin <= 0 {
+	spinNs := int64(p.Spin)
+	if spinNs <= 0 {
 		return
 	}
 	last := p.now()
 	p.polled.Store(false)
 	for i := 0; ; i++ {
 		now := p.now()
-		if now-last > spin || p.polled.Load() || p.closed.Load() {
+		if now-last > spinNs || p.polled.Load() || p.closed.Load() {
 			return
 		}
 		if p.rmu.TryLock() {
@@ -249,7 +249,7 @@ func (p *Port) spinAfterTraffic() {
 				return
 			}
 		}
-		runtime.Gosched()
+		spin.Pause(i)
 	}
 }
 

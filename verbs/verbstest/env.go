@@ -72,6 +72,7 @@ type Side struct {
 // buffers and default attributes.
 type PairConfig struct {
 	QP      verbs.QPConfig
+	CQ      verbs.CQConfig
 	Connect verbs.ConnectConfig
 	BufSize int
 	Access  verbs.Access // default AccessAll
@@ -90,7 +91,7 @@ func Pair(t testing.TB, env Env, cfg PairConfig) (a, b *Side) {
 		var err error
 		s.PD, err = s.Dev.AllocPD()
 		require.NoError(t, err)
-		s.CQ, err = s.Dev.CreateCQ(verbs.CQConfig{})
+		s.CQ, err = s.Dev.CreateCQ(cfg.CQ)
 		require.NoError(t, err)
 		qc := cfg.QP
 		qc.SendCQ = s.CQ

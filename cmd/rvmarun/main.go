@@ -1,0 +1,197 @@
+// Command rvmarun starts the ranks of an rvma job on this host, the mpirun
+// role:
+//
+//	rvmarun -n N [--provider udp] [--addr IP] prog [args...]
+//
+// It serves the job's rendezvous, starts N processes of prog with
+// RVMA_RANK, RVMA_SIZE and RVMA_KVS set (rma.Init reads them), prefixes
+// every line they print with their rank, forwards SIGINT and SIGTERM, and,
+// when a rank fails, stops the others and exits with the first failure's
+// status.
+package main
+
+import (
+	"bufio"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rvma/rvma/internal/kvs"
+	"github.com/rvma/rvma/rma"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("rvmarun", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	n := fs.Int("n", 1, "number of ranks")
+	provider := fs.String("provider", "udp", "verbs provider between ranks: udp")
+	addr := fs.String("addr", "127.0.0.1", "local IP address the ranks bind")
+	paths := fs.Int("paths", 1, "paths (local addresses) per connection")
+	grace := fs.Duration("grace", 3*time.Second, "how long ranks get to exit after SIGTERM before SIGKILL")
+	tag := fs.Bool("tag-output", true, "prefix every output line with the rank")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: rvmarun -n N [flags] prog [args...]\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() < 1 || *n < 1 {
+		fs.Usage()
+		return 2
+	}
+	switch *provider {
+	case "udp":
+	case "loop":
+		fmt.Fprintln(stderr, "rvmarun: the loop provider connects ranks of one process only; use rma.NewWorld, or --provider udp")
+		return 2
+	default:
+		fmt.Fprintf(stderr, "rvmarun: unknown provider %q\n", *provider)
+		return 2
+	}
+	if *paths != 1 {
+		fmt.Fprintln(stderr, "rvmarun: --paths above 1 needs the multipath layer, which rvma does not have yet")
+		return 2
+	}
+	srv, err := kvs.Listen("127.0.0.1:0", *n)
+	if err != nil {
+		fmt.Fprintf(stderr, "rvmarun: %v\n", err)
+		return 1
+	}
+	defer srv.Close()
+
+	var outMu sync.Mutex
+	cmds := make([]*exec.Cmd, *n)
+	var copiers sync.WaitGroup
+	for r := range *n {
+		cmd := exec.Command(fs.Arg(0), fs.Args()[1:]...)
+		cmd.Env = append(os.Environ(),
+			rma.EnvRank+"="+strconv.Itoa(r), rma.EnvSize+"="+strconv.Itoa(*n), rma.EnvKVS+"="+srv.Addr(),
+			rma.EnvProvider+"="+*provider, rma.EnvAddr+"="+*addr)
+		if _, set := os.LookupEnv("GOMAXPROCS"); !set {
+			// Share the cores among the ranks, as MPI launchers bind
+			// ranks to cores: a rank's spinning goroutines then take
+			// turns on its own processor instead of taking the others'.
+			cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(max(1, runtime.NumCPU() / *n)))
+		}
+		// Our own pipes rather than exec's: exec's Wait closes them when
+		// the process exits, which can cut its last lines.
+		po, wo, err := os.Pipe()
+		if err != nil {
+			fmt.Fprintf(stderr, "rvmarun: %v\n", err)
+			return 1
+		}
+		pe, we, err := os.Pipe()
+		if err != nil {
+			fmt.Fprintf(stderr, "rvmarun: %v\n", err)
+			return 1
+		}
+		cmd.Stdout, cmd.Stderr = wo, we
+		err = cmd.Start()
+		wo.Close()
+		we.Close()
+		if err != nil {
+			fmt.Fprintf(stderr, "rvmarun: rank %d: %v\n", r, err)
+			po.Close()
+			pe.Close()
+			kill(cmds[:r], 0)
+			return 1
+		}
+		cmds[r] = cmd
+		prefix := ""
+		if *tag {
+			prefix = fmt.Sprintf("[%d] ", r)
+		}
+		for _, p := range []struct {
+			in  io.Reader
+			out io.Writer
+		}{{po, stdout}, {pe, stderr}} {
+			copiers.Add(1)
+			go func() {
+				defer copiers.Done()
+				defer p.in.(io.Closer).Close()
+				sc := bufio.NewScanner(p.in)
+				sc.Buffer(make([]byte, 64<<10), 1<<20)
+				for sc.Scan() {
+					outMu.Lock()
+					fmt.Fprintf(p.out, "%s%s\n", prefix, sc.Text())
+					outMu.Unlock()
+				}
+			}()
+		}
+	}
+
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	type exit struct {
+		rank int
+		err  error
+	}
+	exits := make(chan exit, *n)
+	for r, cmd := range cmds {
+		go func() { exits <- exit{r, cmd.Wait()} }()
+	}
+	status, left, failed := 0, *n, false
+	for left > 0 {
+		select {
+		case s := <-sigs:
+			for _, c := range cmds {
+				c.Process.Signal(s)
+			}
+		case e := <-exits:
+			left--
+			if e.err != nil && !failed {
+				failed = true
+				status = exitStatus(e.err)
+				outMu.Lock()
+				fmt.Fprintf(stderr, "rvmarun: rank %d failed (%v); stopping the others\n", e.rank, e.err)
+				outMu.Unlock()
+				go kill(cmds, *grace)
+			}
+		}
+	}
+	copiers.Wait()
+	return status
+}
+
+func exitStatus(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		if c := ee.ExitCode(); c > 0 {
+			return c
+		}
+	}
+	return 1
+}
+
+// kill sends SIGTERM to the running ranks, then SIGKILL after grace.
+func kill(cmds []*exec.Cmd, grace time.Duration) {
+	for _, c := range cmds {
+		if c != nil {
+			c.Process.Signal(syscall.SIGTERM) // fails harmlessly for ranks already gone
+		}
+	}
+	time.Sleep(grace)
+	for _, c := range cmds {
+		if c != nil {
+			c.Process.Kill()
+		}
+	}
+}

@@ -1,0 +1,126 @@
+package progress_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/internal/progress"
+	"github.com/rvma/rvma/verbs"
+	"github.com/rvma/rvma/verbs/verbstest"
+)
+
+func pair(t *testing.T, cqSpin time.Duration) (*verbstest.Side, *verbstest.Side) {
+	return verbstest.Pair(t, verbstest.Loop(), verbstest.PairConfig{BufSize: 1 << 16, CQ: verbs.CQConfig{Spin: cqSpin}})
+}
+
+// Many goroutines wait on their own writes over one CQ; every write
+// completes exactly once, in both waiting modes.
+func TestConcurrentWaiters(t *testing.T) {
+	for _, bg := range []bool{false, true} {
+		t.Run(map[bool]string{false: "direct", true: "background"}[bg], func(t *testing.T) {
+			spin := time.Duration(0)
+			if bg {
+				spin = -1 // the background poller must sleep on the CQ
+			}
+			a, b := pair(t, spin)
+			e := progress.New(a.CQ, progress.Config{Background: bg})
+			defer e.Close()
+			var done atomic.Int64
+			var wg sync.WaitGroup
+			for g := range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range 200 {
+						op, id := e.Start(1, g, func(err error) {
+							if err == nil {
+								done.Add(1)
+							}
+						})
+						_, err := a.QP.PostSend([]verbs.SendWR{{ID: id, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
+							SGL: []verbs.SGE{a.MR.SGE(8*g, 8)}, RemoteAddr: b.MR.Addr() + uint64(8*i), RKey: b.MR.RKey()}})
+						require.NoError(t, err)
+						ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+						require.NoError(t, op.Wait(ctx))
+						cancel()
+					}
+				}()
+			}
+			wg.Wait()
+			require.Equal(t, int64(8*200), done.Load())
+		})
+	}
+}
+
+func TestFinishPostedAndErrors(t *testing.T) {
+	a, b := pair(t, -1)
+	e := progress.New(a.CQ, progress.Config{Background: true})
+	defer e.Close()
+	ctx := context.Background()
+
+	// An Op finished from outside the CQ.
+	op, _ := e.Start(0, 0, nil)
+	done, err := op.Test()
+	require.False(t, done)
+	require.NoError(t, err)
+	boom := errors.New("boom")
+	go e.Finish(op, boom)
+	require.ErrorIs(t, op.Wait(ctx), boom)
+
+	// A partial post: one of three posted, the rest never will be.
+	op, id := e.Start(3, 0, nil)
+	_, err = a.QP.PostSend([]verbs.SendWR{{ID: id, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
+		SGL: []verbs.SGE{a.MR.SGE(0, 8)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()}})
+	require.NoError(t, err)
+	e.Posted(op, id, 3, 1, verbs.ErrQueueFull)
+	require.ErrorIs(t, op.Wait(ctx), verbs.ErrQueueFull)
+
+	// A failed completion carries the mapped error.
+	op, id = e.Start(1, 0, nil)
+	_, err = a.QP.PostSend([]verbs.SendWR{{ID: id, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
+		SGL: []verbs.SGE{a.MR.SGE(0, 8)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey() + 1}})
+	require.NoError(t, err)
+	require.ErrorIs(t, op.Wait(ctx), verbs.StatusRemoteAccessError)
+
+	// A waiter's context ends the wait.
+	op, _ = e.Start(0, 0, nil)
+	short, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, op.Wait(short), context.DeadlineExceeded)
+}
+
+// Receive completions reach OnRecv in order, with a background poller and
+// nobody waiting.
+func TestOnRecv(t *testing.T) {
+	a, b := pair(t, -1)
+	var mu sync.Mutex
+	var got []uint32
+	e := progress.New(b.CQ, progress.Config{Background: true, OnRecv: func(wc *verbs.WorkCompletion) {
+		mu.Lock()
+		got = append(got, wc.Imm)
+		mu.Unlock()
+	}})
+	defer e.Close()
+	for i := range 16 {
+		_, err := b.QP.PostRecv([]verbs.RecvWR{{ID: uint64(i), SGL: []verbs.SGE{b.MR.SGE(64*i, 64)}}})
+		require.NoError(t, err)
+	}
+	for i := range 16 {
+		_, err := a.QP.PostSend([]verbs.SendWR{{Opcode: verbs.OpSendImm, Imm: uint32(i), SGL: []verbs.SGE{a.MR.SGE(0, 4)}}})
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) == 16
+	}, 10*time.Second, time.Millisecond)
+	for i, v := range got {
+		require.Equal(t, uint32(i), v)
+	}
+}

@@ -1,0 +1,26 @@
+// Package spin is the one way rvma's busy-waiting loops give up the
+// processor. runtime.Gosched lets other goroutines of this process run,
+// but when several processes share cores (more ranks than cores, the
+// oversubscribed case) a spinning process keeps its core from the very
+// peer it waits for until the kernel preempts it, milliseconds later. So
+// every few rounds Pause also yields the OS thread to the kernel
+// (sched_yield), as MPI libraries do when told they are oversubscribed.
+//
+// Pause is safe for concurrent use.
+package spin
+
+import "runtime"
+
+// yieldEvery is how many rounds pass between kernel yields: often enough
+// that a waiting rank lets a peer on its core run within microseconds,
+// rarely enough that a lone spinner stays cheap.
+const yieldEvery = 16
+
+// Pause is one round of a spin loop; i is the loop's round number.
+func Pause(i int) {
+	if i%yieldEvery == yieldEvery-1 {
+		osYield()
+		return
+	}
+	runtime.Gosched()
+}

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package spin
+
+import "runtime"
+
+func osYield() { runtime.Gosched() }
