@@ -387,7 +387,7 @@ func (c *Comm) checkRank(op string, r int) error {
 // before this side's connect call returns.
 func (c *Comm) newQP(r int) (*verbs.QP, error) {
 	qp, err := c.pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: c.cq, RecvCQ: c.cq, SRQ: c.srq,
-		MaxSendWR: 16384, MaxSendSGE: maxSGE})
+		MaxSendWR: 4096, MaxSendSGE: maxSGE})
 	if err != nil {
 		return nil, err
 	}

@@ -174,6 +174,41 @@ func (w *Win) Epoch() uint64 {
 	return w.notify.epoch
 }
 
+// AbandonEpoch discards the current, partial epoch of a notified window:
+// whatever arrived for it, and completions not yet waited for, are
+// dropped and the counts reset, so that the epoch can be redone from
+// scratch. Bytes already placed in the window's memory stay (Rewind
+// restores them from a snapshot). Call it when no origin is putting into
+// the window.
+func (w *Win) AbandonEpoch() error {
+	n, err := w.notifyState("abandon_epoch")
+	if err != nil {
+		return err
+	}
+	return n.abandon()
+}
+
+func (n *notifyState) abandon() error {
+	for _, b := range n.boxes {
+		// Completions of epochs nobody waited for go too, so the redo
+		// starts from empty mailboxes.
+		for {
+			if _, ok := b.Poll(); !ok {
+				break
+			}
+		}
+		if err := b.Abandon(); err != nil && !errors.Is(err, mailbox.ErrNothingToTake) {
+			return opErr("abandon_epoch", -1, err)
+		}
+		for b.Posted() < n.cfg.Depth {
+			if _, err := b.Post(n.w.mem); err != nil {
+				return opErr("abandon_epoch", -1, err)
+			}
+		}
+	}
+	return nil
+}
+
 // ErrNotRetained reports a rewind further back than the history holds.
 var ErrNotRetained = errors.New("rma: epoch not retained")
 
@@ -192,22 +227,8 @@ func (w *Win) Rewind(k int) (uint64, error) {
 	if k < 1 || k > len(n.snaps) {
 		return 0, opErr("rewind", -1, fmt.Errorf("%w: %d epochs back, %d kept", ErrNotRetained, k, len(n.snaps)))
 	}
-	for _, b := range n.boxes {
-		// Completions of the abandoned epochs that were not waited for
-		// go too, so the redo starts from empty mailboxes.
-		for {
-			if _, ok := b.Poll(); !ok {
-				break
-			}
-		}
-		if err := b.Abandon(); err != nil && !errors.Is(err, mailbox.ErrNothingToTake) {
-			return 0, opErr("rewind", -1, err)
-		}
-		for b.Posted() < n.cfg.Depth {
-			if _, err := b.Post(w.mem); err != nil {
-				return 0, opErr("rewind", -1, err)
-			}
-		}
+	if err := n.abandon(); err != nil {
+		return 0, err
 	}
 	snap := n.snaps[len(n.snaps)-k]
 	copy(w.mem, snap)

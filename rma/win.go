@@ -367,32 +367,55 @@ func (w *Win) RputLayout(ctx context.Context, origin []byte, ol Layout, target, 
 		return nil, err
 	}
 	rw := &w.remote[target]
-	var wrs []verbs.SendWR
-	next := -1 // the target offset where the last WR ends
-	var perr error
+	// Group the pieces into work requests: consecutive target bytes share
+	// one, up to maxSGE pieces.
+	type piece struct {
+		dst  int
+		srcs [][]byte
+	}
+	var pieces []piece
+	next := -1 // the target offset where the last request ends
 	segments(ol, tl, func(s seg) {
-		sge, err := w.c.reg.sge(origin[s.o : s.o+s.n])
-		if err != nil {
-			perr = err
-			return
-		}
-		dst := off + s.t
-		if n := len(wrs); n > 0 && len(wrs[n-1].SGL) < maxSGE && next == dst {
-			wrs[n-1].SGL = append(wrs[n-1].SGL, sge)
-		} else if rw.notify != 0 {
-			wrs = append(wrs, verbs.SendWR{Opcode: verbs.OpMailboxWrite, Flags: verbs.FlagSignaled,
-				SGL: []verbs.SGE{sge}, Mailbox: w.mailboxAddr(target), MailboxOffset: uint64(dst)})
+		dst, src := off+s.t, origin[s.o:s.o+s.n]
+		if n := len(pieces); n > 0 && len(pieces[n-1].srcs) < maxSGE && next == dst {
+			pieces[n-1].srcs = append(pieces[n-1].srcs, src)
 		} else {
-			wrs = append(wrs, verbs.SendWR{Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
-				SGL: []verbs.SGE{sge}, RemoteAddr: rw.addr + uint64(dst), RKey: rw.rkey})
+			pieces = append(pieces, piece{dst: dst, srcs: [][]byte{src}})
 		}
 		next = dst + s.n
 	})
-	if perr != nil {
-		return nil, opErr(name, target, perr)
+	// Small puts travel inline (copied at post time), which spares
+	// registering the origin: callers often put from fresh small slices.
+	inline := ol.Size() <= inlineMax
+	wrs := make([]verbs.SendWR, len(pieces))
+	for i, p := range pieces {
+		wr := &wrs[i]
+		wr.Flags = verbs.FlagSignaled
+		if rw.notify != 0 {
+			wr.Opcode, wr.Mailbox, wr.MailboxOffset = verbs.OpMailboxWrite, w.mailboxAddr(target), uint64(p.dst)
+		} else {
+			wr.Opcode, wr.RemoteAddr, wr.RKey = verbs.OpWrite, rw.addr+uint64(p.dst), rw.rkey
+		}
+		for _, src := range p.srcs {
+			if inline {
+				wr.Inline = append(wr.Inline, src...)
+				continue
+			}
+			sge, err := w.c.reg.sge(src)
+			if err != nil {
+				return nil, opErr(name, target, err)
+			}
+			wr.SGL = append(wr.SGL, sge)
+		}
+		if inline {
+			wr.Flags |= verbs.FlagInline
+		}
 	}
 	return w.postOps(name, qp, target, wrs)
 }
+
+// inlineMax is the largest put sent inline (the QPs' MaxInline default).
+const inlineMax = 256
 
 // postOps posts wrs as one tracked operation.
 func (w *Win) postOps(name string, qp *verbs.QP, target int, wrs []verbs.SendWR) (*Request, error) {
