@@ -3,7 +3,6 @@ package rma
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/rvma/rvma/verbs"
@@ -59,7 +58,7 @@ func (w *Win) Post(ctx context.Context, group []int, assert int) error {
 		w.mu.Unlock()
 		return opErr("post", -1, fmt.Errorf("%w: an exposure epoch is already open", ErrSync))
 	}
-	w.postGroup = slices.Clone(group)
+	w.postGroup = append([]int{}, group...) // non-nil: an empty group is an open epoch
 	w.mu.Unlock()
 	var reqs []*Request
 	for _, r := range group {
@@ -90,7 +89,7 @@ func (w *Win) Start(ctx context.Context, group []int, assert int) error {
 		}
 	}
 	w.mu.Lock()
-	w.startGroup = slices.Clone(group)
+	w.startGroup = append([]int{}, group...)
 	w.mu.Unlock()
 	return nil
 }

@@ -100,6 +100,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		cmd.Stdout, cmd.Stderr = wo, we
+		// Each rank leads a process group, so that stopping it also stops
+		// what it started (a shell's children hold its output open).
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		err = cmd.Start()
 		wo.Close()
 		we.Close()
@@ -150,7 +153,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		select {
 		case s := <-sigs:
 			for _, c := range cmds {
-				c.Process.Signal(s)
+				signalGroup(c, s.(syscall.Signal))
 			}
 		case e := <-exits:
 			left--
@@ -181,17 +184,22 @@ func exitStatus(err error) int {
 	return 1
 }
 
-// kill sends SIGTERM to the running ranks, then SIGKILL after grace.
+// kill sends SIGTERM to the ranks' process groups, then SIGKILL after
+// grace.
 func kill(cmds []*exec.Cmd, grace time.Duration) {
 	for _, c := range cmds {
-		if c != nil {
-			c.Process.Signal(syscall.SIGTERM) // fails harmlessly for ranks already gone
-		}
+		signalGroup(c, syscall.SIGTERM)
 	}
 	time.Sleep(grace)
 	for _, c := range cmds {
-		if c != nil {
-			c.Process.Kill()
-		}
+		signalGroup(c, syscall.SIGKILL)
+	}
+}
+
+// signalGroup signals a rank's process group; it fails harmlessly for
+// ranks already gone.
+func signalGroup(c *exec.Cmd, s syscall.Signal) {
+	if c != nil && c.Process != nil {
+		syscall.Kill(-c.Process.Pid, s)
 	}
 }

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// bins holds the example programs, built once for the launcher tests.
+var bins string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "rvmarun-test")
+	if err != nil {
+		panic(err)
+	}
+	bins = dir
+	for _, ex := range []string{"putwin", "halo3d", "rewind"} {
+		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, ex), "../../examples/"+ex).CombinedOutput()
+		if err != nil {
+			panic(string(out))
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func launch(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	done := make(chan int)
+	go func() { done <- run(args, &out, &errb) }()
+	select {
+	case code := <-done:
+		return out.String(), errb.String(), code
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("rvmarun %v did not finish", args)
+	}
+	return "", "", -1
+}
+
+func TestPutwinTaggedOutput(t *testing.T) {
+	out, stderr, code := launch(t, "-n", "3", filepath.Join(bins, "putwin"))
+	require.Equal(t, 0, code, stderr)
+	for r, want := range []string{`"hello from rank 02"`, `"hello from rank 00"`, `"hello from rank 01"`} {
+		prefix := "[" + string(rune('0'+r)) + "] rank " + string(rune('0'+r)) + " of 3 got " + want
+		require.Contains(t, out, prefix)
+	}
+}
+
+func TestFirstFailureStopsTheRest(t *testing.T) {
+	start := time.Now()
+	_, stderr, code := launch(t, "-n", "3", "--grace", "200ms", "sh", "-c",
+		`if [ "$RVMA_RANK" = 1 ]; then echo bye >&2; exit 3; fi; sleep 60`)
+	require.Equal(t, 3, code)
+	require.Contains(t, stderr, "[1] bye")
+	require.Contains(t, stderr, "rank 1 failed")
+	require.Less(t, time.Since(start), 30*time.Second, "the sleeping ranks were not stopped")
+}
+
+func TestUsageErrors(t *testing.T) {
+	_, _, code := launch(t, "-n", "2")
+	require.Equal(t, 2, code)
+	_, stderr, code := launch(t, "-n", "2", "--provider", "loop", "true")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "one process only")
+	_, _, code = launch(t, "-n", "1", "/nonexistent/program")
+	require.Equal(t, 1, code)
+}
+
+func TestHalo3DVariantsAgree(t *testing.T) {
+	for _, n := range []string{"1", "2", "4"} {
+		out, stderr, code := launch(t, "-n", n, "--tag-output=false", filepath.Join(bins, "halo3d"),
+			"-n", "12", "--iters", "6", "--warmup", "2", "--json")
+		require.Equal(t, 0, code, stderr)
+		var sums []float64
+		variants := 0
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			var r struct {
+				Sync     string
+				Checksum float64
+				OK       bool
+				Ranks    int
+			}
+			require.NoError(t, json.Unmarshal([]byte(line), &r), line)
+			require.True(t, r.OK, line)
+			sums = append(sums, r.Checksum)
+			if r.Sync != "serial-ref" {
+				variants++
+			}
+		}
+		require.Equal(t, 5, variants, out)
+		for _, s := range sums[1:] {
+			require.InEpsilon(t, sums[0], s, 1e-9)
+		}
+	}
+}
+
+func TestRewindRecovers(t *testing.T) {
+	out, stderr, code := launch(t, "-n", "3", "--tag-output=false", filepath.Join(bins, "rewind"),
+		"--steps", "12", "--fail-step", "5", "--fail-rank", "2", "--cells", "64", "--detect", "100ms", "--json")
+	require.Equal(t, 0, code, stderr)
+	var r struct {
+		OK            bool
+		FailedStep    int    `json:"failed_step"`
+		RewoundToStep uint64 `json:"rewound_to_step"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &r), out)
+	require.True(t, r.OK)
+	require.Equal(t, 5, r.FailedStep)
+	require.Equal(t, uint64(4), r.RewoundToStep)
+}
+
+// Hydra's mpiexec (Debian's mpich package) starts rvma programs through
+// PMI-1.
+func TestMPIExecHydra(t *testing.T) {
+	hydra, err := exec.LookPath("mpiexec.hydra")
+	if err != nil {
+		t.Skip("mpiexec.hydra not installed (apt-get install mpich); skipping the Hydra launch test")
+	}
+	cmd := exec.Command(hydra, "-n", "4", filepath.Join(bins, "putwin"))
+	cmd.Env = append(os.Environ(), "HYDRA_LAUNCHER=fork")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, string(out))
+	for r := range 4 {
+		require.Contains(t, string(out), "rank "+string(rune('0'+r))+" of 4 got")
+	}
+}
