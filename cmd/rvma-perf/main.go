@@ -77,7 +77,7 @@ type options struct {
 }
 
 var tests = []string{"write_bw", "write_lat", "write_ack_lat", "read_bw", "read_lat", "send_bw", "send_lat", "atomic_lat",
-	"put_bw", "put_notify_lat", "write_send_lat", "write_flush_send_lat",
+	"put_bw", "put_notify_lat", "write_send_lat", "write_flush_send_lat", "rma_put_lat", "rma_put_bw",
 	"memcpy", "udp_raw", "udp_pingpong"}
 
 // local reports whether a test is a baseline that runs without verbs.
@@ -156,7 +156,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("--vs compares a bandwidth test with a bandwidth test, a latency test with a latency test")
 	case o.reps < 1 || o.reps > 100:
 		return nil, fmt.Errorf("--reps %d: want 1..100", o.reps)
-	case local(o.test) && (o.server != "" || o.connect != ""):
+	case (local(o.test) || isRMA(o.test)) && (o.server != "" || o.connect != ""):
 		return nil, fmt.Errorf("%s runs both ends in one process", o.test)
 	}
 	if o.device == "" {
@@ -245,6 +245,8 @@ func measureOne(ctx context.Context, o *options) (*Result, error) {
 		return udpRaw(ctx, o)
 	case "udp_pingpong":
 		return udpPingPong(ctx, o)
+	case "rma_put_lat", "rma_put_bw":
+		return rmaTest(ctx, o)
 	}
 	return client(ctx, o)
 }

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/rvma/rvma/rma"
+)
+
+// The rma tests run two ranks of an in-process world (rma.NewWorld) over
+// the chosen provider: the same process layout as the mailbox tests they
+// are compared with (put_notify_lat, put_bw).
+
+func isRMA(test string) bool { return test == "rma_put_lat" || test == "rma_put_bw" }
+
+// rmaBufBytes is rma_put_bw's window: puts fill it at successive offsets,
+// one epoch per fill, as put_bw fills its posted buffers.
+const rmaBufBytes = 16 << 20
+
+func rmaTest(ctx context.Context, o *options) (*Result, error) {
+	comms, err := rma.NewWorld(ctx, 2, &rma.Config{Provider: o.provider, Addr: o.addr})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		done := make(chan struct{}, 2)
+		for _, c := range comms {
+			go func() {
+				cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				c.Close(cctx)
+				done <- struct{}{}
+			}()
+		}
+		<-done
+		<-done
+	}()
+	var res *Result
+	errs := make([]error, 2)
+	finished := make(chan int, 2)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for r, c := range comms {
+		go func() {
+			var err error
+			if o.test == "rma_put_lat" {
+				var rr *Result
+				rr, err = rmaPutLat(ctx, c, o)
+				if r == 0 {
+					res = rr
+				}
+			} else {
+				var rr *Result
+				rr, err = rmaPutBW(ctx, c, o)
+				if r == 0 {
+					res = rr
+				}
+			}
+			if err != nil {
+				cancel()
+			}
+			errs[r] = err
+			finished <- r
+		}()
+	}
+	<-finished
+	<-finished
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// rmaPutLat: rank 0 puts into rank 1's notified window, rank 1 waits for
+// the epoch and puts back the same way; one way = half the round trip.
+func rmaPutLat(ctx context.Context, c *rma.Comm, o *options) (*Result, error) {
+	peer := 1 - c.Rank()
+	w, err := c.Allocate(ctx, max(o.size, 1), &rma.WinConfig{Notify: &rma.NotifyConfig{ExpectFrom: map[int]int{peer: o.size}}})
+	if err != nil {
+		return nil, err
+	}
+	src := make([]byte, o.size)
+	var lat []time.Duration
+	const warm = 128
+	var begin time.Time
+	for i := 1; ; i++ {
+		if i == warm+1 {
+			begin = time.Now()
+		}
+		t0 := time.Now()
+		if c.Rank() == 0 {
+			if err := w.Put(ctx, src, peer, 0); err != nil {
+				return nil, err
+			}
+			if _, err := w.WaitEpoch(ctx); err != nil {
+				return nil, err
+			}
+		} else {
+			if _, err := w.WaitEpoch(ctx); err != nil {
+				return nil, err
+			}
+			if err := w.Put(ctx, src, peer, 0); err != nil {
+				return nil, err
+			}
+		}
+		if i > warm {
+			lat = append(lat, time.Since(t0)/2)
+		}
+		// Every 256 iterations the ranks agree whether to stop; rank 0's
+		// count and clock decide. (The agreement is not timed.)
+		if i%256 == 0 && i > warm {
+			stop := []int64{0}
+			if c.Rank() == 0 && (o.iters > 0 && len(lat) >= o.iters || o.iters == 0 && time.Since(begin) > o.duration) {
+				stop[0] = 1
+			}
+			if err := c.AllreduceInt64(ctx, rma.ReduceMax, stop); err != nil {
+				return nil, err
+			}
+			if stop[0] == 1 {
+				break
+			}
+		}
+	}
+	el := time.Since(begin).Seconds()
+	if err := w.Free(ctx); err != nil {
+		return nil, err
+	}
+	if len(lat) == 0 {
+		return nil, fmt.Errorf("rma_put_lat: no measurements")
+	}
+	slices.Sort(lat)
+	var sum time.Duration
+	for _, d := range lat {
+		sum += d
+	}
+	n := len(lat)
+	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
+	return &Result{Test: o.test, Provider: o.provider, Size: o.size, Iters: n, QPs: 1, Seconds: el,
+		Gbps: float64(n) * float64(o.size) * 8 / el / 1e9, Mops: float64(n) / el / 1e6,
+		LatP50: us(lat[n/2]), LatP99: us(lat[n*99/100]), LatAvg: us(sum / time.Duration(n))}, nil
+}
+
+// rmaPutBW: rank 0 streams puts into rank 1's notified window, keeping
+// depth of them in flight; each fill of the window is one epoch.
+func rmaPutBW(ctx context.Context, c *rma.Comm, o *options) (*Result, error) {
+	per := max(1, rmaBufBytes/max(o.size, 1))
+	w, err := c.Allocate(ctx, per*o.size, &rma.WinConfig{Notify: &rma.NotifyConfig{
+		ExpectFrom: map[int]int{0: per * o.size}, Depth: 8}})
+	if err != nil {
+		return nil, err
+	}
+	// Rank 0 announces how many puts it will make only at the end, so the
+	// receiver consumes epochs until told to stop.
+	var res *Result
+	if c.Rank() == 0 {
+		src := make([]byte, o.size)
+		depth := max(1, o.depth)
+		ring := make([]*rma.Request, 0, depth)
+		start := time.Now()
+		deadline := start.Add(o.duration)
+		n := 0
+		for ; ; n++ {
+			// Whole epochs only, so the receiver's count ends on one.
+			if n%per == 0 && (o.iters > 0 && n >= o.iters || o.iters == 0 && time.Now().After(deadline)) {
+				break
+			}
+			if len(ring) == depth {
+				if err := ring[0].Wait(ctx); err != nil {
+					return nil, err
+				}
+				ring = ring[1:]
+			}
+			r, err := w.Rput(ctx, src, 1, (n%per)*o.size)
+			if err != nil {
+				return nil, err
+			}
+			ring = append(ring, r)
+		}
+		if err := w.FlushAll(ctx); err != nil {
+			return nil, err
+		}
+		el := time.Since(start).Seconds()
+		res = &Result{Test: o.test, Provider: o.provider, Size: o.size, Iters: n, QPs: 1, Seconds: el,
+			Gbps: float64(n) * float64(o.size) * 8 / el / 1e9, Mops: float64(n) / el / 1e6}
+		if err := c.Send(ctx, 1, 0, []byte(fmt.Sprint(n/per))); err != nil {
+			return nil, err
+		}
+	} else {
+		// Wait for epochs while they come; the epoch count arrives last.
+		got := 0
+		for {
+			wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			_, err := w.WaitEpoch(wctx)
+			cancel()
+			if err == nil {
+				got++
+				continue
+			}
+			if !errors.Is(err, context.DeadlineExceeded) {
+				return nil, err
+			}
+			if msg, ok := tryRecv(c); ok {
+				var want int
+				fmt.Sscan(string(msg), &want)
+				for got < want {
+					if _, err := w.WaitEpoch(ctx); err != nil {
+						return nil, err
+					}
+					got++
+				}
+				break
+			}
+		}
+	}
+	return res, w.Free(ctx)
+}
+
+// tryRecv returns rank 0's final message if it has arrived.
+func tryRecv(c *rma.Comm) ([]byte, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	m, err := c.Recv(ctx, 0, 0)
+	return m, err == nil
+}
