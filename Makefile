@@ -3,9 +3,9 @@ GO          ?= go
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME    ?= 20s
 # package:FuzzTarget pairs run by fuzz-short
-FUZZ_TARGETS = ./internal/psn:FuzzDiff ./internal/wire:FuzzParse ./verbs/cm:FuzzMessage
+FUZZ_TARGETS = ./internal/psn:FuzzDiff ./internal/wire:FuzzParse ./verbs/cm:FuzzMessage ./internal/pmi:FuzzParse ./rma:FuzzDecodeAM
 
-.PHONY: all build test bench fuzz-short lint demo perf clean
+.PHONY: all build test bench fuzz-short lint demo demo-verbs perf perf-rma clean
 
 all: build
 
@@ -32,7 +32,15 @@ lint:
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 
+# The main demo: four ranks over UDP on loopback, halo3d's variants side by
+# side, checksums checked against a serial run.
 demo:
+	$(GO) build -o bin/rvmarun ./cmd/rvmarun
+	$(GO) build -o bin/halo3d ./examples/halo3d
+	bin/rvmarun -n 4 bin/halo3d
+
+# The verbs demo (one connected QP pair: WRITE, READ, atomics).
+demo-verbs:
 	$(GO) run ./examples/verbsdemo
 
 # The side-by-side figures of docs/PERFORMANCE.md.
@@ -45,6 +53,16 @@ perf:
 	bin/rvma-perf write_lat --provider udp --size 8 --vs udp_pingpong --reps 5 --json
 	for t in write_ack_lat read_lat send_lat atomic_lat; do bin/rvma-perf $$t --provider udp --size 8 --json; done
 	for t in read_bw send_bw; do bin/rvma-perf $$t --provider udp --size 1048576 --json; done
+
+# The rma figures of docs/PERFORMANCE.md (halo3d and the rma layer against
+# the mailbox layer).
+perf-rma:
+	$(GO) build -o bin/rvma-perf ./cmd/rvma-perf
+	$(GO) build -o bin/rvmarun ./cmd/rvmarun
+	$(GO) build -o bin/halo3d ./examples/halo3d
+	bin/rvma-perf rma_put_lat --provider udp --size 8 --vs put_notify_lat --reps 5 --json
+	bin/rvma-perf rma_put_bw --provider udp --size 1048576 --vs put_bw --reps 5 --json
+	for n in 2 4 8; do bin/rvmarun -n $$n bin/halo3d --exchange-only --serial=false --json; bin/rvmarun -n $$n bin/halo3d --json; done
 
 clean:
 	rm -rf bin

@@ -143,7 +143,7 @@ func (w *Win) apply(src int, h *amHdr, data []byte) (byte, []byte) {
 	switch h.kind {
 	case amPacked:
 		l := h.layout
-		if l.Count < 0 || l.Block < 0 || l.Size() != len(data) || h.off+uint64(l.Extent()) > uint64(len(mem)) {
+		if l.Count < 0 || l.Block < 0 || l.Size() != len(data) || !fits(h.off, l.Extent(), len(mem)) {
 			return amBounds, nil
 		}
 		if n := w.notify; n != nil {
@@ -182,7 +182,10 @@ func (w *Win) apply(src int, h *amHdr, data []byte) (byte, []byte) {
 				return amBadType, nil
 			}
 		}
-		if h.off+uint64(n) > uint64(len(mem)) {
+		if n == 0 {
+			return amOK, nil
+		}
+		if !fits(h.off, n, len(mem)) {
 			return amBounds, nil
 		}
 		region := mem[h.off : int(h.off)+n]
@@ -204,6 +207,12 @@ func (w *Win) apply(src int, h *amHdr, data []byte) (byte, []byte) {
 		return amOK, old
 	}
 	return amBadType, nil
+}
+
+// fits reports whether [off, off+n) lies within size bytes, without
+// overflowing on hostile offsets.
+func fits(off uint64, n, size int) bool {
+	return n >= 0 && off <= uint64(size) && uint64(n) <= uint64(size)-off
 }
 
 func loadElem(b []byte) uint64 {

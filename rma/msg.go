@@ -22,6 +22,7 @@ const (
 	fragMax   = chunk - hdrLen
 	recvSlots = 128
 	maxSGE    = 32
+	maxMsg    = 1 << 30 // the largest message reassembled; larger ones are dropped
 )
 
 // Message kinds.
@@ -216,6 +217,10 @@ func (c *Comm) onRecv(wc *verbs.WorkCompletion) {
 		whole = frag // not copied: handled before the slot is reposted
 	default:
 		pm := c.msg.partial[src]
+		if off == 0 && total > maxMsg {
+			c.cfg.Logger.Warn("rma: message too large", "rank", c.rank, "src", src, "bytes", total)
+			return
+		}
 		if off == 0 {
 			pm = &partialMsg{kind: kind, tag: tag, buf: make([]byte, total)}
 			c.msg.partial[src] = pm

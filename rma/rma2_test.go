@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"unsafe"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -469,4 +470,27 @@ func TestSingletonInit(t *testing.T) {
 func unsetenv(t *testing.T, k string) {
 	t.Helper()
 	require.NoError(t, osUnsetenv(k))
+}
+
+// FuzzDecodeAM: an active message from a peer never crashes the target or
+// writes outside its window.
+func FuzzDecodeAM(f *testing.F) {
+	h := amHdr{id: 1, win: 1, kind: amAcc, op: Sum, dt: Int64, off: 8}
+	f.Add(h.encode(enc(Int64, 1)))
+	h = amHdr{id: 2, win: 1, kind: amPacked, off: 0, layout: Layout{Count: 2, Block: 4, Stride: 8}}
+	f.Add(h.encode(make([]byte, 8)))
+	h = amHdr{id: 3, win: 1, kind: amCAS, dt: Int32, off: 4}
+	f.Add(h.encode(make([]byte, 8)))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		words := make([]uint64, 8)
+		mem := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), 64)
+		guard := make([]byte, 64)
+		w := &Win{mem: mem[:32]}
+		hdr, data, ok := decodeAM(b)
+		if !ok {
+			return
+		}
+		w.apply(0, &hdr, data)
+		require.Equal(t, guard[:32], mem[32:], "wrote past the window")
+	})
 }

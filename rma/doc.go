@@ -1,0 +1,79 @@
+// Package rma is rvma's MPI-style one-sided communication: communicators
+// of ranks, windows of memory that other ranks put into, get from and
+// accumulate into, MPI's synchronisation (fence, post/start/complete/wait,
+// locks, flushes), and RVMA's additions, notified windows and rewind.
+//
+// # Processes
+//
+// Init bootstraps a Comm from the environment (rvmarun's variables, the
+// PMI-1 protocol of MPICH's Hydra mpiexec, Slurm with RVMA_RENDEZVOUS, or
+// a singleton); NewWorld starts ranks as goroutines of one process, for
+// tests and examples. Ranks publish their connection manager's address in
+// a key-value rendezvous and connect a queue pair to a peer on first use,
+// so a job of N ranks opens only the connections it uses. Collectives
+// (Barrier, Bcast, Allgather, AllreduceInt64/Float64) and point-to-point
+// messages (Send, Isend, Recv) run over the same connections.
+//
+// # Windows
+//
+// Create (over caller memory) and Allocate are collective. Put and Get are
+// RDMA WRITEs and READs into the target's registered memory, one per
+// contiguous run of target bytes (Layout describes strided data; runs of
+// under 64 bytes travel packed, as one message the target unpacks).
+// Accumulate, GetAccumulate, FetchAndOp and CompareAndSwap are active
+// messages that the target's progress engine applies element by element
+// with atomic instructions, except FetchAndOp (sum, no-op) and
+// CompareAndSwap on 8-byte elements, which use the NIC's atomics; the two
+// kinds are atomic with respect to each other. Accumulates from one origin
+// to one target apply in issue order (MPI's default ordering).
+// Request-returning variants (Rput, Rget, Raccumulate, ...) complete
+// individually; the others complete at the next synchronisation.
+//
+// Synchronisation follows MPI-4.1's chapter on one-sided communication:
+// Fence (assertions accepted; ModeNoSucceed ends the epochs), Post, Start,
+// Complete, Wait and Test (Complete's message to each target travels
+// behind the origin's operations on the same connection, so it costs no
+// extra round trip), Lock and Unlock (shared or exclusive, taken with the
+// NIC's atomics on a lock word in the target's memory: passive target, the
+// target does nothing), LockAll, UnlockAll, Flush, FlushAll, FlushLocal,
+// FlushLocalAll and Sync. Memory is unified: a window's memory is the
+// caller's, and bytes placed by remote operations are visible once the
+// operation is complete by one of these calls.
+//
+// # Where rvma differs from MPI
+//
+//   - A notified window (WinConfig.Notify) is RVMA's: the target states how
+//     many bytes (or puts) it expects per epoch, from all origins or per
+//     origin, and WaitEpoch returns when they have arrived, with no fence
+//     and no extra message (mailbox thresholds; MPI has no equivalent,
+//     see mpi-forum/mpi-issues#48 and #59). Puts into it need no access
+//     epoch. Rewind rolls it back to an earlier completed epoch (from
+//     snapshots, NotifyConfig.History) after a failure; AbandonEpoch
+//     discards a partial epoch.
+//   - FlushLocal equals Flush: origin buffers are read again if a packet is
+//     retransmitted, so they are released only when the target has
+//     acknowledged.
+//   - Datatypes are element types for accumulates (Int32 ... Float64) and
+//     byte layouts (Layout) for data movement, not MPI's derived types.
+//   - CompareAndSwap compares floating-point elements bit for bit.
+//   - Every blocking call takes a context; errors are *OpError values
+//     naming the operation and the rank, wrapping the sentinels below
+//     (ErrOutOfBounds, ErrNoEpoch, ErrDatatype, ErrPeer, ...), and an
+//     access outside the target's window is refused before anything moves.
+//
+// # Concurrency and ownership
+//
+// A Comm and its windows are safe for concurrent use by several
+// goroutines, with MPI's usual restriction that synchronisation calls on
+// one window (fence, start/complete, post/wait, lock/unlock of one target)
+// are made by one goroutine at a time, and collectives are called in the
+// same order on every rank. Origin buffers of puts and accumulates must not
+// change, and result buffers of gets and fetching operations must not be
+// read, until the operation has completed. Buffers used as origins are
+// registered with the NIC on first use and stay registered (a cache of
+// 1024 regions); window memory is registered for the window's life.
+//
+// Progress: a background goroutine per Comm handles incoming messages
+// (accumulates, replies, synchronisation) while the application computes;
+// waiting calls poll for a few microseconds, then block.
+package rma
