@@ -422,3 +422,18 @@ func TestConcurrentWaiters(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, waiters*each, rec.Ops)
 }
+
+// Discard resets a partial epoch's counts but keeps its bytes.
+func TestDiscardKeepsBytes(t *testing.T) {
+	r := newRig(t, verbstest.Loop(), verbs.ConnectConfig{}, nil)
+	w, _ := r.tgt.Init(0xD, mailbox.Config{Threshold: 1024})
+	buf := make([]byte, 1024)
+	w.Post(buf)
+	require.NoError(t, r.put(t, 0xD, 0, 100, 300))
+	require.NoError(t, w.Discard())
+	require.Equal(t, r.a.Buf[100:400], buf[:300], "discard keeps what was placed")
+	require.NoError(t, r.put(t, 0xD, 0, 2000, 1024))
+	rec, err := w.Wait(ctx(t))
+	require.NoError(t, err)
+	require.Equal(t, 1024, rec.Bytes, "counted from zero after the discard")
+}

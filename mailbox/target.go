@@ -392,15 +392,26 @@ func (w *Window) IncEpoch() (epoch.Record, error) {
 // the head buffer since it became the head is zeroed and the counts reset,
 // so a failed timestep leaves no trace. Puts in progress into it are
 // refused from now on.
-func (w *Window) Abandon() error {
+func (w *Window) Abandon() error { return w.abandon(true) }
+
+// Discard is Abandon without zeroing: the counts reset and puts in
+// progress are refused, but the bytes stay. It is for windows whose posted
+// buffers alias one another (rma's notified windows post the same memory
+// for every epoch), where zeroing would erase data of other epochs and the
+// caller restores the memory itself.
+func (w *Window) Discard() error { return w.abandon(false) }
+
+func (w *Window) abandon(zero bool) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if len(w.posted) == 0 {
 		return ErrNothingToTake
 	}
 	b := w.posted[0]
-	for _, r := range b.written {
-		clear(b.data[r[0] : r[0]+r[1]])
+	if zero {
+		for _, r := range b.written {
+			clear(b.data[r[0] : r[0]+r[1]])
+		}
 	}
 	w.t.release(b.byPeer)
 	for k, p := range w.pins {

@@ -197,7 +197,7 @@ func (n *notifyState) abandon() error {
 				break
 			}
 		}
-		if err := b.Abandon(); err != nil && !errors.Is(err, mailbox.ErrNothingToTake) {
+		if err := b.Discard(); err != nil && !errors.Is(err, mailbox.ErrNothingToTake) {
 			return opErr("abandon_epoch", -1, err)
 		}
 		for b.Posted() < n.cfg.Depth {

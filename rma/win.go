@@ -105,8 +105,12 @@ type Win struct {
 	locks      map[int]LockType
 	lockAll    bool
 
-	out  []int // operations in flight per target; guarded by the engine's lock
-	outN int
+	out    []int // operations in flight per target; guarded by the engine's lock
+	outN   int
+	failed []error // the first failure per target since its last flush; guarded likewise
+
+	unsigMu sync.Mutex
+	unsig   []int // unsignalled puts per target since the last flush marker
 
 	notify *notifyState
 	freed  bool
@@ -145,7 +149,7 @@ func (c *Comm) Create(ctx context.Context, mem []byte, cfg *WinConfig) (*Win, er
 	id := c.nextWin
 	c.winMu.Unlock()
 	w := &Win{c: c, id: id, mem: mem, unit: conf.DispUnit, locks: map[int]LockType{},
-		out: make([]int, c.size), lockMem: make([]uint64, 1+c.size)}
+		out: make([]int, c.size), unsig: make([]int, c.size), failed: make([]error, c.size), lockMem: make([]uint64, 1+c.size)}
 	var err error
 	if len(mem) > 0 {
 		if w.mr, err = c.pd.RegisterMR(mem, verbs.AccessAll); err != nil {
@@ -277,7 +281,13 @@ func (w *Win) span(op string, target, disp, extent int) (int, error) {
 // in w.out until it finishes.
 func (w *Win) track(n, target int) (*progress.Op, uint64) {
 	w.c.eng.Locked(func() { w.out[target]++; w.outN++ })
-	return w.c.eng.Start(n, target, func(error) { w.out[target]--; w.outN-- })
+	return w.c.eng.Start(n, target, func(err error) {
+		w.out[target]--
+		w.outN--
+		if err != nil && w.failed[target] == nil {
+			w.failed[target] = err // reported by the next flush towards target
+		}
+	})
 }
 
 // seg is one contiguous piece of a transfer.
@@ -314,26 +324,36 @@ const smallBlock = 64
 // completed at the target when the request has, or at the next
 // synchronisation. origin must not change until then.
 func (w *Win) Rput(ctx context.Context, origin []byte, target, disp int) (*Request, error) {
-	return w.RputLayout(ctx, origin, Layout{}, target, disp, Layout{})
+	return w.put(ctx, origin, Layout{}, target, disp, Layout{}, true)
 }
 
 // Put is Rput without a request: it completes at the next
 // synchronisation (fence, complete, unlock, flush, or, on a notified
-// window, the target's epoch).
+// window, the target's epoch). It asks for no completion of its own, as
+// MPI_Put needs none: a flush sends one zero-length marker behind all of
+// a target's unsignalled puts and waits for it (RC completes in order), so
+// a stream of puts costs no completion processing. An error of such a put
+// surfaces at that flush.
 func (w *Win) Put(ctx context.Context, origin []byte, target, disp int) error {
-	_, err := w.Rput(ctx, origin, target, disp)
+	_, err := w.put(ctx, origin, Layout{}, target, disp, Layout{}, false)
 	return err
 }
 
 // PutLayout is Put with layouts for both sides: non-contiguous data moves
 // without a put per element.
 func (w *Win) PutLayout(ctx context.Context, origin []byte, ol Layout, target, disp int, tl Layout) error {
-	_, err := w.RputLayout(ctx, origin, ol, target, disp, tl)
+	_, err := w.put(ctx, origin, ol, target, disp, tl, false)
 	return err
 }
 
 // RputLayout is Rput with layouts.
 func (w *Win) RputLayout(ctx context.Context, origin []byte, ol Layout, target, disp int, tl Layout) (*Request, error) {
+	return w.put(ctx, origin, ol, target, disp, tl, true)
+}
+
+// put implements the puts; without signal it posts unsignalled work
+// requests and returns no request.
+func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp int, tl Layout, signal bool) (*Request, error) {
 	const name = "put"
 	if err := w.access(name, target, true); err != nil {
 		return nil, err
@@ -411,7 +431,51 @@ func (w *Win) RputLayout(ctx context.Context, origin []byte, ol Layout, target, 
 			wr.Flags |= verbs.FlagInline
 		}
 	}
+	if !signal {
+		return nil, w.postUnsignalled(qp, target, wrs)
+	}
 	return w.postOps(name, qp, target, wrs)
+}
+
+// postUnsignalled posts puts that produce no completion; they count in
+// w.unsig until a flush puts a marker behind them. w.unsigMu is held
+// across the post so a concurrent flush cannot slip its marker in front.
+func (w *Win) postUnsignalled(qp *verbs.QP, target int, wrs []verbs.SendWR) error {
+	for i := range wrs {
+		wrs[i].Flags &^= verbs.FlagSignaled
+	}
+	w.unsigMu.Lock()
+	defer w.unsigMu.Unlock()
+	k, err := w.c.post(qp, wrs)
+	if k > 0 {
+		w.unsig[target] += k
+	}
+	if err != nil {
+		return opErr("put", target, err)
+	}
+	return nil
+}
+
+// marker posts a signalled zero-length WRITE behind target's unsignalled
+// puts, if there are any: when it completes, they have (RC completes in
+// order, and a failed put fails the marker too).
+func (w *Win) marker(ctx context.Context, target int) error {
+	w.unsigMu.Lock()
+	defer w.unsigMu.Unlock()
+	if w.unsig[target] == 0 {
+		return nil
+	}
+	qp, err := w.c.conn(ctx, target)
+	if err != nil {
+		return err
+	}
+	rw := &w.remote[target]
+	if _, err := w.postOps("flush", qp, target, []verbs.SendWR{{Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
+		RemoteAddr: rw.lockAddr, RKey: rw.lockKey}}); err != nil {
+		return err
+	}
+	w.unsig[target] = 0
+	return nil
 }
 
 // inlineMax is the largest put sent inline (the QPs' MaxInline default).
@@ -521,18 +585,46 @@ func (w *Win) Flush(ctx context.Context, target int) error {
 	if err := w.c.checkRank("flush", target); err != nil {
 		return err
 	}
-	if err := w.c.eng.Wait(ctx, func() bool { return w.out[target] == 0 }); err != nil {
+	if err := w.marker(ctx, target); err != nil {
 		return opErr("flush", target, err)
 	}
-	return nil
+	var failed error
+	if err := w.c.eng.Wait(ctx, func() bool {
+		if w.out[target] != 0 {
+			return false
+		}
+		failed, w.failed[target] = w.failed[target], nil
+		return true
+	}); err != nil {
+		return opErr("flush", target, err)
+	}
+	return opErr("flush", target, failed)
 }
 
 // FlushAll is Flush towards every rank.
 func (w *Win) FlushAll(ctx context.Context) error {
-	if err := w.c.eng.Wait(ctx, func() bool { return w.outN == 0 }); err != nil {
+	for r := range w.c.size {
+		if err := w.marker(ctx, r); err != nil {
+			return opErr("flush", r, err)
+		}
+	}
+	var failed error
+	rank := -1
+	if err := w.c.eng.Wait(ctx, func() bool {
+		if w.outN != 0 {
+			return false
+		}
+		for r, err := range w.failed {
+			if err != nil && failed == nil {
+				failed, rank = err, r
+			}
+			w.failed[r] = nil
+		}
+		return true
+	}); err != nil {
 		return opErr("flush", -1, err)
 	}
-	return nil
+	return opErr("flush", rank, failed)
 }
 
 // FlushLocal waits until the origin buffers of operations towards target

@@ -149,7 +149,13 @@ type grid struct {
 	mem        []byte
 	u          [2][]float64
 	counter    []byte
+	zface      int             // elements of a z face
+	zsend      [2][2][]float64 // notify: packed z faces being sent, [parity][side]
+	zstage     [2][2][]float64 // notify: z faces arrive here, [parity][side they came from]
 }
+
+// zstageOff is the byte offset in the window of zstage[par][side].
+func (g *grid) zstageOff(par, side int) int { return 8 * (2*g.v + 6 + (2*par+side)*g.zface) }
 
 func newGrid(rank, size int, local [3]int) *grid {
 	g := &grid{nx: local[0], ny: local[1], nz: local[2], dims: dimsCreate(size)}
@@ -168,10 +174,24 @@ func newGrid(rank, size int, local [3]int) *grid {
 			}
 		}
 	}
-	words := make([]float64, 2*g.v+6)
+	// Two arrays, six counters (lock), then the z-face staging of the
+	// notify variant: [parity][side] nx*ny doubles each.
+	g.zface = g.nx * g.ny
+	words := make([]float64, 2*g.v+6+4*g.zface)
 	g.mem = unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), 8*len(words))
 	g.u = [2][]float64{words[:g.v], words[g.v : 2*g.v]}
-	g.counter = g.mem[16*g.v:]
+	g.counter = g.mem[16*g.v : 16*g.v+48]
+	for par := range 2 {
+		for side := range 2 {
+			g.zsend[par][side] = make([]float64, g.zface)
+		}
+	}
+	for par := range 2 {
+		for side := range 2 {
+			o := 2*g.v + 6 + (2*par+side)*g.zface
+			g.zstage[par][side] = words[o : o+g.zface]
+		}
+	}
 	return g
 }
 
@@ -258,27 +278,32 @@ func (g *grid) face(d, s int) []facePart {
 	case 1: // one row of nz per i
 		l := rma.Layout{Count: g.nx, Block: 8 * g.nz, Stride: 8 * g.sx}
 		return []facePart{{8 * g.idx(1, mine, 1), 8 * g.idx(1, ghost, 1), l}}
-	default: // one element per (i, j): a strided run of ny per i
-		var parts []facePart
-		l := rma.Layout{Count: g.ny, Block: 8, Stride: 8 * g.sy}
-		for i := 1; i <= g.nx; i++ {
-			parts = append(parts, facePart{8 * g.idx(i, 1, mine), 8 * g.idx(i, 1, ghost), l})
-		}
-		return parts
+	default: // one element per (i, j); with the ghost rows j=0 and ny+1
+		// included (never read at the target) the stride is uniform, sy,
+		// so the face is one strided put (packed: its blocks are 8 bytes)
+		l := rma.Layout{Count: g.nx * (g.ny + 2), Block: 8, Stride: 8 * g.sy}
+		return []facePart{{8 * g.idx(1, 0, mine), 8 * g.idx(1, 0, ghost), l}}
 	}
 }
 
+// faceBytes is the size of a face's interior, as sendrecv packs it.
 func (g *grid) faceBytes(d int) int {
-	b := 0
-	for _, p := range g.face(d, 0) {
-		b += p.l.Size()
-	}
-	return b
+	return 8 * [3]int{g.ny * g.nz, g.nx * g.nz, g.nx * g.ny}[d]
 }
 
-// putFaces puts my faces of array cur into the neighbours' ghost layers
-// and returns the requests.
-func (g *grid) putFaces(ctx context.Context, w *rma.Win, cur int, reqs []*rma.Request) ([]*rma.Request, error) {
+// notifyBytes is what a neighbour across dimension d puts into a notified
+// window per epoch: x and y faces as put by face(), z faces packed.
+func (g *grid) notifyBytes(d int) int {
+	if d == 2 {
+		return g.faceBytes(2)
+	}
+	return g.face(d, 0)[0].l.Size()
+}
+
+// putFaces puts my faces of array cur into the neighbours' ghost layers.
+// With want it appends their requests to reqs; otherwise the caller's
+// synchronisation completes them (plain puts ask for no completions).
+func (g *grid) putFaces(ctx context.Context, w *rma.Win, cur int, want bool, reqs []*rma.Request) ([]*rma.Request, error) {
 	base := cur * 8 * g.v
 	for d := range 3 {
 		for s := range 2 {
@@ -286,8 +311,28 @@ func (g *grid) putFaces(ctx context.Context, w *rma.Win, cur int, reqs []*rma.Re
 			if r < 0 {
 				continue
 			}
+			if d == 2 && want {
+				// notify: the z face, packed here, lands contiguous in the
+				// neighbour's staging and is unpacked after the epoch (a
+				// strided put would be one mailbox placement per element).
+				buf := g.zsend[cur][s]
+				g.pack(g.u[cur], 2, s, buf, false)
+				b := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), 8*len(buf))
+				req, err := w.Rput(ctx, b, r, g.zstageOff(cur, 1-s))
+				if err != nil {
+					return reqs, err
+				}
+				reqs = append(reqs, req)
+				continue
+			}
 			for _, p := range g.face(d, s) {
 				src := g.mem[base+p.src : base+p.src+p.l.Extent()]
+				if !want {
+					if err := w.PutLayout(ctx, src, p.l, r, base+p.dst, p.l); err != nil {
+						return nil, err
+					}
+					continue
+				}
 				req, err := w.RputLayout(ctx, src, p.l, r, base+p.dst, p.l)
 				if err != nil {
 					return reqs, err
@@ -381,7 +426,7 @@ func (v *variant) exchange(ctx context.Context, sync string, cur int, iter int64
 		if err := w.Fence(ctx, rma.ModeNoPrecede); err != nil {
 			return err
 		}
-		if _, err := g.putFaces(ctx, w, cur, nil); err != nil {
+		if _, err := g.putFaces(ctx, w, cur, false, nil); err != nil {
 			return err
 		}
 		return w.Fence(ctx, rma.ModeNoStore|rma.ModeNoSucceed)
@@ -392,7 +437,7 @@ func (v *variant) exchange(ctx context.Context, sync string, cur int, iter int64
 		if err := w.Start(ctx, g.nbrs, 0); err != nil {
 			return err
 		}
-		if _, err := g.putFaces(ctx, w, cur, nil); err != nil {
+		if _, err := g.putFaces(ctx, w, cur, false, nil); err != nil {
 			return err
 		}
 		if err := w.Complete(ctx); err != nil {
@@ -400,7 +445,7 @@ func (v *variant) exchange(ctx context.Context, sync string, cur int, iter int64
 		}
 		return w.Wait(ctx)
 	case "lock":
-		if _, err := g.putFaces(ctx, w, cur, nil); err != nil {
+		if _, err := g.putFaces(ctx, w, cur, false, nil); err != nil {
 			return err
 		}
 		if err := w.FlushAll(ctx); err != nil {
@@ -455,12 +500,17 @@ func (v *variant) exchange(ctx context.Context, sync string, cur int, iter int64
 		// almost always: the neighbour's data of this epoch came later).
 		prev := v.pending
 		var err error
-		if v.pending, err = g.putFaces(ctx, v.nwin, cur, v.spare[:0]); err != nil {
+		if v.pending, err = g.putFaces(ctx, v.nwin, cur, true, v.spare[:0]); err != nil {
 			return err
 		}
 		if len(g.nbrs) > 0 { // a lone rank expects nothing
 			if _, err := v.nwin.WaitEpoch(ctx); err != nil {
 				return err
+			}
+		}
+		for s := range 2 {
+			if g.nbr[2][s] >= 0 {
+				g.pack(g.u[cur], 2, s, g.zstage[cur][s], true)
 			}
 		}
 		err = rma.WaitAll(ctx, prev...)
@@ -500,7 +550,7 @@ func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
 	for d := range 3 {
 		for s := range 2 {
 			if r := g.nbr[d][s]; r >= 0 {
-				expect[r] = g.faceBytes(d)
+				expect[r] = g.notifyBytes(d)
 			}
 		}
 	}
@@ -510,7 +560,7 @@ func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
 	} else {
 		ncfg = &rma.NotifyConfig{Expect: 1} // a lone rank: nothing ever arrives
 	}
-	if v.nwin, err = comm.Create(ctx, g.mem[:16*g.v], &rma.WinConfig{Notify: ncfg}); err != nil {
+	if v.nwin, err = comm.Create(ctx, g.mem, &rma.WinConfig{Notify: ncfg}); err != nil {
 		return false, err
 	}
 	// sendrecv's checksum is the reference, as in the MPI program.
