@@ -394,6 +394,15 @@ func (w *Window) IncEpoch() (epoch.Record, error) {
 // refused from now on.
 func (w *Window) Abandon() error { return w.abandon(true) }
 
+// Quiesce runs f while no packet is being placed into the window (its
+// placement lock is held), so f may read or copy the window's buffers
+// without racing with arriving puts; puts wait, they are not refused.
+func (w *Window) Quiesce(f func()) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	f()
+}
+
 // Discard is Abandon without zeroing: the counts reset and puts in
 // progress are refused, but the bytes stay. It is for windows whose posted
 // buffers alias one another (rma's notified windows post the same memory

@@ -36,7 +36,7 @@ type NotifyConfig struct {
 	// copy holds whatever of the next epoch had already arrived, so an
 	// application that rewinds must place consecutive epochs' data in
 	// different bytes (double buffering, as halo codes do) or keep origins
-	// from running ahead.
+	// from running ahead. Placement pauses while the copy is taken.
 	History int
 }
 
@@ -103,6 +103,16 @@ func newNotify(w *Win, cfg NotifyConfig) (*notifyState, error) {
 	return n, nil
 }
 
+// quiesce runs f while none of the window's mailboxes is placing a put
+// (a snapshot must not race with the next epoch's puts).
+func (n *notifyState) quiesce(i int, f func()) {
+	if i == len(n.boxes) {
+		f()
+		return
+	}
+	n.boxes[i].Quiesce(func() { n.quiesce(i+1, f) })
+}
+
 func (n *notifyState) close() {
 	for _, b := range n.boxes {
 		b.Close()
@@ -143,7 +153,7 @@ func (w *Win) WaitEpoch(ctx context.Context) (uint64, error) {
 		} else {
 			s = make([]byte, len(w.mem))
 		}
-		copy(s, w.mem)
+		n.quiesce(0, func() { copy(s, w.mem) })
 		n.snaps = append(n.snaps, s)
 	}
 	return n.epoch, nil
@@ -231,7 +241,7 @@ func (w *Win) Rewind(k int) (uint64, error) {
 		return 0, err
 	}
 	snap := n.snaps[len(n.snaps)-k]
-	copy(w.mem, snap)
+	n.quiesce(0, func() { copy(w.mem, snap) })
 	n.snaps = n.snaps[:len(n.snaps)-k+1]
 	n.epoch -= uint64(k - 1)
 	return n.epoch, nil
