@@ -283,10 +283,6 @@ type Request struct {
 	op   *progress.Op
 	name string
 	rank int
-	// then runs once after the operation finished successfully (copying
-	// a fetched result out, for example).
-	then func()
-	once sync.Once
 }
 
 // Wait blocks until the operation has completed or ctx ends.
@@ -294,7 +290,6 @@ func (r *Request) Wait(ctx context.Context) error {
 	if err := r.op.Wait(ctx); err != nil {
 		return opErr(r.name, r.rank, err)
 	}
-	r.finish()
 	return nil
 }
 
@@ -307,14 +302,7 @@ func (r *Request) Test() (bool, error) {
 	if err != nil {
 		return true, opErr(r.name, r.rank, err)
 	}
-	r.finish()
 	return true, nil
-}
-
-func (r *Request) finish() {
-	if r.then != nil {
-		r.once.Do(r.then)
-	}
 }
 
 // WaitAll waits for every request.

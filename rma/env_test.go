@@ -1,5 +1,0 @@
-package rma
-
-import "os"
-
-var osUnsetenv = os.Unsetenv
