@@ -471,7 +471,7 @@ func (w *Window) Pending() int { return int(w.npend.Load()) }
 // few microseconds, driving the device's progress, then blocks until the
 // window completes an epoch, the window closes or ctx ends.
 func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
-	deadline := time.Now().Add(20 * time.Microsecond)
+	deadline := time.Now().Add(spin.Or(20 * time.Microsecond))
 	for i := 0; ; i++ {
 		// Look without the lock: the placing goroutine needs it.
 		if w.npend.Load() > 0 {

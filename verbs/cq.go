@@ -57,7 +57,7 @@ func (d *Device) CreateCQ(cfg CQConfig) (*CQ, error) {
 	}
 	switch {
 	case cfg.Spin == 0:
-		cfg.Spin = 20 * time.Microsecond
+		cfg.Spin = spin.Or(20 * time.Microsecond)
 	case cfg.Spin < 0:
 		cfg.Spin = 0
 	}

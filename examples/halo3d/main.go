@@ -149,13 +149,14 @@ type grid struct {
 	mem        []byte
 	u          [2][]float64
 	counter    []byte
-	zface      int             // elements of a z face
-	zsend      [2][2][]float64 // notify: packed z faces being sent, [parity][side]
-	zstage     [2][2][]float64 // notify: z faces arrive here, [parity][side they came from]
+	// notify: y and z faces travel packed. send[d][par][side] holds my
+	// packed face; stage[d][par][side] (in the window, at stageOff) is
+	// where the neighbour on that side puts its face in epochs of parity
+	// par.
+	send     [3][2][2][]float64
+	stage    [3][2][2][]float64
+	stageOff [3][2][2]int
 }
-
-// zstageOff is the byte offset in the window of zstage[par][side].
-func (g *grid) zstageOff(par, side int) int { return 8 * (2*g.v + 6 + (2*par+side)*g.zface) }
 
 func newGrid(rank, size int, local [3]int) *grid {
 	g := &grid{nx: local[0], ny: local[1], nz: local[2], dims: dimsCreate(size)}
@@ -174,22 +175,25 @@ func newGrid(rank, size int, local [3]int) *grid {
 			}
 		}
 	}
-	// Two arrays, six counters (lock), then the z-face staging of the
-	// notify variant: [parity][side] nx*ny doubles each.
-	g.zface = g.nx * g.ny
-	words := make([]float64, 2*g.v+6+4*g.zface)
+	// Two arrays, six counters (lock), then the notify variant's staging
+	// for y and z faces.
+	n := 2*g.v + 6
+	for d := 1; d < 3; d++ {
+		n += 4 * g.faceBytes(d) / 8
+	}
+	words := make([]float64, n)
 	g.mem = unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), 8*len(words))
 	g.u = [2][]float64{words[:g.v], words[g.v : 2*g.v]}
 	g.counter = g.mem[16*g.v : 16*g.v+48]
-	for par := range 2 {
-		for side := range 2 {
-			g.zsend[par][side] = make([]float64, g.zface)
-		}
-	}
-	for par := range 2 {
-		for side := range 2 {
-			o := 2*g.v + 6 + (2*par+side)*g.zface
-			g.zstage[par][side] = words[o : o+g.zface]
+	o := 2*g.v + 6
+	for d := 1; d < 3; d++ {
+		f := g.faceBytes(d) / 8
+		for par := range 2 {
+			for side := range 2 {
+				g.send[d][par][side] = make([]float64, f)
+				g.stage[d][par][side], g.stageOff[d][par][side] = words[o:o+f], 8*o
+				o += f
+			}
 		}
 	}
 	return g
@@ -292,10 +296,10 @@ func (g *grid) faceBytes(d int) int {
 }
 
 // notifyBytes is what a neighbour across dimension d puts into a notified
-// window per epoch: x and y faces as put by face(), z faces packed.
+// window per epoch: x faces as put by face(), y and z faces packed.
 func (g *grid) notifyBytes(d int) int {
-	if d == 2 {
-		return g.faceBytes(2)
+	if d > 0 {
+		return g.faceBytes(d)
 	}
 	return g.face(d, 0)[0].l.Size()
 }
@@ -311,14 +315,15 @@ func (g *grid) putFaces(ctx context.Context, w *rma.Win, cur int, want bool, req
 			if r < 0 {
 				continue
 			}
-			if d == 2 && want {
-				// notify: the z face, packed here, lands contiguous in the
-				// neighbour's staging and is unpacked after the epoch (a
-				// strided put would be one mailbox placement per element).
-				buf := g.zsend[cur][s]
-				g.pack(g.u[cur], 2, s, buf, false)
+			if d > 0 && want {
+				// notify: y and z faces, packed here, land contiguous in
+				// the neighbour's staging and are unpacked after the
+				// epoch: a y face put in place is 64 rows of 512 B, a
+				// packet each, and a z face one placement per element.
+				buf := g.send[d][cur][s]
+				g.pack(g.u[cur], d, s, buf, false)
 				b := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), 8*len(buf))
-				req, err := w.Rput(ctx, b, r, g.zstageOff(cur, 1-s))
+				req, err := w.Rput(ctx, b, r, g.stageOff[d][cur][1-s])
 				if err != nil {
 					return reqs, err
 				}
@@ -508,9 +513,11 @@ func (v *variant) exchange(ctx context.Context, sync string, cur int, iter int64
 				return err
 			}
 		}
-		for s := range 2 {
-			if g.nbr[2][s] >= 0 {
-				g.pack(g.u[cur], 2, s, g.zstage[cur][s], true)
+		for d := 1; d < 3; d++ {
+			for s := range 2 {
+				if g.nbr[d][s] >= 0 {
+					g.pack(g.u[cur], d, s, g.stage[d][cur][s], true)
+				}
 			}
 		}
 		err = rma.WaitAll(ctx, prev...)

@@ -78,7 +78,7 @@ func New(cq *verbs.CQ, cfg Config) *Engine {
 	e := &Engine{cq: cq, cfg: cfg, spin: cfg.Spin, ops: map[uint64]*Op{}, round: make(chan struct{}),
 		wcs: make([]verbs.WorkCompletion, 64), stop: make(chan struct{}), done: make(chan struct{})}
 	if e.spin == 0 {
-		e.spin = 20 * time.Microsecond
+		e.spin = spin.Or(20 * time.Microsecond)
 	}
 	if e.cfg.Err == nil {
 		e.cfg.Err = func(wc *verbs.WorkCompletion) error { return wc.Err() }

@@ -9,7 +9,12 @@
 // Pause is safe for concurrent use.
 package spin
 
-import "runtime"
+import (
+	"os"
+	"runtime"
+	"sync"
+	"time"
+)
 
 // yieldEvery is how many rounds pass between kernel yields: often enough
 // that a waiting rank lets a peer on its core run within microseconds,
@@ -23,4 +28,23 @@ func Pause(i int) {
 		return
 	}
 	runtime.Gosched()
+}
+
+// EnvSpin names the environment variable that overrides how long rvma's
+// waits spin before they block (a Go duration such as "200us"). Longer
+// spins trade processor time for wake-up latency; with more ranks than
+// cores, spinning with Pause's kernel yields can beat blocking.
+const EnvSpin = "RVMA_SPIN"
+
+var override = sync.OnceValues(func() (time.Duration, bool) {
+	d, err := time.ParseDuration(os.Getenv(EnvSpin))
+	return d, err == nil && d >= 0
+})
+
+// Or returns the spin duration set in RVMA_SPIN, or def.
+func Or(def time.Duration) time.Duration {
+	if d, ok := override(); ok {
+		return d
+	}
+	return def
 }

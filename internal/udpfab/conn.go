@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"os"
 	"time"
+
+	"github.com/rvma/rvma/internal/spin"
 )
 
 // Message is one datagram, or one GSO/GRO train of equal-size datagrams,
@@ -33,9 +35,11 @@ const (
 	MaxSegments = 64
 	// socketBuffer is what we ask for, as wireguard-go and quic-go do.
 	socketBuffer = 7 << 20
-	// DefaultSpin is how long a receive spins before it parks.
-	DefaultSpin = 50 * time.Microsecond
 )
+
+// DefaultSpin is how long a receive spins before it parks: 50µs, or
+// RVMA_SPIN.
+var DefaultSpin = spin.Or(50 * time.Microsecond)
 
 // Features reports what a Conn uses.
 type Features struct {
