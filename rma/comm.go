@@ -338,6 +338,9 @@ func newComm(ctx context.Context, rank, size int, store kvs.Store, ownStore bool
 // ctx) until every rank has called it, so that no rank tears down a
 // connection another still uses; then it frees everything.
 func (c *Comm) Close(ctx context.Context) error {
+	if c.closed() {
+		return ErrClosed
+	}
 	var err error
 	if c.size > 1 {
 		err = c.Barrier(ctx)

@@ -259,10 +259,13 @@ func (c *Comm) onRecv(wc *verbs.WorkCompletion) {
 func (c *Comm) recvMsg(ctx context.Context, src int, tag uint32) ([]byte, error) {
 	k := inboxKey{src, tag}
 	var got []byte
+	broken := false
 	err := c.eng.Wait(ctx, func() bool {
 		q := c.msg.inbox[k]
 		if len(q) == 0 {
-			return false
+			// Nothing more can come over a broken connection.
+			broken = c.broken(src)
+			return broken
 		}
 		got = q[0]
 		if len(q) == 1 {
@@ -272,10 +275,22 @@ func (c *Comm) recvMsg(ctx context.Context, src int, tag uint32) ([]byte, error)
 		}
 		return true
 	})
+	if err == nil && broken {
+		err = fmt.Errorf("%w: its connection failed", ErrPeer)
+	}
 	if err != nil {
 		return nil, opErr("receive", src, err)
 	}
 	return got, nil
+}
+
+// broken reports whether the connection to rank r has failed.
+func (c *Comm) broken(r int) bool {
+	p := c.peers[r]
+	p.mu.Lock()
+	qp := p.qp
+	p.mu.Unlock()
+	return qp != nil && qp.State() == verbs.StateError
 }
 
 // Request is a non-blocking operation in flight.

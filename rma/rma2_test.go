@@ -8,9 +8,12 @@ import (
 	"math"
 	"os"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/verbs"
 )
 
 // enc encodes float64 values as a datatype's elements.
@@ -509,4 +512,41 @@ func TestUnsignalledPutFailsAtFlush(t *testing.T) {
 	require.ErrorAs(t, err, &oe)
 	require.Equal(t, 1, oe.Rank)
 	require.Zero(t, i64(wins[1].Bytes()), "a refused put wrote into the window")
+}
+
+// A peer that disappears: operations towards it fail within the
+// retransmission bound with ErrPeer, naming the rank; nothing hangs.
+func TestDeadPeer(t *testing.T) {
+	comms := newWorld(t, 2, &Config{Provider: "loop", Connect: verbs.ConnectConfig{Timeout: time.Millisecond, RetryCount: 2}})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	wins := make([]*Win, 2)
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		var err error
+		if wins[c.Rank()], err = c.Allocate(ctx, 64, nil); err != nil {
+			return err
+		}
+		if err := wins[c.Rank()].Fence(ctx, 0); err != nil {
+			return err
+		}
+		// Connect both ways before rank 1 goes.
+		if err := wins[c.Rank()].Put(ctx, u64(1), 1-c.Rank(), 0); err != nil {
+			return err
+		}
+		return wins[c.Rank()].Fence(ctx, 0)
+	})
+	t0 := time.Now()
+	comms[1].teardown() // rank 1 dies: its device is gone
+	require.NoError(t, wins[0].Put(ctx, u64(2), 1, 8))
+	err := wins[0].Flush(ctx, 1)
+	require.ErrorIs(t, err, ErrPeer)
+	var oe *OpError
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, 1, oe.Rank)
+	_, err = wins[0].Rget(ctx, make([]byte, 8), 1, 0)
+	if err == nil {
+		err = wins[0].Flush(ctx, 1)
+	}
+	require.ErrorIs(t, err, ErrPeer)
+	t.Logf("failures reported %v after the peer died", time.Since(t0))
 }

@@ -643,9 +643,15 @@ func (w *Win) Sync() {
 	atomicAdd(&syncWord, 0)
 }
 
-// errOf picks a failed operation's error for a completion that carries
-// mailbox results.
+// errOf maps a failed completion to an error: mailbox refusals to the
+// mailbox package's sentinels, and the failures of a peer that stopped
+// answering (retries or receiver-not-ready retries exhausted, the
+// connection flushed) to ErrPeer.
 func errOf(wc *verbs.WorkCompletion) error {
+	switch wc.Status {
+	case verbs.StatusRetryExceeded, verbs.StatusFlushed:
+		return fmt.Errorf("%w: %w", ErrPeer, wc.Err())
+	}
 	if wc.Opcode == verbs.WCMailboxWrite {
 		return mailbox.CompletionError(wc)
 	}

@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -132,5 +134,34 @@ func TestMPIExecHydra(t *testing.T) {
 	require.NoError(t, err, string(out))
 	for r := range 4 {
 		require.Contains(t, string(out), "rank "+string(rune('0'+r))+" of 4 got")
+	}
+}
+
+// A Slurm job: ranks from SLURM_PROCID and SLURM_NTASKS, rank 0 serving
+// the rendezvous at RVMA_RENDEZVOUS.
+func TestSlurmBootstrap(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close()
+	cmds := make([]*exec.Cmd, 3)
+	outs := make([]bytes.Buffer, 3)
+	for r := range cmds {
+		cmds[r] = exec.Command(filepath.Join(bins, "putwin"))
+		cmds[r].Env = append(os.Environ(), "SLURM_PROCID="+strconv.Itoa(r), "SLURM_NTASKS=3", "RVMA_RENDEZVOUS="+addr)
+		cmds[r].Stdout, cmds[r].Stderr = &outs[r], &outs[r]
+		require.NoError(t, cmds[r].Start())
+	}
+	for r, c := range cmds {
+		done := make(chan error, 1)
+		go func() { done <- c.Wait() }()
+		select {
+		case err := <-done:
+			require.NoError(t, err, outs[r].String())
+		case <-time.After(time.Minute):
+			c.Process.Kill()
+			t.Fatalf("rank %d did not finish: %s", r, outs[r].String())
+		}
+		require.Contains(t, outs[r].String(), "rank "+strconv.Itoa(r)+" of 3 got")
 	}
 }
