@@ -11,8 +11,7 @@ import (
 // fresh internal tag, so consecutive collectives never mix.
 
 func (c *Comm) collTag() uint32 {
-	c.collSeq++
-	return 1<<31 | (c.collSeq&0x1ffffff)<<5
+	return 1<<31 | (c.collSeq.Add(1)&0x1ffffff)<<5
 }
 
 // Barrier returns once every rank has entered it (dissemination: log2(size)

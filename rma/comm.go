@@ -12,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rvma/rvma/internal/kvs"
@@ -102,7 +103,7 @@ type Comm struct {
 	winMu   sync.Mutex
 	wins    map[uint32]*Win
 	nextWin uint32
-	collSeq uint32 // collective sequence number; collectives are called in order
+	collSeq atomic.Uint32 // collective sequence number; collectives are called in order
 
 	closeOnce sync.Once
 	done      chan struct{}
