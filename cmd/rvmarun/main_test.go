@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +25,9 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	bins = dir
+	if out, err := exec.Command("go", "build", "-o", filepath.Join(dir, "rvmarun"), ".").CombinedOutput(); err != nil {
+		panic(string(out))
+	}
 	for _, ex := range []string{"putwin", "halo3d", "rewind"} {
 		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, ex), "../../examples/"+ex).CombinedOutput()
 		if err != nil {
@@ -164,4 +168,49 @@ func TestSlurmBootstrap(t *testing.T) {
 		}
 		require.Contains(t, outs[r].String(), "rank "+strconv.Itoa(r)+" of 3 got")
 	}
+}
+
+// SIGINT to the launcher reaches every rank.
+func TestSignalForwarded(t *testing.T) {
+	// The ranks ignore SIGTERM, so the first one to exit does not stop the
+	// other before it has handled the forwarded SIGINT.
+	cmd := exec.Command(filepath.Join(bins, "rvmarun"), "-n", "2", "sh", "-c",
+		`trap 'echo got-int; exit 5' INT; trap '' TERM; echo ready; while :; do sleep 0.05; done`)
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	require.Eventually(t, func() bool { return strings.Count(out.String(), "ready") == 2 }, 20*time.Second, 10*time.Millisecond)
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee)
+		require.Equal(t, 5, ee.ExitCode(), out.String())
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("rvmarun did not stop: %s", out.String())
+	}
+	require.Contains(t, out.String(), "[0] got-int")
+	require.Contains(t, out.String(), "[1] got-int")
+}
+
+// syncBuffer is a bytes.Buffer that a process's output copier and the
+// test may use at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
