@@ -147,9 +147,21 @@ const (
 // AllreduceInt64 replaces vals, on every rank, by the element-wise
 // reduction over all ranks' vals (same length everywhere).
 func (c *Comm) AllreduceInt64(ctx context.Context, op ReduceOp, vals []int64) error {
+	return allreduce(ctx, c, op, vals, func(v int64) uint64 { return uint64(v) }, func(u uint64) int64 { return int64(u) })
+}
+
+// AllreduceFloat64 is AllreduceInt64 over float64. The reduction is taken
+// in rank order, so every rank gets the same bits.
+func (c *Comm) AllreduceFloat64(ctx context.Context, op ReduceOp, vals []float64) error {
+	return allreduce(ctx, c, op, vals, math.Float64bits, math.Float64frombits)
+}
+
+// allreduce gathers every rank's values (as 8-byte words) and reduces
+// them locally in rank order.
+func allreduce[T int64 | float64](ctx context.Context, c *Comm, op ReduceOp, vals []T, enc func(T) uint64, dec func(uint64) T) error {
 	b := make([]byte, 8*len(vals))
 	for i, v := range vals {
-		binary.LittleEndian.PutUint64(b[8*i:], uint64(v))
+		binary.LittleEndian.PutUint64(b[8*i:], enc(v))
 	}
 	all, err := c.Allgather(ctx, b)
 	if err != nil {
@@ -160,7 +172,7 @@ func (c *Comm) AllreduceInt64(ctx context.Context, op ReduceOp, vals []int64) er
 			return opErr("allreduce", r, fmt.Errorf("%w: %d values against %d", ErrDatatype, len(m)/8, len(vals)))
 		}
 		for i := range vals {
-			x := int64(binary.LittleEndian.Uint64(m[8*i:]))
+			x := dec(binary.LittleEndian.Uint64(m[8*i:]))
 			switch {
 			case r == 0:
 				vals[i] = x
@@ -170,38 +182,6 @@ func (c *Comm) AllreduceInt64(ctx context.Context, op ReduceOp, vals []int64) er
 				vals[i] = min(vals[i], x)
 			case op == ReduceMax:
 				vals[i] = max(vals[i], x)
-			}
-		}
-	}
-	return nil
-}
-
-// AllreduceFloat64 is AllreduceInt64 over float64. The sum is taken in
-// rank order, so every rank gets the same bits.
-func (c *Comm) AllreduceFloat64(ctx context.Context, op ReduceOp, vals []float64) error {
-	b := make([]byte, 8*len(vals))
-	for i, v := range vals {
-		binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(v))
-	}
-	all, err := c.Allgather(ctx, b)
-	if err != nil {
-		return err
-	}
-	for r, m := range all {
-		if len(m) != len(b) {
-			return opErr("allreduce", r, fmt.Errorf("%w: %d values against %d", ErrDatatype, len(m)/8, len(vals)))
-		}
-		for i := range vals {
-			x := math.Float64frombits(binary.LittleEndian.Uint64(m[8*i:]))
-			switch {
-			case r == 0:
-				vals[i] = x
-			case op == ReduceSum:
-				vals[i] += x
-			case op == ReduceMin:
-				vals[i] = math.Min(vals[i], x)
-			case op == ReduceMax:
-				vals[i] = math.Max(vals[i], x)
 			}
 		}
 	}

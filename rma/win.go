@@ -351,26 +351,32 @@ func (w *Win) RputLayout(ctx context.Context, origin []byte, ol Layout, target, 
 	return w.put(ctx, origin, ol, target, disp, tl, true)
 }
 
+// check validates a put or get before anything moves: the epoch, both
+// layouts against each other and the origin buffer, and the target span;
+// it returns the normalised layouts and the target byte offset.
+func (w *Win) check(name string, origin []byte, ol Layout, target, disp int, tl Layout, notified bool) (Layout, Layout, int, error) {
+	if err := w.access(name, target, notified); err != nil {
+		return ol, tl, 0, err
+	}
+	ol, err := ol.norm(len(origin))
+	if err == nil {
+		tl, err = tl.norm(ol.Size())
+	}
+	if err == nil && (ol.Extent() > len(origin) || ol.Size() != tl.Size()) {
+		err = fmt.Errorf("%w: origin layout moves %d of %d bytes, target layout %d", ErrDatatype, ol.Size(), len(origin), tl.Size())
+	}
+	if err != nil {
+		return ol, tl, 0, opErr(name, target, err)
+	}
+	off, err := w.span(name, target, disp, tl.Extent())
+	return ol, tl, off, err
+}
+
 // put implements the puts; without signal it posts unsignalled work
 // requests and returns no request.
 func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp int, tl Layout, signal bool) (*Request, error) {
 	const name = "put"
-	if err := w.access(name, target, true); err != nil {
-		return nil, err
-	}
-	ol, err := ol.norm(len(origin))
-	if err != nil {
-		return nil, opErr(name, target, err)
-	}
-	tl, err = tl.norm(ol.Size())
-	if err != nil {
-		return nil, opErr(name, target, err)
-	}
-	if ol.Extent() > len(origin) || ol.Size() != tl.Size() {
-		return nil, opErr(name, target, fmt.Errorf("%w: origin layout moves %d of %d bytes, target layout %d",
-			ErrDatatype, ol.Size(), len(origin), tl.Size()))
-	}
-	off, err := w.span(name, target, disp, tl.Extent())
+	ol, tl, off, err := w.check(name, origin, ol, target, disp, tl, true)
 	if err != nil {
 		return nil, err
 	}
@@ -512,21 +518,7 @@ func (w *Win) Get(ctx context.Context, origin []byte, target, disp int) error {
 // RgetLayout is Rget with layouts for both sides.
 func (w *Win) RgetLayout(ctx context.Context, origin []byte, ol Layout, target, disp int, tl Layout) (*Request, error) {
 	const name = "get"
-	if err := w.access(name, target, false); err != nil {
-		return nil, err
-	}
-	ol, err := ol.norm(len(origin))
-	if err != nil {
-		return nil, opErr(name, target, err)
-	}
-	tl, err = tl.norm(ol.Size())
-	if err != nil {
-		return nil, opErr(name, target, err)
-	}
-	if ol.Extent() > len(origin) || ol.Size() != tl.Size() {
-		return nil, opErr(name, target, fmt.Errorf("%w: origin layout moves %d bytes, target layout %d", ErrDatatype, ol.Size(), tl.Size()))
-	}
-	off, err := w.span(name, target, disp, tl.Extent())
+	ol, tl, off, err := w.check(name, origin, ol, target, disp, tl, false)
 	if err != nil {
 		return nil, err
 	}
