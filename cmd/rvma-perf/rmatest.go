@@ -16,9 +16,10 @@ import (
 
 func isRMA(test string) bool { return test == "rma_put_lat" || test == "rma_put_bw" }
 
-// rmaBufBytes is rma_put_bw's window: puts fill it at successive offsets,
-// one epoch per fill, as put_bw fills its posted buffers.
-const rmaBufBytes = 16 << 20
+// rmaBufBytes is rma_put_bw's window, the same footprint as put_bw's:
+// puts fill it at successive offsets, one epoch per fill, as put_bw fills
+// its posted buffers.
+const rmaBufBytes = 1 << 20
 
 func rmaTest(ctx context.Context, o *options) (*Result, error) {
 	comms, err := rma.NewWorld(ctx, 2, &rma.Config{Provider: o.provider, Addr: o.addr})
@@ -148,7 +149,7 @@ func rmaPutLat(ctx context.Context, c *rma.Comm, o *options) (*Result, error) {
 func rmaPutBW(ctx context.Context, c *rma.Comm, o *options) (*Result, error) {
 	per := max(1, rmaBufBytes/max(o.size, 1))
 	w, err := c.Allocate(ctx, per*o.size, &rma.WinConfig{Notify: &rma.NotifyConfig{
-		ExpectFrom: map[int]int{0: per * o.size}, Depth: 8}})
+		ExpectFrom: map[int]int{0: per * o.size}, Depth: 64}})
 	if err != nil {
 		return nil, err
 	}
