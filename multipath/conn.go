@@ -1,0 +1,363 @@
+package multipath
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rvma/rvma/internal/progress"
+	"github.com/rvma/rvma/mailbox"
+	"github.com/rvma/rvma/verbs"
+	"github.com/rvma/rvma/verbs/cm"
+)
+
+// Config configures Dial and Listen. The zero value means defaults.
+type Config struct {
+	// Paths is the number of paths Dial opens, one QP per local GID
+	// (GID i mod the device's count). Default: the device's GID count;
+	// range 1..64. The listener follows the dialer.
+	Paths int
+	// Balancer spreads requests over the paths. Default Proportional.
+	Balancer Balancer
+	// Small is the size below which a request goes whole on one path
+	// (Balancer.Pick), so that mice are not stuck behind elephants.
+	// Default 64 KiB.
+	Small int
+	// Connect holds the attributes of every path's QP. Default: verbs'.
+	Connect verbs.ConnectConfig
+	// EWMA is the weight of a new capacity sample. Default 0.25, range
+	// (0, 1].
+	EWMA float64
+}
+
+func (c *Config) defaults(gids int) Config {
+	var d Config
+	if c != nil {
+		d = *c
+	}
+	if d.Paths == 0 {
+		d.Paths = gids
+	}
+	if d.Balancer == nil {
+		d.Balancer = Proportional{}
+	}
+	if d.Small == 0 {
+		d.Small = 64 << 10
+	}
+	if d.EWMA <= 0 || d.EWMA > 1 {
+		d.EWMA = 0.25
+	}
+	return d
+}
+
+// ErrPaths reports a connection without a usable path.
+var ErrPaths = errors.New("multipath: no path up")
+
+// Conn is one logical connection over several paths: a QP per path, all
+// in one PD and completing into one CQ.
+type Conn struct {
+	pd  *verbs.PD
+	cq  *verbs.CQ
+	qps []*verbs.QP
+	eng *progress.Engine
+	cfg Config
+
+	// guarded by the engine's lock (completions update them)
+	paths []pathStats
+}
+
+type pathStats struct {
+	PathState
+	bytes    uint64    // completed on this path
+	lastDone time.Time // when the path last finished a sub-flow
+}
+
+// Stats is a path's state and the bytes it carried.
+type Stats struct {
+	PathState
+	Bytes uint64
+}
+
+const magic = 0x52564d50 // "RVMP"
+
+// private data: magic, connection id, path index, path count
+func hello(id uint64, path, paths int) []byte {
+	b := binary.BigEndian.AppendUint32(nil, magic)
+	b = binary.BigEndian.AppendUint64(b, id)
+	b = binary.BigEndian.AppendUint16(b, uint16(path))
+	return binary.BigEndian.AppendUint16(b, uint16(paths))
+}
+
+func newConn(pd *verbs.PD, cfg Config) (*Conn, error) {
+	cq, err := pd.Device().CreateCQ(verbs.CQConfig{Capacity: 1 << 14})
+	if err != nil {
+		return nil, err
+	}
+	c := &Conn{pd: pd, cq: cq, cfg: cfg, paths: make([]pathStats, cfg.Paths)}
+	c.eng = progress.New(cq, progress.Config{Err: func(wc *verbs.WorkCompletion) error {
+		if wc.Opcode == verbs.WCMailboxWrite {
+			return mailbox.CompletionError(wc)
+		}
+		return wc.Err()
+	}})
+	return c, nil
+}
+
+func (c *Conn) newQP(path int) (*verbs.QP, error) {
+	gids := len(c.pd.Device().GIDs())
+	return c.pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: c.cq, GID: path % gids, MaxSendWR: 4096})
+}
+
+// Dial opens a logical connection to a listener at address, one path per
+// local GID (Config.Paths).
+func Dial(ctx context.Context, pd *verbs.PD, address string, cfg *Config) (*Conn, error) {
+	conf := cfg.defaults(len(pd.Device().GIDs()))
+	if conf.Paths < 1 || conf.Paths > 64 {
+		return nil, fmt.Errorf("multipath: %d paths, want 1..64", conf.Paths)
+	}
+	c, err := newConn(pd, conf)
+	if err != nil {
+		return nil, err
+	}
+	var idb [8]byte
+	rand.Read(idb[:])
+	id := binary.BigEndian.Uint64(idb[:])
+	for i := range conf.Paths {
+		qp, err := c.newQP(i)
+		if err == nil {
+			_, err = cm.Dial(ctx, address, qp, &cm.Config{Connect: &conf.Connect, PrivateData: hello(id, i, conf.Paths)})
+		}
+		if err != nil {
+			if qp != nil {
+				qp.Destroy()
+			}
+			c.Close()
+			return nil, fmt.Errorf("multipath: dial path %d: %w", i, err)
+		}
+		c.qps = append(c.qps, qp)
+		c.paths[i].Up = true
+	}
+	return c, nil
+}
+
+// Listener accepts logical connections.
+type Listener struct {
+	ln      *cm.Listener
+	pd      *verbs.PD
+	cfg     *Config
+	mu      sync.Mutex
+	pending map[uint64]*Conn
+}
+
+// Listen accepts connections on a TCP address for the connection manager.
+func Listen(ctx context.Context, pd *verbs.PD, address string, cfg *Config) (*Listener, error) {
+	ln, err := cm.Listen(ctx, address)
+	if err != nil {
+		return nil, err
+	}
+	return &Listener{ln: ln, pd: pd, cfg: cfg, pending: map[uint64]*Conn{}}, nil
+}
+
+// Addr returns the listening address.
+func (l *Listener) Addr() string { return l.ln.Addr().String() }
+
+// Close stops listening.
+func (l *Listener) Close() error { return l.ln.Close() }
+
+// Accept returns the next connection whose every path has arrived.
+func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	for {
+		req, err := l.ln.Accept(ctx)
+		if err != nil {
+			return nil, err
+		}
+		p := req.PrivateData()
+		if len(p) != 16 || binary.BigEndian.Uint32(p) != magic {
+			req.Reject("not a multipath connection")
+			continue
+		}
+		id, path, paths := binary.BigEndian.Uint64(p[4:]), int(binary.BigEndian.Uint16(p[12:])), int(binary.BigEndian.Uint16(p[14:]))
+		if paths < 1 || paths > 64 || path >= paths {
+			req.Reject("bad path numbers")
+			continue
+		}
+		c := l.pending[id]
+		if c == nil {
+			conf := l.cfg.defaults(paths)
+			conf.Paths = paths
+			if c, err = newConn(l.pd, conf); err != nil {
+				req.Reject(err.Error())
+				return nil, err
+			}
+			c.qps = make([]*verbs.QP, paths)
+			l.pending[id] = c
+		}
+		qp, err := c.newQP(path)
+		if err == nil {
+			err = req.Accept(ctx, qp, &cm.Config{Connect: &c.cfg.Connect})
+		}
+		if err != nil {
+			if qp != nil {
+				qp.Destroy()
+			}
+			continue // the dialer sees the failure
+		}
+		c.qps[path] = qp
+		c.paths[path].Up = true
+		done := true
+		for _, q := range c.qps {
+			done = done && q != nil
+		}
+		if done {
+			delete(l.pending, id)
+			return c, nil
+		}
+	}
+}
+
+// Close destroys the paths' QPs and the CQ.
+func (c *Conn) Close() error {
+	var errs []error
+	for _, qp := range c.qps {
+		if qp != nil {
+			errs = append(errs, qp.Destroy())
+		}
+	}
+	errs = append(errs, c.cq.Close())
+	return errors.Join(errs...)
+}
+
+// Paths returns every path's state and the bytes it carried.
+func (c *Conn) Paths() []Stats {
+	out := make([]Stats, len(c.paths))
+	c.eng.Locked(func() {
+		for i, p := range c.paths {
+			out[i] = Stats{PathState: p.PathState, Bytes: p.bytes}
+		}
+	})
+	return out
+}
+
+// Request is a request in flight; it completes once, when all of its
+// sub-flows have.
+type Request struct{ op *progress.Op }
+
+// Wait blocks until the request completes or ctx ends.
+func (r *Request) Wait(ctx context.Context) error { return r.op.Wait(ctx) }
+
+// Test reports whether the request has completed, and how.
+func (r *Request) Test() (bool, error) { return r.op.Test() }
+
+// Write writes n bytes of mr from off to the peer's (raddr, rkey), split
+// over the paths by the balancer.
+func (c *Conn) Write(mr *verbs.MR, off, n int, raddr uint64, rkey uint32) (*Request, error) {
+	return c.post(n, func(sub, at int) verbs.SendWR {
+		return verbs.SendWR{Opcode: verbs.OpWrite, SGL: []verbs.SGE{mr.SGE(off+at, sub)}, RemoteAddr: raddr + uint64(at), RKey: rkey}
+	})
+}
+
+// Read reads n bytes from the peer's (raddr, rkey) into mr at off.
+func (c *Conn) Read(mr *verbs.MR, off, n int, raddr uint64, rkey uint32) (*Request, error) {
+	return c.post(n, func(sub, at int) verbs.SendWR {
+		return verbs.SendWR{Opcode: verbs.OpRead, SGL: []verbs.SGE{mr.SGE(off+at, sub)}, RemoteAddr: raddr + uint64(at), RKey: rkey}
+	})
+}
+
+// Put puts n bytes of mr from off into the peer's mailbox at offset:
+// each path's sub-flow is placed by its own offset and counted once, so
+// no reassembly and no ordering between paths is needed.
+func (c *Conn) Put(mr *verbs.MR, off, n int, mbox, offset uint64) (*Request, error) {
+	return c.post(n, func(sub, at int) verbs.SendWR {
+		return verbs.SendWR{Opcode: verbs.OpMailboxWrite, SGL: []verbs.SGE{mr.SGE(off+at, sub)}, Mailbox: mbox, MailboxOffset: offset + uint64(at)}
+	})
+}
+
+// post splits n bytes into sub-flows and posts them; wr builds the work
+// request for sub bytes at offset at.
+func (c *Conn) post(n int, wr func(sub, at int) verbs.SendWR) (*Request, error) {
+	var shares []int
+	c.eng.Locked(func() {
+		states := make([]PathState, len(c.paths))
+		for i, p := range c.paths {
+			states[i] = p.PathState
+		}
+		if n < c.cfg.Small {
+			shares = make([]int, len(c.paths))
+			if i := c.cfg.Balancer.Pick(states); i >= 0 {
+				shares[i] = n
+			}
+		} else {
+			shares = c.cfg.Balancer.Split(n, states)
+		}
+	})
+	if sumInts(shares) != n {
+		return nil, ErrPaths
+	}
+	subs := 0
+	for _, s := range shares {
+		if s > 0 {
+			subs++
+		}
+	}
+	parent, _ := c.eng.Start(0, -1, nil)
+	if subs == 0 { // an empty request
+		c.eng.Finish(parent, nil)
+		return &Request{op: parent}, nil
+	}
+	var perr error
+	left := subs
+	at := 0
+	for i, s := range shares {
+		if s == 0 {
+			continue
+		}
+		posted := time.Now()
+		share, path := s, i
+		op, id := c.eng.Start(1, i, func(err error) {
+			p := &c.paths[path]
+			p.Outstanding -= share
+			if err == nil {
+				p.bytes += uint64(share)
+				now := time.Now()
+				start := posted
+				if p.lastDone.After(start) {
+					start = p.lastDone // it waited behind earlier sub-flows
+				}
+				if el := now.Sub(start).Seconds(); el > 0 && share >= 64<<10 {
+					sample := float64(share) / el
+					if p.Capacity == 0 {
+						p.Capacity = sample
+					} else {
+						p.Capacity += c.cfg.EWMA * (sample - p.Capacity)
+					}
+				}
+				p.lastDone = now
+			} else if perr == nil {
+				perr = fmt.Errorf("multipath: path %d: %w", path, err)
+			}
+			if left--; left == 0 {
+				c.eng.FinishLocked(parent, perr)
+			}
+		})
+		w := wr(s, at)
+		w.ID, w.Flags = id, verbs.FlagSignaled
+		c.eng.Locked(func() { c.paths[i].Outstanding += s })
+		if _, err := c.qps[i].PostSend([]verbs.SendWR{w}); err != nil {
+			c.eng.Posted(op, id, 1, 0, err)
+		}
+		at += s
+	}
+	return &Request{op: parent}, nil
+}
+
+func sumInts(xs []int) int {
+	s := 0
+	for _, x := range xs {
+		s += x
+	}
+	return s
+}

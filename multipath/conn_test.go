@@ -1,0 +1,150 @@
+package multipath_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/mailbox"
+	"github.com/rvma/rvma/multipath"
+	"github.com/rvma/rvma/verbs"
+)
+
+type side struct {
+	dev *verbs.Device
+	pd  *verbs.PD
+	buf []byte
+	mr  *verbs.MR
+}
+
+func open(t *testing.T, ctx context.Context, uri string, size int) *side {
+	d, err := verbs.Open(ctx, uri, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	pd, err := d.AllocPD()
+	require.NoError(t, err)
+	buf := make([]byte, size)
+	mr, err := pd.RegisterMR(buf, verbs.AccessAll)
+	require.NoError(t, err)
+	return &side{dev: d, pd: pd, buf: buf, mr: mr}
+}
+
+// pair connects a over paths to b and returns both ends.
+func pair(t *testing.T, ctx context.Context, a, b *side, cfg *multipath.Config) (*multipath.Conn, *multipath.Conn) {
+	ln, err := multipath.Listen(ctx, b.pd, "127.0.0.1:0", nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	acc := make(chan *multipath.Conn, 1)
+	go func() {
+		c, err := ln.Accept(ctx)
+		if err == nil {
+			acc <- c
+		}
+		close(acc)
+	}()
+	ca, err := multipath.Dial(ctx, a.pd, ln.Addr(), cfg)
+	require.NoError(t, err)
+	cb := <-acc
+	require.NotNil(t, cb)
+	return ca, cb
+}
+
+func loopPair(t *testing.T, gids string, size int, cfg *multipath.Config) (context.Context, *side, *side, *multipath.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	var r [4]byte
+	rand.Read(r[:])
+	uri := "loop://mp-" + hex.EncodeToString(r[:]) + "?gids=" + gids
+	a, b := open(t, ctx, uri, size), open(t, ctx, uri, size)
+	ca, cb := pair(t, ctx, a, b, cfg)
+	t.Cleanup(func() { ca.Close(); cb.Close() })
+	return ctx, a, b, ca
+}
+
+func TestWriteReadOverPaths(t *testing.T) {
+	for _, bal := range []multipath.Balancer{multipath.Equal{}, multipath.Proportional{}, multipath.Adaptive{}} {
+		ctx, a, b, c := loopPair(t, "3", 8<<20, &multipath.Config{Balancer: bal})
+		rand.Read(a.buf)
+		req, err := c.Write(a.mr, 0, len(a.buf), b.mr.Addr(), b.mr.RKey())
+		require.NoError(t, err)
+		require.NoError(t, req.Wait(ctx))
+		require.True(t, bytes.Equal(a.buf, b.buf), "%T: written bytes differ", bal)
+		paths := c.Paths()
+		require.Len(t, paths, 3)
+		total := uint64(0)
+		for i, p := range paths {
+			require.True(t, p.Up)
+			require.Positive(t, p.Bytes, "%T: path %d carried nothing", bal, i)
+			require.Zero(t, p.Outstanding)
+			total += p.Bytes
+		}
+		require.Equal(t, uint64(len(a.buf)), total, "every byte once")
+
+		// Read it back into the other half of a's buffer after clearing.
+		clear(a.buf[4<<20:])
+		want := bytes.Clone(b.buf[:4<<20])
+		req, err = c.Read(a.mr, 4<<20, 4<<20, b.mr.Addr(), b.mr.RKey())
+		require.NoError(t, err)
+		require.NoError(t, req.Wait(ctx))
+		require.Equal(t, want, a.buf[4<<20:])
+	}
+}
+
+// Small requests go whole on one path.
+func TestSmallRequestsOnePath(t *testing.T) {
+	ctx, a, b, c := loopPair(t, "2", 1<<20, &multipath.Config{Small: 4096})
+	req, err := c.Write(a.mr, 0, 1000, b.mr.Addr(), b.mr.RKey())
+	require.NoError(t, err)
+	require.NoError(t, req.Wait(ctx))
+	used := 0
+	for _, p := range c.Paths() {
+		if p.Bytes > 0 {
+			used++
+			require.Equal(t, uint64(1000), p.Bytes)
+		}
+	}
+	require.Equal(t, 1, used)
+	req, err = c.Write(a.mr, 0, 0, b.mr.Addr(), b.mr.RKey())
+	require.NoError(t, err)
+	require.NoError(t, req.Wait(ctx))
+}
+
+// A mailbox put split over paths completes the target's epoch exactly
+// once, with every byte in place.
+func TestPutOverPaths(t *testing.T) {
+	ctx, a, b, c := loopPair(t, "4", 4<<20, &multipath.Config{Balancer: multipath.Equal{}})
+	win, err := mailbox.NewTarget(b.dev, nil).Init(7, mailbox.Config{Threshold: len(a.buf)})
+	require.NoError(t, err)
+	dst := make([]byte, len(a.buf))
+	_, err = win.Post(dst)
+	require.NoError(t, err)
+	rand.Read(a.buf)
+	req, err := c.Put(a.mr, 0, len(a.buf), 7, 0)
+	require.NoError(t, err)
+	require.NoError(t, req.Wait(ctx))
+	rec, err := win.Wait(ctx)
+	require.NoError(t, err)
+	require.Equal(t, len(a.buf), rec.Bytes)
+	require.Equal(t, 4, rec.Ops, "one put per path")
+	require.True(t, bytes.Equal(a.buf, dst))
+	require.Zero(t, win.Pending())
+
+	// A put to a mailbox that does not exist fails with the mailbox error.
+	req, err = c.Put(a.mr, 0, 1024, 99, 0)
+	require.NoError(t, err)
+	require.ErrorIs(t, req.Wait(ctx), mailbox.ErrNoMailbox)
+}
+
+func TestRemoteAccessErrorNamesPath(t *testing.T) {
+	ctx, a, b, c := loopPair(t, "2", 1<<20, &multipath.Config{Small: 1})
+	req, err := c.Write(a.mr, 0, 4096, b.mr.Addr(), b.mr.RKey()+1)
+	require.NoError(t, err)
+	err = req.Wait(ctx)
+	require.ErrorIs(t, err, verbs.StatusRemoteAccessError)
+	require.Contains(t, err.Error(), "multipath: path")
+}

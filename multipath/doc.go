@@ -1,0 +1,23 @@
+// Package multipath is one logical connection over several paths, after
+// Virtuoso (Tian et al.): a QP per path, one per local address (GID), all
+// in one PD sharing the registered memory and completing into one CQ.
+//
+// A request (Write, Read, or a mailbox Put) larger than Config.Small is
+// split by a Balancer into one contiguous sub-flow per path, sized so that
+// the paths finish together: Equal, Proportional (a path's share is
+// proportional to its estimated capacity, Virtuoso's equation 1) or
+// Adaptive (earliest expected finish, counting each path's outstanding
+// bytes). Smaller requests go whole on the path the balancer picks, so
+// mice are not stuck behind elephants. A request completes once, when
+// every sub-flow has; its error names the failed path. Capacities are
+// estimated from live completions (an EWMA of bytes over the time the path
+// spent on the sub-flow). Mailbox puts need no reassembly: each sub-flow
+// is placed by its own offset and counted once by the target.
+//
+// Not yet here (issue 6): probe flows, failure detection with re-issue on
+// the surviving paths, per-path chunk sizes on lossy paths, and the
+// write-then-SEND hybrid for two-sided messages.
+//
+// A Conn is safe for concurrent use. The memory a request names must stay
+// registered and unchanged until the request completes.
+package multipath
