@@ -253,38 +253,58 @@ func (r *Request) Wait(ctx context.Context) error { return r.op.Wait(ctx) }
 func (r *Request) Test() (bool, error) { return r.op.Test() }
 
 // Write writes n bytes of mr from off to the peer's (raddr, rkey), split
-// over the paths by the balancer.
+// over the paths by the balancer. A sub-flow whose path fails is written
+// again over the paths still up (a write is idempotent by offset).
 func (c *Conn) Write(mr *verbs.MR, off, n int, raddr uint64, rkey uint32) (*Request, error) {
-	return c.post(n, func(sub, at int) verbs.SendWR {
+	return c.post(n, true, func(sub, at int) verbs.SendWR {
 		return verbs.SendWR{Opcode: verbs.OpWrite, SGL: []verbs.SGE{mr.SGE(off+at, sub)}, RemoteAddr: raddr + uint64(at), RKey: rkey}
 	})
 }
 
-// Read reads n bytes from the peer's (raddr, rkey) into mr at off.
+// Read reads n bytes from the peer's (raddr, rkey) into mr at off; like
+// Write, it survives the failure of a path.
 func (c *Conn) Read(mr *verbs.MR, off, n int, raddr uint64, rkey uint32) (*Request, error) {
-	return c.post(n, func(sub, at int) verbs.SendWR {
+	return c.post(n, true, func(sub, at int) verbs.SendWR {
 		return verbs.SendWR{Opcode: verbs.OpRead, SGL: []verbs.SGE{mr.SGE(off+at, sub)}, RemoteAddr: raddr + uint64(at), RKey: rkey}
 	})
 }
 
 // Put puts n bytes of mr from off into the peer's mailbox at offset:
 // each path's sub-flow is placed by its own offset and counted once, so
-// no reassembly and no ordering between paths is needed.
+// no reassembly and no ordering between paths is needed. A sub-flow whose
+// path fails is not sent again: part of it may have been counted, and
+// counting it twice would complete the target's epoch early (the
+// reliability layer's chunk bitmaps are what will make that safe); the
+// request fails instead.
 func (c *Conn) Put(mr *verbs.MR, off, n int, mbox, offset uint64) (*Request, error) {
-	return c.post(n, func(sub, at int) verbs.SendWR {
+	return c.post(n, false, func(sub, at int) verbs.SendWR {
 		return verbs.SendWR{Opcode: verbs.OpMailboxWrite, SGL: []verbs.SGE{mr.SGE(off+at, sub)}, Mailbox: mbox, MailboxOffset: offset + uint64(at)}
 	})
 }
 
+// flow is one request's bookkeeping; guarded by the engine's lock.
+type flow struct {
+	parent  *progress.Op
+	left    int // sub-flows not yet finished
+	err     error
+	reissue bool
+	wr      func(sub, at int) verbs.SendWR
+}
+
+func (c *Conn) states() []PathState {
+	states := make([]PathState, len(c.paths))
+	for i, p := range c.paths {
+		states[i] = p.PathState
+	}
+	return states
+}
+
 // post splits n bytes into sub-flows and posts them; wr builds the work
 // request for sub bytes at offset at.
-func (c *Conn) post(n int, wr func(sub, at int) verbs.SendWR) (*Request, error) {
+func (c *Conn) post(n int, reissue bool, wr func(sub, at int) verbs.SendWR) (*Request, error) {
 	var shares []int
 	c.eng.Locked(func() {
-		states := make([]PathState, len(c.paths))
-		for i, p := range c.paths {
-			states[i] = p.PathState
-		}
+		states := c.states()
 		if n < c.cfg.Small {
 			shares = make([]int, len(c.paths))
 			if i := c.cfg.Balancer.Pick(states); i >= 0 {
@@ -297,61 +317,78 @@ func (c *Conn) post(n int, wr func(sub, at int) verbs.SendWR) (*Request, error) 
 	if sumInts(shares) != n {
 		return nil, ErrPaths
 	}
-	subs := 0
-	for _, s := range shares {
-		if s > 0 {
-			subs++
-		}
-	}
 	parent, _ := c.eng.Start(0, -1, nil)
-	if subs == 0 { // an empty request
+	f := &flow{parent: parent, reissue: reissue, wr: wr}
+	c.eng.Locked(func() {
+		for _, s := range shares {
+			if s > 0 {
+				f.left++
+			}
+		}
+	})
+	if f.left == 0 { // an empty request
 		c.eng.Finish(parent, nil)
 		return &Request{op: parent}, nil
 	}
-	var perr error
-	left := subs
 	at := 0
 	for i, s := range shares {
-		if s == 0 {
-			continue
-		}
-		posted := time.Now()
-		share, path := s, i
-		op, id := c.eng.Start(1, i, func(err error) {
-			p := &c.paths[path]
-			p.Outstanding -= share
-			if err == nil {
-				p.bytes += uint64(share)
-				now := time.Now()
-				start := posted
-				if p.lastDone.After(start) {
-					start = p.lastDone // it waited behind earlier sub-flows
-				}
-				if el := now.Sub(start).Seconds(); el > 0 && share >= 64<<10 {
-					sample := float64(share) / el
-					if p.Capacity == 0 {
-						p.Capacity = sample
-					} else {
-						p.Capacity += c.cfg.EWMA * (sample - p.Capacity)
-					}
-				}
-				p.lastDone = now
-			} else if perr == nil {
-				perr = fmt.Errorf("multipath: path %d: %w", path, err)
-			}
-			if left--; left == 0 {
-				c.eng.FinishLocked(parent, perr)
-			}
-		})
-		w := wr(s, at)
-		w.ID, w.Flags = id, verbs.FlagSignaled
-		c.eng.Locked(func() { c.paths[i].Outstanding += s })
-		if _, err := c.qps[i].PostSend([]verbs.SendWR{w}); err != nil {
-			c.eng.Posted(op, id, 1, 0, err)
+		if s > 0 {
+			c.submit(f, i, s, at)
 		}
 		at += s
 	}
 	return &Request{op: parent}, nil
+}
+
+// submit posts one sub-flow of share bytes at offset at on path.
+func (c *Conn) submit(f *flow, path, share, at int) {
+	posted := time.Now()
+	op, id := c.eng.Start(1, path, func(err error) { c.subDone(f, path, share, at, posted, err) })
+	w := f.wr(share, at)
+	w.ID, w.Flags = id, verbs.FlagSignaled
+	c.eng.Locked(func() { c.paths[path].Outstanding += share })
+	if _, err := c.qps[path].PostSend([]verbs.SendWR{w}); err != nil {
+		c.eng.Posted(op, id, 1, 0, err)
+	}
+}
+
+// subDone accounts for a finished sub-flow; the engine's lock is held.
+func (c *Conn) subDone(f *flow, path, share, at int, posted time.Time, err error) {
+	p := &c.paths[path]
+	p.Outstanding -= share
+	if err != nil {
+		p.Up = false // the QP is in error: the path is gone
+		if f.reissue {
+			if alt := c.cfg.Balancer.Pick(c.states()); alt >= 0 {
+				// Posting needs the engine's lock, held here: do it
+				// from another goroutine.
+				go c.submit(f, alt, share, at)
+				return
+			}
+		}
+		if f.err == nil {
+			f.err = fmt.Errorf("multipath: path %d: %w", path, err)
+		}
+	} else {
+		p.bytes += uint64(share)
+		now := time.Now()
+		start := posted
+		if p.lastDone.After(start) {
+			start = p.lastDone // it waited behind earlier sub-flows
+		}
+		if el := now.Sub(start).Seconds(); el > 0 && share >= 64<<10 {
+			sample := float64(share) / el
+			if p.Capacity == 0 {
+				p.Capacity = sample
+			} else {
+				p.Capacity += c.cfg.EWMA * (sample - p.Capacity)
+			}
+		}
+		p.lastDone = now
+	}
+	if f.left--; f.left == 0 {
+		c.eng.FinishLocked(f.parent, f.err)
+	}
 }
 
 func sumInts(xs []int) int {

@@ -148,3 +148,54 @@ func TestRemoteAccessErrorNamesPath(t *testing.T) {
 	require.ErrorIs(t, err, verbs.StatusRemoteAccessError)
 	require.Contains(t, err.Error(), "multipath: path")
 }
+
+// A path that stops carrying packets fails its sub-flow; the sub-flow is
+// written again over the other path, the request succeeds with every byte
+// in place, and later requests avoid the dead path.
+func TestFailover(t *testing.T) {
+	ctx, a, b, c := loopPair(t, "2", 4<<20, &multipath.Config{Balancer: multipath.Equal{},
+		Connect: verbs.ConnectConfig{Timeout: 20 * time.Millisecond, RetryCount: 1}})
+	require.NoError(t, a.dev.SetFaults(1, verbs.Faults{Drop: 1}))
+	rand.Read(a.buf)
+	req, err := c.Write(a.mr, 0, len(a.buf), b.mr.Addr(), b.mr.RKey())
+	require.NoError(t, err)
+	require.NoError(t, req.Wait(ctx))
+	require.True(t, bytes.Equal(a.buf, b.buf))
+	p := c.Paths()
+	require.False(t, p[1].Up)
+	require.True(t, p[0].Up)
+	require.Equal(t, uint64(len(a.buf)), p[0].Bytes)
+
+	rand.Read(a.buf)
+	req, err = c.Write(a.mr, 0, len(a.buf), b.mr.Addr(), b.mr.RKey())
+	require.NoError(t, err)
+	require.NoError(t, req.Wait(ctx))
+	require.True(t, bytes.Equal(a.buf, b.buf))
+
+	// With the last path gone too the request fails, naming the path, and
+	// later requests have no path.
+	require.NoError(t, a.dev.SetFaults(0, verbs.Faults{Drop: 1}))
+	req, err = c.Write(a.mr, 0, len(a.buf), b.mr.Addr(), b.mr.RKey())
+	require.NoError(t, err)
+	require.Error(t, req.Wait(ctx))
+	_, err = c.Write(a.mr, 0, len(a.buf), b.mr.Addr(), b.mr.RKey())
+	require.ErrorIs(t, err, multipath.ErrPaths)
+}
+
+// A mailbox put whose path fails is not sent again (it could be counted
+// twice): the request fails, and the target's epoch stays incomplete.
+func TestPutNotReissued(t *testing.T) {
+	ctx, a, b, c := loopPair(t, "2", 1<<20, &multipath.Config{Balancer: multipath.Equal{},
+		Connect: verbs.ConnectConfig{Timeout: 20 * time.Millisecond, RetryCount: 1}})
+	win, err := mailbox.NewTarget(b.dev, nil).Init(8, mailbox.Config{Threshold: len(a.buf)})
+	require.NoError(t, err)
+	_, err = win.Post(make([]byte, len(a.buf)))
+	require.NoError(t, err)
+	require.NoError(t, a.dev.SetFaults(1, verbs.Faults{Drop: 1}))
+	req, err := c.Put(a.mr, 0, len(a.buf), 8, 0)
+	require.NoError(t, err)
+	err = req.Wait(ctx)
+	require.ErrorIs(t, err, verbs.StatusRetryExceeded)
+	require.Contains(t, err.Error(), "path 1")
+	require.Zero(t, win.Pending(), "half a put completed an epoch")
+}

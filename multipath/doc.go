@@ -14,9 +14,15 @@
 // spent on the sub-flow). Mailbox puts need no reassembly: each sub-flow
 // is placed by its own offset and counted once by the target.
 //
-// Not yet here (issue 6): probe flows, failure detection with re-issue on
-// the surviving paths, per-path chunk sizes on lossy paths, and the
-// write-then-SEND hybrid for two-sided messages.
+// A path whose QP fails (retries exhausted) is marked down; the failed
+// sub-flow of a Write or Read is issued again on the paths still up
+// (writes are idempotent by offset). A mailbox Put's is not: part of it
+// may have been counted, and the request fails instead, until the
+// reliability layer's chunk bitmaps make a re-send safe.
+//
+// Not yet here (issue 6): probe flows, bringing a dead path back, per-path
+// chunk sizes on lossy paths, and the write-then-SEND hybrid for
+// two-sided messages.
 //
 // A Conn is safe for concurrent use. The memory a request names must stay
 // registered and unchanged until the request completes.
