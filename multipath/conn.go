@@ -66,9 +66,18 @@ type Conn struct {
 	eng *progress.Engine
 	cfg Config
 
+	// Probe regions: ours (the peer writes probes into it, and ours are
+	// sent from it) and the peer's.
+	probe     *verbs.MR
+	peerProbe [12]byte // address and rkey
+
 	// guarded by the engine's lock (completions update them)
 	paths []pathStats
 }
+
+// ProbeSize is the size of a probe flow: large enough that its time is the
+// path's bandwidth, not its latency (Virtuoso probes with at least 512 KiB).
+const ProbeSize = 512 << 10
 
 type pathStats struct {
 	PathState
@@ -84,12 +93,20 @@ type Stats struct {
 
 const magic = 0x52564d50 // "RVMP"
 
-// private data: magic, connection id, path index, path count
-func hello(id uint64, path, paths int) []byte {
+// private data: magic, connection id, path index, path count, then the
+// sender's probe region (address, rkey)
+func hello(id uint64, path, paths int, probe []byte) []byte {
 	b := binary.BigEndian.AppendUint32(nil, magic)
 	b = binary.BigEndian.AppendUint64(b, id)
 	b = binary.BigEndian.AppendUint16(b, uint16(path))
-	return binary.BigEndian.AppendUint16(b, uint16(paths))
+	b = binary.BigEndian.AppendUint16(b, uint16(paths))
+	return append(b, probe...)
+}
+
+// probeRef is our probe region as the peer addresses it.
+func (c *Conn) probeRef() []byte {
+	b := binary.BigEndian.AppendUint64(nil, c.probe.Addr())
+	return binary.BigEndian.AppendUint32(b, c.probe.RKey())
 }
 
 func newConn(pd *verbs.PD, cfg Config) (*Conn, error) {
@@ -98,6 +115,10 @@ func newConn(pd *verbs.PD, cfg Config) (*Conn, error) {
 		return nil, err
 	}
 	c := &Conn{pd: pd, cq: cq, cfg: cfg, paths: make([]pathStats, cfg.Paths)}
+	if c.probe, err = pd.RegisterMR(make([]byte, ProbeSize), verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+		cq.Close()
+		return nil, err
+	}
 	c.eng = progress.New(cq, progress.Config{Err: func(wc *verbs.WorkCompletion) error {
 		if wc.Opcode == verbs.WCMailboxWrite {
 			return mailbox.CompletionError(wc)
@@ -129,7 +150,11 @@ func Dial(ctx context.Context, pd *verbs.PD, address string, cfg *Config) (*Conn
 	for i := range conf.Paths {
 		qp, err := c.newQP(i)
 		if err == nil {
-			_, err = cm.Dial(ctx, address, qp, &cm.Config{Connect: &conf.Connect, PrivateData: hello(id, i, conf.Paths)})
+			var res *cm.Result
+			res, err = cm.Dial(ctx, address, qp, &cm.Config{Connect: &conf.Connect, PrivateData: hello(id, i, conf.Paths, c.probeRef())})
+			if err == nil && len(res.PrivateData) == len(c.peerProbe) {
+				copy(c.peerProbe[:], res.PrivateData)
+			}
 		}
 		if err != nil {
 			if qp != nil {
@@ -176,7 +201,7 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 			return nil, err
 		}
 		p := req.PrivateData()
-		if len(p) != 16 || binary.BigEndian.Uint32(p) != magic {
+		if len(p) != 28 || binary.BigEndian.Uint32(p) != magic {
 			req.Reject("not a multipath connection")
 			continue
 		}
@@ -198,7 +223,8 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		}
 		qp, err := c.newQP(path)
 		if err == nil {
-			err = req.Accept(ctx, qp, &cm.Config{Connect: &c.cfg.Connect})
+			copy(c.peerProbe[:], p[16:])
+			err = req.Accept(ctx, qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: c.probeRef()})
 		}
 		if err != nil {
 			if qp != nil {
@@ -227,8 +253,43 @@ func (c *Conn) Close() error {
 			errs = append(errs, qp.Destroy())
 		}
 	}
-	errs = append(errs, c.cq.Close())
+	errs = append(errs, c.cq.Close(), c.probe.Deregister())
 	return errors.Join(errs...)
+}
+
+// Probe measures each path that is up, one after another, with a timed
+// write of ProbeSize bytes into the peer's probe region, and sets the
+// path's capacity estimate from it. A path whose probe fails is marked
+// down.
+func (c *Conn) Probe(ctx context.Context) error {
+	raddr, rkey := binary.BigEndian.Uint64(c.peerProbe[:]), binary.BigEndian.Uint32(c.peerProbe[8:])
+	for i, qp := range c.qps {
+		up := false
+		c.eng.Locked(func() { up = c.paths[i].Up })
+		if !up {
+			continue
+		}
+		start := time.Now()
+		op, id := c.eng.Start(1, i, nil)
+		if _, err := qp.PostSend([]verbs.SendWR{{ID: id, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
+			SGL: []verbs.SGE{c.probe.SGE(0, ProbeSize)}, RemoteAddr: raddr, RKey: rkey}}); err != nil {
+			c.eng.Posted(op, id, 1, 0, err)
+		}
+		err := op.Wait(ctx)
+		el := time.Since(start).Seconds()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		c.eng.Locked(func() {
+			p := &c.paths[i]
+			if err != nil {
+				p.Up = false
+				return
+			}
+			p.Capacity = ProbeSize / el
+		})
+	}
+	return nil
 }
 
 // Paths returns every path's state and the bytes it carried.

@@ -199,3 +199,15 @@ func TestPutNotReissued(t *testing.T) {
 	require.Contains(t, err.Error(), "path 1")
 	require.Zero(t, win.Pending(), "half a put completed an epoch")
 }
+
+func TestProbe(t *testing.T) {
+	ctx, a, _, c := loopPair(t, "3", 1<<20, nil)
+	require.NoError(t, a.dev.SetFaults(2, verbs.Faults{Drop: 1}))
+	short, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, c.Probe(short))
+	p := c.Paths()
+	require.Positive(t, p[0].Capacity)
+	require.Positive(t, p[1].Capacity)
+	require.False(t, p[2].Up, "the probe of a dead path marks it down")
+}

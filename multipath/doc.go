@@ -10,8 +10,10 @@
 // bytes). Smaller requests go whole on the path the balancer picks, so
 // mice are not stuck behind elephants. A request completes once, when
 // every sub-flow has; its error names the failed path. Capacities are
-// estimated from live completions (an EWMA of bytes over the time the path
-// spent on the sub-flow). Mailbox puts need no reassembly: each sub-flow
+// measured by Probe (a timed 512 KiB write per path into the peer's probe
+// region, exchanged when the paths connect) and kept current from live
+// completions (an EWMA of bytes over the time the path spent on the
+// sub-flow). Mailbox puts need no reassembly: each sub-flow
 // is placed by its own offset and counted once by the target.
 //
 // A path whose QP fails (retries exhausted) is marked down; the failed
@@ -20,7 +22,8 @@
 // may have been counted, and the request fails instead, until the
 // reliability layer's chunk bitmaps make a re-send safe.
 //
-// Not yet here (issue 6): probe flows, bringing a dead path back, per-path
+// Not yet here (issue 6): periodic probing and bringing a dead path back
+// (its QP must be connected anew), per-path
 // chunk sizes on lossy paths, and the write-then-SEND hybrid for
 // two-sided messages.
 //

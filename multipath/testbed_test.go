@@ -60,6 +60,11 @@ func TestShapedPaths(t *testing.T) {
 	defer c.Close()
 	defer peer.Close()
 
+	require.NoError(t, c.Probe(ctx))
+	p := c.Paths()
+	t.Logf("probes: %.0f and %.0f Mbit/s", p[0].Capacity*8/1e6, p[1].Capacity*8/1e6)
+	require.Positive(t, p[0].Capacity)
+	require.Positive(t, p[1].Capacity)
 	for round := range 4 {
 		rand.Read(sa.buf)
 		start := time.Now()
@@ -68,11 +73,11 @@ func TestShapedPaths(t *testing.T) {
 		require.NoError(t, req.Wait(ctx))
 		el := time.Since(start)
 		require.True(t, bytes.Equal(sa.buf, sb.buf), "round %d", round)
-		p := c.Paths()
+		p = c.Paths()
 		t.Logf("round %d: %v (%.0f Mbit/s); capacity estimates %.0f and %.0f Mbit/s; bytes %d and %d", round, el,
 			float64(len(sa.buf))*8/el.Seconds()/1e6, p[0].Capacity*8/1e6, p[1].Capacity*8/1e6, p[0].Bytes, p[1].Bytes)
 	}
-	p := c.Paths()
+	p = c.Paths()
 	require.Positive(t, p[0].Bytes)
 	require.Positive(t, p[1].Bytes)
 }
