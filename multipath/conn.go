@@ -73,6 +73,7 @@ type Conn struct {
 
 	// guarded by the engine's lock (completions update them)
 	paths []pathStats
+	two   twoSided
 }
 
 // ProbeSize is the size of a probe flow: large enough that its time is the
@@ -119,7 +120,7 @@ func newConn(pd *verbs.PD, cfg Config) (*Conn, error) {
 		cq.Close()
 		return nil, err
 	}
-	c.eng = progress.New(cq, progress.Config{Err: func(wc *verbs.WorkCompletion) error {
+	c.eng = progress.New(cq, progress.Config{OnRecv: c.onRecv, Err: func(wc *verbs.WorkCompletion) error {
 		if wc.Opcode == verbs.WCMailboxWrite {
 			return mailbox.CompletionError(wc)
 		}
@@ -130,7 +131,7 @@ func newConn(pd *verbs.PD, cfg Config) (*Conn, error) {
 
 func (c *Conn) newQP(path int) (*verbs.QP, error) {
 	gids := len(c.pd.Device().GIDs())
-	return c.pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: c.cq, GID: path % gids, MaxSendWR: 4096})
+	return c.pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: c.cq, GID: path % gids, MaxSendWR: 4096, MaxRecvWR: ctlSlots})
 }
 
 // Dial opens a logical connection to a listener at address, one path per
@@ -165,6 +166,12 @@ func Dial(ctx context.Context, pd *verbs.PD, address string, cfg *Config) (*Conn
 		}
 		c.qps = append(c.qps, qp)
 		c.paths[i].Up = true
+		if i == 0 {
+			if err := c.setupTwoSided(); err != nil {
+				c.Close()
+				return nil, err
+			}
+		}
 	}
 	return c, nil
 }
@@ -234,6 +241,11 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		}
 		c.qps[path] = qp
 		c.paths[path].Up = true
+		if path == 0 {
+			if err := c.setupTwoSided(); err != nil {
+				return nil, err
+			}
+		}
 		done := true
 		for _, q := range c.qps {
 			done = done && q != nil
@@ -254,6 +266,9 @@ func (c *Conn) Close() error {
 		}
 	}
 	errs = append(errs, c.cq.Close(), c.probe.Deregister())
+	if c.two.ctl != nil {
+		errs = append(errs, c.two.ctl.Deregister())
+	}
 	return errors.Join(errs...)
 }
 

@@ -22,10 +22,14 @@
 // may have been counted, and the request fails instead, until the
 // reliability layer's chunk bitmaps make a re-send safe.
 //
+// Two-sided messages use Virtuoso's hybrid (PostRecv, Send, Recv): the
+// receiver advertises a posted buffer on path 0; the sender writes the
+// message into it over all paths and then sends one empty SEND with
+// immediate on path 0, so the receiver sees one completion per message.
+//
 // Not yet here (issue 6): periodic probing and bringing a dead path back
-// (its QP must be connected anew), per-path
-// chunk sizes on lossy paths, and the write-then-SEND hybrid for
-// two-sided messages.
+// (its QP must be connected anew), and per-path chunk sizes on lossy
+// paths.
 //
 // A Conn is safe for concurrent use. The memory a request names must stay
 // registered and unchanged until the request completes.
