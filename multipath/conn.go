@@ -181,8 +181,8 @@ type Listener struct {
 	ln      *cm.Listener
 	pd      *verbs.PD
 	cfg     *Config
-	mu      sync.Mutex
-	pending map[uint64]*Conn
+	mu      sync.Mutex       // one Accept at a time
+	pending map[uint64]*Conn // connections whose paths are arriving
 }
 
 // Listen accepts connections on a TCP address for the connection manager.
@@ -201,7 +201,10 @@ func (l *Listener) Addr() string { return l.ln.Addr().String() }
 func (l *Listener) Close() error { return l.ln.Close() }
 
 // Accept returns the next connection whose every path has arrived.
+// Concurrent calls take turns.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	l.mu.Lock() // guards pending
+	defer l.mu.Unlock()
 	for {
 		req, err := l.ln.Accept(ctx)
 		if err != nil {
