@@ -6,6 +6,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rvma/rvma/internal/fabric"
@@ -110,6 +111,9 @@ type QP struct {
 	req  requester
 	resp responder
 	rq   recvQueue
+
+	// requester events since creation, for QP.Stats
+	timeouts, seqNaks, rnrNaks atomic.Uint64
 
 	timer     *time.Timer
 	timerAt   time.Time
@@ -229,6 +233,20 @@ func (qp *QP) State() QPState {
 // Endpoint returns what a peer needs to connect to this QP.
 func (qp *QP) Endpoint() Endpoint {
 	return Endpoint{GID: qp.GID(), QPN: qp.num, PSN: qp.startPSN, MTU: qp.port.MaxPayload(), Secret: qp.localSecret}
+}
+
+// QPStats counts a QP's requester events: what a multipath layer reads to
+// tell a lossy path from a clean one.
+type QPStats struct {
+	Timeouts uint64 // retransmission timeouts
+	SeqNaks  uint64 // sequence-error NAKs (a loss the responder noticed), each a go-back
+	RNRNaks  uint64 // receiver-not-ready NAKs
+}
+
+// Stats returns the QP's requester counters. It is safe to call at any
+// time.
+func (qp *QP) Stats() QPStats {
+	return QPStats{Timeouts: qp.timeouts.Load(), SeqNaks: qp.seqNaks.Load(), RNRNaks: qp.rnrNaks.Load()}
 }
 
 // Remote returns the endpoint the QP is connected to (zero before

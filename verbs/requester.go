@@ -268,6 +268,7 @@ func (qp *QP) checkTimers(now time.Time, ob *outbox) {
 		}
 		r.retries++
 		qp.dev.stats.timeouts.Add(1)
+		qp.timeouts.Add(1)
 		if r.retries > qp.conn.retryCount {
 			qp.fail(StatusRetryExceeded, 0)
 			return
@@ -358,6 +359,7 @@ func (qp *QP) handleResponse(p *wire.Packet, now time.Time, ob *outbox) {
 			}
 			r.rnrRetries++
 			qp.dev.stats.rnrNaks.Add(1)
+			qp.rnrNaks.Add(1)
 			if qp.conn.rnrRetry != 7 && r.rnrRetries > qp.conn.rnrRetry {
 				qp.fail(StatusRNRRetryExceeded, 0)
 				return
@@ -377,6 +379,7 @@ func (qp *QP) handleResponse(p *wire.Packet, now time.Time, ob *outbox) {
 					break // already rewound for this loss
 				}
 				qp.dev.stats.seqNaks.Add(1)
+				qp.seqNaks.Add(1)
 				qp.onLoss()
 				qp.goBack(p.PSN)
 				r.rewound, r.rewoundTo = true, p.PSN
