@@ -67,7 +67,7 @@ func Dial(ctx context.Context, address string, qp *verbs.QP, cfg *Config) (*Resu
 }
 
 func dialer(c net.Conn, qp *verbs.QP, cfg *Config) (*Result, error) {
-	req := &message{typ: msgREQ, ep: qp.Endpoint(), qpType: qp.Type(), private: cfg.PrivateData}
+	req := &message{typ: msgREQ, ep: capped(qp, cfg), qpType: qp.Type(), private: cfg.PrivateData}
 	if _, err := c.Write(appendMessage(nil, req)); err != nil {
 		return nil, err
 	}
@@ -219,7 +219,7 @@ func (r *Request) Accept(ctx context.Context, qp *verbs.QP, cfg *Config) error {
 	if err := connect(qp, r.req.ep, cfg); err != nil {
 		return fail(err)
 	}
-	rep := &message{typ: msgREP, ep: qp.Endpoint(), qpType: qp.Type(), private: cfg.PrivateData}
+	rep := &message{typ: msgREP, ep: capped(qp, cfg), qpType: qp.Type(), private: cfg.PrivateData}
 	if _, err := r.c.Write(appendMessage(nil, rep)); err != nil {
 		qp.SetError()
 		return fmt.Errorf("cm: accept: %w", err)
@@ -250,4 +250,16 @@ func (r *Request) Reject(reason string) error {
 	defer r.c.Close()
 	_, err := r.c.Write(appendMessage(nil, &message{typ: msgREJ, reason: reason}))
 	return err
+}
+
+// capped is qp's endpoint with the MTU it offers lowered to the caller's
+// cap, so that both sides agree on the path MTU when only one of them
+// caps it (each side connects with the minimum of its own and the
+// offered MTU).
+func capped(qp *verbs.QP, cfg *Config) verbs.Endpoint {
+	ep := qp.Endpoint()
+	if cfg.Connect != nil && cfg.Connect.MTU > 0 && cfg.Connect.MTU < ep.MTU {
+		ep.MTU = cfg.Connect.MTU
+	}
+	return ep
 }

@@ -197,3 +197,30 @@ func TestContextCancel(t *testing.T) {
 	_, err = l2.Accept(ctx2)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 }
+
+// An MTU cap on one side only still gives both sides the same path MTU
+// (a responder that expected bigger packets would refuse the requester's).
+func TestOneSidedMTUCap(t *testing.T) {
+	for _, tc := range []struct{ dial, accept, want int }{{1024, 0, 1024}, {0, 2048, 2048}, {4096, 1024, 1024}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		da, db := openPair(t)
+		l, err := Listen(ctx, "127.0.0.1:0")
+		require.NoError(t, err)
+		server, client := newQP(t, db, verbs.RC), newQP(t, da, verbs.RC)
+		done := make(chan error, 1)
+		go func() {
+			req, err := l.Accept(ctx)
+			if err == nil {
+				err = req.Accept(ctx, server, &Config{Connect: &verbs.ConnectConfig{MTU: tc.accept}})
+			}
+			done <- err
+		}()
+		_, err = Dial(ctx, l.Addr().String(), client, &Config{Connect: &verbs.ConnectConfig{MTU: tc.dial}})
+		require.NoError(t, err)
+		require.NoError(t, <-done)
+		require.Equal(t, tc.want, client.PathMTU(), "%+v", tc)
+		require.Equal(t, tc.want, server.PathMTU(), "%+v", tc)
+		l.Close()
+		cancel()
+	}
+}
