@@ -48,3 +48,25 @@ func TestBalancers(t *testing.T) {
 	// Remainders are handed out, never lost.
 	require.Equal(t, 7, sum(Equal{}.Split(7, []PathState{{Up: true}, {Up: true}, {Up: true}})))
 }
+
+func TestNextChunk(t *testing.T) {
+	const lo, hi = 64, 1024
+	tests := []struct {
+		chunk        int
+		linear, lost bool
+		want         int
+		wantLinear   bool
+	}{
+		{64, false, false, 128, false},    // clean: double
+		{1024, false, false, 1024, false}, // capped
+		{512, false, true, 256, true},     // a loss: halve, then linear
+		{64, true, true, 64, true},        // not below the minimum
+		{256, true, false, 320, true},     // after a loss: grow by lo
+		{1000, true, false, 1024, true},   // capped
+	}
+	for _, tc := range tests {
+		got, lin := nextChunk(tc.chunk, lo, hi, tc.linear, tc.lost)
+		require.Equal(t, tc.want, got, "%+v", tc)
+		require.Equal(t, tc.wantLinear, lin, "%+v", tc)
+	}
+}

@@ -32,6 +32,13 @@ type Config struct {
 	// EWMA is the weight of a new capacity sample. Default 0.25, range
 	// (0, 1].
 	EWMA float64
+	// MinChunk and MaxChunk bound a path's chunk size: a sub-flow is posted
+	// as work requests of at most the path's chunk, which starts at
+	// MinChunk, doubles after every sub-flow the path carried without a
+	// loss, halves on a loss and then grows by MinChunk per clean sub-flow
+	// (Virtuoso §3.5: large chunks on a lossy path make long tails).
+	// Defaults 64 KiB and 4 MiB.
+	MinChunk, MaxChunk int
 }
 
 func (c *Config) defaults(gids int) Config {
@@ -50,6 +57,12 @@ func (c *Config) defaults(gids int) Config {
 	}
 	if d.EWMA <= 0 || d.EWMA > 1 {
 		d.EWMA = 0.25
+	}
+	if d.MinChunk <= 0 {
+		d.MinChunk = 64 << 10
+	}
+	if d.MaxChunk < d.MinChunk {
+		d.MaxChunk = max(4<<20, d.MinChunk)
 	}
 	return d
 }
@@ -84,12 +97,15 @@ type pathStats struct {
 	PathState
 	bytes    uint64    // completed on this path
 	lastDone time.Time // when the path last finished a sub-flow
+	chunk    int       // largest work request posted on the path
+	linear   bool      // a loss was seen: grow the chunk linearly
 }
 
-// Stats is a path's state and the bytes it carried.
+// Stats is a path's state, the bytes it carried and its chunk size.
 type Stats struct {
 	PathState
 	Bytes uint64
+	Chunk int
 }
 
 const magic = 0x52564d50 // "RVMP"
@@ -116,6 +132,9 @@ func newConn(pd *verbs.PD, cfg Config) (*Conn, error) {
 		return nil, err
 	}
 	c := &Conn{pd: pd, cq: cq, cfg: cfg, paths: make([]pathStats, cfg.Paths)}
+	for i := range c.paths {
+		c.paths[i].chunk = cfg.MinChunk
+	}
 	if c.probe, err = pd.RegisterMR(make([]byte, ProbeSize), verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
 		cq.Close()
 		return nil, err
@@ -315,7 +334,7 @@ func (c *Conn) Paths() []Stats {
 	out := make([]Stats, len(c.paths))
 	c.eng.Locked(func() {
 		for i, p := range c.paths {
-			out[i] = Stats{PathState: p.PathState, Bytes: p.bytes}
+			out[i] = Stats{PathState: p.PathState, Bytes: p.bytes, Chunk: p.chunk}
 		}
 	})
 	return out
@@ -350,7 +369,9 @@ func (c *Conn) Read(mr *verbs.MR, off, n int, raddr uint64, rkey uint32) (*Reque
 
 // Put puts n bytes of mr from off into the peer's mailbox at offset:
 // each path's sub-flow is placed by its own offset and counted once, so
-// no reassembly and no ordering between paths is needed. A sub-flow whose
+// no reassembly and no ordering between paths is needed. Each chunk of
+// each sub-flow is one mailbox write, so a target that counts operations
+// rather than bytes sees that many. A sub-flow whose
 // path fails is not sent again: part of it may have been counted, and
 // counting it twice would complete the target's epoch early (the
 // reliability layer's chunk bitmaps are what will make that safe); the
@@ -419,22 +440,56 @@ func (c *Conn) post(n int, reissue bool, wr func(sub, at int) verbs.SendWR) (*Re
 	return &Request{op: parent}, nil
 }
 
-// submit posts one sub-flow of share bytes at offset at on path.
+// submit posts one sub-flow of share bytes at offset at on path, as work
+// requests of at most the path's chunk size.
 func (c *Conn) submit(f *flow, path, share, at int) {
 	posted := time.Now()
-	op, id := c.eng.Start(1, path, func(err error) { c.subDone(f, path, share, at, posted, err) })
-	w := f.wr(share, at)
-	w.ID, w.Flags = id, verbs.FlagSignaled
-	c.eng.Locked(func() { c.paths[path].Outstanding += share })
-	if _, err := c.qps[path].PostSend([]verbs.SendWR{w}); err != nil {
-		c.eng.Posted(op, id, 1, 0, err)
+	qp := c.qps[path]
+	losses := lossCount(qp)
+	var chunk int
+	c.eng.Locked(func() {
+		chunk = c.paths[path].chunk
+		c.paths[path].Outstanding += share
+	})
+	n := (share + chunk - 1) / chunk
+	op, id := c.eng.Start(n, path, func(err error) { c.subDone(f, path, share, at, posted, losses, err) })
+	wrs := make([]verbs.SendWR, n)
+	for k := range wrs {
+		off := k * chunk
+		wrs[k] = f.wr(min(chunk, share-off), at+off)
+		wrs[k].ID, wrs[k].Flags = id+uint64(k), verbs.FlagSignaled
+	}
+	if k, err := qp.PostSend(wrs); err != nil {
+		c.eng.Posted(op, id, n, k, err)
 	}
 }
 
+// nextChunk is a path's chunk size after a sub-flow: halved on a loss
+// (and growing linearly from then on), doubled while the path has been
+// clean, within [lo, hi].
+func nextChunk(chunk, lo, hi int, linear, lost bool) (int, bool) {
+	switch {
+	case lost:
+		return max(lo, chunk/2), true
+	case linear:
+		return min(hi, chunk+lo), true
+	default:
+		return min(hi, 2*chunk), false
+	}
+}
+
+func lossCount(qp *verbs.QP) uint64 {
+	s := qp.Stats()
+	return s.Timeouts + s.SeqNaks
+}
+
 // subDone accounts for a finished sub-flow; the engine's lock is held.
-func (c *Conn) subDone(f *flow, path, share, at int, posted time.Time, err error) {
+func (c *Conn) subDone(f *flow, path, share, at int, posted time.Time, losses uint64, err error) {
 	p := &c.paths[path]
 	p.Outstanding -= share
+	if err == nil {
+		p.chunk, p.linear = nextChunk(p.chunk, c.cfg.MinChunk, c.cfg.MaxChunk, p.linear, lossCount(c.qps[path]) > losses)
+	}
 	if err != nil {
 		p.Up = false // the QP is in error: the path is gone
 		if f.reissue {
