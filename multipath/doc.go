@@ -27,9 +27,13 @@
 // message into it over all paths and then sends one empty SEND with
 // immediate on path 0, so the receiver sees one completion per message.
 //
+// On lossy paths, a sub-flow is posted as work requests of at most the
+// path's chunk size, which doubles while the path is clean and, once a
+// loss appears (a retransmission on the path's QP), halves and then grows
+// linearly (Virtuoso §3.5).
+//
 // Not yet here (issue 6): periodic probing and bringing a dead path back
-// (its QP must be connected anew), and per-path chunk sizes on lossy
-// paths.
+// (its QP must be connected anew).
 //
 // A Conn is safe for concurrent use. The memory a request names must stay
 // registered and unchanged until the request completes.
