@@ -39,6 +39,10 @@ type Config struct {
 	// (Virtuoso §3.5: large chunks on a lossy path make long tails).
 	// Defaults 64 KiB and 4 MiB.
 	MinChunk, MaxChunk int
+	// Revive is how often the dialer's side tries to reconnect and probe
+	// the paths that failed; a path that answers is used again. Default
+	// 1s; negative: never.
+	Revive time.Duration
 }
 
 func (c *Config) defaults(gids int) Config {
@@ -64,6 +68,9 @@ func (c *Config) defaults(gids int) Config {
 	if d.MaxChunk < d.MinChunk {
 		d.MaxChunk = max(4<<20, d.MinChunk)
 	}
+	if d.Revive == 0 {
+		d.Revive = time.Second
+	}
 	return d
 }
 
@@ -75,9 +82,18 @@ var ErrPaths = errors.New("multipath: no path up")
 type Conn struct {
 	pd  *verbs.PD
 	cq  *verbs.CQ
-	qps []*verbs.QP
 	eng *progress.Engine
 	cfg Config
+
+	qmu sync.RWMutex // guards qps: a revived path gets a new QP
+	qps []*verbs.QP
+
+	// The dialer's side re-dials failed paths.
+	addr    string
+	id      uint64
+	stop    chan struct{}
+	stopped sync.WaitGroup
+	closeMu sync.Once
 
 	// Probe regions: ours (the peer writes probes into it, and ours are
 	// sent from it) and the peer's.
@@ -131,7 +147,7 @@ func newConn(pd *verbs.PD, cfg Config) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Conn{pd: pd, cq: cq, cfg: cfg, paths: make([]pathStats, cfg.Paths)}
+	c := &Conn{pd: pd, cq: cq, cfg: cfg, paths: make([]pathStats, cfg.Paths), stop: make(chan struct{})}
 	for i := range c.paths {
 		c.paths[i].chunk = cfg.MinChunk
 	}
@@ -146,6 +162,29 @@ func newConn(pd *verbs.PD, cfg Config) (*Conn, error) {
 		return wc.Err()
 	}})
 	return c, nil
+}
+
+// qp returns path i's current QP.
+func (c *Conn) qp(i int) *verbs.QP {
+	c.qmu.RLock()
+	defer c.qmu.RUnlock()
+	return c.qps[i]
+}
+
+// install makes qp path i's QP (after a revival), destroys the old one and
+// marks the path up with fresh estimates.
+func (c *Conn) install(i int, qp *verbs.QP) {
+	c.qmu.Lock()
+	old := c.qps[i]
+	c.qps[i] = qp
+	c.qmu.Unlock()
+	if old != nil {
+		old.Destroy()
+	}
+	if i == 0 {
+		c.postCtlRecvs(qp)
+	}
+	c.eng.Locked(func() { c.paths[i] = pathStats{PathState: PathState{Up: true}, chunk: c.cfg.MinChunk} })
 }
 
 func (c *Conn) newQP(path int) (*verbs.QP, error) {
@@ -192,16 +231,76 @@ func Dial(ctx context.Context, pd *verbs.PD, address string, cfg *Config) (*Conn
 			}
 		}
 	}
+	c.addr, c.id = address, id
+	if conf.Revive > 0 {
+		c.stopped.Add(1)
+		go c.reviver()
+	}
 	return c, nil
 }
 
-// Listener accepts logical connections.
+// reviver periodically re-dials and probes the paths that are down.
+func (c *Conn) reviver() {
+	defer c.stopped.Done()
+	t := time.NewTicker(c.cfg.Revive)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		for i := range c.cfg.Paths {
+			down := false
+			c.eng.Locked(func() { down = !c.paths[i].Up })
+			if down {
+				ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Revive)
+				go func() { // Close must not wait a whole attempt
+					select {
+					case <-c.stop:
+						cancel()
+					case <-ctx.Done():
+					}
+				}()
+				c.Revive(ctx, i)
+				cancel()
+			}
+		}
+	}
+}
+
+// Revive connects path i anew (it failed: its QP is in error) and probes
+// it; on success the path is up again. The dialer's side does this
+// periodically by itself (Config.Revive).
+func (c *Conn) Revive(ctx context.Context, i int) error {
+	if c.addr == "" {
+		return fmt.Errorf("multipath: only the dialing side revives paths")
+	}
+	qp, err := c.newQP(i)
+	if err != nil {
+		return err
+	}
+	if _, err := cm.Dial(ctx, c.addr, qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: hello(c.id, i, c.cfg.Paths, c.probeRef())}); err != nil {
+		qp.Destroy()
+		return fmt.Errorf("multipath: revive path %d: %w", i, err)
+	}
+	c.install(i, qp)
+	return c.probePath(ctx, i)
+}
+
+// Listener accepts logical connections. A goroutine answers the
+// connection manager's requests: paths of new connections, and paths that
+// the dialer revives on connections already accepted.
 type Listener struct {
-	ln      *cm.Listener
-	pd      *verbs.PD
-	cfg     *Config
-	mu      sync.Mutex       // one Accept at a time
+	ln    *cm.Listener
+	pd    *verbs.PD
+	cfg   *Config
+	ready chan *Conn
+	done  chan struct{}
+
+	// used by the serving goroutine only
 	pending map[uint64]*Conn // connections whose paths are arriving
+	conns   map[uint64]*Conn // accepted connections, for revivals
 }
 
 // Listen accepts connections on a TCP address for the connection manager.
@@ -210,24 +309,45 @@ func Listen(ctx context.Context, pd *verbs.PD, address string, cfg *Config) (*Li
 	if err != nil {
 		return nil, err
 	}
-	return &Listener{ln: ln, pd: pd, cfg: cfg, pending: map[uint64]*Conn{}}, nil
+	l := &Listener{ln: ln, pd: pd, cfg: cfg, ready: make(chan *Conn, 16), done: make(chan struct{}),
+		pending: map[uint64]*Conn{}, conns: map[uint64]*Conn{}}
+	go l.serve()
+	return l, nil
 }
 
 // Addr returns the listening address.
 func (l *Listener) Addr() string { return l.ln.Addr().String() }
 
-// Close stops listening.
-func (l *Listener) Close() error { return l.ln.Close() }
+// Close stops listening; accepted connections stay up but their paths are
+// no longer revived.
+func (l *Listener) Close() error {
+	err := l.ln.Close()
+	<-l.done
+	return err
+}
 
 // Accept returns the next connection whose every path has arrived.
-// Concurrent calls take turns.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
-	l.mu.Lock() // guards pending
-	defer l.mu.Unlock()
+	select {
+	case c, ok := <-l.ready:
+		if !ok {
+			return nil, fmt.Errorf("multipath: listener closed")
+		}
+		return c, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (l *Listener) serve() {
+	defer close(l.done)
+	defer close(l.ready)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	for {
 		req, err := l.ln.Accept(ctx)
 		if err != nil {
-			return nil, err
+			return
 		}
 		p := req.PrivateData()
 		if len(p) != 28 || binary.BigEndian.Uint32(p) != magic {
@@ -239,13 +359,30 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 			req.Reject("bad path numbers")
 			continue
 		}
+		actx, acancel := context.WithTimeout(ctx, 10*time.Second)
+		if c := l.conns[id]; c != nil { // a revived path
+			if path < len(c.qps) {
+				if qp, err := c.newQP(path); err == nil {
+					if err := req.Accept(actx, qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: c.probeRef()}); err == nil {
+						c.install(path, qp)
+					} else {
+						qp.Destroy()
+					}
+				}
+			} else {
+				req.Reject("bad path numbers")
+			}
+			acancel()
+			continue
+		}
 		c := l.pending[id]
 		if c == nil {
 			conf := l.cfg.defaults(paths)
 			conf.Paths = paths
 			if c, err = newConn(l.pd, conf); err != nil {
 				req.Reject(err.Error())
-				return nil, err
+				acancel()
+				continue
 			}
 			c.qps = make([]*verbs.QP, paths)
 			l.pending[id] = c
@@ -253,8 +390,9 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		qp, err := c.newQP(path)
 		if err == nil {
 			copy(c.peerProbe[:], p[16:])
-			err = req.Accept(ctx, qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: c.probeRef()})
+			err = req.Accept(actx, qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: c.probeRef()})
 		}
+		acancel()
 		if err != nil {
 			if qp != nil {
 				qp.Destroy()
@@ -265,7 +403,7 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		c.paths[path].Up = true
 		if path == 0 {
 			if err := c.setupTwoSided(); err != nil {
-				return nil, err
+				continue
 			}
 		}
 		done := true
@@ -274,19 +412,28 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		}
 		if done {
 			delete(l.pending, id)
-			return c, nil
+			l.conns[id] = c
+			select {
+			case l.ready <- c:
+			case <-ctx.Done():
+				return
+			}
 		}
 	}
 }
 
-// Close destroys the paths' QPs and the CQ.
+// Close stops reviving paths and destroys the paths' QPs and the CQ.
 func (c *Conn) Close() error {
+	c.closeMu.Do(func() { close(c.stop) })
+	c.stopped.Wait()
 	var errs []error
+	c.qmu.Lock()
 	for _, qp := range c.qps {
 		if qp != nil {
 			errs = append(errs, qp.Destroy())
 		}
 	}
+	c.qmu.Unlock()
 	errs = append(errs, c.cq.Close(), c.probe.Deregister())
 	if c.two.ctl != nil {
 		errs = append(errs, c.two.ctl.Deregister())
@@ -299,34 +446,39 @@ func (c *Conn) Close() error {
 // path's capacity estimate from it. A path whose probe fails is marked
 // down.
 func (c *Conn) Probe(ctx context.Context) error {
-	raddr, rkey := binary.BigEndian.Uint64(c.peerProbe[:]), binary.BigEndian.Uint32(c.peerProbe[8:])
-	for i, qp := range c.qps {
+	for i := range c.cfg.Paths {
 		up := false
 		c.eng.Locked(func() { up = c.paths[i].Up })
 		if !up {
 			continue
 		}
-		start := time.Now()
-		op, id := c.eng.Start(1, i, nil)
-		if _, err := qp.PostSend([]verbs.SendWR{{ID: id, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
-			SGL: []verbs.SGE{c.probe.SGE(0, ProbeSize)}, RemoteAddr: raddr, RKey: rkey}}); err != nil {
-			c.eng.Posted(op, id, 1, 0, err)
+		if err := c.probePath(ctx, i); ctx.Err() != nil {
+			return err
 		}
-		err := op.Wait(ctx)
-		el := time.Since(start).Seconds()
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		c.eng.Locked(func() {
-			p := &c.paths[i]
-			if err != nil {
-				p.Up = false
-				return
-			}
-			p.Capacity = ProbeSize / el
-		})
 	}
 	return nil
+}
+
+// probePath times one probe on path i.
+func (c *Conn) probePath(ctx context.Context, i int) error {
+	raddr, rkey := binary.BigEndian.Uint64(c.peerProbe[:]), binary.BigEndian.Uint32(c.peerProbe[8:])
+	start := time.Now()
+	op, id := c.eng.Start(1, i, nil)
+	if _, err := c.qp(i).PostSend([]verbs.SendWR{{ID: id, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
+		SGL: []verbs.SGE{c.probe.SGE(0, ProbeSize)}, RemoteAddr: raddr, RKey: rkey}}); err != nil {
+		c.eng.Posted(op, id, 1, 0, err)
+	}
+	err := op.Wait(ctx)
+	el := time.Since(start).Seconds()
+	c.eng.Locked(func() {
+		p := &c.paths[i]
+		if err != nil {
+			p.Up = false
+			return
+		}
+		p.Capacity = ProbeSize / el
+	})
+	return err
 }
 
 // Paths returns every path's state and the bytes it carried.
@@ -444,7 +596,7 @@ func (c *Conn) post(n int, reissue bool, wr func(sub, at int) verbs.SendWR) (*Re
 // requests of at most the path's chunk size.
 func (c *Conn) submit(f *flow, path, share, at int) {
 	posted := time.Now()
-	qp := c.qps[path]
+	qp := c.qp(path)
 	losses := lossCount(qp)
 	var chunk int
 	c.eng.Locked(func() {
@@ -488,7 +640,7 @@ func (c *Conn) subDone(f *flow, path, share, at int, posted time.Time, losses ui
 	p := &c.paths[path]
 	p.Outstanding -= share
 	if err == nil {
-		p.chunk, p.linear = nextChunk(p.chunk, c.cfg.MinChunk, c.cfg.MaxChunk, p.linear, lossCount(c.qps[path]) > losses)
+		p.chunk, p.linear = nextChunk(p.chunk, c.cfg.MinChunk, c.cfg.MaxChunk, p.linear, lossCount(c.qp(path)) > losses)
 	}
 	if err != nil {
 		p.Up = false // the QP is in error: the path is gone

@@ -279,3 +279,24 @@ func TestChunkSizes(t *testing.T) {
 	require.LessOrEqual(t, p[1].Chunk, 256<<10, "the lossy path backed off")
 	t.Logf("chunks: clean %d, lossy %d", p[0].Chunk, p[1].Chunk)
 }
+
+// A failed path is re-dialled and probed in the background and used again
+// once it answers.
+func TestRevive(t *testing.T) {
+	ctx, a, b, c := loopPair(t, "2", 2<<20, &multipath.Config{Balancer: multipath.Equal{}, Revive: 20 * time.Millisecond,
+		Connect: verbs.ConnectConfig{Timeout: 20 * time.Millisecond, RetryCount: 1}})
+	require.NoError(t, a.dev.SetFaults(1, verbs.Faults{Drop: 1}))
+	req, err := c.Write(a.mr, 0, len(a.buf), b.mr.Addr(), b.mr.RKey())
+	require.NoError(t, err)
+	require.NoError(t, req.Wait(ctx))
+	require.False(t, c.Paths()[1].Up)
+	require.NoError(t, a.dev.SetFaults(1, verbs.Faults{}))
+	require.Eventually(t, func() bool { return c.Paths()[1].Up }, 20*time.Second, 5*time.Millisecond, "path 1 never came back")
+	before := c.Paths()[1].Bytes
+	rand.Read(a.buf)
+	req, err = c.Write(a.mr, 0, len(a.buf), b.mr.Addr(), b.mr.RKey())
+	require.NoError(t, err)
+	require.NoError(t, req.Wait(ctx))
+	require.True(t, bytes.Equal(a.buf, b.buf))
+	require.Greater(t, c.Paths()[1].Bytes, before, "the revived path carries data again")
+}

@@ -32,8 +32,10 @@
 // loss appears (a retransmission on the path's QP), halves and then grows
 // linearly (Virtuoso §3.5).
 //
-// Not yet here (issue 6): periodic probing and bringing a dead path back
-// (its QP must be connected anew).
+// A failed path comes back by Revive: the dialing side connects a new QP
+// for it through the listener (which serves revivals of connections it
+// accepted) and probes it; Config.Revive makes the dialing side try this
+// periodically by itself.
 //
 // A Conn is safe for concurrent use. The memory a request names must stay
 // registered and unchanged until the request completes.

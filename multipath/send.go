@@ -43,7 +43,6 @@ type twoSided struct {
 	remote  []remoteBuf // the peer's buffers, in post order
 	posted  []uint64    // ids of our buffers, in post order
 	arrived []Message
-	ready   bool
 }
 
 // setupTwoSided posts path 0's control receives.
@@ -53,12 +52,16 @@ func (c *Conn) setupTwoSided() error {
 		return err
 	}
 	c.two.ctl = mr
+	return c.postCtlRecvs(c.qps[0])
+}
+
+// postCtlRecvs posts the control receives on path 0's QP qp.
+func (c *Conn) postCtlRecvs(qp *verbs.QP) error {
 	wrs := make([]verbs.RecvWR, ctlSlots)
 	for i := range wrs {
-		wrs[i] = verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{mr.SGE(i*ctlLen, ctlLen)}}
+		wrs[i] = verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{c.two.ctl.SGE(i*ctlLen, ctlLen)}}
 	}
-	_, err = c.qps[0].PostRecv(wrs)
-	c.two.ready = err == nil
+	_, err := qp.PostRecv(wrs)
 	return err
 }
 
@@ -80,7 +83,7 @@ func (c *Conn) onRecv(wc *verbs.WorkCompletion) {
 				rkey: binary.BigEndian.Uint32(b[16:]), len: int(binary.BigEndian.Uint32(b[20:]))})
 		}
 	})
-	c.qps[0].PostRecv([]verbs.RecvWR{{ID: slot, SGL: []verbs.SGE{c.two.ctl.SGE(int(slot)*ctlLen, ctlLen)}}})
+	c.qp(0).PostRecv([]verbs.RecvWR{{ID: slot, SGL: []verbs.SGE{c.two.ctl.SGE(int(slot)*ctlLen, ctlLen)}}})
 }
 
 // PostRecv offers n bytes of mr at off for the peer's next message; Recv
@@ -98,7 +101,7 @@ func (c *Conn) PostRecv(ctx context.Context, mr *verbs.MR, off, n int, id uint64
 	binary.BigEndian.PutUint32(b[16:], mr.RKey())
 	binary.BigEndian.PutUint32(b[20:], uint32(n))
 	op, wid := c.eng.Start(1, 0, nil)
-	if _, err := c.qps[0].PostSend([]verbs.SendWR{{ID: wid, Opcode: verbs.OpSend, Flags: verbs.FlagSignaled | verbs.FlagInline,
+	if _, err := c.qp(0).PostSend([]verbs.SendWR{{ID: wid, Opcode: verbs.OpSend, Flags: verbs.FlagSignaled | verbs.FlagInline,
 		Inline: b}}); err != nil {
 		c.eng.Posted(op, wid, 1, 0, err)
 	}
@@ -136,7 +139,7 @@ func (c *Conn) Send(ctx context.Context, mr *verbs.MR, off, n int) error {
 		return err
 	}
 	op, wid := c.eng.Start(1, 0, nil)
-	if _, err := c.qps[0].PostSend([]verbs.SendWR{{ID: wid, Opcode: verbs.OpSendImm, Flags: verbs.FlagSignaled,
+	if _, err := c.qp(0).PostSend([]verbs.SendWR{{ID: wid, Opcode: verbs.OpSendImm, Flags: verbs.FlagSignaled,
 		Imm: uint32(n)}}); err != nil {
 		c.eng.Posted(op, wid, 1, 0, err)
 	}

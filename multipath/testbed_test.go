@@ -52,7 +52,10 @@ func TestShapedPaths(t *testing.T) {
 	}()
 	var c *multipath.Conn
 	require.NoError(t, b.In(b.NameA, func() (err error) {
-		c, err = multipath.Dial(ctx, sa.pd, ln.Addr(), &multipath.Config{Connect: verbs.ConnectConfig{Timeout: 200 * time.Millisecond}})
+		// Revive by hand: the connection manager's TCP dial must happen
+		// inside namespace A, which a background goroutine's is not.
+		c, err = multipath.Dial(ctx, sa.pd, ln.Addr(), &multipath.Config{Revive: -1,
+			Connect: verbs.ConnectConfig{Timeout: 200 * time.Millisecond, RetryCount: 2}})
 		return err
 	}))
 	peer := <-acc
@@ -80,4 +83,25 @@ func TestShapedPaths(t *testing.T) {
 	p = c.Paths()
 	require.Positive(t, p[0].Bytes)
 	require.Positive(t, p[1].Bytes)
+
+	// The fast path's link goes down: its sub-flow moves to the slow path.
+	require.NoError(t, b.SetDown(1, true))
+	rand.Read(sa.buf)
+	start := time.Now()
+	req, err := c.Write(sa.mr, 0, len(sa.buf), sb.mr.Addr(), sb.mr.RKey())
+	require.NoError(t, err)
+	require.NoError(t, req.Wait(ctx))
+	require.True(t, bytes.Equal(sa.buf, sb.buf))
+	require.False(t, c.Paths()[1].Up)
+	t.Logf("with path 1 down: %v", time.Since(start))
+	// It comes back: re-dialled and probed, it is used again.
+	require.NoError(t, b.SetDown(1, false))
+	require.NoError(t, b.In(b.NameA, func() error { return c.Revive(ctx, 1) }))
+	require.True(t, c.Paths()[1].Up)
+	before := c.Paths()[1].Bytes
+	req, err = c.Write(sa.mr, 0, len(sa.buf), sb.mr.Addr(), sb.mr.RKey())
+	require.NoError(t, err)
+	require.NoError(t, req.Wait(ctx))
+	require.Greater(t, c.Paths()[1].Bytes, before)
+	t.Logf("path 1 revived, capacity %.0f Mbit/s", c.Paths()[1].Capacity*8/1e6)
 }
