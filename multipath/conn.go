@@ -534,6 +534,24 @@ func (c *Conn) Put(mr *verbs.MR, off, n int, mbox, offset uint64) (*Request, err
 	})
 }
 
+// FetchAdd adds add to the 8-byte word at the peer's (raddr, rkey) on one
+// path (the balancer's pick) and returns the previous value in mr at off.
+// An atomic whose path fails is not re-issued (it may have executed).
+func (c *Conn) FetchAdd(mr *verbs.MR, off int, raddr uint64, rkey uint32, add uint64) (*Request, error) {
+	return c.postOn(8, false, true, func(int, int) verbs.SendWR {
+		return verbs.SendWR{Opcode: verbs.OpFetchAdd, SGL: []verbs.SGE{mr.SGE(off, 8)}, RemoteAddr: raddr, RKey: rkey, CompareAdd: add}
+	})
+}
+
+// CompareSwap replaces the 8-byte word at the peer's (raddr, rkey) with
+// swap if it equals cmp, on one path, and returns the previous value in mr
+// at off.
+func (c *Conn) CompareSwap(mr *verbs.MR, off int, raddr uint64, rkey uint32, cmp, swap uint64) (*Request, error) {
+	return c.postOn(8, false, true, func(int, int) verbs.SendWR {
+		return verbs.SendWR{Opcode: verbs.OpCompareSwap, SGL: []verbs.SGE{mr.SGE(off, 8)}, RemoteAddr: raddr, RKey: rkey, CompareAdd: cmp, Swap: swap}
+	})
+}
+
 // flow is one request's bookkeeping; guarded by the engine's lock.
 type flow struct {
 	parent  *progress.Op
@@ -554,10 +572,16 @@ func (c *Conn) states() []PathState {
 // post splits n bytes into sub-flows and posts them; wr builds the work
 // request for sub bytes at offset at.
 func (c *Conn) post(n int, reissue bool, wr func(sub, at int) verbs.SendWR) (*Request, error) {
+	return c.postOn(n, reissue, false, wr)
+}
+
+// postOn is post; with whole the request goes on one path, never split
+// or chunked (atomics).
+func (c *Conn) postOn(n int, reissue, whole bool, wr func(sub, at int) verbs.SendWR) (*Request, error) {
 	var shares []int
 	c.eng.Locked(func() {
 		states := c.states()
-		if n < c.cfg.Small {
+		if n < c.cfg.Small || whole {
 			shares = make([]int, len(c.paths))
 			if i := c.cfg.Balancer.Pick(states); i >= 0 {
 				shares[i] = n

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"testing"
 	"time"
@@ -299,4 +300,20 @@ func TestRevive(t *testing.T) {
 	require.NoError(t, req.Wait(ctx))
 	require.True(t, bytes.Equal(a.buf, b.buf))
 	require.Greater(t, c.Paths()[1].Bytes, before, "the revived path carries data again")
+}
+
+// Atomics go whole on one path, even when everything else is split.
+func TestAtomics(t *testing.T) {
+	ctx, a, b, c := loopPair(t, "2", 4096, &multipath.Config{Small: 1})
+	binary.LittleEndian.PutUint64(b.buf, 40)
+	req, err := c.FetchAdd(a.mr, 0, b.mr.Addr(), b.mr.RKey(), 2)
+	require.NoError(t, err)
+	require.NoError(t, req.Wait(ctx))
+	require.Equal(t, uint64(40), binary.LittleEndian.Uint64(a.buf))
+	require.Equal(t, uint64(42), binary.LittleEndian.Uint64(b.buf))
+	req, err = c.CompareSwap(a.mr, 8, b.mr.Addr(), b.mr.RKey(), 42, 7)
+	require.NoError(t, err)
+	require.NoError(t, req.Wait(ctx))
+	require.Equal(t, uint64(42), binary.LittleEndian.Uint64(a.buf[8:]))
+	require.Equal(t, uint64(7), binary.LittleEndian.Uint64(b.buf))
 }

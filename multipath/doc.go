@@ -2,7 +2,8 @@
 // Virtuoso (Tian et al.): a QP per path, one per local address (GID), all
 // in one PD sharing the registered memory and completing into one CQ.
 //
-// A request (Write, Read, or a mailbox Put) larger than Config.Small is
+// Atomics (FetchAdd, CompareSwap) go whole on the path the balancer
+// picks. A request (Write, Read, or a mailbox Put) larger than Config.Small is
 // split by a Balancer into one contiguous sub-flow per path, sized so that
 // the paths finish together: Equal, Proportional (a path's share is
 // proportional to its estimated capacity, Virtuoso's equation 1) or
