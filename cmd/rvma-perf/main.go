@@ -54,6 +54,11 @@ type Result struct {
 	LatP99   float64 `json:"lat_us_p99"`
 	LatAvg   float64 `json:"lat_us_avg"`
 	Chunk    int     `json:"chunk,omitempty"` // memcpy: piece size
+	// mp_bw: the number of paths, each path's measured goodput and, on
+	// the testbed, its shaped rate.
+	Paths        int       `json:"paths,omitempty"`
+	PathGbps     []float64 `json:"path_gbps,omitempty"`
+	PathRateGbps []float64 `json:"path_rate_gbps,omitempty"`
 }
 
 type options struct {
@@ -74,10 +79,13 @@ type options struct {
 	reps     int
 	addr     string
 	cpuprof  string
+	paths    int
+	testbed  bool
+	rate     string
 }
 
 var tests = []string{"write_bw", "write_lat", "write_ack_lat", "read_bw", "read_lat", "send_bw", "send_lat", "atomic_lat",
-	"put_bw", "put_notify_lat", "write_send_lat", "write_flush_send_lat", "rma_put_lat", "rma_put_bw",
+	"put_bw", "put_notify_lat", "write_send_lat", "write_flush_send_lat", "rma_put_lat", "rma_put_bw", "mp_bw",
 	"memcpy", "udp_raw", "udp_pingpong"}
 
 // local reports whether a test is a baseline that runs without verbs.
@@ -116,6 +124,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.chunk, "chunk", 0, "memcpy: copy each message in pieces of this size (default: one copy)")
 	fs.StringVar(&o.vs, "vs", "", "also run this test with the same flags, alternating, and report the ratio")
 	fs.IntVar(&o.reps, "reps", 1, "with --vs: number of alternating pairs; the median ratio is reported")
+	fs.IntVar(&o.paths, "paths", 2, "mp_bw: number of paths")
+	fs.BoolVar(&o.testbed, "testbed", false, "mp_bw: run over a namespace testbed with one veth path per --paths (root)")
+	fs.StringVar(&o.rate, "rate", "", "mp_bw --testbed: tc rate per path, comma-separated (one value for all), e.g. 200mbit")
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		fs.Usage()
 		return nil, errors.New("missing TEST")
@@ -156,7 +167,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("--vs compares a bandwidth test with a bandwidth test, a latency test with a latency test")
 	case o.reps < 1 || o.reps > 100:
 		return nil, fmt.Errorf("--reps %d: want 1..100", o.reps)
-	case (local(o.test) || isRMA(o.test)) && (o.server != "" || o.connect != ""):
+	case (local(o.test) || isRMA(o.test) || o.test == "mp_bw") && (o.server != "" || o.connect != ""):
 		return nil, fmt.Errorf("%s runs both ends in one process", o.test)
 	}
 	if o.device == "" {
@@ -247,6 +258,8 @@ func measureOne(ctx context.Context, o *options) (*Result, error) {
 		return udpPingPong(ctx, o)
 	case "rma_put_lat", "rma_put_bw":
 		return rmaTest(ctx, o)
+	case "mp_bw":
+		return mpBW(ctx, o)
 	}
 	return client(ctx, o)
 }
@@ -284,6 +297,12 @@ func print(w io.Writer, o *options, r *Result) {
 		return
 	}
 	fmt.Fprintf(w, "%-11s %-5s size %8d  iters %9d  qps %3d  %8.3f Gbit/s  %8.4f Mops", r.Test, r.Provider, r.Size, r.Iters, r.QPs, r.Gbps, r.Mops)
+	if r.Paths > 0 {
+		fmt.Fprintf(w, "  paths %d  per path Gbit/s %.3f", r.Paths, r.PathGbps)
+		if r.PathRateGbps != nil {
+			fmt.Fprintf(w, " (shaped %.3f)", r.PathRateGbps)
+		}
+	}
 	if isLat(r.Test) {
 		fmt.Fprintf(w, "  lat p50 %.2f us  p99 %.2f us  avg %.2f us", r.LatP50, r.LatP99, r.LatAvg)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -66,7 +67,7 @@ func TestTwoProcesses(t *testing.T) {
 	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
 	require.NoError(t, err, string(out))
 	for _, test := range tests {
-		if local(test) || isRMA(test) {
+		if local(test) || isRMA(test) || test == "mp_bw" {
 			continue // both ends in one process by design
 		}
 		t.Run(test, func(t *testing.T) {
@@ -160,4 +161,18 @@ func TestVs(t *testing.T) {
 	require.Positive(t, r.Median)
 	var errs bytes.Buffer
 	require.Error(t, run(context.Background(), []string{"write_bw", "--vs", "write_lat"}, &out, &errs), "bandwidth vs latency")
+}
+
+func TestMPBW(t *testing.T) {
+	r := runJSON(t, "mp_bw", "--provider", "loop", "--paths", "3", "--iters", "20", "--size", "1048576")
+	require.Equal(t, 3, r.Paths)
+	require.Len(t, r.PathGbps, 3)
+	require.Positive(t, r.Gbps)
+	_, err := parse([]string{"mp_bw", "--rate", "fast", "--testbed"}, io.Discard)
+	require.NoError(t, err) // parsed; the rate is checked when the test runs
+	_, err = parseRate("fast")
+	require.Error(t, err)
+	g, err := parseRate("200mbit")
+	require.NoError(t, err)
+	require.InDelta(t, 0.2, g, 1e-12)
 }

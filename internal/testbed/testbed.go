@@ -52,32 +52,49 @@ type Bed struct {
 // tc). It is removed when t ends.
 func New(t testing.TB, cfg Config) *Bed {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("testbed: needs root to create network namespaces (CI runs as root)")
+	if err := Available(); err != nil {
+		t.Skip(err.Error())
 	}
-	for _, tool := range []string{"ip", "tc"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("testbed: %s not installed (iproute2)", tool)
-		}
+	b, err := Build(cfg)
+	if b != nil {
+		t.Cleanup(b.Close)
 	}
-	if cfg.Paths == 0 {
-		cfg.Paths = 1
-	}
-	if cfg.Paths < 1 || cfg.Paths > 16 {
-		t.Fatalf("testbed: %d paths, want 1..16", cfg.Paths)
-	}
-	var r [3]byte
-	rand.Read(r[:])
-	tag := hex.EncodeToString(r[:])
-	b := &Bed{NameA: "rvmaA" + tag, NameB: "rvmaB" + tag, tag: tag}
-	t.Cleanup(b.remove)
-	if err := b.build(cfg); err != nil {
+	if err != nil {
 		if strings.Contains(err.Error(), "Operation not permitted") {
 			t.Skipf("testbed: not permitted here: %v", err)
 		}
 		t.Fatalf("testbed: %v", err)
 	}
 	return b
+}
+
+// Available reports why a testbed cannot be built here, or nil.
+func Available() error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("testbed: needs root to create network namespaces (CI runs as root)")
+	}
+	for _, tool := range []string{"ip", "tc"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("testbed: %s not installed (iproute2)", tool)
+		}
+	}
+	return nil
+}
+
+// Build builds a testbed; Close removes it (also after a failed Build,
+// whose partial testbed it returns).
+func Build(cfg Config) (*Bed, error) {
+	if cfg.Paths == 0 {
+		cfg.Paths = 1
+	}
+	if cfg.Paths < 1 || cfg.Paths > 16 {
+		return nil, fmt.Errorf("testbed: %d paths, want 1..16", cfg.Paths)
+	}
+	var r [3]byte
+	rand.Read(r[:])
+	tag := hex.EncodeToString(r[:])
+	b := &Bed{NameA: "rvmaA" + tag, NameB: "rvmaB" + tag, tag: tag}
+	return b, b.build(cfg)
 }
 
 func run(args ...string) error {
@@ -205,7 +222,8 @@ func (b *Bed) In(ns string, f func() error) error {
 	return f()
 }
 
-func (b *Bed) remove() {
+// Close removes the testbed.
+func (b *Bed) Close() {
 	// Deleting a namespace deletes its veth ends, and with them the peers.
 	run("ip", "netns", "del", b.NameA)
 	run("ip", "netns", "del", b.NameB)
