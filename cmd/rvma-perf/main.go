@@ -85,13 +85,17 @@ type options struct {
 }
 
 var tests = []string{"write_bw", "write_lat", "write_ack_lat", "read_bw", "read_lat", "send_bw", "send_lat", "atomic_lat",
-	"put_bw", "put_notify_lat", "write_send_lat", "write_flush_send_lat", "rma_put_lat", "rma_put_bw", "mp_bw",
+	"put_bw", "put_notify_lat", "write_send_lat", "write_flush_send_lat", "rma_put_lat", "rma_put_bw", "mp_bw", "mp_fct",
 	"memcpy", "udp_raw", "udp_pingpong"}
 
 // local reports whether a test is a baseline that runs without verbs.
 func local(test string) bool { return test == "memcpy" || test == "udp_raw" || test == "udp_pingpong" }
 
-func isLat(test string) bool { return strings.HasSuffix(test, "_lat") || test == "udp_pingpong" }
+func isLat(test string) bool {
+	return strings.HasSuffix(test, "_lat") || test == "udp_pingpong" || test == "mp_fct"
+}
+
+func isMP(test string) bool { return test == "mp_bw" || test == "mp_fct" }
 
 func main() {
 	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
@@ -167,7 +171,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("--vs compares a bandwidth test with a bandwidth test, a latency test with a latency test")
 	case o.reps < 1 || o.reps > 100:
 		return nil, fmt.Errorf("--reps %d: want 1..100", o.reps)
-	case (local(o.test) || isRMA(o.test) || o.test == "mp_bw") && (o.server != "" || o.connect != ""):
+	case (local(o.test) || isRMA(o.test) || isMP(o.test)) && (o.server != "" || o.connect != ""):
 		return nil, fmt.Errorf("%s runs both ends in one process", o.test)
 	}
 	if o.device == "" {
@@ -260,6 +264,8 @@ func measureOne(ctx context.Context, o *options) (*Result, error) {
 		return rmaTest(ctx, o)
 	case "mp_bw":
 		return mpBW(ctx, o)
+	case "mp_fct":
+		return mpFCT(ctx, o)
 	}
 	return client(ctx, o)
 }

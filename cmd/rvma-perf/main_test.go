@@ -67,7 +67,7 @@ func TestTwoProcesses(t *testing.T) {
 	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
 	require.NoError(t, err, string(out))
 	for _, test := range tests {
-		if local(test) || isRMA(test) || test == "mp_bw" {
+		if local(test) || isRMA(test) || isMP(test) {
 			continue // both ends in one process by design
 		}
 		t.Run(test, func(t *testing.T) {

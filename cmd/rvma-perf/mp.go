@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -61,7 +62,29 @@ func openMP(ctx context.Context, uri string, size int) (*mpSide, error) {
 	return &mpSide{dev: dev, pd: pd, mr: mr}, nil
 }
 
-func mpBW(ctx context.Context, o *options) (*Result, error) {
+// mpEnv is an mp test's two ends and the connection between them.
+type mpEnv struct {
+	a, b     *mpSide
+	c        *multipath.Conn
+	provider string
+	rates    []float64
+	closers  []func()
+}
+
+func (e *mpEnv) close() {
+	for i := len(e.closers) - 1; i >= 0; i-- {
+		e.closers[i]()
+	}
+}
+
+// mpSetup builds the devices (and the testbed) and connects paths of them.
+func mpSetup(ctx context.Context, o *options, paths, size int) (_ *mpEnv, err error) {
+	env := &mpEnv{}
+	defer func() {
+		if err != nil {
+			env.close() // what was built before the failure
+		}
+	}()
 	if o.paths < 1 || o.paths > 16 {
 		return nil, fmt.Errorf("--paths %d: want 1..16", o.paths)
 	}
@@ -88,9 +111,7 @@ func mpBW(ctx context.Context, o *options) (*Result, error) {
 			return nil, fmt.Errorf("--rate shapes the --testbed's paths; add --testbed")
 		}
 	}
-	size := max(o.size, 1)
 	var a, b *mpSide
-	var err error
 	inA := func(f func() error) error { return f() }
 	inB := inA
 	provider := o.provider
@@ -102,7 +123,7 @@ func mpBW(ctx context.Context, o *options) (*Result, error) {
 		}
 		bed, err := testbed.Build(testbed.Config{Paths: o.paths, Rates: rateStr})
 		if bed != nil {
-			defer bed.Close()
+			env.closers = append(env.closers, bed.Close)
 		}
 		if err != nil {
 			return nil, err
@@ -149,28 +170,39 @@ func mpBW(ctx context.Context, o *options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer a.dev.Close()
-	defer b.dev.Close()
+	env.closers = append(env.closers, func() { a.dev.Close() }, func() { b.dev.Close() })
 
 	var ln *multipath.Listener
 	if err := inB(func() (err error) { ln, err = multipath.Listen(ctx, b.pd, lnAddr, nil); return }); err != nil {
 		return nil, err
 	}
-	defer ln.Close()
+	env.closers = append(env.closers, func() { ln.Close() })
 	acc := make(chan *multipath.Conn, 1)
 	go func() {
 		c, _ := ln.Accept(ctx)
 		acc <- c
 	}()
-	cfg := &multipath.Config{Paths: o.paths, Revive: -1}
+	cfg := &multipath.Config{Paths: paths, Revive: -1}
 	var c *multipath.Conn
 	if err := inA(func() (err error) { c, err = multipath.Dial(ctx, a.pd, ln.Addr(), cfg); return }); err != nil {
 		return nil, err
 	}
-	defer c.Close()
+	env.closers = append(env.closers, func() { c.Close() })
 	if peer := <-acc; peer != nil {
-		defer peer.Close()
+		env.closers = append(env.closers, func() { peer.Close() })
 	}
+	env.a, env.b, env.c, env.provider, env.rates = a, b, c, provider, rates
+	return env, nil
+}
+
+func mpBW(ctx context.Context, o *options) (*Result, error) {
+	size := max(o.size, 1)
+	env, err := mpSetup(ctx, o, o.paths, size)
+	if err != nil {
+		return nil, err
+	}
+	defer env.close()
+	a, b, c, provider, rates := env.a, env.b, env.c, env.provider, env.rates
 	if err := c.Probe(ctx); err != nil {
 		return nil, err
 	}
@@ -205,4 +237,84 @@ func mpBW(ctx context.Context, o *options) (*Result, error) {
 		res.PathGbps = append(res.PathGbps, float64(after[i].Bytes-before[i].Bytes)*8/el/1e9)
 	}
 	return res, nil
+}
+
+// mp_fct: Virtuoso's figure 7. An elephant (4 MiB writes, two in flight)
+// runs for --duration while a 256 KiB mouse is written every 100 ms; the
+// result's latencies are the mice's flow completion times. With
+// --paths N > 1 the elephant is split over the paths and the mice go whole
+// on the path the balancer picks; run it with --paths 1 for the unsplit
+// case (everything on one path, a plain RC connection) and compare.
+func mpFCT(ctx context.Context, o *options) (*Result, error) {
+	const elephant, mouse = 4 << 20, 256 << 10
+	env, err := mpSetup(ctx, o, o.paths, elephant+mouse)
+	if err != nil {
+		return nil, err
+	}
+	defer env.close()
+	a, b, c := env.a, env.b, env.c
+	if err := c.Probe(ctx); err != nil {
+		return nil, err
+	}
+	ectx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	var eBytes int64
+	go func() { // the elephant
+		var inflight []*multipath.Request
+		for ectx.Err() == nil {
+			if len(inflight) == 2 {
+				if err := inflight[0].Wait(ctx); err != nil {
+					done <- err
+					return
+				}
+				inflight = inflight[1:]
+				eBytes += elephant
+			}
+			r, err := c.Write(a.mr, 0, elephant, b.mr.Addr(), b.mr.RKey())
+			if err != nil {
+				done <- err
+				return
+			}
+			inflight = append(inflight, r)
+		}
+		for _, r := range inflight {
+			r.Wait(ctx)
+		}
+		done <- nil
+	}()
+	var fct []time.Duration
+	start := time.Now()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for time.Since(start) < o.duration {
+		<-tick.C
+		t0 := time.Now()
+		r, err := c.Write(a.mr, elephant, mouse, b.mr.Addr()+elephant, b.mr.RKey())
+		if err != nil {
+			return nil, err
+		}
+		if err := r.Wait(ctx); err != nil {
+			return nil, err
+		}
+		fct = append(fct, time.Since(t0))
+	}
+	el := time.Since(start).Seconds()
+	stop()
+	if err := <-done; err != nil {
+		return nil, err
+	}
+	if len(fct) == 0 {
+		return nil, fmt.Errorf("mp_fct: no mice in %v", o.duration)
+	}
+	slices.Sort(fct)
+	var sum time.Duration
+	for _, d := range fct {
+		sum += d
+	}
+	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
+	n := len(fct)
+	return &Result{Test: o.test, Provider: env.provider, Size: mouse, Iters: n, QPs: o.paths, Seconds: el,
+		Gbps: float64(eBytes) * 8 / el / 1e9, Paths: o.paths, PathRateGbps: env.rates,
+		LatP50: us(fct[n/2]), LatP99: us(fct[n*99/100]), LatAvg: us(sum / time.Duration(n))}, nil
 }
