@@ -315,6 +315,6 @@ func mpFCT(ctx context.Context, o *options) (*Result, error) {
 	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
 	n := len(fct)
 	return &Result{Test: o.test, Provider: env.provider, Size: mouse, Iters: n, QPs: o.paths, Seconds: el,
-		Gbps: float64(eBytes) * 8 / el / 1e9, Paths: o.paths, PathRateGbps: env.rates,
+		Gbps: float64(eBytes) * 8 / el / 1e9, Mops: float64(n) / el / 1e6, Paths: o.paths, PathRateGbps: env.rates,
 		LatP50: us(fct[n/2]), LatP99: us(fct[n*99/100]), LatAvg: us(sum / time.Duration(n))}, nil
 }
