@@ -59,6 +59,11 @@ type Result struct {
 	Paths        int       `json:"paths,omitempty"`
 	PathGbps     []float64 `json:"path_gbps,omitempty"`
 	PathRateGbps []float64 `json:"path_rate_gbps,omitempty"`
+	// mp_bw --fail: seconds after the failure until the goodput over
+	// 500 ms was back to 0.85 of the surviving paths' rates (-1: never).
+	RecoveryS float64 `json:"recovery_s,omitempty"`
+	// mp_bw: CPU seconds (both ends, this process) per GiB moved.
+	CPUSecPerGiB float64 `json:"cpu_s_per_gib,omitempty"`
 }
 
 type options struct {
@@ -82,6 +87,7 @@ type options struct {
 	paths    int
 	testbed  bool
 	rate     string
+	fail     string
 }
 
 var tests = []string{"write_bw", "write_lat", "write_ack_lat", "read_bw", "read_lat", "send_bw", "send_lat", "atomic_lat",
@@ -131,6 +137,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.paths, "paths", 2, "mp_bw: number of paths")
 	fs.BoolVar(&o.testbed, "testbed", false, "mp_bw: run over a namespace testbed with one veth path per --paths (root)")
 	fs.StringVar(&o.rate, "rate", "", "mp_bw --testbed: tc rate per path, comma-separated (one value for all), e.g. 200mbit")
+	fs.StringVar(&o.fail, "fail", "", "mp_bw --testbed: take path P down at time T into the run (P@T, e.g. 1@2s)")
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		fs.Usage()
 		return nil, errors.New("missing TEST")

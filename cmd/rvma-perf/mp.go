@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/rvma/rvma/internal/testbed"
@@ -66,6 +69,7 @@ func openMP(ctx context.Context, uri string, size int) (*mpSide, error) {
 type mpEnv struct {
 	a, b     *mpSide
 	c        *multipath.Conn
+	bed      *testbed.Bed // with --testbed
 	provider string
 	rates    []float64
 	closers  []func()
@@ -124,6 +128,7 @@ func mpSetup(ctx context.Context, o *options, paths, size int) (_ *mpEnv, err er
 		bed, err := testbed.Build(testbed.Config{Paths: o.paths, Rates: rateStr})
 		if bed != nil {
 			env.closers = append(env.closers, bed.Close)
+			env.bed = bed
 		}
 		if err != nil {
 			return nil, err
@@ -208,7 +213,21 @@ func mpBW(ctx context.Context, o *options) (*Result, error) {
 	}
 	before := c.Paths()
 	depth := max(1, min(o.depth, 8))
+	failPath, failAt, err := parseFail(o.fail, o.paths)
+	if err != nil {
+		return nil, err
+	}
+	if failPath >= 0 {
+		if env.bed == nil {
+			return nil, fmt.Errorf("--fail takes a testbed path down; add --testbed")
+		}
+		rand.Read(a.mr.Bytes()) // the data is checked at the end
+		t := time.AfterFunc(failAt, func() { env.bed.SetDown(failPath, true) })
+		defer t.Stop()
+	}
 	var inflight []*multipath.Request
+	var done []time.Duration // completion times, for the failover's goodput over time
+	cpu0 := cpuTime()
 	start := time.Now()
 	n := 0
 	for ; o.iters > 0 && n < o.iters || o.iters == 0 && time.Since(start) < o.duration; n++ {
@@ -217,6 +236,7 @@ func mpBW(ctx context.Context, o *options) (*Result, error) {
 				return nil, err
 			}
 			inflight = inflight[1:]
+			done = append(done, time.Since(start))
 		}
 		r, err := c.Write(a.mr, 0, size, b.mr.Addr(), b.mr.RKey())
 		if err != nil {
@@ -228,15 +248,73 @@ func mpBW(ctx context.Context, o *options) (*Result, error) {
 		if err := r.Wait(ctx); err != nil {
 			return nil, err
 		}
+		done = append(done, time.Since(start))
 	}
 	el := time.Since(start).Seconds()
+	cpu := (cpuTime() - cpu0).Seconds()
 	after := c.Paths()
 	res := &Result{Test: o.test, Provider: provider, Size: size, Iters: n, QPs: o.paths, Seconds: el,
-		Gbps: float64(n) * float64(size) * 8 / el / 1e9, Mops: float64(n) / el / 1e6, Paths: o.paths, PathRateGbps: rates}
+		Gbps: float64(n) * float64(size) * 8 / el / 1e9, Mops: float64(n) / el / 1e6, Paths: o.paths, PathRateGbps: rates,
+		CPUSecPerGiB: cpu / (float64(n) * float64(size) / (1 << 30))}
 	for i := range after {
 		res.PathGbps = append(res.PathGbps, float64(after[i].Bytes-before[i].Bytes)*8/el/1e9)
 	}
+	if failPath >= 0 {
+		if !bytes.Equal(a.mr.Bytes(), b.mr.Bytes()) {
+			return nil, fmt.Errorf("mp_bw: data differs after the failover")
+		}
+		survivors := 0.0
+		for i, r := range rates {
+			if i != failPath {
+				survivors += r
+			}
+		}
+		res.RecoveryS = recovery(done, size, failAt, 0.85*survivors)
+	}
 	return res, nil
+}
+
+// cpuTime is the process's user and system time: both ends run in it.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// parseFail parses --fail PATH@TIME (e.g. 1@2s); path -1 without it.
+func parseFail(s string, paths int) (int, time.Duration, error) {
+	if s == "" {
+		return -1, 0, nil
+	}
+	p, t, ok := strings.Cut(s, "@")
+	path, err1 := strconv.Atoi(p)
+	at, err2 := time.ParseDuration(t)
+	if !ok || err1 != nil || err2 != nil || path < 0 || path >= paths || at <= 0 {
+		return 0, 0, fmt.Errorf("--fail %q: want PATH@TIME, such as 1@2s", s)
+	}
+	return path, at, nil
+}
+
+// recovery returns how long after failAt the goodput over a 500 ms
+// window first reached want Gbit/s again (-1 if it never did), from the
+// completion times of size-byte writes.
+func recovery(done []time.Duration, size int, failAt time.Duration, want float64) float64 {
+	const window = 500 * time.Millisecond
+	for i, t := range done {
+		if t < failAt {
+			continue
+		}
+		n := 0
+		for _, u := range done[i:] {
+			if u <= t+window {
+				n++
+			}
+		}
+		if t+window <= done[len(done)-1] && float64(n*size)*8/window.Seconds()/1e9 >= want {
+			return (t - failAt).Seconds()
+		}
+	}
+	return -1
 }
 
 // mp_fct: Virtuoso's figure 7. An elephant (4 MiB writes, two in flight)
