@@ -202,7 +202,13 @@ func mpSetup(ctx context.Context, o *options, paths, size int) (_ *mpEnv, err er
 
 func mpBW(ctx context.Context, o *options) (*Result, error) {
 	size := max(o.size, 1)
-	env, err := mpSetup(ctx, o, o.paths, size)
+	depth := max(1, min(o.depth, 8))
+	if o.iters > 0 {
+		depth = min(depth, o.iters)
+	}
+	// Each request in flight writes its own slot of the destination: two
+	// requests' sub-flows must not write the same bytes at once.
+	env, err := mpSetup(ctx, o, o.paths, size*depth)
 	if err != nil {
 		return nil, err
 	}
@@ -212,7 +218,6 @@ func mpBW(ctx context.Context, o *options) (*Result, error) {
 		return nil, err
 	}
 	before := c.Paths()
-	depth := max(1, min(o.depth, 8))
 	failPath, failAt, err := parseFail(o.fail, o.paths)
 	if err != nil {
 		return nil, err
@@ -221,7 +226,7 @@ func mpBW(ctx context.Context, o *options) (*Result, error) {
 		if env.bed == nil {
 			return nil, fmt.Errorf("--fail takes a testbed path down; add --testbed")
 		}
-		rand.Read(a.mr.Bytes()) // the data is checked at the end
+		rand.Read(a.mr.Bytes()[:size]) // the data is checked at the end
 		t := time.AfterFunc(failAt, func() { env.bed.SetDown(failPath, true) })
 		defer t.Stop()
 	}
@@ -238,7 +243,8 @@ func mpBW(ctx context.Context, o *options) (*Result, error) {
 			inflight = inflight[1:]
 			done = append(done, time.Since(start))
 		}
-		r, err := c.Write(a.mr, 0, size, b.mr.Addr(), b.mr.RKey())
+		slot := uint64(n%depth) * uint64(size)
+		r, err := c.Write(a.mr, 0, size, b.mr.Addr()+slot, b.mr.RKey())
 		if err != nil {
 			return nil, err
 		}
@@ -260,8 +266,10 @@ func mpBW(ctx context.Context, o *options) (*Result, error) {
 		res.PathGbps = append(res.PathGbps, float64(after[i].Bytes-before[i].Bytes)*8/el/1e9)
 	}
 	if failPath >= 0 {
-		if !bytes.Equal(a.mr.Bytes(), b.mr.Bytes()) {
-			return nil, fmt.Errorf("mp_bw: data differs after the failover")
+		for k := range min(n, depth) {
+			if !bytes.Equal(a.mr.Bytes()[:size], b.mr.Bytes()[k*size:(k+1)*size]) {
+				return nil, fmt.Errorf("mp_bw: data differs after the failover")
+			}
 		}
 		survivors := 0.0
 		for i, r := range rates {
@@ -325,7 +333,9 @@ func recovery(done []time.Duration, size int, failAt time.Duration, want float64
 // case (everything on one path, a plain RC connection) and compare.
 func mpFCT(ctx context.Context, o *options) (*Result, error) {
 	const elephant, mouse = 4 << 20, 256 << 10
-	env, err := mpSetup(ctx, o, o.paths, elephant+mouse)
+	// Two elephant slots (two in flight must not write the same bytes at
+	// once), then the mice's.
+	env, err := mpSetup(ctx, o, o.paths, 2*elephant+mouse)
 	if err != nil {
 		return nil, err
 	}
@@ -340,6 +350,7 @@ func mpFCT(ctx context.Context, o *options) (*Result, error) {
 	var eBytes int64
 	go func() { // the elephant
 		var inflight []*multipath.Request
+		slot := 0
 		for ectx.Err() == nil {
 			if len(inflight) == 2 {
 				if err := inflight[0].Wait(ctx); err != nil {
@@ -349,7 +360,8 @@ func mpFCT(ctx context.Context, o *options) (*Result, error) {
 				inflight = inflight[1:]
 				eBytes += elephant
 			}
-			r, err := c.Write(a.mr, 0, elephant, b.mr.Addr(), b.mr.RKey())
+			slot = 1 - slot
+			r, err := c.Write(a.mr, 0, elephant, b.mr.Addr()+uint64(slot*elephant), b.mr.RKey())
 			if err != nil {
 				done <- err
 				return
@@ -368,7 +380,7 @@ func mpFCT(ctx context.Context, o *options) (*Result, error) {
 	for time.Since(start) < o.duration {
 		<-tick.C
 		t0 := time.Now()
-		r, err := c.Write(a.mr, elephant, mouse, b.mr.Addr()+elephant, b.mr.RKey())
+		r, err := c.Write(a.mr, 2*elephant, mouse, b.mr.Addr()+2*elephant, b.mr.RKey())
 		if err != nil {
 			return nil, err
 		}
