@@ -88,6 +88,7 @@ type options struct {
 	testbed  bool
 	rate     string
 	fail     string
+	plot     string
 }
 
 var tests = []string{"write_bw", "write_lat", "write_ack_lat", "read_bw", "read_lat", "send_bw", "send_lat", "atomic_lat",
@@ -137,6 +138,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.paths, "paths", 2, "mp_bw: number of paths")
 	fs.BoolVar(&o.testbed, "testbed", false, "mp_bw: run over a namespace testbed with one veth path per --paths (root)")
 	fs.StringVar(&o.rate, "rate", "", "mp_bw --testbed: tc rate per path, comma-separated (one value for all), e.g. 200mbit")
+	fs.StringVar(&o.plot, "plot", "", "mp_bw: draw per-path throughput over time into this .svg file")
 	fs.StringVar(&o.fail, "fail", "", "mp_bw --testbed: take path P down at time T into the run (P@T, e.g. 1@2s)")
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		fs.Usage()

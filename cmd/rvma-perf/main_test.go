@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/xml"
 	"errors"
 	"io"
 	"net"
@@ -175,4 +176,16 @@ func TestMPBW(t *testing.T) {
 	g, err := parseRate("200mbit")
 	require.NoError(t, err)
 	require.InDelta(t, 0.2, g, 1e-12)
+}
+
+func TestPlotSVG(t *testing.T) {
+	var b strings.Builder
+	s := series{t: []float64{0.1, 0.2, 0.3}, gbps: [][]float64{{1, 2, 1}, {0, 0.5, 0}}, names: []string{"path 0", "path <1>"}}
+	require.NoError(t, writeSVG(&b, "a & b", s))
+	out := b.String()
+	require.Equal(t, 2, strings.Count(out, "<polyline"))
+	require.Contains(t, out, "a &amp; b")
+	require.Contains(t, out, "path &lt;1&gt;")
+	require.NoError(t, xml.Unmarshal([]byte(out), new(struct{})))
+	require.Error(t, savePlot(filepath.Join(t.TempDir(), "x.png"), "", s), "only SVG is written")
 }

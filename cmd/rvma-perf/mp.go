@@ -232,6 +232,16 @@ func mpBW(ctx context.Context, o *options) (*Result, error) {
 	}
 	var inflight []*multipath.Request
 	var done []time.Duration // completion times, for the failover's goodput over time
+	var plot *sampler
+	if o.plot != "" {
+		plot = startSampler(o.paths, func() []uint64 {
+			var b []uint64
+			for _, p := range c.Paths() {
+				b = append(b, p.Bytes)
+			}
+			return b
+		}, 100*time.Millisecond)
+	}
 	cpu0 := cpuTime()
 	start := time.Now()
 	n := 0
@@ -258,6 +268,15 @@ func mpBW(ctx context.Context, o *options) (*Result, error) {
 	}
 	el := time.Since(start).Seconds()
 	cpu := (cpuTime() - cpu0).Seconds()
+	if plot != nil {
+		title := fmt.Sprintf("mp_bw: %d paths, %d-byte writes", o.paths, size)
+		if failPath >= 0 {
+			title += fmt.Sprintf(", path %d down at %v", failPath, failAt)
+		}
+		if err := savePlot(o.plot, title, plot.finish()); err != nil {
+			return nil, err
+		}
+	}
 	after := c.Paths()
 	res := &Result{Test: o.test, Provider: provider, Size: size, Iters: n, QPs: o.paths, Seconds: el,
 		Gbps: float64(n) * float64(size) * 8 / el / 1e9, Mops: float64(n) / el / 1e6, Paths: o.paths, PathRateGbps: rates,
