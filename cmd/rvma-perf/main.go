@@ -36,6 +36,7 @@ import (
 	"os/signal"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -67,28 +68,30 @@ type Result struct {
 }
 
 type options struct {
-	test     string
-	provider string
-	device   string
-	size     int
-	iters    int
-	duration time.Duration
-	qps      int
-	depth    int
-	mtu      int
-	json     bool
-	server   string
-	connect  string
-	chunk    int
-	vs       string
-	reps     int
-	addr     string
-	cpuprof  string
-	paths    int
-	testbed  bool
-	rate     string
-	fail     string
-	plot     string
+	test      string
+	provider  string
+	device    string
+	size      int
+	iters     int
+	duration  time.Duration
+	qps       int
+	depth     int
+	mtu       int
+	json      bool
+	server    string
+	connect   string
+	chunk     int
+	vs        string
+	reps      int
+	addr      string
+	cpuprof   string
+	paths     int
+	pathsFlag string
+	pathList  []int
+	testbed   bool
+	rate      string
+	fail      string
+	plot      string
 }
 
 var tests = []string{"write_bw", "write_lat", "write_ack_lat", "read_bw", "read_lat", "send_bw", "send_lat", "atomic_lat",
@@ -135,7 +138,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.chunk, "chunk", 0, "memcpy: copy each message in pieces of this size (default: one copy)")
 	fs.StringVar(&o.vs, "vs", "", "also run this test with the same flags, alternating, and report the ratio")
 	fs.IntVar(&o.reps, "reps", 1, "with --vs: number of alternating pairs; the median ratio is reported")
-	fs.IntVar(&o.paths, "paths", 2, "mp_bw: number of paths")
+	fs.StringVar(&o.pathsFlag, "paths", "2", "mp_bw, mp_fct: number of paths, or a comma-separated list to run one after another (1,2,4,8)")
 	fs.BoolVar(&o.testbed, "testbed", false, "mp_bw: run over a namespace testbed with one veth path per --paths (root)")
 	fs.StringVar(&o.rate, "rate", "", "mp_bw --testbed: tc rate per path, comma-separated (one value for all), e.g. 200mbit")
 	fs.StringVar(&o.plot, "plot", "", "mp_bw: draw per-path throughput over time into this .svg file")
@@ -151,6 +154,14 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	if !slices.Contains(tests, o.test) {
 		return nil, fmt.Errorf("unknown test %q (tests: %s)", o.test, strings.Join(tests, " "))
 	}
+	for _, f := range strings.Split(o.pathsFlag, ",") {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 || n > 16 {
+			return nil, fmt.Errorf("--paths %q: want numbers in 1..16, comma-separated", o.pathsFlag)
+		}
+		o.pathList = append(o.pathList, n)
+	}
+	o.paths = o.pathList[0]
 	sizeSet := false
 	fs.Visit(func(f *flag.Flag) { sizeSet = sizeSet || f.Name == "size" })
 	if !sizeSet {
@@ -226,6 +237,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if o.server != "" {
 		return serve(ctx, o, stderr)
+	}
+	if isMP(o.test) && len(o.pathList) > 1 {
+		for _, n := range o.pathList {
+			one := *o
+			one.paths = n
+			res, err := measureOne(ctx, &one)
+			if err != nil {
+				return err
+			}
+			print(stdout, o, res)
+		}
+		return nil
 	}
 	if o.vs == "" {
 		res, err := measureOne(ctx, o)
