@@ -667,8 +667,11 @@ func (c *Conn) subDone(f *flow, path, share, at int, posted time.Time, losses ui
 		p.chunk, p.linear = nextChunk(p.chunk, c.cfg.MinChunk, c.cfg.MaxChunk, p.linear, lossCount(c.qp(path)) > losses)
 	}
 	if err != nil {
-		p.Up = false // the QP is in error: the path is gone
-		if f.reissue {
+		p.Up = false // the QP is in error: the path is gone until revived
+		// Only a transport failure moves to another path: a refused
+		// request (wrong key, out of bounds) would be refused there too.
+		transport := errors.Is(err, verbs.StatusRetryExceeded) || errors.Is(err, verbs.StatusFlushed)
+		if f.reissue && transport {
 			if alt := c.cfg.Balancer.Pick(c.states()); alt >= 0 {
 				// Posting needs the engine's lock, held here: do it
 				// from another goroutine.

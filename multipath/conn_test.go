@@ -142,12 +142,21 @@ func TestPutOverPaths(t *testing.T) {
 }
 
 func TestRemoteAccessErrorNamesPath(t *testing.T) {
-	ctx, a, b, c := loopPair(t, "2", 1<<20, &multipath.Config{Small: 1})
+	ctx, a, b, c := loopPair(t, "2", 1<<20, nil)
 	req, err := c.Write(a.mr, 0, 4096, b.mr.Addr(), b.mr.RKey()+1)
 	require.NoError(t, err)
 	err = req.Wait(ctx)
 	require.ErrorIs(t, err, verbs.StatusRemoteAccessError)
 	require.Contains(t, err.Error(), "multipath: path")
+	// A small request goes whole on one path; refused there, it is not
+	// re-issued on the other, which stays up.
+	up := 0
+	for _, p := range c.Paths() {
+		if p.Up {
+			up++
+		}
+	}
+	require.Equal(t, 1, up, "a refused request was re-issued on another path")
 }
 
 // A path that stops carrying packets fails its sub-flow; the sub-flow is
