@@ -48,21 +48,16 @@ type mpSide struct {
 }
 
 func openMP(ctx context.Context, uri string, size int) (*mpSide, error) {
-	dev, err := verbs.Open(ctx, uri, nil)
+	e, err := openEndpoint(ctx, uri)
 	if err != nil {
 		return nil, err
 	}
-	pd, err := dev.AllocPD()
+	mr, err := e.pd.RegisterMR(make([]byte, size), verbs.AccessAll)
 	if err != nil {
-		dev.Close()
+		e.dev.Close()
 		return nil, err
 	}
-	mr, err := pd.RegisterMR(make([]byte, size), verbs.AccessAll)
-	if err != nil {
-		dev.Close()
-		return nil, err
-	}
-	return &mpSide{dev: dev, pd: pd, mr: mr}, nil
+	return &mpSide{dev: e.dev, pd: e.pd, mr: mr}, nil
 }
 
 // mpEnv is an mp test's two ends and the connection between them.
