@@ -65,6 +65,9 @@ type Result struct {
 	RecoveryS float64 `json:"recovery_s,omitempty"`
 	// mp_bw: CPU seconds (both ends, this process) per GiB moved.
 	CPUSecPerGiB float64 `json:"cpu_s_per_gib,omitempty"`
+	// mp_bw: injected drop probability and final chunk size, per path.
+	PathLoss  []float64 `json:"path_loss,omitempty"`
+	PathChunk []int     `json:"path_chunk,omitempty"`
 }
 
 type options struct {
@@ -92,6 +95,7 @@ type options struct {
 	rate      string
 	fail      string
 	plot      string
+	loss      string
 }
 
 var tests = []string{"write_bw", "write_lat", "write_ack_lat", "read_bw", "read_lat", "send_bw", "send_lat", "atomic_lat",
@@ -135,12 +139,13 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per result")
 	fs.StringVar(&o.server, "server", "", "run only the server side, listening on this TCP address")
 	fs.StringVar(&o.connect, "connect", "", "run only the client side, connecting to this TCP address")
-	fs.IntVar(&o.chunk, "chunk", 0, "memcpy: copy each message in pieces of this size (default: one copy)")
+	fs.IntVar(&o.chunk, "chunk", 0, "memcpy: copy each message in pieces of this size (default: one copy); mp_bw: a fixed chunk size instead of the adaptive one")
 	fs.StringVar(&o.vs, "vs", "", "also run this test with the same flags, alternating, and report the ratio")
 	fs.IntVar(&o.reps, "reps", 1, "with --vs: number of alternating pairs; the median ratio is reported")
 	fs.StringVar(&o.pathsFlag, "paths", "2", "mp_bw, mp_fct: number of paths, or a comma-separated list to run one after another (1,2,4,8)")
 	fs.BoolVar(&o.testbed, "testbed", false, "mp_bw: run over a namespace testbed with one veth path per --paths (root)")
 	fs.StringVar(&o.rate, "rate", "", "mp_bw --testbed: tc rate per path, comma-separated (one value for all), e.g. 200mbit")
+	fs.StringVar(&o.loss, "loss", "", "mp_bw: seeded drop probability per path on the sender, comma-separated (one value for all)")
 	fs.StringVar(&o.plot, "plot", "", "mp_bw: draw per-path throughput over time into this .svg file")
 	fs.StringVar(&o.fail, "fail", "", "mp_bw --testbed: take path P down at time T into the run (P@T, e.g. 1@2s)")
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {

@@ -183,6 +183,9 @@ func mpSetup(ctx context.Context, o *options, paths, size int) (_ *mpEnv, err er
 		acc <- c
 	}()
 	cfg := &multipath.Config{Paths: paths, Revive: -1}
+	if o.chunk > 0 { // a fixed chunk size, for comparison with the adaptive one
+		cfg.MinChunk, cfg.MaxChunk = o.chunk, o.chunk
+	}
 	var c *multipath.Conn
 	if err := inA(func() (err error) { c, err = multipath.Dial(ctx, a.pd, ln.Addr(), cfg); return }); err != nil {
 		return nil, err
@@ -209,6 +212,17 @@ func mpBW(ctx context.Context, o *options) (*Result, error) {
 	}
 	defer env.close()
 	a, b, c, provider, rates := env.a, env.b, env.c, env.provider, env.rates
+	loss, err := parseLoss(o.loss, o.paths)
+	if err != nil {
+		return nil, err
+	}
+	for i, p := range loss {
+		// Seeded drops on the sender's path i (both ends share no port,
+		// so only data packets are lost; ACKs come back).
+		if err := a.dev.SetFaults(i, verbs.Faults{Drop: p, Seed: uint64(i + 1)}); err != nil {
+			return nil, err
+		}
+	}
 	if err := c.Probe(ctx); err != nil {
 		return nil, err
 	}
@@ -275,7 +289,10 @@ func mpBW(ctx context.Context, o *options) (*Result, error) {
 	after := c.Paths()
 	res := &Result{Test: o.test, Provider: provider, Size: size, Iters: n, QPs: o.paths, Seconds: el,
 		Gbps: float64(n) * float64(size) * 8 / el / 1e9, Mops: float64(n) / el / 1e6, Paths: o.paths, PathRateGbps: rates,
-		CPUSecPerGiB: cpu / (float64(n) * float64(size) / (1 << 30))}
+		CPUSecPerGiB: cpu / (float64(n) * float64(size) / (1 << 30)), PathLoss: loss}
+	for _, p := range after {
+		res.PathChunk = append(res.PathChunk, p.Chunk)
+	}
 	for i := range after {
 		res.PathGbps = append(res.PathGbps, float64(after[i].Bytes-before[i].Bytes)*8/el/1e9)
 	}
@@ -301,6 +318,32 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// parseLoss parses --loss P[,P...] (per-path drop probabilities; one
+// value applies to every path).
+func parseLoss(s string, paths int) ([]float64, error) {
+	if s == "" {
+		return nil, nil
+	}
+	f := strings.Split(s, ",")
+	if len(f) == 1 {
+		for len(f) < paths {
+			f = append(f, f[0])
+		}
+	}
+	if len(f) != paths {
+		return nil, fmt.Errorf("--loss: %d values for %d paths", len(f), paths)
+	}
+	var out []float64
+	for _, v := range f {
+		p, err := strconv.ParseFloat(v, 64)
+		if err != nil || p < 0 || p >= 1 {
+			return nil, fmt.Errorf("--loss %q: want probabilities in [0, 1)", s)
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 // parseFail parses --fail PATH@TIME (e.g. 1@2s); path -1 without it.
