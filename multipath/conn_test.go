@@ -164,7 +164,7 @@ func TestRemoteAccessErrorNamesPath(t *testing.T) {
 // in place, and later requests avoid the dead path.
 func TestFailover(t *testing.T) {
 	ctx, a, b, c := loopPair(t, "2", 4<<20, &multipath.Config{Balancer: multipath.Equal{},
-		Connect: verbs.ConnectConfig{Timeout: 20 * time.Millisecond, RetryCount: 1}})
+		Connect: verbs.ConnectConfig{Timeout: 100 * time.Millisecond, RetryCount: 2}})
 	require.NoError(t, a.dev.SetFaults(1, verbs.Faults{Drop: 1}))
 	rand.Read(a.buf)
 	req, err := c.Write(a.mr, 0, len(a.buf), b.mr.Addr(), b.mr.RKey())
@@ -196,7 +196,7 @@ func TestFailover(t *testing.T) {
 // twice): the request fails, and the target's epoch stays incomplete.
 func TestPutNotReissued(t *testing.T) {
 	ctx, a, b, c := loopPair(t, "2", 1<<20, &multipath.Config{Balancer: multipath.Equal{},
-		Connect: verbs.ConnectConfig{Timeout: 20 * time.Millisecond, RetryCount: 1}})
+		Connect: verbs.ConnectConfig{Timeout: 100 * time.Millisecond, RetryCount: 2}})
 	win, err := mailbox.NewTarget(b.dev, nil).Init(8, mailbox.Config{Threshold: len(a.buf)})
 	require.NoError(t, err)
 	_, err = win.Post(make([]byte, len(a.buf)))
@@ -293,8 +293,8 @@ func TestChunkSizes(t *testing.T) {
 // A failed path is re-dialled and probed in the background and used again
 // once it answers.
 func TestRevive(t *testing.T) {
-	ctx, a, b, c := loopPair(t, "2", 2<<20, &multipath.Config{Balancer: multipath.Equal{}, Revive: 20 * time.Millisecond,
-		Connect: verbs.ConnectConfig{Timeout: 20 * time.Millisecond, RetryCount: 1}})
+	ctx, a, b, c := loopPair(t, "2", 2<<20, &multipath.Config{Balancer: multipath.Equal{}, Revive: 100 * time.Millisecond,
+		Connect: verbs.ConnectConfig{Timeout: 100 * time.Millisecond, RetryCount: 2}})
 	require.NoError(t, a.dev.SetFaults(1, verbs.Faults{Drop: 1}))
 	req, err := c.Write(a.mr, 0, len(a.buf), b.mr.Addr(), b.mr.RKey())
 	require.NoError(t, err)
