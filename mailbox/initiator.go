@@ -28,7 +28,7 @@ type Handle struct {
 // PutAsync starts a put of the bytes sge names into (mailbox, offset) at
 // the peer. The bytes must not change until the put completes.
 func (in *Initiator) PutAsync(mailbox, offset uint64, sge verbs.SGE) (*Handle, error) {
-	op, id := in.eng.Start(1, 0, nil)
+	op, id := in.eng.Start(1, nil)
 	_, err := in.qp.PostSend([]verbs.SendWR{{ID: id, Opcode: verbs.OpMailboxWrite, Flags: verbs.FlagSignaled,
 		SGL: []verbs.SGE{sge}, Mailbox: mailbox, MailboxOffset: offset}})
 	if err != nil {

@@ -463,7 +463,7 @@ func (c *Conn) Probe(ctx context.Context) error {
 func (c *Conn) probePath(ctx context.Context, i int) error {
 	raddr, rkey := binary.BigEndian.Uint64(c.peerProbe[:]), binary.BigEndian.Uint32(c.peerProbe[8:])
 	start := time.Now()
-	op, id := c.eng.Start(1, i, nil)
+	op, id := c.eng.Start(1, nil)
 	if _, err := c.qp(i).PostSend([]verbs.SendWR{{ID: id, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
 		SGL: []verbs.SGE{c.probe.SGE(0, ProbeSize)}, RemoteAddr: raddr, RKey: rkey}}); err != nil {
 		c.eng.Posted(op, id, 1, 0, err)
@@ -593,7 +593,7 @@ func (c *Conn) postOn(n int, reissue, whole bool, wr func(sub, at int) verbs.Sen
 	if sumInts(shares) != n {
 		return nil, ErrPaths
 	}
-	parent, _ := c.eng.Start(0, -1, nil)
+	parent, _ := c.eng.Start(0, nil)
 	f := &flow{parent: parent, reissue: reissue, wr: wr}
 	c.eng.Locked(func() {
 		for _, s := range shares {
@@ -628,7 +628,7 @@ func (c *Conn) submit(f *flow, path, share, at int) {
 		c.paths[path].Outstanding += share
 	})
 	n := (share + chunk - 1) / chunk
-	op, id := c.eng.Start(n, path, func(err error) { c.subDone(f, path, share, at, posted, losses, err) })
+	op, id := c.eng.Start(n, func(err error) { c.subDone(f, path, share, at, posted, losses, err) })
 	wrs := make([]verbs.SendWR, n)
 	for k := range wrs {
 		off := k * chunk

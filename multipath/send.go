@@ -100,7 +100,7 @@ func (c *Conn) PostRecv(ctx context.Context, mr *verbs.MR, off, n int, id uint64
 	binary.BigEndian.PutUint64(b[8:], mr.Addr()+uint64(off))
 	binary.BigEndian.PutUint32(b[16:], mr.RKey())
 	binary.BigEndian.PutUint32(b[20:], uint32(n))
-	op, wid := c.eng.Start(1, 0, nil)
+	op, wid := c.eng.Start(1, nil)
 	if _, err := c.qp(0).PostSend([]verbs.SendWR{{ID: wid, Opcode: verbs.OpSend, Flags: verbs.FlagSignaled | verbs.FlagInline,
 		Inline: b}}); err != nil {
 		c.eng.Posted(op, wid, 1, 0, err)
@@ -138,7 +138,7 @@ func (c *Conn) Send(ctx context.Context, mr *verbs.MR, off, n int) error {
 	if err := req.Wait(ctx); err != nil {
 		return err
 	}
-	op, wid := c.eng.Start(1, 0, nil)
+	op, wid := c.eng.Start(1, nil)
 	if _, err := c.qp(0).PostSend([]verbs.SendWR{{ID: wid, Opcode: verbs.OpSendImm, Flags: verbs.FlagSignaled,
 		Imm: uint32(n)}}); err != nil {
 		c.eng.Posted(op, wid, 1, 0, err)

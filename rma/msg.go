@@ -153,7 +153,7 @@ func (c *Comm) sendMsg(ctx context.Context, dst int, kind byte, tag uint32, data
 	}
 	nfrag := max(1, (len(data)+fragMax-1)/fragMax)
 	bufs := make([][]byte, 0, nfrag)
-	op, base := c.eng.Start(nfrag, dst, func(err error) {
+	op, base := c.eng.Start(nfrag, func(err error) {
 		for _, b := range bufs {
 			c.msg.send.put(b)
 		}

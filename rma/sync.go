@@ -246,7 +246,7 @@ func (w *Win) lockOp(ctx context.Context, target int, opc verbs.Opcode, cmpAdd, 
 		return 0, err
 	}
 	slot := w.lockMR.SGE(8*(1+target), 8)
-	op, base := w.c.eng.Start(1, target, nil)
+	op, base := w.c.eng.Start(1, nil)
 	rw := &w.remote[target]
 	if _, err := w.c.post(qp, []verbs.SendWR{{ID: base, Opcode: opc, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{slot},
 		RemoteAddr: rw.lockAddr, RKey: rw.lockKey, CompareAdd: cmpAdd, Swap: swap}}); err != nil {

@@ -281,7 +281,7 @@ func (w *Win) span(op string, target, disp, extent int) (int, error) {
 // in w.out until it finishes.
 func (w *Win) track(n, target int) (*progress.Op, uint64) {
 	w.c.eng.Locked(func() { w.out[target]++; w.outN++ })
-	return w.c.eng.Start(n, target, func(err error) {
+	return w.c.eng.Start(n, func(err error) {
 		w.out[target]--
 		w.outN--
 		if err != nil && w.failed[target] == nil {

@@ -69,8 +69,6 @@ type Op struct {
 	done   bool
 	err    error
 	onDone func(error)
-	// Tag is the caller's label (rma: the target rank).
-	Tag int
 }
 
 // New returns an engine for cq.
@@ -105,8 +103,8 @@ func (e *Engine) Close() {
 // the first; the others are id+1..id+n-1. onDone, if not nil, runs under the
 // engine's lock when the Op finishes, with its error. An Op with n == 0 is
 // finished by Finish.
-func (e *Engine) Start(n, tag int, onDone func(error)) (*Op, uint64) {
-	op := &Op{e: e, left: n, Tag: tag, onDone: onDone}
+func (e *Engine) Start(n int, onDone func(error)) (*Op, uint64) {
+	op := &Op{e: e, left: n, onDone: onDone}
 	e.mu.Lock()
 	base := e.next + 1
 	e.next += uint64(max(n, 1))
@@ -218,8 +216,10 @@ func (e *Engine) poll() (int, error) {
 				e.cfg.OnRecv(&e.wcs[i])
 			}
 		}
+		// The handler changed state that waiters' conditions read.
+		// (Finished Ops have advanced the round already.)
+		e.Wake()
 	}
-	e.Wake()
 	return n, err
 }
 

@@ -38,7 +38,7 @@ func TestConcurrentWaiters(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					for i := range 200 {
-						op, id := e.Start(1, g, func(err error) {
+						op, id := e.Start(1, func(err error) {
 							if err == nil {
 								done.Add(1)
 							}
@@ -65,7 +65,7 @@ func TestFinishPostedAndErrors(t *testing.T) {
 	ctx := context.Background()
 
 	// An Op finished from outside the CQ.
-	op, _ := e.Start(0, 0, nil)
+	op, _ := e.Start(0, nil)
 	done, err := op.Test()
 	require.False(t, done)
 	require.NoError(t, err)
@@ -74,7 +74,7 @@ func TestFinishPostedAndErrors(t *testing.T) {
 	require.ErrorIs(t, op.Wait(ctx), boom)
 
 	// A partial post: one of three posted, the rest never will be.
-	op, id := e.Start(3, 0, nil)
+	op, id := e.Start(3, nil)
 	_, err = a.QP.PostSend([]verbs.SendWR{{ID: id, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
 		SGL: []verbs.SGE{a.MR.SGE(0, 8)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()}})
 	require.NoError(t, err)
@@ -82,14 +82,14 @@ func TestFinishPostedAndErrors(t *testing.T) {
 	require.ErrorIs(t, op.Wait(ctx), verbs.ErrQueueFull)
 
 	// A failed completion carries the mapped error.
-	op, id = e.Start(1, 0, nil)
+	op, id = e.Start(1, nil)
 	_, err = a.QP.PostSend([]verbs.SendWR{{ID: id, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
 		SGL: []verbs.SGE{a.MR.SGE(0, 8)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey() + 1}})
 	require.NoError(t, err)
 	require.ErrorIs(t, op.Wait(ctx), verbs.StatusRemoteAccessError)
 
 	// A waiter's context ends the wait.
-	op, _ = e.Start(0, 0, nil)
+	op, _ = e.Start(0, nil)
 	short, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
 	defer cancel()
 	require.ErrorIs(t, op.Wait(short), context.DeadlineExceeded)
