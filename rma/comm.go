@@ -31,6 +31,7 @@ const (
 	EnvRendezvous = "RVMA_RENDEZVOUS" // Slurm jobs: host:port where rank 0 serves the rendezvous
 	EnvProvider   = "RVMA_PROVIDER"   // udp (default) or loop
 	EnvAddr       = "RVMA_ADDR"       // local IP address for the UDP provider; default 127.0.0.1
+	EnvMTU        = "RVMA_MTU"        // UDP provider's MTU (payload bytes per packet); default the provider's
 )
 
 // Config configures Init and NewWorld. The zero value means defaults.
@@ -41,6 +42,9 @@ type Config struct {
 	// Addr is the local IP address for the UDP provider and the connection
 	// manager. Default RVMA_ADDR, else 127.0.0.1.
 	Addr string
+	// MTU is the UDP provider's largest payload per packet. Default
+	// RVMA_MTU, else the provider's (4096 on loopback); range 256..64900.
+	MTU int
 	// Timeout bounds bootstrap and each connection set-up. Default 60s.
 	Timeout time.Duration
 	// Connect holds the QP attributes of every connection. Default: verbs'
@@ -48,6 +52,15 @@ type Config struct {
 	Connect verbs.ConnectConfig
 	// Logger receives diagnostics. Default slog.Default().
 	Logger *slog.Logger
+}
+
+// udpURI is the UDP device this configuration opens.
+func (c *Config) udpURI() string {
+	uri := "udp://" + net.JoinHostPort(c.Addr, "0")
+	if c.MTU > 0 {
+		uri += "?mtu=" + strconv.Itoa(c.MTU)
+	}
+	return uri
 }
 
 func (c *Config) withDefaults() Config {
@@ -66,6 +79,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if d.Addr == "" {
 		d.Addr = "127.0.0.1"
+	}
+	if d.MTU == 0 {
+		d.MTU, _ = strconv.Atoi(os.Getenv(EnvMTU))
 	}
 	if d.Timeout <= 0 {
 		d.Timeout = 60 * time.Second
@@ -146,7 +162,7 @@ func Init(ctx context.Context, cfg *Config) (*Comm, error) {
 	if err != nil {
 		return nil, err
 	}
-	dev, err := verbs.Open(ctx, "udp://"+net.JoinHostPort(conf.Addr, "0"), &verbs.DeviceConfig{Logger: conf.Logger})
+	dev, err := verbs.Open(ctx, conf.udpURI(), &verbs.DeviceConfig{Logger: conf.Logger})
 	if err != nil {
 		store.Close()
 		if srv != nil {
@@ -263,7 +279,7 @@ func NewWorld(ctx context.Context, size int, cfg *Config) ([]*Comm, error) {
 			defer wg.Done()
 			uri := fabric
 			if conf.Provider == "udp" {
-				uri = "udp://" + net.JoinHostPort(conf.Addr, "0")
+				uri = conf.udpURI()
 			}
 			dev, err := verbs.Open(ctx, uri, &verbs.DeviceConfig{Logger: conf.Logger})
 			if err != nil {

@@ -550,3 +550,17 @@ func TestDeadPeer(t *testing.T) {
 	require.ErrorIs(t, err, ErrPeer)
 	t.Logf("failures reported %v after the peer died", time.Since(t0))
 }
+
+func TestUDPMTU(t *testing.T) {
+	comms := newWorld(t, 2, &Config{Provider: "udp", MTU: 1024})
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		qp, err := c.conn(ctx, 1-c.Rank())
+		if err != nil {
+			return err
+		}
+		if qp.PathMTU() != 1024 {
+			return fmt.Errorf("path MTU %d", qp.PathMTU())
+		}
+		return nil
+	})
+}
