@@ -19,11 +19,75 @@ type Faults struct {
 	Reorder   float64       // probability a packet is held back behind later ones
 	Delay     time.Duration // fixed extra delay for every packet
 	Jitter    time.Duration // uniform random extra delay in [0, Jitter)
-	Seed      uint64        // seed of the random source; 0 picks 1
+	// BurstEnter and BurstExit make losses bursty (Gilbert-Elliott): each
+	// packet, the link moves from the good to the bad state with
+	// probability BurstEnter and back with BurstExit; in the bad state
+	// every packet is lost. Drop still applies in the good state. Zero
+	// BurstEnter disables bursts.
+	BurstEnter, BurstExit float64
+	Seed                  uint64 // seed of the random source; 0 picks 1
 }
 
-func (f Faults) active() bool {
-	return f.Drop > 0 || f.Duplicate > 0 || f.Reorder > 0 || f.Delay > 0 || f.Jitter > 0
+// Active reports whether f injects anything.
+func (f Faults) Active() bool {
+	return f.Drop > 0 || f.Duplicate > 0 || f.Reorder > 0 || f.Delay > 0 || f.Jitter > 0 || f.BurstEnter > 0
+}
+
+// Impairer draws the fate of each packet under Faults from its seeded
+// source: the same seed gives the same fates. The FaultPort and the link
+// emulator (cmd/linkem) share it. It is not safe for concurrent use.
+type Impairer struct {
+	f   Faults
+	rng *rand.Rand
+	bad bool // Gilbert-Elliott state
+}
+
+// NewImpairer returns an Impairer for f.
+func NewImpairer(f Faults) *Impairer {
+	seed := f.Seed
+	if seed == 0 {
+		seed = 1
+	}
+	return &Impairer{f: f, rng: rand.New(rand.NewPCG(seed, seed^0x9E3779B97F4A7C15))}
+}
+
+// Faults returns the settings.
+func (im *Impairer) Faults() Faults { return im.f }
+
+// Fate decides one packet: how many copies arrive (0 when lost, 2 when
+// duplicated) and the extra delay of each copy.
+func (im *Impairer) Fate() (copies int, delay [2]time.Duration) {
+	f := &im.f
+	if f.BurstEnter > 0 {
+		if im.bad {
+			im.bad = im.rng.Float64() >= f.BurstExit
+		} else {
+			im.bad = im.rng.Float64() < f.BurstEnter
+		}
+		if im.bad {
+			return 0, delay
+		}
+	}
+	if f.Drop > 0 && im.rng.Float64() < f.Drop {
+		return 0, delay
+	}
+	copies = 1
+	if f.Duplicate > 0 && im.rng.Float64() < f.Duplicate {
+		copies = 2
+	}
+	for i := 0; i < copies; i++ {
+		d := f.Delay
+		if f.Jitter > 0 {
+			d += time.Duration(im.rng.Int64N(int64(f.Jitter)))
+		}
+		if f.Reorder > 0 && im.rng.Float64() < f.Reorder {
+			// Held back long enough for packets sent just after it to
+			// overtake it: at least 50µs, and past the jitter.
+			d += 50*time.Microsecond + f.Jitter + time.Duration(im.rng.Int64N(int64(200*time.Microsecond)))
+		}
+		delay[i] = d
+	}
+	return copies, delay
 }
 
 // FaultPort wraps a Port with fault injection. Faults can be changed while
@@ -42,9 +106,8 @@ type FaultPort struct {
 }
 
 type faultState struct {
-	Faults
-	mu  sync.Mutex
-	rng *rand.Rand
+	mu sync.Mutex
+	im *Impairer
 }
 
 // NewFaultPort wraps p.
@@ -59,15 +122,11 @@ func NewFaultPort(p Port) *FaultPort {
 // SetFaults replaces the fault settings; the random source restarts from
 // the new seed.
 func (fp *FaultPort) SetFaults(f Faults) {
-	if !f.active() {
+	if !f.Active() {
 		fp.faults.Store(nil)
 		return
 	}
-	seed := f.Seed
-	if seed == 0 {
-		seed = 1
-	}
-	fp.faults.Store(&faultState{Faults: f, rng: rand.New(rand.NewPCG(seed, seed^0x9E3779B97F4A7C15))})
+	fp.faults.Store(&faultState{im: NewImpairer(f)})
 }
 
 // Send applies the faults, then passes what survives to the wrapped port.
@@ -83,30 +142,18 @@ func (fp *FaultPort) Send(pkts []*wire.Packet) {
 	var later []heldPacket
 	fs.mu.Lock()
 	for _, p := range pkts {
-		if fs.Drop > 0 && fs.rng.Float64() < fs.Drop {
+		copies, delay := fs.im.Fate()
+		if copies == 0 {
 			p.Release()
 			continue
-		}
-		copies := 1
-		if fs.Duplicate > 0 && fs.rng.Float64() < fs.Duplicate {
-			copies = 2
 		}
 		for i := 0; i < copies; i++ {
 			q := p
 			if i == 1 {
 				q = p.Clone()
 			}
-			d := fs.Delay
-			if fs.Jitter > 0 {
-				d += time.Duration(fs.rng.Int64N(int64(fs.Jitter)))
-			}
-			if fs.Reorder > 0 && fs.rng.Float64() < fs.Reorder {
-				// Held back long enough for packets sent just after it to
-				// overtake it.
-				d += 50*time.Microsecond + time.Duration(fs.rng.Int64N(int64(200*time.Microsecond)))
-			}
-			if d > 0 {
-				later = append(later, heldPacket{at: now.Add(d), p: q})
+			if delay[i] > 0 {
+				later = append(later, heldPacket{at: now.Add(delay[i]), p: q})
 				continue
 			}
 			out = append(out, q)

@@ -114,3 +114,34 @@ func TestFaultPortCloseDropsHeld(t *testing.T) {
 	time.Sleep(5 * time.Millisecond)
 	require.Empty(t, s.psns())
 }
+
+func TestImpairerBursts(t *testing.T) {
+	im := NewImpairer(Faults{BurstEnter: 0.01, BurstExit: 0.25, Seed: 9})
+	const n = 200000
+	lost, runs, run := 0, 0, 0
+	for i := 0; i < n; i++ {
+		if c, _ := im.Fate(); c == 0 {
+			lost++
+			run++
+			continue
+		}
+		if run > 0 {
+			runs++
+			run = 0
+		}
+	}
+	// Stationary loss enter/(enter+exit) = 3.85%; mean burst 1/exit = 4.
+	require.InDelta(t, 0.0385, float64(lost)/n, 0.006)
+	require.InDelta(t, 4.0, float64(lost)/float64(runs), 0.5)
+}
+
+func TestImpairerSeeded(t *testing.T) {
+	f := Faults{Drop: 0.1, Duplicate: 0.1, Jitter: time.Millisecond, Reorder: 0.1, Seed: 4}
+	a, b := NewImpairer(f), NewImpairer(f)
+	for i := 0; i < 1000; i++ {
+		ca, da := a.Fate()
+		cb, db := b.Fate()
+		require.Equal(t, ca, cb)
+		require.Equal(t, da, db)
+	}
+}
