@@ -7,4 +7,8 @@ require (
 	golang.org/x/sys v0.49.0
 )
 
-require go.yaml.in/yaml/v3 v3.0.5 // indirect
+require (
+	github.com/klauspost/cpuid/v2 v2.3.0 // indirect
+	github.com/klauspost/reedsolomon v1.14.2 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+)

@@ -82,6 +82,8 @@ type MR struct {
 
 	inflight atomic.Int32 // placements in progress
 	dead     atomic.Bool
+	paused   atomic.Bool // Exclusive holds remote accesses back
+	excl     sync.Mutex  // serialises Exclusive
 }
 
 // RegisterMR registers buf with the given access rights. As in ibverbs,
@@ -180,14 +182,39 @@ func (mr *MR) span(addr uint64, n uint64) ([]byte, bool) {
 	return mr.buf[off : off+n], true
 }
 
-// enter marks a placement in progress; false if the MR is gone.
+// enter marks a placement in progress; false if the MR is gone. It waits
+// while Exclusive runs.
 func (mr *MR) enter() bool {
-	mr.inflight.Add(1)
-	if mr.dead.Load() {
+	for {
+		mr.inflight.Add(1)
+		if mr.dead.Load() {
+			mr.inflight.Add(-1)
+			return false
+		}
+		if !mr.paused.Load() {
+			return true
+		}
 		mr.inflight.Add(-1)
-		return false
+		for mr.paused.Load() {
+			runtime.Gosched()
+		}
 	}
-	return true
+}
+
+// Exclusive runs f on the region's bytes while no remote access to them is
+// in progress: remote accesses that arrive meanwhile wait until f returns.
+// Use it where local code must read or rewrite bytes that the peer may be
+// writing again (a duplicate), so that the two are ordered. f must be
+// short: it holds up the device's receive path.
+func (mr *MR) Exclusive(f func(buf []byte)) {
+	mr.excl.Lock()
+	defer mr.excl.Unlock()
+	mr.paused.Store(true)
+	for mr.inflight.Load() != 0 {
+		runtime.Gosched()
+	}
+	f(mr.buf)
+	mr.paused.Store(false)
 }
 
 func (mr *MR) exit() { mr.inflight.Add(-1) }

@@ -153,6 +153,7 @@ func (fp *FaultPort) Send(pkts []*wire.Packet) {
 				q = p.Clone()
 			}
 			if delay[i] > 0 {
+				q.Own()
 				later = append(later, heldPacket{at: now.Add(delay[i]), p: q})
 				continue
 			}

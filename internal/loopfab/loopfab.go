@@ -191,11 +191,18 @@ func (p *Port) enqueue(batch []*wire.Packet) {
 		release(batch)
 		return
 	}
-	p.queue = append(p.queue, batch...)
 	if p.draining {
+		// Handled later by another goroutine, perhaps after the send
+		// completed (UC completes once sent): payloads must not alias
+		// the sender's memory any longer.
+		for _, q := range batch {
+			q.Own()
+		}
+		p.queue = append(p.queue, batch...)
 		p.mu.Unlock()
 		return
 	}
+	p.queue = append(p.queue, batch...)
 	p.draining = true
 	p.mu.Unlock()
 	p.drain(inlineBudget)
@@ -214,6 +221,9 @@ func (p *Port) drain(budget int) {
 			return
 		}
 		if budget <= 0 {
+			for _, q := range p.queue {
+				q.Own()
+			}
 			p.mu.Unlock()
 			// The worker inherits the draining role.
 			select {

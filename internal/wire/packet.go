@@ -115,3 +115,16 @@ func (p *Packet) Clone() *Packet {
 	}
 	return q
 }
+
+// Own copies a borrowed payload (one that aliases the sender's memory)
+// into p's bounce buffer, so that p may outlive the send that built it: a
+// UC send completes once sent, and its memory may then be reused while a
+// delayed packet is still on its way.
+func (p *Packet) Own() {
+	if len(p.Payload) == 0 || (len(p.bounce) > 0 && &p.Payload[0] == &p.bounce[0]) {
+		return
+	}
+	src := p.Payload
+	p.Payload = p.Bounce(len(src))
+	copy(p.Payload, src)
+}

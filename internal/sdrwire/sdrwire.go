@@ -1,0 +1,160 @@
+// Package sdrwire is the codec of the reliability layer's control
+// messages: the receiver's status of a posted buffer (clear-to-send, the
+// chunk bitmap, completion), the sender's query, and RTT pings. Each
+// message travels in one SEND; all integers are big-endian.
+//
+// Parse never panics on hostile input and does not retain its argument.
+package sdrwire
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Message types.
+const (
+	TypePing   = 1 // Stamp: the sender's clock
+	TypePong   = 2 // Stamp: echoed
+	TypeStatus = 3 // a receive slot's state
+	TypeQuery  = 4 // Seq: ask for that message's status now
+)
+
+// Status flags.
+const (
+	FlagComplete = 1 << 0 // every data chunk is in place, or the receiver took the message early
+	FlagTaken    = 1 << 1 // the receiver took the message with chunks missing
+)
+
+// MaxWords bounds the bitmap slice of one status (6144 chunks), so that a
+// status fits in one 1 KiB packet.
+const MaxWords = 96
+
+// MaxLen is the largest encoded message.
+const MaxLen = statusFixed + 8*MaxWords
+
+const (
+	version     = 1
+	hdrLen      = 2
+	statusFixed = hdrLen + 8 + 8 + 1 + 4 + 2 + 2 + 8 + 4 + 8 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 2
+)
+
+// ErrMalformed reports a control message that cannot be parsed.
+var ErrMalformed = errors.New("sdrwire: malformed control message")
+
+// Message is one control message; which fields matter depends on Type.
+type Message struct {
+	Type  uint8
+	Stamp int64  // ping, pong
+	Seq   uint64 // status, query: the message's sequence number
+	Floor uint64 // status: every message below Floor is complete at the receiver
+
+	// Status: where to write (clear-to-send) and how far the message got.
+	Flags   uint8
+	Chunk   uint32 // bytes per chunk
+	K       uint16 // data chunks per erasure-coding stripe
+	MaxM    uint16 // parity chunks per stripe the parity area holds
+	Len     uint64 // message buffer length in bytes
+	RKey    uint32
+	Addr    uint64
+	ParRKey uint32
+	ParAddr uint64
+	ParLen  uint64
+	Arrived uint32 // distinct chunks (data and parity) that arrived
+	Decoded uint32 // data chunks rebuilt from parity
+	Cum     uint32 // every data chunk below Cum is present
+	Highest uint32 // one more than the highest data chunk seen; 0: none
+	Words   []uint64
+}
+
+// Append encodes m onto b.
+func Append(b []byte, m *Message) []byte {
+	b = append(b, version, m.Type)
+	switch m.Type {
+	case TypePing, TypePong:
+		b = binary.BigEndian.AppendUint64(b, uint64(m.Stamp))
+	case TypeQuery:
+		b = binary.BigEndian.AppendUint64(b, m.Seq)
+	case TypeStatus:
+		words := m.Words
+		if len(words) > MaxWords {
+			words = words[:MaxWords]
+		}
+		b = binary.BigEndian.AppendUint64(b, m.Seq)
+		b = binary.BigEndian.AppendUint64(b, m.Floor)
+		b = append(b, m.Flags)
+		b = binary.BigEndian.AppendUint32(b, m.Chunk)
+		b = binary.BigEndian.AppendUint16(b, m.K)
+		b = binary.BigEndian.AppendUint16(b, m.MaxM)
+		b = binary.BigEndian.AppendUint64(b, m.Len)
+		b = binary.BigEndian.AppendUint32(b, m.RKey)
+		b = binary.BigEndian.AppendUint64(b, m.Addr)
+		b = binary.BigEndian.AppendUint32(b, m.ParRKey)
+		b = binary.BigEndian.AppendUint64(b, m.ParAddr)
+		b = binary.BigEndian.AppendUint64(b, m.ParLen)
+		b = binary.BigEndian.AppendUint32(b, m.Arrived)
+		b = binary.BigEndian.AppendUint32(b, m.Decoded)
+		b = binary.BigEndian.AppendUint32(b, m.Cum)
+		b = binary.BigEndian.AppendUint32(b, m.Highest)
+		b = binary.BigEndian.AppendUint16(b, uint16(len(words)))
+		for _, w := range words {
+			b = binary.BigEndian.AppendUint64(b, w)
+		}
+	}
+	return b
+}
+
+// Parse decodes b into m, reusing m.Words' storage.
+func Parse(b []byte, m *Message) error {
+	if len(b) < hdrLen {
+		return fmt.Errorf("%w: %d bytes", ErrMalformed, len(b))
+	}
+	if b[0] != version {
+		return fmt.Errorf("%w: version %d", ErrMalformed, b[0])
+	}
+	m.Type = b[1]
+	p := b[hdrLen:]
+	switch m.Type {
+	case TypePing, TypePong, TypeQuery:
+		if len(p) != 8 {
+			return fmt.Errorf("%w: type %d with %d bytes", ErrMalformed, m.Type, len(p))
+		}
+		v := binary.BigEndian.Uint64(p)
+		m.Stamp, m.Seq = int64(v), v
+		return nil
+	case TypeStatus:
+	default:
+		return fmt.Errorf("%w: type %d", ErrMalformed, m.Type)
+	}
+	if len(b) < statusFixed {
+		return fmt.Errorf("%w: status of %d bytes", ErrMalformed, len(b))
+	}
+	be := binary.BigEndian
+	m.Seq = be.Uint64(p)
+	m.Floor = be.Uint64(p[8:])
+	p = p[8:]
+	m.Flags = p[8]
+	m.Chunk = be.Uint32(p[9:])
+	m.K = be.Uint16(p[13:])
+	m.MaxM = be.Uint16(p[15:])
+	m.Len = be.Uint64(p[17:])
+	m.RKey = be.Uint32(p[25:])
+	m.Addr = be.Uint64(p[29:])
+	m.ParRKey = be.Uint32(p[37:])
+	m.ParAddr = be.Uint64(p[41:])
+	m.ParLen = be.Uint64(p[49:])
+	m.Arrived = be.Uint32(p[57:])
+	m.Decoded = be.Uint32(p[61:])
+	m.Cum = be.Uint32(p[65:])
+	m.Highest = be.Uint32(p[69:])
+	n := int(be.Uint16(p[73:]))
+	p = p[75:]
+	if n > MaxWords || len(p) != 8*n {
+		return fmt.Errorf("%w: %d bitmap words in %d bytes", ErrMalformed, n, len(p))
+	}
+	m.Words = m.Words[:0]
+	for i := 0; i < n; i++ {
+		m.Words = append(m.Words, be.Uint64(p[8*i:]))
+	}
+	return nil
+}

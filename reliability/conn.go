@@ -1,0 +1,483 @@
+package reliability
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/klauspost/reedsolomon"
+
+	"github.com/rvma/rvma/internal/sdrwire"
+	"github.com/rvma/rvma/verbs"
+)
+
+// Errors.
+var (
+	ErrClosed   = errors.New("reliability: connection closed")
+	ErrPeer     = errors.New("reliability: peer unreachable")
+	ErrTooLarge = errors.New("reliability: message larger than the receiver's buffer")
+	ErrConfig   = errors.New("reliability: invalid configuration")
+)
+
+// Limits of the immediate's split: 10 bits of message id (the sequence
+// number modulo 1024, as SDR-RDMA) and 22 bits of chunk index.
+const (
+	idBits    = 10
+	idxBits   = 32 - idBits
+	maxChunks = 1 << idxBits
+)
+
+// Config configures a Conn. The zero value means defaults.
+type Config struct {
+	// Chunk is the size of the chunks of messages this end receives: the
+	// unit of the bitmap, of loss and of repair. A multiple of the QP's
+	// path MTU; default one path MTU.
+	Chunk int
+	// Slots is how many receives this end keeps posted to its peer (the
+	// messages that can be in flight toward it). Default 8; a power of two
+	// in 1..64.
+	Slots int
+	// Scheme repairs this end's sends; Auto (the default) asks the model
+	// per message.
+	Scheme Scheme
+	// K is the number of data chunks per erasure-coding stripe of the
+	// messages this end receives (the sender follows it). Default 32,
+	// range 1..128.
+	K int
+	// MaxParity is the parity chunks per stripe this end can receive (its
+	// parity area). Default 8, range 1..128, K+MaxParity ≤ 256.
+	MaxParity int
+	// M forces the parity chunks per stripe of this end's EC sends;
+	// default 0: the model picks among 1, 2, 4 and 8.
+	M int
+	// Rate is the injection rate in bytes per second, which is also the
+	// model's link rate; a long-haul link is not probed, so set it to the
+	// path's rate. Default 0: as fast as the QP takes requests (and the
+	// model assumes 1 Gbit/s).
+	Rate float64
+	// RTT is the round-trip time assumed until pings measure it. Default 10ms.
+	RTT time.Duration
+	// Alpha sets the retransmission timeout for chunks the receiver has not
+	// reported on: RTO = RTT + Alpha·RTT. Default 1, range 0.1..10.
+	Alpha float64
+	// Fallback is how long after a stripe's last chunk could have arrived
+	// the sender waits for it to decode before repairing its missing data
+	// chunks by selective repeat. Default RTT/4.
+	Fallback time.Duration
+	// Loss is the chunk-loss probability the model assumes before it has
+	// measured any. Default 0.
+	Loss float64
+	// PeerTimeout fails pending operations with ErrPeer when nothing at all
+	// arrived from the peer for this long. Default 10s.
+	PeerTimeout time.Duration
+	// RecvDepth is the number of receives kept posted on the QP: every
+	// chunk consumes one, so it bounds the chunks in flight. Default 4096;
+	// the QP must have MaxRecvWR ≥ RecvDepth (see QPConfig).
+	RecvDepth int
+	// Logger receives diagnostics. Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults(mtu int) error {
+	if c.Chunk == 0 {
+		c.Chunk = mtu
+	}
+	if c.Chunk%mtu != 0 || c.Chunk <= 0 {
+		return fmt.Errorf("%w: chunk %d is not a multiple of the path MTU %d", ErrConfig, c.Chunk, mtu)
+	}
+	if c.Slots == 0 {
+		c.Slots = 8
+	}
+	if c.Slots < 1 || c.Slots > 64 || c.Slots&(c.Slots-1) != 0 {
+		return fmt.Errorf("%w: slots %d (a power of two in 1..64)", ErrConfig, c.Slots)
+	}
+	if c.K == 0 {
+		c.K = 32
+	}
+	if c.MaxParity == 0 {
+		c.MaxParity = 8
+	}
+	if c.K < 1 || c.K > 128 || c.MaxParity < 1 || c.MaxParity > 128 || c.K+c.MaxParity > 256 {
+		return fmt.Errorf("%w: K %d, MaxParity %d", ErrConfig, c.K, c.MaxParity)
+	}
+	if c.M < 0 || c.M > 128 {
+		return fmt.Errorf("%w: M %d", ErrConfig, c.M)
+	}
+	if c.RTT == 0 {
+		c.RTT = 10 * time.Millisecond
+	}
+	if c.Alpha == 0 {
+		c.Alpha = 1
+	}
+	if c.Alpha < 0.1 || c.Alpha > 10 {
+		return fmt.Errorf("%w: alpha %g", ErrConfig, c.Alpha)
+	}
+	if c.PeerTimeout == 0 {
+		c.PeerTimeout = 10 * time.Second
+	}
+	if c.RecvDepth == 0 {
+		c.RecvDepth = 4096
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// QPConfig returns the attributes a QP needs to carry a Conn: UC, with
+// room for cfg.RecvDepth receives.
+func QPConfig(cq *verbs.CQ, cfg Config) verbs.QPConfig {
+	depth := cfg.RecvDepth
+	if depth == 0 {
+		depth = 4096
+	}
+	return verbs.QPConfig{Type: verbs.UC, SendCQ: cq, MaxRecvWR: depth, MaxSendWR: 1024, MaxSendSGE: 1, MaxRecvSGE: 1}
+}
+
+const ctlSize = 1024 // bytes per control receive buffer; sdrwire.MaxLen fits
+
+// Conn runs SDR-style reliability over one connected UC QP: the receiver
+// posts buffers (Post), the sender's i-th Send lands in the peer's i-th
+// posted buffer as chunks written with immediates, the receiver's bitmap
+// records what arrived, and losses are repaired by selective repeat or
+// erasure coding. Data flows both ways independently.
+//
+// A Conn is safe for concurrent use. It owns the QP's CQ (it polls it) and
+// its receive queue; the caller keeps ownership of the QP, CQ and PD and
+// closes them after Close.
+type Conn struct {
+	cfg   Config
+	log   *slog.Logger
+	pd    *verbs.PD
+	qp    *verbs.QP
+	cq    *verbs.CQ
+	epoch time.Time
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	kick   chan struct{} // wakes the injector
+
+	rq  *verbs.MR // control receive buffers
+	ctl *verbs.MR // control send buffers, a ring
+	cti int
+
+	mu       sync.Mutex
+	changed  chan struct{} // closed and replaced on every state change
+	err      error
+	srtt     time.Duration
+	measured bool
+	heard    time.Duration // when the peer was last heard from
+
+	// receive side
+	dec     reedsolomon.Encoder
+	slots   []*Recv
+	parity  [][]byte // parity area per slot, reused
+	post    uint64   // sequence number of the next Post
+	floor   uint64   // every receive below floor is complete
+	scratch rxScratch
+
+	// send side
+	cts   map[uint64]*sdrwire.Message // clear-to-send of messages not started
+	next  uint64                      // sequence number of the next Send
+	sends map[uint64]*Send
+	order []*Send // active sends in sequence order
+	retx  []chunkRef
+	enc   map[[2]int]reedsolomon.Encoder
+	lossN float64 // decayed chunks lost
+	lossD float64 // decayed chunks sent
+	tx    txScratch
+}
+
+type chunkRef struct {
+	s   *Send
+	idx int
+}
+
+// New starts the protocol on qp, a connected UC QP whose send and receive
+// completions go to cq (create it with QPConfig). pd is the QP's PD.
+func New(pd *verbs.PD, qp *verbs.QP, cq *verbs.CQ, cfg Config) (*Conn, error) {
+	if qp.Type() != verbs.UC {
+		return nil, fmt.Errorf("%w: the QP is %v, want UC", ErrConfig, qp.Type())
+	}
+	mtu := qp.PathMTU()
+	if mtu == 0 {
+		return nil, fmt.Errorf("%w: the QP is not connected", ErrConfig)
+	}
+	if err := cfg.setDefaults(mtu); err != nil {
+		return nil, err
+	}
+	dec, err := reedsolomon.New(cfg.K, cfg.MaxParity, reedsolomon.WithCauchyMatrix())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	c := &Conn{
+		cfg: cfg, log: cfg.Logger, pd: pd, qp: qp, cq: cq, epoch: time.Now(),
+		kick: make(chan struct{}, 1), changed: make(chan struct{}), srtt: cfg.RTT,
+		dec: dec, slots: make([]*Recv, cfg.Slots), parity: make([][]byte, cfg.Slots),
+		cts: map[uint64]*sdrwire.Message{}, sends: map[uint64]*Send{}, enc: map[[2]int]reedsolomon.Encoder{},
+	}
+	c.rq, err = pd.RegisterMR(make([]byte, cfg.RecvDepth*ctlSize), verbs.AccessLocalWrite)
+	if err != nil {
+		return nil, err
+	}
+	c.ctl, err = pd.RegisterMR(make([]byte, 16*ctlSize), 0)
+	if err != nil {
+		c.rq.Deregister()
+		return nil, err
+	}
+	wrs := make([]verbs.RecvWR, cfg.RecvDepth)
+	sges := make([]verbs.SGE, cfg.RecvDepth)
+	for i := range wrs {
+		sges[i] = c.rq.SGE(i*ctlSize, ctlSize)
+		wrs[i] = verbs.RecvWR{ID: uint64(i), SGL: sges[i : i+1]}
+	}
+	if _, err := qp.PostRecv(wrs); err != nil {
+		c.rq.Deregister()
+		c.ctl.Deregister()
+		return nil, fmt.Errorf("reliability: post receives: %w", err)
+	}
+	c.heard = c.now()
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.wg.Add(3)
+	go c.poll()
+	go c.inject()
+	go c.tick()
+	return c, nil
+}
+
+func (c *Conn) now() time.Duration { return time.Since(c.epoch) }
+
+// RTT is the smoothed round-trip time measured by pings.
+func (c *Conn) RTT() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.srtt
+}
+
+// Loss is the estimated chunk-loss probability toward the peer.
+func (c *Conn) Loss() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lossLocked()
+}
+
+func (c *Conn) lossLocked() float64 {
+	if c.lossD < 1 {
+		return c.cfg.Loss
+	}
+	return c.lossN / c.lossD
+}
+
+// Close stops the protocol: pending sends and receives fail with ErrClosed
+// and their memory registrations are released. It does not close the QP.
+func (c *Conn) Close() error {
+	c.fail(ErrClosed)
+	c.cancel()
+	c.wg.Wait()
+	c.rq.Deregister()
+	c.ctl.Deregister()
+	if c.tx.mr != nil {
+		c.tx.mr.Deregister()
+	}
+	return nil
+}
+
+// fail records the first fatal error and ends everything pending.
+func (c *Conn) fail(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.failLocked(err)
+}
+
+func (c *Conn) failLocked(err error) {
+	if c.err != nil {
+		return
+	}
+	c.err = err
+	for _, r := range c.slots {
+		if r != nil && !r.done {
+			r.err = err
+			r.finishLocked(false)
+		}
+	}
+	for _, s := range c.order {
+		s.finishLocked(err)
+	}
+	c.order = nil
+	c.broadcastLocked()
+}
+
+func (c *Conn) broadcastLocked() {
+	close(c.changed)
+	c.changed = make(chan struct{})
+}
+
+// wait blocks until cond (called with c.mu held) is true.
+func (c *Conn) wait(ctx context.Context, cond func() bool) error {
+	c.mu.Lock()
+	for !cond() {
+		ch := c.changed
+		c.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		c.mu.Lock()
+	}
+	c.mu.Unlock()
+	return nil
+}
+
+// sendCtlLocked sends one control message. Control messages are small and
+// stateless: losing one costs only the wait for the next.
+func (c *Conn) sendCtlLocked(m *sdrwire.Message) {
+	off := c.cti * ctlSize
+	c.cti = (c.cti + 1) % 16
+	b := sdrwire.Append(c.ctl.Bytes()[off:off], m)
+	sge := c.ctl.SGE(off, len(b))
+	wr := verbs.SendWR{Opcode: verbs.OpSend, SGL: []verbs.SGE{sge}}
+	if _, err := c.qp.PostSend([]verbs.SendWR{wr}); err != nil && !errors.Is(err, verbs.ErrQueueFull) {
+		c.failLocked(fmt.Errorf("reliability: %w", err))
+	}
+}
+
+// poll handles the CQ: chunks, control messages, failures.
+func (c *Conn) poll() {
+	defer c.wg.Done()
+	wcs := make([]verbs.WorkCompletion, 64)
+	repost := make([]verbs.RecvWR, 0, 64)
+	sges := make([]verbs.SGE, 64)
+	var msg sdrwire.Message
+	for {
+		n, err := c.cq.WaitPoll(c.ctx, wcs)
+		if err != nil {
+			if c.ctx.Err() == nil {
+				c.fail(fmt.Errorf("reliability: completion queue: %w", err))
+			}
+			return
+		}
+		now := c.now()
+		repost = repost[:0]
+		c.mu.Lock()
+		c.heard = now
+		for i := range wcs[:n] {
+			wc := &wcs[i]
+			if wc.Status != verbs.StatusSuccess {
+				if c.ctx.Err() == nil {
+					c.failLocked(fmt.Errorf("reliability: %w", wc.Err()))
+				}
+				continue
+			}
+			switch wc.Opcode {
+			case verbs.WCRecvWriteImm:
+				c.onChunkLocked(wc.Imm, now)
+			case verbs.WCRecv:
+				b := c.rq.Bytes()[int(wc.WRID)*ctlSize:][:wc.ByteLen]
+				if err := sdrwire.Parse(b, &msg); err != nil {
+					c.log.Debug("reliability: bad control message", "err", err)
+				} else {
+					c.onControlLocked(&msg, now)
+				}
+			default:
+				continue
+			}
+			j := len(repost)
+			sges[j] = c.rq.SGE(int(wc.WRID)*ctlSize, ctlSize)
+			repost = append(repost, verbs.RecvWR{ID: wc.WRID, SGL: sges[j : j+1]})
+		}
+		c.mu.Unlock()
+		if len(repost) > 0 {
+			if _, err := c.qp.PostRecv(repost); err != nil && c.ctx.Err() == nil {
+				c.fail(fmt.Errorf("reliability: repost receives: %w", err))
+			}
+		}
+	}
+}
+
+func (c *Conn) onControlLocked(m *sdrwire.Message, now time.Duration) {
+	switch m.Type {
+	case sdrwire.TypePing:
+		c.sendCtlLocked(&sdrwire.Message{Type: sdrwire.TypePong, Stamp: m.Stamp})
+	case sdrwire.TypePong:
+		sample := now - time.Duration(m.Stamp)
+		if sample <= 0 || sample > time.Minute {
+			return
+		}
+		if !c.measured {
+			c.srtt, c.measured = sample, true
+		} else {
+			c.srtt += (sample - c.srtt) / 8
+		}
+	case sdrwire.TypeQuery:
+		if r := c.slots[int(m.Seq%uint64(c.cfg.Slots))]; r != nil {
+			c.sendStatusLocked(r, now)
+		}
+	case sdrwire.TypeStatus:
+		c.onStatusLocked(m, now)
+	}
+}
+
+// tick sends statuses, pings, and retransmits on timeouts.
+func (c *Conn) tick() {
+	defer c.wg.Done()
+	var lastPing, lastScan time.Duration
+	for {
+		c.mu.Lock()
+		rtt := c.srtt
+		c.mu.Unlock()
+		t := min(max(rtt/8, time.Millisecond), 25*time.Millisecond)
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-time.After(t):
+		}
+		now := c.now()
+		c.mu.Lock()
+		if c.err != nil {
+			c.mu.Unlock()
+			continue
+		}
+		if now-lastPing >= 250*time.Millisecond || (!c.measured && now-lastPing >= 20*time.Millisecond) {
+			lastPing = now
+			c.sendCtlLocked(&sdrwire.Message{Type: sdrwire.TypePing, Stamp: int64(now)})
+		}
+		for _, r := range c.slots {
+			if r != nil && r.statusDue(now, rtt, t) {
+				c.sendStatusLocked(r, now)
+			}
+		}
+		if now-lastScan >= rtt/4 {
+			lastScan = now
+			c.scanLocked(now)
+		}
+		if len(c.order) > 0 || c.pendingRecvLocked() {
+			if now-c.heard > c.cfg.PeerTimeout {
+				c.failLocked(fmt.Errorf("%w: nothing heard for %v", ErrPeer, (now - c.heard).Round(time.Millisecond)))
+			}
+		} else {
+			c.heard = now
+		}
+		c.mu.Unlock()
+	}
+}
+
+func (c *Conn) pendingRecvLocked() bool {
+	for _, r := range c.slots {
+		if r != nil && !r.done {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *Conn) wake() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
