@@ -60,6 +60,9 @@ type Config struct {
 	Rate float64
 	// RTT is the round-trip time assumed until pings measure it. Default 10ms.
 	RTT time.Duration
+	// MinRTT floors the RTT estimate that timeouts are built on, against
+	// a timer's granularity and a loaded receiver's delay. Default 1ms.
+	MinRTT time.Duration
 	// Alpha sets the retransmission timeout for chunks the receiver has not
 	// reported on: RTO = RTT + Alpha·RTT. Default 1, range 0.1..10.
 	Alpha float64
@@ -108,6 +111,9 @@ func (c *Config) setDefaults(mtu int) error {
 	}
 	if c.RTT == 0 {
 		c.RTT = 10 * time.Millisecond
+	}
+	if c.MinRTT == 0 {
+		c.MinRTT = time.Millisecond
 	}
 	if c.Alpha == 0 {
 		c.Alpha = 1
@@ -190,6 +196,11 @@ type Conn struct {
 	lossN float64 // decayed chunks lost
 	lossD float64 // decayed chunks sent
 	tx    txScratch
+
+	// testDrop, set by tests before traffic, loses chunk writes by
+	// position: idx is the chunk index (parity follows the data), try the
+	// transmission count of a data chunk (1 for the first, 0 for parity).
+	testDrop func(seq uint64, idx, try int) bool
 }
 
 type chunkRef struct {
@@ -216,7 +227,7 @@ func New(pd *verbs.PD, qp *verbs.QP, cq *verbs.CQ, cfg Config) (*Conn, error) {
 	}
 	c := &Conn{
 		cfg: cfg, log: cfg.Logger, pd: pd, qp: qp, cq: cq, epoch: time.Now(),
-		kick: make(chan struct{}, 1), changed: make(chan struct{}), srtt: cfg.RTT,
+		kick: make(chan struct{}, 1), changed: make(chan struct{}), srtt: max(cfg.RTT, cfg.MinRTT),
 		dec: dec, slots: make([]*Recv, cfg.Slots), parity: make([][]byte, cfg.Slots),
 		cts: map[uint64]*sdrwire.Message{}, sends: map[uint64]*Send{}, enc: map[[2]int]reedsolomon.Encoder{},
 	}
@@ -413,6 +424,7 @@ func (c *Conn) onControlLocked(m *sdrwire.Message, now time.Duration) {
 		} else {
 			c.srtt += (sample - c.srtt) / 8
 		}
+		c.srtt = max(c.srtt, c.cfg.MinRTT)
 	case sdrwire.TypeQuery:
 		if r := c.slots[int(m.Seq%uint64(c.cfg.Slots))]; r != nil {
 			c.sendStatusLocked(r, now)

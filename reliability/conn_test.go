@@ -159,3 +159,170 @@ func TestTransferFaults(t *testing.T) {
 		}
 	}
 }
+
+// A stripe that lost exactly m chunks decodes without a repeat; one that
+// lost m+1 falls back to selective repeat of its missing data chunks.
+func TestStripeDecodeAndFallback(t *testing.T) {
+	const k, m = 8, 3
+	for _, tc := range []struct {
+		name       string
+		drop       func(idx int) bool // first transmissions lost, by chunk index
+		decoded    int
+		retransmit int
+	}{
+		{"m data lost", func(i int) bool { return i == 1 || i == 4 || i == 7 }, 3, 0},
+		{"m mixed lost", func(i int) bool { return i == 2 || i == 64+0 || i == 64+2 }, 1, 0}, // 64 data chunks; parity of stripe 0 at 64..
+		// The three repeats go out together; the first to land completes
+		// the stripe's k, which rebuilds the other two.
+		{"m+1 lost", func(i int) bool { return i == 0 || i == 1 || i == 2 || i == 64+1 }, 2, 3},
+		{"m+1 in the short last stripe", func(i int) bool { return i >= 64 && i < 64+4 }, 0, 0}, // parity only: data intact
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := pair(t, verbs.Faults{}, Config{Scheme: EC, M: m, RTT: 100 * time.Millisecond, MinRTT: 100 * time.Millisecond}, Config{K: k, MaxParity: m})
+			a.conn.mu.Lock()
+			a.conn.testDrop = func(seq uint64, idx, try int) bool { return try <= 1 && tc.drop(idx) }
+			a.conn.mu.Unlock()
+			res := transfer(t, a, b, []int{64 * 4096}, nil)
+			require.Equal(t, EC, res[0].Scheme)
+			require.Equal(t, tc.retransmit, res[0].Retransmissions)
+			require.Equal(t, tc.decoded, res[0].Decoded)
+		})
+	}
+}
+
+// A chunk of an old message can never land in a new one: the old keys die
+// at completion, and an immediate naming another message is ignored.
+func TestLateChunksRejected(t *testing.T) {
+	a, b := pair(t, verbs.Faults{}, Config{Scheme: SR}, Config{Slots: 1})
+	ctx := context.Background()
+	buf0 := make([]byte, 8192)
+	r0, err := b.conn.Post(ctx, buf0)
+	require.NoError(t, err)
+	b.conn.mu.Lock()
+	oldKey, oldAddr := r0.mr.RKey(), r0.mr.Addr()
+	b.conn.mu.Unlock()
+	s0, err := a.conn.Send(ctx, payload(8192, 1), nil)
+	require.NoError(t, err)
+	_, err = s0.Wait(ctx)
+	require.NoError(t, err)
+	require.NoError(t, r0.Wait(ctx))
+
+	buf1 := make([]byte, 8192)
+	r1, err := b.conn.Post(ctx, buf1) // the same slot, the next generation
+	require.NoError(t, err)
+	b.conn.mu.Lock()
+	newKey, newAddr := r1.mr.RKey(), r1.mr.Addr()
+	b.conn.mu.Unlock()
+
+	junk, err := a.pd.RegisterMR(bytes.Repeat([]byte{0xEE}, 4096), verbs.AccessLocalWrite)
+	require.NoError(t, err)
+	stale := func(rkey uint32, addr uint64, id uint32) {
+		wr := verbs.SendWR{Opcode: verbs.OpWriteImm, SGL: []verbs.SGE{junk.SGE(0, 4096)}, RemoteAddr: addr, RKey: rkey, Imm: id<<idxBits | 0}
+		_, err := a.qp.PostSend([]verbs.SendWR{wr})
+		require.NoError(t, err)
+	}
+	stale(oldKey, oldAddr, 0) // message 0's key: refused by the NIC
+	stale(newKey, newAddr, 0) // message 1's memory but message 0's id: not counted
+	time.Sleep(20 * time.Millisecond)
+	require.Equal(t, 0, r1.Bitmap().Count())
+	require.Equal(t, payload(8192, 1), buf0)
+
+	want := payload(8192, 2)
+	s1, err := a.conn.Send(ctx, want, nil)
+	require.NoError(t, err)
+	_, err = s1.Wait(ctx)
+	require.NoError(t, err)
+	require.NoError(t, r1.Wait(ctx))
+	require.Equal(t, want, buf1)
+}
+
+// The receiver may take a message with chunks missing; the sender learns
+// it and stops.
+func TestPartialCompletion(t *testing.T) {
+	a, b := pair(t, verbs.Faults{}, Config{Scheme: SR}, Config{})
+	a.conn.mu.Lock()
+	a.conn.testDrop = func(seq uint64, idx, try int) bool { return idx == 3 } // never arrives
+	a.conn.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	buf := make([]byte, 10*4096)
+	r, err := b.conn.Post(ctx, buf)
+	require.NoError(t, err)
+	data := payload(len(buf), 3)
+	s, err := a.conn.Send(ctx, data, nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return r.Bitmap().Count() == 9 }, 5*time.Second, time.Millisecond)
+	r.Take()
+	require.NoError(t, r.Wait(ctx))
+	require.Equal(t, []Range{{3, 4}}, r.Bitmap().Gaps(nil))
+	require.True(t, r.Stats().Partial)
+	require.Equal(t, data[:3*4096], buf[:3*4096])
+	require.Equal(t, data[4*4096:], buf[4*4096:])
+	res, err := s.Wait(ctx)
+	require.NoError(t, err)
+	require.True(t, res.Partial)
+}
+
+func TestErrors(t *testing.T) {
+	t.Run("too large", func(t *testing.T) {
+		a, b := pair(t, verbs.Faults{}, Config{}, Config{})
+		ctx := context.Background()
+		_, err := b.conn.Post(ctx, make([]byte, 100))
+		require.NoError(t, err)
+		s, err := a.conn.Send(ctx, make([]byte, 101), nil)
+		require.NoError(t, err)
+		_, err = s.Wait(ctx)
+		require.ErrorIs(t, err, ErrTooLarge)
+	})
+	t.Run("peer vanishes", func(t *testing.T) {
+		a, b := pair(t, verbs.Faults{}, Config{PeerTimeout: 300 * time.Millisecond}, Config{})
+		ctx := context.Background()
+		_, err := b.conn.Post(ctx, make([]byte, 1<<20))
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { a.conn.mu.Lock(); defer a.conn.mu.Unlock(); return len(a.conn.cts) == 1 }, 5*time.Second, time.Millisecond)
+		require.NoError(t, b.dev.SetFaults(-1, verbs.Faults{Drop: 1})) // b falls silent
+		require.NoError(t, a.dev.SetFaults(-1, verbs.Faults{Drop: 1}))
+		s, err := a.conn.Send(ctx, make([]byte, 1<<20), nil)
+		require.NoError(t, err)
+		start := time.Now()
+		_, err = s.Wait(ctx)
+		require.ErrorIs(t, err, ErrPeer)
+		require.Less(t, time.Since(start), 5*time.Second)
+		_, err = a.conn.Send(ctx, make([]byte, 10), nil)
+		require.ErrorIs(t, err, ErrPeer)
+	})
+	t.Run("closed", func(t *testing.T) {
+		a, _ := pair(t, verbs.Faults{}, Config{}, Config{})
+		ctx := context.Background()
+		s, err := a.conn.Send(ctx, make([]byte, 10), nil) // no receive posted
+		require.NoError(t, err)
+		require.NoError(t, a.conn.Close())
+		_, err = s.Wait(ctx)
+		require.ErrorIs(t, err, ErrClosed)
+		_, err = a.conn.Post(ctx, make([]byte, 10))
+		require.ErrorIs(t, err, ErrClosed)
+	})
+	t.Run("config", func(t *testing.T) {
+		for _, cfg := range []Config{{Slots: 3}, {Chunk: 1000}, {K: 200, MaxParity: 100}, {Alpha: 50}} {
+			e := &end{}
+			var err error
+			e.dev, err = verbs.Open(context.Background(), fmt.Sprintf("loop://cfg-%d", fabricSeq.Add(1)), nil)
+			require.NoError(t, err)
+			defer e.dev.Close()
+			_, err = New(nil, mustUC(t, e.dev), nil, cfg)
+			require.ErrorIs(t, err, ErrConfig, "%+v", cfg)
+		}
+	})
+}
+
+// mustUC returns a UC QP connected to itself, for configuration checks.
+func mustUC(t *testing.T, dev *verbs.Device) *verbs.QP {
+	pd, err := dev.AllocPD()
+	require.NoError(t, err)
+	cq, err := dev.CreateCQ(verbs.CQConfig{})
+	require.NoError(t, err)
+	qp, err := pd.CreateQP(verbs.QPConfig{Type: verbs.UC, SendCQ: cq})
+	require.NoError(t, err)
+	require.NoError(t, qp.Connect(qp.Endpoint(), nil))
+	return qp
+}

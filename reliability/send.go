@@ -238,6 +238,10 @@ func (s *Send) finishLocked(err error) {
 
 // onStatusLocked is the sender's state machine for a receiver's status.
 func (c *Conn) onStatusLocked(m *sdrwire.Message, now time.Duration) {
+	if s := c.sends[m.Seq]; s != nil && s.ready {
+		s.res.Decoded = max(s.res.Decoded, int(m.Decoded))
+		s.res.Partial = m.Flags&sdrwire.FlagTaken != 0
+	}
 	// Everything below the receiver's floor is complete.
 	for len(c.order) > 0 && c.order[0].seq < m.Floor {
 		c.order[0].finishLocked(nil)
@@ -255,9 +259,7 @@ func (c *Conn) onStatusLocked(m *sdrwire.Message, now time.Duration) {
 		c.startLocked(s, m)
 		return
 	}
-	s.res.Decoded = max(s.res.Decoded, int(m.Decoded))
 	if m.Flags&sdrwire.FlagComplete != 0 {
-		s.res.Partial = m.Flags&sdrwire.FlagTaken != 0
 		s.finishLocked(nil)
 		return
 	}
@@ -474,6 +476,9 @@ func (c *Conn) addData(s *Send, idx int, now time.Duration) int {
 		s.tries[idx]++
 	}
 	s.res.Transmissions++
+	if c.testDrop != nil && c.testDrop(s.seq, idx, int(s.tries[idx])) {
+		tx.wrs = tx.wrs[:j]
+	}
 	return n
 }
 
@@ -485,6 +490,9 @@ func (c *Conn) addParity(s *Send, stripe, j int) int {
 	tx.wrs = append(tx.wrs, verbs.SendWR{Opcode: verbs.OpWriteImm, SGL: tx.sges[k : k+1],
 		RemoteAddr: s.paddr + uint64(p*s.chunk), RKey: s.prkey, Imm: c.imm(s, s.n+p)})
 	s.res.Transmissions++
+	if c.testDrop != nil && c.testDrop(s.seq, s.n+p, 0) {
+		tx.wrs = tx.wrs[:k]
+	}
 	return s.chunk
 }
 
