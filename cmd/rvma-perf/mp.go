@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rvma/rvma/internal/testbed"
+	"github.com/rvma/rvma/internal/units"
 	"github.com/rvma/rvma/multipath"
 	"github.com/rvma/rvma/verbs"
 )
@@ -25,20 +26,11 @@ import (
 
 // parseRate turns a tc rate ("200mbit", "1gbit", "500kbit") into Gbit/s.
 func parseRate(r string) (float64, error) {
-	units := []struct {
-		suffix string
-		gbps   float64
-	}{{"gbit", 1}, {"mbit", 1e-3}, {"kbit", 1e-6}}
-	for _, u := range units {
-		if v, ok := strings.CutSuffix(r, u.suffix); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || f <= 0 {
-				break
-			}
-			return f * u.gbps, nil
-		}
+	bits, err := units.ParseRate(r)
+	if err != nil {
+		return 0, fmt.Errorf("--rate: %w", err)
 	}
-	return 0, fmt.Errorf("--rate %q: want a tc rate such as 200mbit or 1gbit", r)
+	return bits / 1e9, nil
 }
 
 type mpSide struct {

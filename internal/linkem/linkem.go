@@ -1,0 +1,326 @@
+// Package linkem emulates a long-haul link for UDP in user space (the
+// kernel here has no netem): two sockets, A and B; what arrives at A is
+// forwarded out of B to B's peer and vice versa, after a rate limiter with
+// a drop-tail queue and fabric.Faults' impairments (delay, jitter, loss,
+// Gilbert-Elliott bursts, reordering, duplication), drawn from a seeded
+// source per direction.
+//
+// Each side's peer is the first address that sends to it, unless
+// configured; packets toward a side whose peer is not known yet wait (up
+// to 4096 of them). A Link is safe for concurrent use.
+package linkem
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rvma/rvma/internal/fabric"
+)
+
+// Config configures Start. The zero value forwards unimpaired.
+type Config struct {
+	A, B         string         // listen addresses; default "127.0.0.1:0"
+	PeerA, PeerB netip.AddrPort // the endpoints behind A and B; default: learned
+	// Faults apply to each direction; B→A uses Seed+1.
+	Faults fabric.Faults
+	// Rate is each direction's rate in bytes per second; 0: unlimited.
+	Rate float64
+	// Queue is the bytes each direction's queue holds before it drops
+	// arrivals (drop tail). Default 4 MiB, or Rate·50ms if larger.
+	Queue int
+	Logger *slog.Logger
+}
+
+// DirStats counts one direction's packets.
+type DirStats struct {
+	Packets    uint64 // arrived
+	Bytes      uint64 // arrived payload bytes
+	Lost       uint64 // dropped by the loss model
+	Overflow   uint64 // dropped by the full queue
+	Duplicated uint64
+	Delivered  uint64
+	Failed     uint64 // could not be sent on
+}
+
+func (s DirStats) String() string {
+	return fmt.Sprintf("%d packets (%d bytes) in, %d delivered, %d lost, %d queue drops, %d duplicated",
+		s.Packets, s.Bytes, s.Delivered, s.Lost, s.Overflow, s.Duplicated)
+}
+
+// Link is a running emulator.
+type Link struct {
+	cfg  Config
+	log  *slog.Logger
+	sock [2]*net.UDPConn
+	peer [2]atomic.Pointer[netip.AddrPort]
+	dir  [2]*direction
+	wg   sync.WaitGroup
+	done chan struct{}
+}
+
+// direction is one way: packets arriving at sock[from], leaving sock[1-from].
+type direction struct {
+	l     *Link
+	from  int
+	im    *fabric.Impairer
+	mu    sync.Mutex
+	free  time.Time // when the rate limiter's line is next free
+	queue int       // bytes waiting for the line
+	held  pktHeap
+	wait  [][]byte // toward an unknown peer
+	timer *time.Timer
+	st    struct {
+		packets, bytes, lost, overflow, dup, delivered, failed atomic.Uint64
+	}
+}
+
+type pkt struct {
+	at   time.Time
+	seq  uint64
+	b    []byte
+	line int // bytes to release from the queue when it leaves the line
+}
+
+type pktHeap []pkt
+
+func (h pktHeap) Len() int { return len(h) }
+func (h pktHeap) Less(i, j int) bool {
+	return h[i].at.Before(h[j].at) || (h[i].at.Equal(h[j].at) && h[i].seq < h[j].seq)
+}
+func (h pktHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *pktHeap) Push(x any)   { *h = append(*h, x.(pkt)) }
+func (h *pktHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// Start opens the two sockets and forwards until Close.
+func Start(cfg Config) (*Link, error) {
+	if cfg.A == "" {
+		cfg.A = "127.0.0.1:0"
+	}
+	if cfg.B == "" {
+		cfg.B = "127.0.0.1:0"
+	}
+	if cfg.Queue == 0 {
+		cfg.Queue = max(4<<20, int(cfg.Rate*0.05))
+	}
+	if cfg.Rate < 0 || cfg.Queue < 0 {
+		return nil, errors.New("linkem: negative rate or queue")
+	}
+	l := &Link{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
+	if l.log == nil {
+		l.log = slog.Default()
+	}
+	for i, a := range []string{cfg.A, cfg.B} {
+		ua, err := net.ResolveUDPAddr("udp", a)
+		if err != nil {
+			l.closeSockets()
+			return nil, fmt.Errorf("linkem: %w", err)
+		}
+		if l.sock[i], err = net.ListenUDP("udp", ua); err != nil {
+			l.closeSockets()
+			return nil, fmt.Errorf("linkem: %w", err)
+		}
+		_ = l.sock[i].SetReadBuffer(8 << 20)
+		_ = l.sock[i].SetWriteBuffer(8 << 20)
+	}
+	for i, p := range []netip.AddrPort{cfg.PeerA, cfg.PeerB} {
+		if p.IsValid() {
+			l.peer[i].Store(&p)
+		}
+	}
+	for i := range l.dir {
+		f := cfg.Faults
+		f.Seed += uint64(i)
+		d := &direction{l: l, from: i, im: fabric.NewImpairer(f)}
+		d.timer = time.AfterFunc(time.Hour, d.release)
+		d.timer.Stop()
+		l.dir[i] = d
+	}
+	l.wg.Add(2)
+	go l.read(0)
+	go l.read(1)
+	return l, nil
+}
+
+// AddrA is side A's address.
+func (l *Link) AddrA() netip.AddrPort { return l.sock[0].LocalAddr().(*net.UDPAddr).AddrPort() }
+
+// AddrB is side B's address.
+func (l *Link) AddrB() netip.AddrPort { return l.sock[1].LocalAddr().(*net.UDPAddr).AddrPort() }
+
+// Stats returns the counters of A→B and B→A.
+func (l *Link) Stats() (ab, ba DirStats) { return l.dir[0].stats(), l.dir[1].stats() }
+
+func (d *direction) stats() DirStats {
+	return DirStats{Packets: d.st.packets.Load(), Bytes: d.st.bytes.Load(), Lost: d.st.lost.Load(),
+		Overflow: d.st.overflow.Load(), Duplicated: d.st.dup.Load(), Delivered: d.st.delivered.Load(), Failed: d.st.failed.Load()}
+}
+
+// Close stops forwarding; packets in flight are dropped.
+func (l *Link) Close() error {
+	select {
+	case <-l.done:
+		return nil
+	default:
+	}
+	close(l.done)
+	l.closeSockets()
+	l.wg.Wait()
+	for _, d := range l.dir {
+		d.mu.Lock()
+		d.timer.Stop()
+		d.held = nil
+		d.mu.Unlock()
+	}
+	return nil
+}
+
+func (l *Link) closeSockets() {
+	for _, s := range l.sock {
+		if s != nil {
+			s.Close()
+		}
+	}
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 65536); return &b }}
+
+func (l *Link) read(side int) {
+	defer l.wg.Done()
+	d := l.dir[side]
+	var seq uint64
+	for {
+		bp := bufPool.Get().(*[]byte)
+		n, from, err := l.sock[side].ReadFromUDPAddrPort(*bp)
+		if err != nil {
+			bufPool.Put(bp)
+			select {
+			case <-l.done:
+				return
+			default:
+			}
+			l.log.Warn("linkem: read", "err", err)
+			continue
+		}
+		if l.peer[side].Load() == nil {
+			from := from
+			l.peer[side].Store(&from)
+			l.dir[1-side].flushWaiting()
+		}
+		b := append([]byte(nil), (*bp)[:n]...)
+		bufPool.Put(bp)
+		seq++
+		d.arrive(b, seq, time.Now())
+	}
+}
+
+// arrive runs one packet through the line and the impairments.
+func (d *direction) arrive(b []byte, seq uint64, now time.Time) {
+	d.st.packets.Add(1)
+	d.st.bytes.Add(uint64(len(b)))
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := now
+	if rate := d.l.cfg.Rate; rate > 0 {
+		if d.queue+len(b) > d.l.cfg.Queue {
+			d.st.overflow.Add(1)
+			return
+		}
+		start := now
+		if d.free.After(now) {
+			start = d.free
+		}
+		d.free = start.Add(time.Duration(float64(len(b)) / rate * float64(time.Second)))
+		d.queue += len(b)
+		out = d.free
+	}
+	copies, delay := d.im.Fate()
+	if copies == 0 {
+		d.st.lost.Add(1)
+		// It still occupied the line: lost after the bottleneck.
+		heap.Push(&d.held, pkt{at: out, seq: seq, line: len(b)})
+	}
+	if copies == 2 {
+		d.st.dup.Add(1)
+	}
+	for i := 0; i < copies; i++ {
+		p := pkt{at: out.Add(delay[i]), seq: seq, b: b}
+		if i == 0 && d.l.cfg.Rate > 0 {
+			// The queue frees when the packet leaves the line, before the
+			// propagation delay; account it on a zero-delay marker.
+			heap.Push(&d.held, pkt{at: out, seq: seq, line: len(b)})
+		}
+		heap.Push(&d.held, p)
+	}
+	if len(d.held) > 0 {
+		d.timer.Reset(time.Until(d.held[0].at))
+	}
+}
+
+// release sends what is due.
+func (d *direction) release() {
+	d.mu.Lock()
+	now := time.Now()
+	var due [][]byte
+	for len(d.held) > 0 && !d.held[0].at.After(now) {
+		p := heap.Pop(&d.held).(pkt)
+		if p.b == nil {
+			if d.l.cfg.Rate > 0 {
+				d.queue -= p.line
+			}
+			continue
+		}
+		due = append(due, p.b)
+	}
+	if len(d.held) > 0 {
+		d.timer.Reset(time.Until(d.held[0].at))
+	}
+	d.mu.Unlock()
+	d.send(due)
+}
+
+func (d *direction) send(pkts [][]byte) {
+	if len(pkts) == 0 {
+		return
+	}
+	to := 1 - d.from
+	peer := d.l.peer[to].Load()
+	if peer == nil {
+		d.mu.Lock()
+		if room := 4096 - len(d.wait); room > 0 {
+			d.wait = append(d.wait, pkts[:min(room, len(pkts))]...)
+		}
+		d.mu.Unlock()
+		// The peer may have been learned meanwhile.
+		if d.l.peer[to].Load() != nil {
+			d.flushWaiting()
+		}
+		return
+	}
+	for _, b := range pkts {
+		if _, err := d.l.sock[to].WriteToUDPAddrPort(b, *peer); err != nil {
+			d.st.failed.Add(1)
+			continue
+		}
+		d.st.delivered.Add(1)
+	}
+}
+
+func (d *direction) flushWaiting() {
+	d.mu.Lock()
+	w := d.wait
+	d.wait = nil
+	d.mu.Unlock()
+	d.send(w)
+}

@@ -1,0 +1,109 @@
+package linkem
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/internal/fabric"
+)
+
+func udp(t *testing.T) *net.UDPConn {
+	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Both directions cross the link, each after the configured delay; the
+// peers are learned from their first packets.
+func TestForwardDelay(t *testing.T) {
+	l, err := Start(Config{Faults: fabric.Faults{Delay: 20 * time.Millisecond}})
+	require.NoError(t, err)
+	defer l.Close()
+	x, y := udp(t), udp(t)
+	// y speaks first (toward B) so that the link learns it; x's packet
+	// toward A then goes to y.
+	_, err = y.WriteToUDPAddrPort([]byte("hello x"), l.AddrB())
+	require.NoError(t, err)
+	start := time.Now()
+	_, err = x.WriteToUDPAddrPort([]byte("hello y"), l.AddrA())
+	require.NoError(t, err)
+	buf := make([]byte, 100)
+	y.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, from, err := y.ReadFromUDPAddrPort(buf)
+	require.NoError(t, err)
+	require.Equal(t, "hello y", string(buf[:n]))
+	require.Equal(t, l.AddrB(), from)
+	require.GreaterOrEqual(t, time.Since(start), 20*time.Millisecond)
+	x.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, from, err = x.ReadFromUDPAddrPort(buf)
+	require.NoError(t, err)
+	require.Equal(t, "hello x", string(buf[:n])) // waited for x to be known
+	require.Equal(t, l.AddrA(), from)
+	require.Eventually(t, func() bool {
+		ab, ba := l.Stats()
+		return ab.Delivered == 1 && ba.Delivered == 1
+	}, 5*time.Second, time.Millisecond)
+}
+
+// The rate limiter spaces departures at the line rate and drops what
+// overflows the queue. Arrivals are stamped an hour ahead, so that nothing
+// leaves the line while the test looks.
+func TestRateAndQueue(t *testing.T) {
+	const rate = 10e6 // bytes/s
+	l, err := Start(Config{Rate: rate, Queue: 200 << 10})
+	require.NoError(t, err)
+	defer l.Close()
+	d := l.dir[0]
+	at := time.Now().Add(time.Hour)
+	for i := 0; i < 400; i++ { // 400 kB into a 200 kB queue
+		d.arrive(make([]byte, 1000), uint64(i), at)
+	}
+	ab, _ := l.Stats()
+	require.Equal(t, uint64(400), ab.Packets)
+	require.Equal(t, uint64(400-204), ab.Overflow) // 204 fit in 200 KiB
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var departures []time.Time
+	for _, p := range d.held {
+		if p.b != nil {
+			departures = append(departures, p.at)
+		}
+	}
+	require.Len(t, departures, 204)
+	last := departures[0]
+	for _, t0 := range departures {
+		if t0.After(last) {
+			last = t0
+		}
+	}
+	// 204 packets of 1000 bytes at 10 MB/s: the last leaves 20.4 ms after the start.
+	require.Equal(t, 20400*time.Microsecond, last.Sub(at))
+}
+
+// Loss follows the seeded impairer exactly, packet by packet.
+func TestLossIsSeeded(t *testing.T) {
+	f := fabric.Faults{Drop: 0.3, BurstEnter: 0.01, BurstExit: 0.3, Duplicate: 0.05, Seed: 11}
+	l, err := Start(Config{Faults: f})
+	require.NoError(t, err)
+	defer l.Close()
+	ref := fabric.NewImpairer(f)
+	lost, dup := 0, 0
+	at := time.Now().Add(time.Hour)
+	for i := 0; i < 1000; i++ {
+		switch c, _ := ref.Fate(); c {
+		case 0:
+			lost++
+		case 2:
+			dup++
+		}
+		l.dir[0].arrive([]byte{byte(i)}, uint64(i), at)
+	}
+	ab, _ := l.Stats()
+	require.Equal(t, uint64(lost), ab.Lost)
+	require.Equal(t, uint64(dup), ab.Duplicated)
+	require.InDelta(t, 330, lost, 60)
+}
