@@ -175,6 +175,7 @@ type Conn struct {
 	changed  chan struct{} // closed and replaced on every state change
 	err      error
 	srtt     time.Duration
+	rttvar   time.Duration // mean deviation of the samples, as TCP's
 	measured bool
 	heard    time.Duration // when the peer was last heard from
 
@@ -261,6 +262,17 @@ func New(pd *verbs.PD, qp *verbs.QP, cq *verbs.CQ, cfg Config) (*Conn, error) {
 }
 
 func (c *Conn) now() time.Duration { return time.Since(c.epoch) }
+
+// Ready waits for the first RTT measurement, so that the model starts
+// from the real path rather than Config.RTT.
+func (c *Conn) Ready(ctx context.Context) error {
+	var err error
+	werr := c.wait(ctx, func() bool { err = c.err; return c.measured || c.err != nil })
+	if werr != nil {
+		return werr
+	}
+	return err
+}
 
 // RTT is the smoothed round-trip time measured by pings.
 func (c *Conn) RTT() time.Duration {
@@ -420,11 +432,14 @@ func (c *Conn) onControlLocked(m *sdrwire.Message, now time.Duration) {
 			return
 		}
 		if !c.measured {
-			c.srtt, c.measured = sample, true
+			c.srtt, c.rttvar, c.measured = sample, sample/2, true
 		} else {
-			c.srtt += (sample - c.srtt) / 8
+			dev := sample - c.srtt
+			c.srtt += dev / 8
+			c.rttvar += (max(dev, -dev) - c.rttvar) / 4
 		}
 		c.srtt = max(c.srtt, c.cfg.MinRTT)
+		c.broadcastLocked()
 	case sdrwire.TypeQuery:
 		if r := c.slots[int(m.Seq%uint64(c.cfg.Slots))]; r != nil {
 			c.sendStatusLocked(r, now)
@@ -454,7 +469,8 @@ func (c *Conn) tick() {
 			c.mu.Unlock()
 			continue
 		}
-		if now-lastPing >= 250*time.Millisecond || (!c.measured && now-lastPing >= 20*time.Millisecond) {
+		// Pings are tiny; frequent ones track a queue that builds up.
+		if now-lastPing >= 50*time.Millisecond || (!c.measured && now-lastPing >= 20*time.Millisecond) {
 			lastPing = now
 			c.sendCtlLocked(&sdrwire.Message{Type: sdrwire.TypePing, Stamp: int64(now)})
 		}

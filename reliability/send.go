@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
 	"time"
 
 	"github.com/klauspost/reedsolomon"
@@ -35,6 +36,7 @@ type SendResult struct {
 	Reason          string        // why the scheme was chosen
 	Transmissions   int           // chunks put on the wire, parity and repeats included
 	Retransmissions int           // data chunks sent again
+	Timeouts        int           // of which after a timeout rather than a report of the gap
 	Decoded         int           // data chunks the receiver rebuilt from parity
 	Partial         bool          // the receiver took the message with chunks missing
 	Duration        time.Duration // from the first chunk sent to completion
@@ -43,30 +45,31 @@ type SendResult struct {
 // Send is a message on its way: the Seq-th Send lands in the peer's
 // Seq-th posted buffer.
 type Send struct {
-	c      *Conn
-	seq    uint64
-	data   []byte
-	mr     *verbs.MR
-	opt    SendOptions
-	ready  bool
-	rkey   uint32
-	addr   uint64
-	prkey  uint32
-	paddr  uint64
-	chunk  int
-	n      int
-	k, m   int // stripe; m = 0 for SR
-	rmx    int // the receiver's parity slots per stripe
-	pos    int // injection cursor
-	total  int // positions: data, and parity with EC
-	sent   []int64
-	tries  []uint8
-	acked  *Bitmap
-	res    SendResult
-	start  time.Duration
-	done   bool
-	doneCh chan struct{}
-	err    error
+	c          *Conn
+	seq        uint64
+	data       []byte
+	mr         *verbs.MR
+	opt        SendOptions
+	ready      bool
+	rkey       uint32
+	addr       uint64
+	prkey      uint32
+	paddr      uint64
+	chunk      int
+	n          int
+	k, m       int // stripe; m = 0 for SR
+	rmx        int // the receiver's parity slots per stripe
+	pos        int // injection cursor
+	total      int // positions: data, and parity with EC
+	sent       []int64
+	tries      []uint8
+	acked      *Bitmap
+	res        SendResult
+	start      time.Duration
+	lastStatus time.Duration
+	done       bool
+	doneCh     chan struct{}
+	err        error
 }
 
 // Send starts sending data as the next message; it returns at once. data
@@ -161,7 +164,7 @@ func (c *Conn) linkLocked(chunk int) Link {
 }
 
 func (c *Conn) repairDelays() (repair, fallback time.Duration) {
-	repair = c.srtt + c.srtt/16 + time.Millisecond
+	repair = c.srtt + max(c.srtt/16, 4*c.rttvar) + time.Millisecond
 	fallback = c.cfg.Fallback
 	if fallback == 0 {
 		fallback = c.srtt / 4
@@ -263,6 +266,7 @@ func (c *Conn) onStatusLocked(m *sdrwire.Message, now time.Duration) {
 		s.finishLocked(nil)
 		return
 	}
+	s.lastStatus = now
 	cum := min(int(m.Cum), s.n)
 	for i := s.acked.NextClear(0); i < cum; i = s.acked.NextClear(i) {
 		s.acked.Set(i)
@@ -301,7 +305,7 @@ func (c *Conn) queueLocked(s *Send, i int) {
 // tail of a message, or lost reports), and asks the receiver for news.
 func (c *Conn) scanLocked(now time.Duration) {
 	repair, fallback := c.repairDelays()
-	rto := c.srtt + time.Duration(c.cfg.Alpha*float64(c.srtt)) + time.Millisecond
+	rto := c.srtt + max(time.Duration(c.cfg.Alpha*float64(c.srtt)), 4*c.rttvar) + time.Millisecond
 	queued := false
 	for _, s := range c.order {
 		if !s.ready {
@@ -317,9 +321,13 @@ func (c *Conn) scanLocked(now time.Duration) {
 				w += fallback
 			}
 			if now >= time.Duration(s.sent[i])+max(w, repair) {
+				s.res.Timeouts++
 				c.queueLocked(s, i)
 				queued, late = true, true
 			}
+		}
+		if late && debugRTO {
+			c.log.Warn("rto", "seq", s.seq, "pos", s.pos, "total", s.total, "acked", s.acked.Count(), "cum", s.acked.NextClear(0), "lastStatus", now-s.lastStatus, "srtt", c.srtt, "now", now)
 		}
 		if late {
 			c.sendCtlLocked(&sdrwire.Message{Type: sdrwire.TypeQuery, Seq: s.seq})
@@ -329,6 +337,13 @@ func (c *Conn) scanLocked(now time.Duration) {
 		c.wake()
 	}
 }
+
+// packetOverhead is what a chunk's packet adds on the wire beyond its
+// payload: IPv4 20, UDP 8, BTH 12, RETH 16, immediate 4, ICRC 4. Pacing
+// counts it, or a sender paced at a link's rate would overrun the link.
+const packetOverhead = 64
+
+var debugRTO = os.Getenv("RVMA_DEBUG_RTO") != ""
 
 type txScratch struct {
 	wrs    []verbs.SendWR
@@ -352,6 +367,7 @@ func (c *Conn) inject() {
 			return
 		}
 		bytes := c.fillLocked(c.now())
+		wire := bytes + len(tx.wrs)*packetOverhead
 		var err error
 		if len(tx.wrs) > 0 {
 			_, err = c.qp.PostSend(tx.wrs)
@@ -373,7 +389,7 @@ func (c *Conn) inject() {
 		}
 		if c.cfg.Rate > 0 {
 			now := c.now()
-			next = max(next, now-2*time.Millisecond) + time.Duration(float64(bytes)/c.cfg.Rate*1e9)
+			next = max(next, now-2*time.Millisecond) + time.Duration(float64(wire)/c.cfg.Rate*1e9)
 			if d := next - now; d > time.Millisecond {
 				select {
 				case <-time.After(d):

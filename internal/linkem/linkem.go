@@ -74,8 +74,8 @@ type direction struct {
 	free  time.Time // when the rate limiter's line is next free
 	queue int       // bytes waiting for the line
 	held  pktHeap
-	wait  [][]byte // toward an unknown peer
-	timer *time.Timer
+	wait  [][]byte      // toward an unknown peer
+	kick  chan struct{} // wakes the sender: a new earliest packet
 	st    struct {
 		packets, bytes, lost, overflow, dup, delivered, failed atomic.Uint64
 	}
@@ -142,14 +142,13 @@ func Start(cfg Config) (*Link, error) {
 	for i := range l.dir {
 		f := cfg.Faults
 		f.Seed += uint64(i)
-		d := &direction{l: l, from: i, im: fabric.NewImpairer(f)}
-		d.timer = time.AfterFunc(time.Hour, d.release)
-		d.timer.Stop()
-		l.dir[i] = d
+		l.dir[i] = &direction{l: l, from: i, im: fabric.NewImpairer(f), kick: make(chan struct{}, 1)}
 	}
-	l.wg.Add(2)
+	l.wg.Add(4)
 	go l.read(0)
 	go l.read(1)
+	go l.dir[0].run()
+	go l.dir[1].run()
 	return l, nil
 }
 
@@ -179,7 +178,6 @@ func (l *Link) Close() error {
 	l.wg.Wait()
 	for _, d := range l.dir {
 		d.mu.Lock()
-		d.timer.Stop()
 		d.held = nil
 		d.mu.Unlock()
 	}
@@ -263,31 +261,51 @@ func (d *direction) arrive(b []byte, seq uint64, now time.Time) {
 		}
 		heap.Push(&d.held, p)
 	}
-	if len(d.held) > 0 {
-		d.timer.Reset(time.Until(d.held[0].at))
+	select {
+	case d.kick <- struct{}{}:
+	default:
 	}
 }
 
-// release sends what is due.
-func (d *direction) release() {
-	d.mu.Lock()
-	now := time.Now()
+// run is the direction's one sender, so that what leaves leaves in order:
+// it sleeps until the earliest held packet is due and sends what is.
+func (d *direction) run() {
+	defer d.l.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
 	var due [][]byte
-	for len(d.held) > 0 && !d.held[0].at.After(now) {
-		p := heap.Pop(&d.held).(pkt)
-		if p.b == nil {
-			if d.l.cfg.Rate > 0 {
-				d.queue -= p.line
+	for {
+		d.mu.Lock()
+		now := time.Now()
+		due = due[:0]
+		for len(d.held) > 0 && !d.held[0].at.After(now) {
+			p := heap.Pop(&d.held).(pkt)
+			if p.b == nil {
+				if d.l.cfg.Rate > 0 {
+					d.queue -= p.line
+				}
+				continue
 			}
-			continue
+			due = append(due, p.b)
 		}
-		due = append(due, p.b)
+		wait := time.Hour
+		if len(d.held) > 0 {
+			wait = d.held[0].at.Sub(now)
+		}
+		d.mu.Unlock()
+		d.send(due)
+		if len(due) > 0 {
+			continue // sending took time: look again before sleeping
+		}
+		timer.Reset(wait)
+		select {
+		case <-timer.C:
+		case <-d.kick:
+			timer.Stop() // Go 1.23 timers: no stale tick to drain
+		case <-d.l.done:
+			return
+		}
 	}
-	if len(d.held) > 0 {
-		d.timer.Reset(time.Until(d.held[0].at))
-	}
-	d.mu.Unlock()
-	d.send(due)
 }
 
 func (d *direction) send(pkts [][]byte) {

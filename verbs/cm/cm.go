@@ -19,6 +19,10 @@ type Config struct {
 	// PrivateData travels to the peer with the request or the reply (at
 	// most 1024 bytes), as rdma_cm's private data does.
 	PrivateData []byte
+	// Via, when set, is where the QP's packets go and come from instead of
+	// the peer's GID: a relay on the data path, such as the link emulator
+	// (cmd/linkem). The exchange itself still goes to the peer directly.
+	Via verbs.GID
 }
 
 // ErrRejected is wrapped by the error Dial returns when the listener
@@ -104,6 +108,9 @@ func toInit(qp *verbs.QP) error {
 }
 
 func connect(qp *verbs.QP, remote verbs.Endpoint, cfg *Config) error {
+	if cfg.Via.IsValid() {
+		remote.GID = cfg.Via
+	}
 	if err := qp.ReadyToReceive(remote, cfg.Connect); err != nil {
 		return err
 	}

@@ -1,0 +1,252 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rvma/rvma/reliability"
+	"github.com/rvma/rvma/verbs/cm"
+)
+
+// report is the sender's final account.
+type report struct {
+	Bytes      int64   `json:"bytes"`
+	Seconds    float64 `json:"seconds"`
+	Gbps       float64 `json:"gbps"`
+	Scheme     string  `json:"scheme"`
+	Ideal      float64 `json:"ideal_seconds"`
+	Predicted  float64 `json:"predicted_seconds"`
+	SHA256     string  `json:"sha256"`
+	OK         bool    `json:"ok"`
+	Overhead   float64 `json:"wire_overhead"`
+	Repaired   int     `json:"repaired_chunks"`
+	Timeouts   int     `json:"timeouts"`
+	RTTms      float64 `json:"rtt_ms"`
+	Loss       float64 `json:"chunk_loss"`
+	Resumed    int64   `json:"resumed_bytes"`
+	reason     string
+	schemeMix  string
+	verdictErr string
+}
+
+func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
+	f, err := os.Open(o.path)
+	if err != nil {
+		return err // names the file and says why (no such file, permission)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("%s: not a regular file", o.path)
+	}
+	size := fi.Size()
+	var mm []byte
+	if size > 0 {
+		if mm, err = unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED); err != nil {
+			return fmt.Errorf("map %s: %w", o.path, err)
+		}
+		defer unix.Munmap(mm)
+	}
+	sum := sha256.Sum256(mm)
+	sha := hex.EncodeToString(sum[:])
+	via, err := viaGID(o.via)
+	if err != nil {
+		return err
+	}
+	local, err := localFor(o.to)
+	if err != nil {
+		return fmt.Errorf("peer %s unreachable: %w", o.to, err)
+	}
+	cfg := o.relCfg(o.k, o.m, 8, o.scheme)
+	e, err := open(ctx, local, cfg)
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	region := o.region
+	off := offer{Name: filepath.Base(o.path), Size: size, SHA256: sha, Region: region, K: o.k, M: max(o.m, 8)}
+	dctx, cancel := context.WithTimeout(ctx, o.peerT)
+	res, err := cm.Dial(dctx, o.to, e.qp, &cm.Config{PrivateData: mustJSON(off), Via: via})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("peer %s unreachable: %w", o.to, err)
+	}
+	var ans answer
+	if err := json.Unmarshal(res.PrivateData, &ans); err != nil {
+		return fmt.Errorf("malformed answer from the receiver: %w", err)
+	}
+	if e.conn, err = reliability.New(e.pd, e.qp, e.cq, cfg); err != nil {
+		return err
+	}
+	c := e.conn
+	vbuf := make([]byte, verdictSize)
+	vr, err := c.Post(ctx, vbuf)
+	if err != nil {
+		return err
+	}
+	if err := c.Ready(ctx); err != nil {
+		return err
+	}
+
+	n := regions(size, region)
+	var sends []*reliability.Send
+	var todo int64
+	for i := 0; i < n; i++ {
+		if !hasRegion(ans.Have, i) {
+			todo += min(region, size-int64(i)*region)
+		}
+	}
+	rep := report{Bytes: size, SHA256: sha, Resumed: size - todo}
+	prog := newProgress(stderr, todo)
+	start := time.Now()
+	left := todo
+	for i := 0; i < n; i++ {
+		if hasRegion(ans.Have, i) {
+			continue
+		}
+		lo := int64(i) * region
+		hi := min(lo+region, size)
+		s, err := c.Send(ctx, mm[lo:hi], &reliability.SendOptions{Stream: left})
+		if err != nil {
+			return err
+		}
+		left -= hi - lo
+		sends = append(sends, s)
+	}
+	var results []reliability.SendResult
+	tick := time.NewTicker(prog.every)
+	defer tick.Stop()
+	done, doneBytes := 0, int64(0)
+	repaired := 0
+	for done < len(sends) {
+		select {
+		case <-sends[done].Done():
+			r, err := sends[done].Wait(ctx)
+			if err != nil {
+				prog.end()
+				return fmt.Errorf("after %d of %d bytes: %w", doneBytes+rep.Resumed, size, err)
+			}
+			results = append(results, r)
+			if os.Getenv("HAUL_DEBUG") != "" {
+				fmt.Fprintf(stderr, "msg %d: tx %d retx %d timeouts %d decoded %d dur %v\n", r.Seq, r.Transmissions, r.Retransmissions, r.Timeouts, r.Decoded, r.Duration)
+			}
+			doneBytes += int64(r.Bytes)
+			repaired += r.Retransmissions + r.Decoded
+			done++
+		case <-tick.C:
+			prog.update(doneBytes, repaired, time.Since(start))
+		case <-ctx.Done():
+			prog.end()
+			return ctx.Err()
+		}
+	}
+	elapsed := time.Since(start)
+	prog.update(doneBytes, repaired, elapsed)
+	prog.end()
+
+	vctx, cancel := context.WithTimeout(ctx, o.peerT+time.Duration(float64(size)/1e9*float64(time.Second)))
+	err = vr.Wait(vctx)
+	cancel()
+	var v verdict
+	if err != nil {
+		rep.verdictErr = fmt.Sprintf("no verdict from the receiver: %v", err)
+	} else if err := json.Unmarshal(bytes.TrimRight(vbuf, "\x00"), &v); err != nil {
+		rep.verdictErr = fmt.Sprintf("malformed verdict: %v", err)
+	} else if !v.OK {
+		rep.verdictErr = "receiver: " + v.Error
+	}
+	rep.OK = v.OK && v.SHA256 == sha
+	summarise(&rep, results, c, o, todo, elapsed)
+	if o.json {
+		fmt.Fprintf(stdout, "%s\n", mustJSON(rep))
+	} else {
+		fmt.Fprintf(stdout, "haul: sent %s: %d bytes in %.3fs, %.3f Gbit/s goodput (ideal %.3fs at %.0f Mbit/s and %.1f ms RTT: %.2fx)\n",
+			o.path, todo, rep.Seconds, rep.Gbps, rep.Ideal, o.rate*8/1e6, rep.RTTms, rep.Seconds/rep.Ideal)
+		fmt.Fprintf(stdout, "haul: scheme %s; %s\n", rep.schemeMix, rep.reason)
+		fmt.Fprintf(stdout, "haul: wire overhead %.1f%%, %d chunks repaired, chunk loss %.2g; model predicted %.3fs, measured %.3fs (%+.0f%%)\n",
+			100*(rep.Overhead-1), rep.Repaired, rep.Loss, rep.Predicted, rep.Seconds, 100*(rep.Seconds/rep.Predicted-1))
+		if rep.Resumed > 0 {
+			fmt.Fprintf(stdout, "haul: resumed: %d bytes were already at the receiver\n", rep.Resumed)
+		}
+		fmt.Fprintf(stdout, "haul: sha256 %s %s\n", sha, okWord(rep.OK))
+	}
+	if !rep.OK {
+		if rep.verdictErr == "" {
+			rep.verdictErr = "sha256 mismatch"
+		}
+		return errors.New(rep.verdictErr)
+	}
+	return nil
+}
+
+// summarise fills the report's figures from the sends and the model.
+func summarise(rep *report, results []reliability.SendResult, c *reliability.Conn, o *sendOpts, todo int64, elapsed time.Duration) {
+	rep.Seconds = elapsed.Seconds()
+	rep.Gbps = float64(todo) * 8 / rep.Seconds / 1e9
+	l := c.Link()
+	rep.RTTms = float64(l.RTT.Microseconds()) / 1e3
+	rep.Loss = l.Loss
+	rep.Ideal = float64(todo)/o.rate + l.RTT.Seconds()
+	byScheme := map[string]int64{}
+	var wire float64
+	chunk := o.chunk
+	if chunk == 0 {
+		chunk = 4096
+	}
+	for _, r := range results {
+		name := "sr"
+		if r.Scheme == reliability.EC {
+			name = fmt.Sprintf("ec(%d,%d)", r.K, r.M)
+		}
+		byScheme[name] += int64(r.Bytes)
+		wire += float64(r.Transmissions) * float64(chunk)
+		rep.Repaired += r.Retransmissions + r.Decoded
+		rep.Timeouts += r.Timeouts
+	}
+	if todo > 0 {
+		rep.Overhead = wire / float64(todo)
+	}
+	var names []string
+	for k := range byScheme {
+		names = append(names, k)
+	}
+	sort.Slice(names, func(i, j int) bool { return byScheme[names[i]] > byScheme[names[j]] })
+	var mix []string
+	for _, k := range names {
+		mix = append(mix, fmt.Sprintf("%s for %d bytes", k, byScheme[k]))
+	}
+	rep.schemeMix = strings.Join(mix, ", ")
+	if len(names) > 0 {
+		rep.Scheme = names[0]
+	}
+	if len(results) > 0 {
+		rep.reason = results[0].Reason
+	}
+	// The model's prediction for this transfer, with the link as measured
+	// (rate as configured, RTT from pings, loss from the repairs).
+	repair := l.RTT + l.RTT/16 + time.Millisecond
+	switch {
+	case len(results) == 0:
+	case results[0].Scheme == reliability.EC && rep.Scheme != "sr":
+		r := results[0]
+		rep.Predicted = reliability.ECTime(l, todo, chunk, r.K, r.M, l.RTT/4, repair).Seconds()
+	default:
+		rep.Predicted = reliability.SRTime(l, todo, chunk, repair).Seconds()
+	}
+}

@@ -1,0 +1,220 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/rvma/rvma/internal/units"
+	"github.com/rvma/rvma/reliability"
+	"github.com/rvma/rvma/verbs"
+)
+
+type common struct {
+	via   string
+	json  bool
+	chunk int
+	slots int
+	rate  float64 // bytes/s
+	peerT time.Duration
+}
+
+type recvOpts struct {
+	common
+	listen string
+	out    string
+}
+
+type sendOpts struct {
+	common
+	to     string
+	path   string
+	scheme reliability.Scheme
+	k, m   int
+	region int64
+}
+
+func commonFlags(fs *flag.FlagSet, c *common) (chunk, rate *string) {
+	fs.StringVar(&c.via, "via", "", "send the data path through this relay address (linkem's side facing this end)")
+	fs.BoolVar(&c.json, "json", false, "print the final report as one JSON line")
+	chunk = fs.String("chunk", "", "chunk size, a multiple of the MTU (default one MTU, 4096)")
+	rate = fs.String("rate", "", "injection rate, as tc spells it (500mbit); set it to the path's rate (default 1gbit)")
+	fs.IntVar(&c.slots, "slots", 8, "messages in flight (a power of two, 1..64)")
+	fs.DurationVar(&c.peerT, "peer-timeout", 10*time.Second, "give up when the peer is silent this long")
+	return chunk, rate
+}
+
+func (c *common) finish(chunk, rate string) error {
+	if chunk != "" {
+		n, err := units.ParseSize(chunk)
+		if err != nil {
+			return err
+		}
+		c.chunk = int(n)
+	}
+	c.rate = 1e9 / 8
+	if rate != "" {
+		bits, err := units.ParseRate(rate)
+		if err != nil {
+			return err
+		}
+		c.rate = bits / 8
+	}
+	return nil
+}
+
+func parseRecv(args []string, stderr io.Writer) (*recvOpts, error) {
+	o := &recvOpts{}
+	fs := flag.NewFlagSet("haul recv", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	chunk, rate := commonFlags(fs, &o.common)
+	fs.StringVar(&o.listen, "listen", "", "host:port to listen on (TCP for setup, UDP for data)")
+	fs.StringVar(&o.out, "out", "", "file to write")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if o.listen == "" || o.out == "" || fs.NArg() != 0 {
+		return nil, errors.New("recv needs --listen ADDR and --out PATH, and no other arguments")
+	}
+	return o, o.finish(*chunk, *rate)
+}
+
+func parseSend(args []string, stderr io.Writer) (*sendOpts, error) {
+	o := &sendOpts{}
+	fs := flag.NewFlagSet("haul send", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	chunk, rate := commonFlags(fs, &o.common)
+	fs.StringVar(&o.to, "to", "", "the receiver's host:port")
+	scheme := fs.String("scheme", "auto", "loss repair: auto (the model chooses), sr (selective repeat) or ec (erasure coding)")
+	fs.IntVar(&o.k, "k", 32, "EC data chunks per stripe")
+	fs.IntVar(&o.m, "m", 0, "EC parity chunks per stripe (default: the model picks 1, 2, 4 or 8)")
+	region := fs.String("region", "16MiB", "bytes per message (the unit of pipelining and of resume)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if o.to == "" || fs.NArg() != 1 {
+		return nil, errors.New("send needs --to ADDR and one PATH")
+	}
+	o.path = fs.Arg(0)
+	var err error
+	if o.scheme, err = reliability.ParseScheme(*scheme); err != nil {
+		return nil, err
+	}
+	if o.k < 1 || o.k > 128 || o.m < 0 || o.m > 128 || o.k+o.m > 256 {
+		return nil, fmt.Errorf("--k %d --m %d: want 1 <= k <= 128, 0 <= m <= 128, k+m <= 256", o.k, o.m)
+	}
+	if o.region, err = units.ParseSize(*region); err != nil || o.region < 4096 {
+		return nil, fmt.Errorf("--region %q: want at least 4096 bytes", *region)
+	}
+	return o, o.finish(*chunk, *rate)
+}
+
+// offer is the sender's request, in the CM's private data.
+type offer struct {
+	Name   string `json:"name"`
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+	Region int64  `json:"region"`
+	K      int    `json:"k"`
+	M      int    `json:"m"`
+}
+
+// answer is the receiver's reply: the regions it already has.
+type answer struct {
+	Have []byte `json:"have"` // bitmap of complete regions
+}
+
+// verdict is the receiver's last message: did the file check out.
+type verdict struct {
+	OK     bool   `json:"ok"`
+	SHA256 string `json:"sha256"`
+	Error  string `json:"error,omitempty"`
+}
+
+const verdictSize = 512
+
+// endpoint is one side's device, QP and reliability connection.
+type endpoint struct {
+	dev  *verbs.Device
+	pd   *verbs.PD
+	cq   *verbs.CQ
+	qp   *verbs.QP
+	conn *reliability.Conn
+}
+
+func (e *endpoint) close() {
+	if e.conn != nil {
+		e.conn.Close()
+	}
+	if e.dev != nil {
+		e.dev.Close()
+	}
+}
+
+func (c *common) relCfg(k, m, maxParity int, scheme reliability.Scheme) reliability.Config {
+	return reliability.Config{Chunk: c.chunk, Slots: c.slots, Rate: c.rate, Scheme: scheme, K: k, M: m,
+		MaxParity: maxParity, PeerTimeout: c.peerT, RTT: 20 * time.Millisecond}
+}
+
+// open opens a udp device on local and a QP ready for the CM.
+func open(ctx context.Context, local netip.AddrPort, cfg reliability.Config) (*endpoint, error) {
+	e := &endpoint{}
+	var err error
+	if e.dev, err = verbs.Open(ctx, "udp://"+local.String(), nil); err != nil {
+		return nil, err
+	}
+	if e.pd, err = e.dev.AllocPD(); err != nil {
+		e.close()
+		return nil, err
+	}
+	depth := cfg.RecvDepth
+	if depth == 0 {
+		depth = 4096
+	}
+	if e.cq, err = e.dev.CreateCQ(verbs.CQConfig{Capacity: 4 * depth}); err != nil {
+		e.close()
+		return nil, err
+	}
+	if e.qp, err = e.pd.CreateQP(reliability.QPConfig(e.cq, cfg)); err != nil {
+		e.close()
+		return nil, err
+	}
+	return e, nil
+}
+
+// localFor returns the local address the kernel would use toward to.
+func localFor(to string) (netip.AddrPort, error) {
+	c, err := net.Dial("udp", to)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	defer c.Close()
+	a := c.LocalAddr().(*net.UDPAddr).AddrPort()
+	return netip.AddrPortFrom(a.Addr().Unmap(), 0), nil
+}
+
+func viaGID(via string) (verbs.GID, error) {
+	if via == "" {
+		return verbs.GID{}, nil
+	}
+	g, err := netip.ParseAddrPort(via)
+	if err != nil {
+		return g, fmt.Errorf("--via %q: %w", via, err)
+	}
+	return g, nil
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
