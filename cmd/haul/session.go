@@ -217,4 +217,3 @@ func mustJSON(v any) []byte {
 	}
 	return b
 }
-

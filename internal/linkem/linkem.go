@@ -34,7 +34,7 @@ type Config struct {
 	Rate float64
 	// Queue is the bytes each direction's queue holds before it drops
 	// arrivals (drop tail). Default 4 MiB, or Rate·50ms if larger.
-	Queue int
+	Queue  int
 	Logger *slog.Logger
 }
 
