@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
 	"time"
 
 	"github.com/klauspost/reedsolomon"
@@ -326,8 +325,8 @@ func (c *Conn) scanLocked(now time.Duration) {
 				queued, late = true, true
 			}
 		}
-		if late && debugRTO {
-			c.log.Warn("rto", "seq", s.seq, "pos", s.pos, "total", s.total, "acked", s.acked.Count(), "cum", s.acked.NextClear(0), "lastStatus", now-s.lastStatus, "srtt", c.srtt, "now", now)
+		if late {
+			c.log.Debug("reliability: repeat on timeout", "seq", s.seq, "pos", s.pos, "total", s.total, "acked", s.acked.Count(), "cum", s.acked.NextClear(0), "lastStatus", now-s.lastStatus, "srtt", c.srtt, "now", now)
 		}
 		if late {
 			c.sendCtlLocked(&sdrwire.Message{Type: sdrwire.TypeQuery, Seq: s.seq})
@@ -342,8 +341,6 @@ func (c *Conn) scanLocked(now time.Duration) {
 // payload: IPv4 20, UDP 8, BTH 12, RETH 16, immediate 4, ICRC 4. Pacing
 // counts it, or a sender paced at a link's rate would overrun the link.
 const packetOverhead = 64
-
-var debugRTO = os.Getenv("RVMA_DEBUG_RTO") != ""
 
 type txScratch struct {
 	wrs    []verbs.SendWR

@@ -154,8 +154,8 @@ func receive(ctx context.Context, o *recvOpts, stdout, stderr io.Writer) error {
 		recvErr = unix.Msync(mm, unix.MS_SYNC)
 	}
 	elapsed := time.Since(start)
-	if os.Getenv("HAUL_DEBUG") != "" {
-		fmt.Fprintf(stderr, "device: %+v\n", e.dev.Stats())
+	if o.verbose {
+		fmt.Fprintf(stderr, "haul: device counters %+v\n", e.dev.Stats())
 	}
 	if recvErr != nil {
 		kept := 0

@@ -143,7 +143,7 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 				return fmt.Errorf("after %d of %d bytes: %w", doneBytes+rep.Resumed, size, err)
 			}
 			results = append(results, r)
-			if os.Getenv("HAUL_DEBUG") != "" {
+			if o.verbose {
 				fmt.Fprintf(stderr, "msg %d: tx %d retx %d timeouts %d decoded %d dur %v\n", r.Seq, r.Transmissions, r.Retransmissions, r.Timeouts, r.Decoded, r.Duration)
 			}
 			doneBytes += int64(r.Bytes)

@@ -17,12 +17,13 @@ import (
 )
 
 type common struct {
-	via   string
-	json  bool
-	chunk int
-	slots int
-	rate  float64 // bytes/s
-	peerT time.Duration
+	via     string
+	json    bool
+	verbose bool
+	chunk   int
+	slots   int
+	rate    float64 // bytes/s
+	peerT   time.Duration
 }
 
 type recvOpts struct {
@@ -43,6 +44,7 @@ type sendOpts struct {
 func commonFlags(fs *flag.FlagSet, c *common) (chunk, rate *string) {
 	fs.StringVar(&c.via, "via", "", "send the data path through this relay address (linkem's side facing this end)")
 	fs.BoolVar(&c.json, "json", false, "print the final report as one JSON line")
+	fs.BoolVar(&c.verbose, "v", false, "print each message's counters (sender) or the device's (receiver)")
 	chunk = fs.String("chunk", "", "chunk size, a multiple of the MTU (default one MTU, 4096)")
 	rate = fs.String("rate", "", "injection rate, as tc spells it (500mbit); set it to the path's rate (default 1gbit)")
 	fs.IntVar(&c.slots, "slots", 8, "messages in flight (a power of two, 1..64)")

@@ -1,0 +1,237 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/internal/fabric"
+	"github.com/rvma/rvma/internal/linkem"
+)
+
+// freePort returns a port free for both TCP and UDP on loopback.
+func freePort(t *testing.T) int {
+	for i := 0; i < 20; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		p := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		u, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: p})
+		if err == nil {
+			u.Close()
+			return p
+		}
+	}
+	t.Fatal("no free port")
+	return 0
+}
+
+func writeRandom(t *testing.T, path string, n int) []byte {
+	b := make([]byte, n)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, b, 0o644))
+	return b
+}
+
+type result struct {
+	out, errOut string
+	err         error
+}
+
+func runAsync(ctx context.Context, args ...string) <-chan result {
+	ch := make(chan result, 1)
+	go func() {
+		var o, e bytes.Buffer
+		err := run(ctx, args, &o, &e)
+		ch <- result{o.String(), e.String(), err}
+	}()
+	return ch
+}
+
+// waitListening waits until the receiver's CM accepts connections.
+func waitListening(t *testing.T, addr string) {
+	require.Eventually(t, func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	}, 5*time.Second, 5*time.Millisecond)
+}
+
+// A file crosses a lossy, delayed, reordering link through linkem; the
+// report is one JSON line with the fields the issue names.
+func TestThroughLinkem(t *testing.T) {
+	for _, scheme := range []string{"sr", "ec", "auto"} {
+		t.Run(scheme, func(t *testing.T) {
+			dir := t.TempDir()
+			in, out := filepath.Join(dir, "in"), filepath.Join(dir, "out")
+			want := writeRandom(t, in, 3<<20+123)
+			l, err := linkem.Start(linkem.Config{Rate: 50e6, Faults: fabric.Faults{Delay: 2 * time.Millisecond, Drop: 0.02, Reorder: 0.01, Duplicate: 0.01, Seed: 3}})
+			require.NoError(t, err)
+			defer l.Close()
+			addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			rc := runAsync(ctx, "recv", "--listen", addr, "--out", out, "--via", l.AddrB().String(), "--json")
+			waitListening(t, addr)
+			sc := runAsync(ctx, "send", "--to", addr, "--via", l.AddrA().String(), "--rate", "400mbit", "--scheme", scheme, "--region", "1MiB", "--json", in)
+			s, r := <-sc, <-rc
+			require.NoError(t, s.err, s.errOut)
+			require.NoError(t, r.err, r.errOut)
+			got, err := os.ReadFile(out)
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(want, got))
+			var rep map[string]any
+			require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(s.out)), &rep), s.out)
+			for _, k := range []string{"bytes", "seconds", "gbps", "scheme", "ideal_seconds", "predicted_seconds", "sha256", "ok"} {
+				require.Contains(t, rep, k)
+			}
+			require.Equal(t, true, rep["ok"])
+			require.EqualValues(t, len(want), rep["bytes"])
+			if scheme != "auto" {
+				require.True(t, strings.HasPrefix(rep["scheme"].(string), scheme), rep["scheme"])
+			}
+			_, err = os.Stat(out + ".haul")
+			require.True(t, os.IsNotExist(err), "the state file is removed after success")
+			ab, _ := l.Stats()
+			require.NotZero(t, ab.Lost)
+		})
+	}
+}
+
+// The sender dies mid-transfer: the receiver keeps what it has and says
+// so; the next run sends only the rest.
+func TestResume(t *testing.T) {
+	dir := t.TempDir()
+	in, out := filepath.Join(dir, "in"), filepath.Join(dir, "out")
+	want := writeRandom(t, in, 8<<20)
+	l, err := linkem.Start(linkem.Config{Rate: 10e6}) // 8 MiB takes about 0.8 s
+	require.NoError(t, err)
+	defer l.Close()
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	ctx := context.Background()
+	rc := runAsync(ctx, "recv", "--listen", addr, "--out", out, "--via", l.AddrB().String(), "--peer-timeout", "500ms")
+	waitListening(t, addr)
+	sctx, kill := context.WithCancel(ctx)
+	sc := runAsync(sctx, "send", "--to", addr, "--via", l.AddrA().String(), "--rate", "80mbit", "--region", "1MiB", in)
+	// Kill the sender once a few regions are in.
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(out + ".haul")
+		if err != nil {
+			return false
+		}
+		var st state
+		return json.Unmarshal(b, &st) == nil && len(st.Have) > 0 && st.Have[0]&0x7 == 0x7
+	}, 20*time.Second, 5*time.Millisecond)
+	kill()
+	<-sc
+	r := <-rc
+	require.Error(t, r.err)
+	require.Contains(t, r.err.Error(), "run again to resume")
+
+	l2, err := linkem.Start(linkem.Config{Rate: 10e6})
+	require.NoError(t, err)
+	defer l2.Close()
+	rc = runAsync(ctx, "recv", "--listen", addr, "--out", out, "--via", l2.AddrB().String())
+	waitListening(t, addr)
+	s := <-runAsync(ctx, "send", "--to", addr, "--via", l2.AddrA().String(), "--rate", "80mbit", "--region", "1MiB", "--json", in)
+	r = <-rc
+	require.NoError(t, s.err, s.errOut)
+	require.NoError(t, r.err, r.errOut)
+	var rep report
+	require.NoError(t, json.Unmarshal([]byte(s.out), &rep))
+	require.True(t, rep.OK)
+	require.GreaterOrEqual(t, rep.Resumed, int64(3<<20))
+	got, err := os.ReadFile(out)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(want, got))
+}
+
+func TestErrors(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	t.Run("missing file", func(t *testing.T) {
+		err := run(ctx, []string{"send", "--to", "127.0.0.1:1", filepath.Join(dir, "nope")}, io.Discard, io.Discard)
+		require.ErrorIs(t, err, os.ErrNotExist)
+	})
+	t.Run("unreachable", func(t *testing.T) {
+		in := filepath.Join(dir, "small")
+		writeRandom(t, in, 100)
+		err := run(ctx, []string{"send", "--to", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--peer-timeout", "1s", in}, io.Discard, io.Discard)
+		require.ErrorContains(t, err, "unreachable")
+	})
+	t.Run("usage", func(t *testing.T) {
+		for _, args := range [][]string{{}, {"fly"}, {"send", "x"}, {"recv", "--listen", "x"}, {"send", "--to", "a:1", "--scheme", "magic", "f"}, {"send", "--to", "a:1", "--k", "0", "f"}} {
+			require.Error(t, run(ctx, args, io.Discard, io.Discard), "%q", args)
+		}
+	})
+	t.Run("disk full", func(t *testing.T) {
+		if os.Geteuid() != 0 {
+			t.Skip("needs root to mount a small tmpfs")
+		}
+		mnt := filepath.Join(dir, "tiny")
+		require.NoError(t, os.Mkdir(mnt, 0o755))
+		if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m"); err != nil {
+			t.Skipf("cannot mount tmpfs: %v", err)
+		}
+		defer syscall.Unmount(mnt, 0)
+		in := filepath.Join(dir, "big")
+		writeRandom(t, in, 4<<20)
+		addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		rc := runAsync(ctx, "recv", "--listen", addr, "--out", filepath.Join(mnt, "out"))
+		waitListening(t, addr)
+		err := run(ctx, []string{"send", "--to", addr, in}, io.Discard, io.Discard)
+		require.ErrorContains(t, err, "disk full")
+		r := <-rc
+		require.ErrorContains(t, r.err, "disk full")
+	})
+}
+
+// The real binary prints a plain progress line per second off a terminal
+// and the final report; a smoke test of main's wiring.
+func TestBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "haul")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, string(out))
+	in := filepath.Join(dir, "in")
+	writeRandom(t, in, 1<<20)
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	recv := exec.Command(bin, "recv", "--listen", addr, "--out", filepath.Join(dir, "out"))
+	var rout bytes.Buffer
+	recv.Stdout = &rout
+	require.NoError(t, recv.Start())
+	waitListening(t, addr)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	var sout []byte
+	go func() {
+		defer wg.Done()
+		sout, err = exec.Command(bin, "send", "--to", addr, in).CombinedOutput()
+	}()
+	wg.Wait()
+	require.NoError(t, err, string(sout))
+	require.NoError(t, recv.Wait())
+	require.Contains(t, string(sout), "verified")
+	require.Contains(t, rout.String(), "verified")
+}
