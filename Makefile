@@ -3,9 +3,9 @@ GO          ?= go
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME    ?= 20s
 # package:FuzzTarget pairs run by fuzz-short
-FUZZ_TARGETS = ./internal/psn:FuzzDiff ./internal/wire:FuzzParse ./verbs/cm:FuzzMessage ./internal/pmi:FuzzParse ./rma:FuzzDecodeAM
+FUZZ_TARGETS = ./internal/psn:FuzzDiff ./internal/wire:FuzzParse ./verbs/cm:FuzzMessage ./internal/pmi:FuzzParse ./rma:FuzzDecodeAM ./internal/sdrwire:FuzzParse
 
-.PHONY: all build test bench fuzz-short lint demo demo-verbs perf perf-rma clean
+.PHONY: all build test bench fuzz-short lint demo demo-verbs demo-haul perf perf-rma perf-haul clean
 
 all: build
 
@@ -42,6 +42,22 @@ demo:
 # The verbs demo (one connected QP pair: WRITE, READ, atomics).
 demo-verbs:
 	$(GO) run ./examples/verbsdemo
+
+# A file across an emulated long-haul link: linkem at 25 ms RTT, 500 Mbit/s
+# and 1% loss, haul with the model choosing the repair.
+demo-haul:
+	$(GO) build -o bin/haul ./cmd/haul
+	$(GO) build -o bin/linkem ./cmd/linkem
+	@set -e; tmp=$$(mktemp -d); trap 'kill $$(jobs -p) 2>/dev/null; rm -rf $$tmp' EXIT; \
+	head -c 67108864 /dev/urandom > $$tmp/in; \
+	bin/linkem --a 127.0.0.1:7591 --b 127.0.0.1:7592 --delay 12.5ms --rate 500mbit --loss 0.01 & \
+	bin/haul recv --listen 127.0.0.1:7590 --via 127.0.0.1:7592 --out $$tmp/out & \
+	sleep 0.3; bin/haul send --to 127.0.0.1:7590 --via 127.0.0.1:7591 --rate 500mbit $$tmp/in; wait %2
+
+# The reliability figures: haul through linkem for each loss rate and
+# scheme (about three minutes); a table and docs/img/haul_loss.svg.
+perf-haul:
+	scripts/haul-matrix.sh 256 docs/img/haul_loss.svg
 
 # The side-by-side figures of docs/PERFORMANCE.md.
 perf:
