@@ -217,7 +217,7 @@ func TestLateChunksRejected(t *testing.T) {
 	junk, err := a.pd.RegisterMR(bytes.Repeat([]byte{0xEE}, 4096), verbs.AccessLocalWrite)
 	require.NoError(t, err)
 	stale := func(rkey uint32, addr uint64, id uint32) {
-		wr := verbs.SendWR{Opcode: verbs.OpWriteImm, SGL: []verbs.SGE{junk.SGE(0, 4096)}, RemoteAddr: addr, RKey: rkey, Imm: id<<idxBits | 0}
+		wr := verbs.SendWR{Opcode: verbs.OpWriteImm, SGL: []verbs.SGE{junk.SGE(0, 4096)}, RemoteAddr: addr, RKey: rkey, Imm: id << idxBits} // chunk 0
 		_, err := a.qp.PostSend([]verbs.SendWR{wr})
 		require.NoError(t, err)
 	}
