@@ -46,13 +46,7 @@ demo-verbs:
 # A file across an emulated long-haul link: linkem at 25 ms RTT, 500 Mbit/s
 # and 1% loss, haul with the model choosing the repair.
 demo-haul:
-	$(GO) build -o bin/haul ./cmd/haul
-	$(GO) build -o bin/linkem ./cmd/linkem
-	@set -e; tmp=$$(mktemp -d); trap 'kill $$(jobs -p) 2>/dev/null; rm -rf $$tmp' EXIT; \
-	head -c 67108864 /dev/urandom > $$tmp/in; \
-	bin/linkem --a 127.0.0.1:7591 --b 127.0.0.1:7592 --delay 12.5ms --rate 500mbit --loss 0.01 & \
-	bin/haul recv --listen 127.0.0.1:7590 --via 127.0.0.1:7592 --out $$tmp/out & \
-	sleep 0.3; bin/haul send --to 127.0.0.1:7590 --via 127.0.0.1:7591 --rate 500mbit $$tmp/in; wait %2
+	scripts/demo-haul.sh
 
 # The reliability figures: haul through linkem for each loss rate and
 # scheme (about three minutes); a table and docs/img/haul_loss.svg.
