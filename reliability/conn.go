@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -327,10 +328,10 @@ func (c *Conn) failLocked(err error) {
 			r.finishLocked(false)
 		}
 	}
-	for _, s := range c.order {
+	// finishLocked removes each send from c.order: iterate over a copy.
+	for _, s := range slices.Clone(c.order) {
 		s.finishLocked(err)
 	}
-	c.order = nil
 	c.broadcastLocked()
 }
 

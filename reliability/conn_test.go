@@ -294,12 +294,20 @@ func TestErrors(t *testing.T) {
 	t.Run("closed", func(t *testing.T) {
 		a, _ := pair(t, verbs.Faults{}, Config{}, Config{})
 		ctx := context.Background()
-		s, err := a.conn.Send(ctx, make([]byte, 10), nil) // no receive posted
-		require.NoError(t, err)
+		var sends []*Send
+		for i := 0; i < 3; i++ { // no receive posted: all pending
+			s, err := a.conn.Send(ctx, make([]byte, 10), nil)
+			require.NoError(t, err)
+			sends = append(sends, s)
+		}
 		require.NoError(t, a.conn.Close())
-		_, err = s.Wait(ctx)
-		require.ErrorIs(t, err, ErrClosed)
-		_, err = a.conn.Post(ctx, make([]byte, 10))
+		for _, s := range sends {
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_, err := s.Wait(wctx)
+			cancel()
+			require.ErrorIs(t, err, ErrClosed)
+		}
+		_, err := a.conn.Post(ctx, make([]byte, 10))
 		require.ErrorIs(t, err, ErrClosed)
 	})
 	t.Run("config", func(t *testing.T) {
