@@ -78,8 +78,9 @@ type Config struct {
 	// arrived from the peer for this long. Default 10s.
 	PeerTimeout time.Duration
 	// RecvDepth is the number of receives kept posted on the QP: every
-	// chunk consumes one, so it bounds the chunks in flight. Default 4096;
-	// the QP must have MaxRecvWR ≥ RecvDepth (see QPConfig).
+	// chunk consumes one, so it bounds the chunks in flight. Default
+	// DefaultRecvDepth; the QP must have MaxRecvWR ≥ RecvDepth (see
+	// QPConfig) and its CQ room for RecvDepth completions.
 	RecvDepth int
 	// Logger receives diagnostics. Default slog.Default().
 	Logger *slog.Logger
@@ -126,7 +127,7 @@ func (c *Config) setDefaults(mtu int) error {
 		c.PeerTimeout = 10 * time.Second
 	}
 	if c.RecvDepth == 0 {
-		c.RecvDepth = 4096
+		c.RecvDepth = DefaultRecvDepth
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -139,10 +140,13 @@ func (c *Config) setDefaults(mtu int) error {
 func QPConfig(cq *verbs.CQ, cfg Config) verbs.QPConfig {
 	depth := cfg.RecvDepth
 	if depth == 0 {
-		depth = 4096
+		depth = DefaultRecvDepth
 	}
 	return verbs.QPConfig{Type: verbs.UC, SendCQ: cq, MaxRecvWR: depth, MaxSendWR: 1024, MaxSendSGE: 1, MaxRecvSGE: 1}
 }
+
+// DefaultRecvDepth is Config.RecvDepth's default.
+const DefaultRecvDepth = 4096
 
 const ctlSize = 1024 // bytes per control receive buffer; sdrwire.MaxLen fits
 
@@ -454,15 +458,18 @@ func (c *Conn) onControlLocked(m *sdrwire.Message, now time.Duration) {
 func (c *Conn) tick() {
 	defer c.wg.Done()
 	var lastPing, lastScan time.Duration
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
 	for {
 		c.mu.Lock()
 		rtt := c.srtt
 		c.mu.Unlock()
 		t := min(max(rtt/8, time.Millisecond), 25*time.Millisecond)
+		timer.Reset(t)
 		select {
 		case <-c.ctx.Done():
 			return
-		case <-time.After(t):
+		case <-timer.C:
 		}
 		now := c.now()
 		c.mu.Lock()

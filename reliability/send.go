@@ -37,6 +37,8 @@ type SendResult struct {
 	Retransmissions int           // data chunks sent again
 	Timeouts        int           // of which after a timeout rather than a report of the gap
 	Decoded         int           // data chunks the receiver rebuilt from parity
+	Chunk           int           // the receiver's chunk size
+	WireBytes       int64         // payload bytes put on the wire: data, parity, repeats
 	Partial         bool          // the receiver took the message with chunks missing
 	Duration        time.Duration // from the first chunk sent to completion
 }
@@ -136,7 +138,7 @@ func (c *Conn) startLocked(s *Send, m *sdrwire.Message) {
 	s.sent = make([]int64, s.n)
 	s.tries = make([]uint8, s.n)
 	s.acked = NewBitmap(s.n)
-	s.res = SendResult{Seq: s.seq, Bytes: len(s.data)}
+	s.res = SendResult{Seq: s.seq, Bytes: len(s.data), Chunk: s.chunk}
 	c.chooseLocked(s)
 	stripes := (s.n + s.k - 1) / s.k
 	s.total = s.n + stripes*s.m
@@ -151,15 +153,29 @@ func (c *Conn) startLocked(s *Send, m *sdrwire.Message) {
 func (c *Conn) Link() Link {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.linkLocked(c.cfg.Chunk)
+	return c.linkLocked()
 }
 
-func (c *Conn) linkLocked(chunk int) Link {
+func (c *Conn) linkLocked() Link {
 	rate := c.cfg.Rate
 	if rate == 0 {
 		rate = 125e6
 	}
 	return Link{Rate: rate, RTT: c.srtt, Loss: min(c.lossLocked(), 0.5)}
+}
+
+// Predict is the model's completion time for size bytes in chunks of
+// chunk bytes over the link as the Conn sees it now (Link), by SR when m
+// is 0 and by EC(k, m) otherwise, with the Conn's own repair delays.
+func (c *Conn) Predict(size int64, chunk, k, m int) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.linkLocked()
+	repair, fallback := c.repairDelays()
+	if m == 0 {
+		return SRTime(l, size, chunk, repair)
+	}
+	return ECTime(l, size, chunk, k, m, fallback, repair)
 }
 
 func (c *Conn) repairDelays() (repair, fallback time.Duration) {
@@ -180,7 +196,7 @@ func (c *Conn) chooseLocked(s *Send) {
 		m = c.cfg.M
 	}
 	size := max(s.opt.Stream, int64(len(s.data)))
-	l := c.linkLocked(s.chunk)
+	l := c.linkLocked()
 	repair, fallback := c.repairDelays()
 	var ms []int
 	for _, v := range []int{1, 2, 4, 8} {
@@ -357,6 +373,8 @@ func (c *Conn) inject() {
 	tx.wrs = make([]verbs.SendWR, 0, 64)
 	tx.sges = make([]verbs.SGE, 64)
 	var next time.Duration // pacing: when the next byte may go
+	pace := time.NewTimer(time.Hour)
+	defer pace.Stop()
 	for {
 		c.mu.Lock()
 		if c.err != nil {
@@ -388,8 +406,9 @@ func (c *Conn) inject() {
 			now := c.now()
 			next = max(next, now-2*time.Millisecond) + time.Duration(float64(wire)/c.cfg.Rate*1e9)
 			if d := next - now; d > time.Millisecond {
+				pace.Reset(d)
 				select {
-				case <-time.After(d):
+				case <-pace.C:
 				case <-c.ctx.Done():
 					return
 				}
@@ -472,7 +491,7 @@ func (s *Send) position(p int) (idx int, parity bool, stripe, j int) {
 	return 0, true, stripe, j - kk
 }
 
-func (c *Conn) imm(s *Send, idx int) uint32 {
+func imm(s *Send, idx int) uint32 {
 	return uint32(s.seq%(1<<idBits))<<idxBits | uint32(idx)
 }
 
@@ -483,12 +502,13 @@ func (c *Conn) addData(s *Send, idx int, now time.Duration) int {
 	j := len(tx.wrs)
 	tx.sges[j] = s.mr.SGE(off, n)
 	tx.wrs = append(tx.wrs, verbs.SendWR{Opcode: verbs.OpWriteImm, SGL: tx.sges[j : j+1],
-		RemoteAddr: s.addr + uint64(off), RKey: s.rkey, Imm: c.imm(s, idx)})
+		RemoteAddr: s.addr + uint64(off), RKey: s.rkey, Imm: imm(s, idx)})
 	s.sent[idx] = int64(max(now, 1))
 	if s.tries[idx] < math.MaxUint8 {
 		s.tries[idx]++
 	}
 	s.res.Transmissions++
+	s.res.WireBytes += int64(n)
 	if c.testDrop != nil && c.testDrop(s.seq, idx, int(s.tries[idx])) {
 		tx.wrs = tx.wrs[:j]
 	}
@@ -501,8 +521,9 @@ func (c *Conn) addParity(s *Send, stripe, j int) int {
 	tx.sges[k] = tx.mr.SGE(j*s.chunk, s.chunk)
 	p := stripe*s.rmx + j
 	tx.wrs = append(tx.wrs, verbs.SendWR{Opcode: verbs.OpWriteImm, SGL: tx.sges[k : k+1],
-		RemoteAddr: s.paddr + uint64(p*s.chunk), RKey: s.prkey, Imm: c.imm(s, s.n+p)})
+		RemoteAddr: s.paddr + uint64(p*s.chunk), RKey: s.prkey, Imm: imm(s, s.n+p)})
 	s.res.Transmissions++
+	s.res.WireBytes += int64(s.chunk)
 	if c.testDrop != nil && c.testDrop(s.seq, s.n+p, 0) {
 		tx.wrs = tx.wrs[:k]
 	}

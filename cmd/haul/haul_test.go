@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -222,14 +221,7 @@ func TestBinary(t *testing.T) {
 	recv.Stdout = &rout
 	require.NoError(t, recv.Start())
 	waitListening(t, addr)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	var sout []byte
-	go func() {
-		defer wg.Done()
-		sout, err = exec.Command(bin, "send", "--to", addr, in).CombinedOutput()
-	}()
-	wg.Wait()
+	sout, err := exec.Command(bin, "send", "--to", addr, in).CombinedOutput()
 	require.NoError(t, err, string(sout))
 	require.NoError(t, recv.Wait())
 	require.Contains(t, string(sout), "verified")

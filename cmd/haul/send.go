@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -63,8 +61,7 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 		}
 		defer unix.Munmap(mm)
 	}
-	sum := sha256.Sum256(mm)
-	sha := hex.EncodeToString(sum[:])
+	sha := sha256Hex(mm)
 	via, err := viaGID(o.via)
 	if err != nil {
 		return err
@@ -204,23 +201,19 @@ func summarise(rep *report, results []reliability.SendResult, c *reliability.Con
 	rep.Loss = l.Loss
 	rep.Ideal = float64(todo)/o.rate + l.RTT.Seconds()
 	byScheme := map[string]int64{}
-	var wire float64
-	chunk := o.chunk
-	if chunk == 0 {
-		chunk = 4096
-	}
+	var wire int64
 	for _, r := range results {
 		name := "sr"
 		if r.Scheme == reliability.EC {
 			name = fmt.Sprintf("ec(%d,%d)", r.K, r.M)
 		}
 		byScheme[name] += int64(r.Bytes)
-		wire += float64(r.Transmissions) * float64(chunk)
+		wire += r.WireBytes
 		rep.Repaired += r.Retransmissions + r.Decoded
 		rep.Timeouts += r.Timeouts
 	}
 	if todo > 0 {
-		rep.Overhead = wire / float64(todo)
+		rep.Overhead = float64(wire) / float64(todo)
 	}
 	var names []string
 	for k := range byScheme {
@@ -240,13 +233,12 @@ func summarise(rep *report, results []reliability.SendResult, c *reliability.Con
 	}
 	// The model's prediction for this transfer, with the link as measured
 	// (rate as configured, RTT from pings, loss from the repairs).
-	repair := l.RTT + l.RTT/16 + time.Millisecond
-	switch {
-	case len(results) == 0:
-	case results[0].Scheme == reliability.EC && rep.Scheme != "sr":
+	if len(results) > 0 {
 		r := results[0]
-		rep.Predicted = reliability.ECTime(l, todo, chunk, r.K, r.M, l.RTT/4, repair).Seconds()
-	default:
-		rep.Predicted = reliability.SRTime(l, todo, chunk, repair).Seconds()
+		m := 0
+		if r.Scheme == reliability.EC && rep.Scheme != "sr" {
+			m = r.M
+		}
+		rep.Predicted = c.Predict(todo, r.Chunk, r.K, m).Seconds()
 	}
 }

@@ -175,11 +175,7 @@ func open(ctx context.Context, local netip.AddrPort, cfg reliability.Config) (*e
 		e.close()
 		return nil, err
 	}
-	depth := cfg.RecvDepth
-	if depth == 0 {
-		depth = 4096
-	}
-	if e.cq, err = e.dev.CreateCQ(verbs.CQConfig{Capacity: 4 * depth}); err != nil {
+	if e.cq, err = e.dev.CreateCQ(verbs.CQConfig{Capacity: 4 * reliability.DefaultRecvDepth}); err != nil {
 		e.close()
 		return nil, err
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/rvma/rvma/internal/plot"
@@ -60,13 +59,10 @@ func (s *sampler) finish() series {
 	return <-s.done
 }
 
-func writeSVG(w io.Writer, title string, s series) error {
-	return plot.WriteSVG(w, plot.Lines{Title: title, XLabel: "seconds", YLabel: "Gbit/s", X: s.t, Y: s.gbps, Names: s.names})
+func (s series) lines(title string) plot.Lines {
+	return plot.Lines{Title: title, XLabel: "seconds", YLabel: "Gbit/s", X: s.t, Y: s.gbps, Names: s.names}
 }
 
-func savePlot(path, title string, s series) error {
-	if !strings.HasSuffix(path, ".svg") {
-		return fmt.Errorf("--plot %s: only .svg is written", path)
-	}
-	return plot.Save(path, plot.Lines{Title: title, XLabel: "seconds", YLabel: "Gbit/s", X: s.t, Y: s.gbps, Names: s.names})
-}
+func writeSVG(w io.Writer, title string, s series) error { return plot.WriteSVG(w, s.lines(title)) }
+
+func savePlot(path, title string, s series) error { return plot.Save(path, s.lines(title)) }

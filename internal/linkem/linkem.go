@@ -192,17 +192,14 @@ func (l *Link) closeSockets() {
 	}
 }
 
-var bufPool = sync.Pool{New: func() any { b := make([]byte, 65536); return &b }}
-
 func (l *Link) read(side int) {
 	defer l.wg.Done()
 	d := l.dir[side]
 	var seq uint64
+	buf := make([]byte, 65536)
 	for {
-		bp := bufPool.Get().(*[]byte)
-		n, from, err := l.sock[side].ReadFromUDPAddrPort(*bp)
+		n, from, err := l.sock[side].ReadFromUDPAddrPort(buf)
 		if err != nil {
-			bufPool.Put(bp)
 			select {
 			case <-l.done:
 				return
@@ -216,10 +213,8 @@ func (l *Link) read(side int) {
 			l.peer[side].Store(&from)
 			l.dir[1-side].flushWaiting()
 		}
-		b := append([]byte(nil), (*bp)[:n]...)
-		bufPool.Put(bp)
 		seq++
-		d.arrive(b, seq, time.Now())
+		d.arrive(append([]byte(nil), buf[:n]...), seq, time.Now()) // held until due: a copy of its own
 	}
 }
 
@@ -242,24 +237,20 @@ func (d *direction) arrive(b []byte, seq uint64, now time.Time) {
 		d.free = start.Add(time.Duration(float64(len(b)) / rate * float64(time.Second)))
 		d.queue += len(b)
 		out = d.free
-	}
-	copies, delay := d.im.Fate()
-	if copies == 0 {
-		d.st.lost.Add(1)
-		// It still occupied the line: lost after the bottleneck.
+		// The queue frees when the packet leaves the line, before the
+		// propagation delay and whether or not it is lost after it: a
+		// marker without payload accounts for that.
 		heap.Push(&d.held, pkt{at: out, seq: seq, line: len(b)})
 	}
-	if copies == 2 {
+	copies, delay := d.im.Fate()
+	switch copies {
+	case 0:
+		d.st.lost.Add(1)
+	case 2:
 		d.st.dup.Add(1)
 	}
 	for i := 0; i < copies; i++ {
-		p := pkt{at: out.Add(delay[i]), seq: seq, b: b}
-		if i == 0 && d.l.cfg.Rate > 0 {
-			// The queue frees when the packet leaves the line, before the
-			// propagation delay; account it on a zero-delay marker.
-			heap.Push(&d.held, pkt{at: out, seq: seq, line: len(b)})
-		}
-		heap.Push(&d.held, p)
+		heap.Push(&d.held, pkt{at: out.Add(delay[i]), seq: seq, b: b})
 	}
 	select {
 	case d.kick <- struct{}{}:
