@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/rvma/rvma/internal/pmi"
 	"github.com/rvma/rvma/internal/progress"
 	"github.com/rvma/rvma/mailbox"
+	"github.com/rvma/rvma/multipath"
 	"github.com/rvma/rvma/verbs"
 	"github.com/rvma/rvma/verbs/cm"
 )
@@ -32,6 +34,7 @@ const (
 	EnvProvider   = "RVMA_PROVIDER"   // udp (default) or loop
 	EnvAddr       = "RVMA_ADDR"       // local IP address for the UDP provider; default 127.0.0.1
 	EnvMTU        = "RVMA_MTU"        // UDP provider's MTU (payload bytes per packet); default the provider's
+	EnvPaths      = "RVMA_PATHS"      // paths (local addresses) per connection; default 1
 )
 
 // Config configures Init and NewWorld. The zero value means defaults.
@@ -40,8 +43,27 @@ type Config struct {
 	// "loop" (in-process worlds only).
 	Provider string
 	// Addr is the local IP address for the UDP provider and the connection
-	// manager. Default RVMA_ADDR, else 127.0.0.1.
+	// manager, or a comma-separated list of addresses, one per path (the
+	// first also serves the connection manager). Default RVMA_ADDR, else
+	// 127.0.0.1.
 	Addr string
+	// Paths is the number of paths of every connection between two ranks
+	// (Virtuoso-style multipath, see the package documentation): the UDP
+	// provider opens one local address per path (cycling through Addr's
+	// list; with one address, one port per path), the loop provider that
+	// many GIDs. Default RVMA_PATHS, else 1; range 1..64.
+	Paths int
+	// Multipath tunes the paths when Paths > 1: the balancer, and Small,
+	// the size from which a contiguous put or get is split over the paths
+	// (smaller operations, non-contiguous ones, atomics, accumulates and
+	// synchronisation use the connection's first path). Its Paths and
+	// Connect fields are set from this Config. Default: multipath's.
+	Multipath multipath.Config
+	// Devices, if set, are the ranks' devices for NewWorld, one per rank,
+	// opened by the caller (for example inside network namespaces); the
+	// communicators own them from then on. Addr then only serves the
+	// connection manager.
+	Devices []*verbs.Device
 	// MTU is the UDP provider's largest payload per packet. Default
 	// RVMA_MTU, else the provider's (4096 on loopback); range 256..64900.
 	MTU int
@@ -54,9 +76,21 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// udpURI is the UDP device this configuration opens.
+// cmAddr is the address the connection manager and the multipath
+// listener bind.
+func (c *Config) cmAddr() string {
+	a, _, _ := strings.Cut(c.Addr, ",")
+	return net.JoinHostPort(strings.TrimSpace(a), "0")
+}
+
+// udpURI is the UDP device this configuration opens: one socket per path.
 func (c *Config) udpURI() string {
-	uri := "udp://" + net.JoinHostPort(c.Addr, "0")
+	addrs := strings.Split(c.Addr, ",")
+	parts := make([]string, c.Paths)
+	for i := range parts {
+		parts[i] = net.JoinHostPort(strings.TrimSpace(addrs[i%len(addrs)]), "0")
+	}
+	uri := "udp://" + strings.Join(parts, ",")
 	if c.MTU > 0 {
 		uri += "?mtu=" + strconv.Itoa(c.MTU)
 	}
@@ -83,6 +117,16 @@ func (c *Config) withDefaults() Config {
 	if d.MTU == 0 {
 		d.MTU, _ = strconv.Atoi(os.Getenv(EnvMTU))
 	}
+	if d.Paths == 0 {
+		d.Paths, _ = strconv.Atoi(os.Getenv(EnvPaths))
+	}
+	if d.Paths == 0 {
+		d.Paths = 1
+	}
+	d.Multipath.Paths = d.Paths
+	if d.Multipath.Connect == (verbs.ConnectConfig{}) {
+		d.Multipath.Connect = d.Connect
+	}
 	if d.Timeout <= 0 {
 		d.Timeout = 60 * time.Second
 	}
@@ -107,6 +151,16 @@ type Comm struct {
 	eng    *progress.Engine
 	target *mailbox.Target
 	ln     *cm.Listener
+
+	// With Config.Paths > 1: the listener other ranks' multipath
+	// connections arrive at, and the ones that arrived (kept for Close).
+	mpLn   *multipath.Listener
+	mpMu   sync.Mutex
+	mpIn   []*multipath.Conn
+	mpWG   sync.WaitGroup  // the multipath accept loop
+	bg     context.Context // ends at teardown; bounds waits on paths
+	bgStop context.CancelFunc
+	spread sync.WaitGroup // goroutines finishing spread operations
 
 	peers []*peer
 	qpnMu sync.Mutex
@@ -134,6 +188,11 @@ type peer struct {
 	dialing   bool
 	accepting bool
 	sendMu    sync.Mutex // one message's fragments are posted together
+
+	// This rank's multipath connection to the peer, for large puts and
+	// gets (Config.Paths > 1), dialed on first use.
+	mpMu sync.Mutex
+	mp   *multipath.Conn
 }
 
 // Rank returns this process's rank.
@@ -155,6 +214,9 @@ func Init(ctx context.Context, cfg *Config) (*Comm, error) {
 	conf := cfg.withDefaults()
 	if conf.Provider == "loop" {
 		return nil, fmt.Errorf("%w: the loop provider is in-process; use NewWorld", ErrBootstrap)
+	}
+	if err := conf.check(); err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, conf.Timeout)
 	defer cancel()
@@ -264,6 +326,12 @@ func NewWorld(ctx context.Context, size int, cfg *Config) ([]*Comm, error) {
 	if size < 1 {
 		return nil, fmt.Errorf("%w: world of %d ranks", ErrBootstrap, size)
 	}
+	if err := conf.check(); err != nil {
+		return nil, err
+	}
+	if conf.Devices != nil && len(conf.Devices) != size {
+		return nil, fmt.Errorf("%w: %d devices for %d ranks", ErrBootstrap, len(conf.Devices), size)
+	}
 	ctx, cancel := context.WithTimeout(ctx, conf.Timeout)
 	defer cancel()
 	var id [8]byte
@@ -277,14 +345,19 @@ func NewWorld(ctx context.Context, size int, cfg *Config) ([]*Comm, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			uri := fabric
-			if conf.Provider == "udp" {
-				uri = conf.udpURI()
-			}
-			dev, err := verbs.Open(ctx, uri, &verbs.DeviceConfig{Logger: conf.Logger})
-			if err != nil {
-				errs[r] = err
-				return
+			var dev *verbs.Device
+			if conf.Devices != nil {
+				dev = conf.Devices[r]
+			} else {
+				uri := fabric + "?gids=" + strconv.Itoa(conf.Paths)
+				if conf.Provider == "udp" {
+					uri = conf.udpURI()
+				}
+				var err error
+				if dev, err = verbs.Open(ctx, uri, &verbs.DeviceConfig{Logger: conf.Logger}); err != nil {
+					errs[r] = err
+					return
+				}
 			}
 			comms[r], errs[r] = newComm(ctx, r, size, store, false, dev, conf)
 			if errs[r] != nil {
@@ -307,6 +380,7 @@ func NewWorld(ctx context.Context, size int, cfg *Config) ([]*Comm, error) {
 func newComm(ctx context.Context, rank, size int, store kvs.Store, ownStore bool, dev *verbs.Device, cfg Config) (_ *Comm, err error) {
 	c := &Comm{rank: rank, size: size, cfg: cfg, store: store, ownStore: ownStore, dev: dev,
 		byQPN: map[uint32]int{}, wins: map[uint32]*Win{}, done: make(chan struct{})}
+	c.bg, c.bgStop = context.WithCancel(context.Background())
 	c.peers = make([]*peer, size)
 	for i := range c.peers {
 		c.peers[i] = &peer{ready: make(chan struct{})}
@@ -335,8 +409,7 @@ func newComm(ctx context.Context, rank, size int, store kvs.Store, ownStore bool
 	c.eng = progress.New(c.cq, progress.Config{OnRecv: c.onRecv, Background: true, Err: errOf})
 	c.target = mailbox.NewTarget(dev, nil)
 	if size > 1 {
-		host := cfg.Addr
-		if c.ln, err = cm.Listen(ctx, net.JoinHostPort(host, "0")); err != nil {
+		if c.ln, err = cm.Listen(ctx, cfg.cmAddr()); err != nil {
 			return nil, err
 		}
 		if err = store.Put(ctx, fmt.Sprintf("rvma-cm-%d", rank), c.ln.Addr().String()); err != nil {
@@ -344,6 +417,11 @@ func newComm(ctx context.Context, rank, size int, store kvs.Store, ownStore bool
 		}
 		c.acceptWG.Add(1)
 		go c.acceptLoop()
+		if cfg.Paths > 1 {
+			if err = c.listenPaths(ctx); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if err = store.Barrier(ctx); err != nil {
 		return nil, fmt.Errorf("%w: rendezvous barrier: %w", ErrBootstrap, err)
@@ -369,9 +447,12 @@ func (c *Comm) Close(ctx context.Context) error {
 func (c *Comm) teardown() {
 	c.closeOnce.Do(func() {
 		close(c.done)
+		c.bgStop()
 		if c.ln != nil {
 			c.ln.Close()
 		}
+		c.spread.Wait()
+		c.closePaths()
 		c.acceptWG.Wait()
 		if c.eng != nil {
 			c.eng.Close()

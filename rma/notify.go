@@ -43,6 +43,7 @@ type NotifyConfig struct {
 const (
 	notifyAggregate = 1
 	notifyPerOrigin = 2
+	notifyOps       = 0x80 // flag in the published mode: the target counts puts, not bytes
 )
 
 type notifyState struct {

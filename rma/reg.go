@@ -47,6 +47,16 @@ func (r *regCache) sge(b []byte) (verbs.SGE, error) {
 	if len(b) == 0 {
 		return verbs.SGE{}, nil
 	}
+	mr, off, err := r.region(b)
+	if err != nil {
+		return verbs.SGE{}, err
+	}
+	return mr.SGE(off, len(b)), nil
+}
+
+// region returns a region holding b (not empty) and b's offset in it,
+// registering b's backing array if needed.
+func (r *regCache) region(b []byte) (*verbs.MR, int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	mr := r.find(b)
@@ -54,7 +64,7 @@ func (r *regCache) sge(b []byte) (verbs.SGE, error) {
 		var err error
 		mr, err = r.pd.RegisterMR(b[:cap(b)], verbs.AccessLocalWrite)
 		if err != nil {
-			return verbs.SGE{}, err
+			return nil, 0, err
 		}
 		if len(r.mrs) == regCacheCap {
 			r.mrs[0].Deregister()
@@ -62,8 +72,7 @@ func (r *regCache) sge(b []byte) (verbs.SGE, error) {
 		}
 		r.mrs = append(r.mrs, mr)
 	}
-	off := int(base(b) - base(mr.Bytes()))
-	return mr.SGE(off, len(b)), nil
+	return mr, int(base(b) - base(mr.Bytes())), nil
 }
 
 func (r *regCache) addWin(mr *verbs.MR) {

@@ -107,6 +107,13 @@ func (w *Win) Complete(ctx context.Context) error {
 	}
 	var reqs []*Request
 	for _, r := range group {
+		// Operations on the paths are not ordered before the message:
+		// wait for them first.
+		if w.spreading(r) {
+			if err := w.Flush(ctx, r); err != nil {
+				return opErr("complete", r, err)
+			}
+		}
 		op, err := w.c.sendMsg(ctx, r, kindMsg, w.syncTag(syncComplete), nil, nil)
 		if err != nil {
 			return opErr("complete", r, err)

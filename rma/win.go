@@ -62,6 +62,7 @@ type remoteWin struct {
 	lockAddr uint64
 	lockKey  uint32
 	notify   uint8 // 0 plain, 1 aggregate mailbox, 2 per-origin mailboxes
+	countOps bool  // the target counts puts, not bytes
 }
 
 const remoteWinLen = 8 + 4 + 8 + 4 + 8 + 4 + 1
@@ -105,9 +106,10 @@ type Win struct {
 	locks      map[int]LockType
 	lockAll    bool
 
-	out    []int // operations in flight per target; guarded by the engine's lock
-	outN   int
-	failed []error // the first failure per target since its last flush; guarded likewise
+	out     []int // operations in flight per target; guarded by the engine's lock
+	outN    int
+	failed  []error // the first failure per target since its last flush; guarded likewise
+	spreadN []int   // operations in flight on the paths per target; guarded likewise
 
 	unsigMu sync.Mutex
 	unsig   []int // unsignalled puts per target since the last flush marker
@@ -149,7 +151,7 @@ func (c *Comm) Create(ctx context.Context, mem []byte, cfg *WinConfig) (*Win, er
 	id := c.nextWin
 	c.winMu.Unlock()
 	w := &Win{c: c, id: id, mem: mem, unit: conf.DispUnit, locks: map[int]LockType{},
-		out: make([]int, c.size), unsig: make([]int, c.size), failed: make([]error, c.size), lockMem: make([]uint64, 1+c.size)}
+		out: make([]int, c.size), spreadN: make([]int, c.size), unsig: make([]int, c.size), failed: make([]error, c.size), lockMem: make([]uint64, 1+c.size)}
 	var err error
 	if len(mem) > 0 {
 		if w.mr, err = c.pd.RegisterMR(mem, verbs.AccessAll); err != nil {
@@ -169,6 +171,9 @@ func (c *Comm) Create(ctx context.Context, mem []byte, cfg *WinConfig) (*Win, er
 			return nil, opErr("create window", -1, err)
 		}
 		mode = w.notify.mode
+		if conf.Notify.Count == mailbox.CountOps {
+			mode |= notifyOps
+		}
 	}
 	c.winMu.Lock()
 	c.wins[id] = w
@@ -197,7 +202,7 @@ func (c *Comm) Create(ctx context.Context, mem []byte, cfg *WinConfig) (*Win, er
 		}
 		w.remote[r] = remoteWin{addr: binary.LittleEndian.Uint64(b[0:]), rkey: binary.LittleEndian.Uint32(b[8:]),
 			size: binary.LittleEndian.Uint64(b[12:]), unit: binary.LittleEndian.Uint32(b[20:]),
-			lockAddr: binary.LittleEndian.Uint64(b[24:]), lockKey: binary.LittleEndian.Uint32(b[32:]), notify: b[36]}
+			lockAddr: binary.LittleEndian.Uint64(b[24:]), lockKey: binary.LittleEndian.Uint32(b[32:]), notify: b[36] &^ notifyOps, countOps: b[36]&notifyOps != 0}
 	}
 	return w, nil
 }
@@ -388,6 +393,9 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 	if !tl.Contiguous() && tl.Block < smallBlock {
 		return w.putPacked(ctx, origin, ol, target, off, tl)
 	}
+	if w.spreads(target, tl.Size(), ol, tl, false) {
+		return w.spread(ctx, name, target, origin[:ol.Size()], off, false)
+	}
 	qp, err := w.c.conn(ctx, target)
 	if err != nil {
 		return nil, err
@@ -521,6 +529,9 @@ func (w *Win) RgetLayout(ctx context.Context, origin []byte, ol Layout, target, 
 	ol, tl, off, err := w.check(name, origin, ol, target, disp, tl, false)
 	if err != nil {
 		return nil, err
+	}
+	if w.spreads(target, tl.Size(), ol, tl, true) {
+		return w.spread(ctx, name, target, origin[:ol.Size()], off, true)
 	}
 	qp, err := w.c.conn(ctx, target)
 	if err != nil {

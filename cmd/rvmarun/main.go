@@ -41,8 +41,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	n := fs.Int("n", 1, "number of ranks")
 	provider := fs.String("provider", "udp", "verbs provider between ranks: udp")
-	addr := fs.String("addr", "127.0.0.1", "local IP address the ranks bind")
-	paths := fs.Int("paths", 1, "paths (local addresses) per connection")
+	addr := fs.String("addr", "127.0.0.1", "local IP address the ranks bind, or a comma-separated list, one per path")
+	paths := fs.Int("paths", 1, "paths per connection between two ranks (1..64): large puts and gets are split over them")
 	grace := fs.Duration("grace", 3*time.Second, "how long ranks get to exit after SIGTERM before SIGKILL")
 	tag := fs.Bool("tag-output", true, "prefix every output line with the rank")
 	fs.Usage = func() {
@@ -65,8 +65,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "rvmarun: unknown provider %q\n", *provider)
 		return 2
 	}
-	if *paths != 1 {
-		fmt.Fprintln(stderr, "rvmarun: --paths above 1 needs the multipath layer, which rvma does not have yet")
+	if *paths < 1 || *paths > 64 {
+		fmt.Fprintf(stderr, "rvmarun: --paths %d: want 1..64\n", *paths)
 		return 2
 	}
 	srv, err := kvs.Listen("127.0.0.1:0", *n)
@@ -83,7 +83,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		cmd := exec.Command(fs.Arg(0), fs.Args()[1:]...)
 		cmd.Env = append(os.Environ(),
 			rma.EnvRank+"="+strconv.Itoa(r), rma.EnvSize+"="+strconv.Itoa(*n), rma.EnvKVS+"="+srv.Addr(),
-			rma.EnvProvider+"="+*provider, rma.EnvAddr+"="+*addr)
+			rma.EnvProvider+"="+*provider, rma.EnvAddr+"="+*addr,
+			rma.EnvPaths+"="+strconv.Itoa(*paths))
 		if _, set := os.LookupEnv(spin.EnvSpin); !set && *n > runtime.NumCPU() {
 			// More ranks than cores: a spinning rank holds the core its
 			// peer needs, so waits block at once (measured on halo3d, 4

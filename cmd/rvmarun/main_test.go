@@ -110,6 +110,24 @@ func TestHalo3DVariantsAgree(t *testing.T) {
 	}
 }
 
+// With --paths 2 the x faces (75 KiB, contiguous) are split over two
+// paths; every variant still agrees with the serial solution.
+func TestHalo3DOverPaths(t *testing.T) {
+	out, stderr, code := launch(t, "-n", "2", "--paths", "2", "--tag-output=false", filepath.Join(bins, "halo3d"),
+		"-n", "96", "--iters", "3", "--warmup", "1", "--json")
+	require.Equal(t, 0, code, stderr)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 6, out)
+	for _, line := range lines {
+		var r struct{ OK bool }
+		require.NoError(t, json.Unmarshal([]byte(line), &r), line)
+		require.True(t, r.OK, line)
+	}
+	_, stderr, code = launch(t, "-n", "2", "--paths", "0", "true")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "want 1..64")
+}
+
 func TestRewindRecovers(t *testing.T) {
 	out, stderr, code := launch(t, "-n", "3", "--tag-output=false", filepath.Join(bins, "rewind"),
 		"--steps", "12", "--fail-step", "5", "--fail-rank", "2", "--cells", "64", "--detect", "100ms", "--json")

@@ -1,0 +1,210 @@
+package rma
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/rvma/rvma/multipath"
+	"github.com/rvma/rvma/verbs"
+)
+
+// Multipath (Config.Paths > 1). Each rank dials its own multipath
+// connection to a peer on its first large put or get there, and the peer's
+// listener accepts it: a connection is used in one direction only, so two
+// ranks never race to set up the same one, and the target side does
+// nothing (RDMA writes and reads, and mailbox puts, need no receiver
+// involvement). Everything else keeps the per-peer RC connection, which
+// orders messages behind the operations they follow.
+
+func (c *Config) check() error {
+	if c.Paths < 1 || c.Paths > 64 {
+		return fmt.Errorf("%w: %d paths, want 1..64", ErrBootstrap, c.Paths)
+	}
+	return nil
+}
+
+// listenPaths starts the multipath listener and publishes its address.
+func (c *Comm) listenPaths(ctx context.Context) error {
+	cfg := c.cfg.Multipath
+	ln, err := multipath.Listen(ctx, c.pd, c.cfg.cmAddr(), &cfg)
+	if err != nil {
+		return err
+	}
+	c.mpLn = ln
+	if err := c.store.Put(ctx, fmt.Sprintf("rvma-mp-%d", c.rank), ln.Addr()); err != nil {
+		return err
+	}
+	c.mpWG.Add(1)
+	go func() {
+		defer c.mpWG.Done()
+		for {
+			in, err := ln.Accept(context.Background()) // ends when the listener closes
+			if err != nil {
+				return
+			}
+			c.mpMu.Lock()
+			c.mpIn = append(c.mpIn, in)
+			c.mpMu.Unlock()
+		}
+	}()
+	return nil
+}
+
+// closePaths closes the multipath listener and every multipath
+// connection, dialed or accepted.
+func (c *Comm) closePaths() {
+	if c.mpLn == nil {
+		return
+	}
+	c.mpLn.Close()
+	c.mpWG.Wait()
+	c.mpMu.Lock()
+	for _, in := range c.mpIn {
+		in.Close()
+	}
+	c.mpIn = nil
+	c.mpMu.Unlock()
+	for _, p := range c.peers {
+		p.mpMu.Lock()
+		if p.mp != nil {
+			p.mp.Close()
+			p.mp = nil
+		}
+		p.mpMu.Unlock()
+	}
+}
+
+// pathConn returns this rank's multipath connection to rank r, dialing
+// and probing it on first use; nil when operations towards r do not
+// travel over paths (one path, or r is this rank).
+func (c *Comm) pathConn(ctx context.Context, r int) (*multipath.Conn, error) {
+	if c.cfg.Paths < 2 || r == c.rank {
+		return nil, nil
+	}
+	p := c.peers[r]
+	p.mpMu.Lock()
+	defer p.mpMu.Unlock()
+	if p.mp != nil {
+		return p.mp, nil
+	}
+	if c.closed() {
+		return nil, ErrClosed
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	addr, err := c.store.Get(ctx, fmt.Sprintf("rvma-mp-%d", r))
+	if err == nil {
+		cfg := c.cfg.Multipath
+		var mc *multipath.Conn
+		if mc, err = multipath.Dial(ctx, c.pd, addr, &cfg); err == nil {
+			// Capacities before the first split, so that it is already
+			// proportional (one 512 KiB write per path).
+			if err = mc.Probe(ctx); err != nil {
+				mc.Close()
+			} else {
+				p.mp = mc
+			}
+		}
+	}
+	if err != nil {
+		return nil, opErr("connect", r, fmt.Errorf("%w: paths: %w", ErrPeer, err))
+	}
+	return p.mp, nil
+}
+
+// Paths returns the state of every path of this rank's connection to rank
+// r (state, capacity estimate, bytes carried, chunk size), or nil when it
+// has none: Config.Paths is 1, r is this rank, or no put or get large
+// enough to be split has gone to r yet.
+func (c *Comm) Paths(r int) []multipath.Stats {
+	if r < 0 || r >= c.size {
+		return nil
+	}
+	p := c.peers[r]
+	p.mpMu.Lock()
+	mc := p.mp
+	p.mpMu.Unlock()
+	if mc == nil {
+		return nil
+	}
+	return mc.Paths()
+}
+
+// pathErr maps a multipath failure to rma's errors: a connection whose
+// paths are all gone, or whose path failed without another to take over,
+// is a peer failure.
+func pathErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, multipath.ErrPaths) || errors.Is(err, verbs.StatusRetryExceeded) ||
+		errors.Is(err, verbs.StatusFlushed) || errors.Is(err, context.Canceled) {
+		return fmt.Errorf("%w: %w", ErrPeer, err)
+	}
+	return err
+}
+
+// spreads reports whether a transfer of n bytes towards target, whose
+// layouts are both contiguous, goes over the paths. Puts into a window
+// that counts operations do not: a split put would count once per piece.
+func (w *Win) spreads(target, n int, ol, tl Layout, get bool) bool {
+	if w.c.cfg.Paths < 2 || target == w.c.rank || n < w.c.splitFrom() || !ol.Contiguous() || !tl.Contiguous() {
+		return false
+	}
+	return get || !w.remote[target].countOps
+}
+
+// splitFrom is the smallest transfer split over the paths.
+func (c *Comm) splitFrom() int {
+	if c.cfg.Multipath.Small > 0 {
+		return c.cfg.Multipath.Small
+	}
+	return 64 << 10 // multipath's default
+}
+
+// spread moves b (contiguous) to or from target's window at offset off
+// over the paths, as one operation tracked like any other: flushes wait
+// for it, and its failure is reported by the next flush.
+func (w *Win) spread(ctx context.Context, name string, target int, b []byte, off int, get bool) (*Request, error) {
+	mc, err := w.c.pathConn(ctx, target)
+	if err != nil {
+		return nil, err
+	}
+	mr, moff, err := w.c.reg.region(b)
+	if err != nil {
+		return nil, opErr(name, target, err)
+	}
+	rw := &w.remote[target]
+	var req *multipath.Request
+	switch {
+	case get:
+		req, err = mc.Read(mr, moff, len(b), rw.addr+uint64(off), rw.rkey)
+	case rw.notify != 0:
+		req, err = mc.Put(mr, moff, len(b), w.mailboxAddr(target), uint64(off))
+	default:
+		req, err = mc.Write(mr, moff, len(b), rw.addr+uint64(off), rw.rkey)
+	}
+	if err != nil {
+		return nil, opErr(name, target, pathErr(err))
+	}
+	op, _ := w.track(0, target)
+	w.c.eng.Locked(func() { w.spreadN[target]++ })
+	w.c.spread.Add(1)
+	go func() {
+		defer w.c.spread.Done()
+		err := req.Wait(w.c.bg) // the paths' waiter polls their CQ
+		w.c.eng.Locked(func() { w.spreadN[target]-- })
+		w.c.eng.Finish(op, pathErr(err))
+	}()
+	return &Request{op: op, name: name, rank: target}, nil
+}
+
+// spreading reports whether operations towards target are in flight on
+// the paths, which do not order them before a message on the RC
+// connection.
+func (w *Win) spreading(target int) bool {
+	n := 0
+	w.c.eng.Locked(func() { n = w.spreadN[target] })
+	return n > 0
+}
