@@ -246,6 +246,58 @@ func TestPathsNotified(t *testing.T) {
 	})
 }
 
+// Puts of consecutive epochs in flight together, on paths of different
+// delays: a later epoch's put must not be counted into an earlier epoch's
+// buffer (which would complete it early and leave the last one short).
+func TestPathsNotifiedRunAhead(t *testing.T) {
+	comms := newWorld(t, 2, &Config{Paths: 3, Connect: verbs.ConnectConfig{Timeout: time.Second}})
+	const big, epochs = 256 << 10, 6
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		w, err := c.Allocate(ctx, epochs*big, &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{0: big}, Depth: epochs}})
+		if err != nil {
+			return err
+		}
+		if c.Rank() == 0 {
+			for i := 1; i < 3; i++ {
+				if err := c.Device().SetFaults(i, verbs.Faults{Delay: time.Duration(i) * 5 * time.Millisecond}); err != nil {
+					return err
+				}
+			}
+			var reqs []*Request
+			for e := range epochs {
+				// Each epoch: a split put and a small one, into its own
+				// part of the window.
+				data := bytes.Repeat([]byte{byte(e + 1)}, big)
+				r, err := w.Rput(ctx, data[:big-100], 1, e*big)
+				if err != nil {
+					return err
+				}
+				r2, err := w.Rput(ctx, data[big-100:], 1, e*big+big-100)
+				if err != nil {
+					return err
+				}
+				reqs = append(reqs, r, r2)
+			}
+			if err := WaitAll(ctx, reqs...); err != nil {
+				return err
+			}
+		} else {
+			for e := range epochs {
+				if _, err := w.WaitEpoch(ctx); err != nil {
+					return fmt.Errorf("epoch %d: %w", e, err)
+				}
+				if !bytes.Equal(w.Bytes()[e*big:(e+1)*big], bytes.Repeat([]byte{byte(e + 1)}, big)) {
+					return fmt.Errorf("epoch %d completed before its bytes arrived", e)
+				}
+			}
+		}
+		if err := c.Barrier(ctx); err != nil {
+			return err
+		}
+		return w.Free(ctx)
+	})
+}
+
 // A path that dies mid-transfer: its part is written again over the
 // others, the data arrives intact, and the path shows down.
 func TestPathsFailover(t *testing.T) {

@@ -393,7 +393,17 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 	if !tl.Contiguous() && tl.Block < smallBlock {
 		return w.putPacked(ctx, origin, ol, target, off, tl)
 	}
-	if w.spreads(target, tl.Size(), ol, tl, false) {
+	spread := w.spreads(target, tl.Size(), ol, tl, false)
+	if w.remote[target].notify != 0 && (spread || w.spreading(target)) {
+		// The target counts a put into the buffer that its first byte
+		// finds open, so a put must not overtake an earlier one of the
+		// previous epoch; one split over paths could, and so could a put
+		// on the RC connection overtake a split one. Drain in between.
+		if err := w.Flush(ctx, target); err != nil {
+			return nil, opErr(name, target, err)
+		}
+	}
+	if spread {
 		return w.spread(ctx, name, target, origin[:ol.Size()], off, false)
 	}
 	qp, err := w.c.conn(ctx, target)

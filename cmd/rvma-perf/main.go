@@ -142,9 +142,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.chunk, "chunk", 0, "memcpy: copy each message in pieces of this size (default: one copy); mp_bw: a fixed chunk size instead of the adaptive one")
 	fs.StringVar(&o.vs, "vs", "", "also run this test with the same flags, alternating, and report the ratio")
 	fs.IntVar(&o.reps, "reps", 1, "with --vs: number of alternating pairs; the median ratio is reported")
-	fs.StringVar(&o.pathsFlag, "paths", "2", "mp_bw, mp_fct: number of paths, or a comma-separated list to run one after another (1,2,4,8)")
-	fs.BoolVar(&o.testbed, "testbed", false, "mp_bw: run over a namespace testbed with one veth path per --paths (root)")
-	fs.StringVar(&o.rate, "rate", "", "mp_bw --testbed: tc rate per path, comma-separated (one value for all), e.g. 200mbit")
+	fs.StringVar(&o.pathsFlag, "paths", "2", "mp_bw, mp_fct, rma_put_bw, rma_put_lat: number of paths, or a comma-separated list to run one after another (1,2,4,8); rma tests default to 1")
+	fs.BoolVar(&o.testbed, "testbed", false, "mp_bw, rma_put_bw: run over a namespace testbed with one veth path per --paths (root)")
+	fs.StringVar(&o.rate, "rate", "", "--testbed: tc rate per path, comma-separated (one value for all), e.g. 200mbit")
 	fs.StringVar(&o.loss, "loss", "", "mp_bw: seeded drop probability per path on the sender, comma-separated (one value for all)")
 	fs.StringVar(&o.plot, "plot", "", "mp_bw: draw per-path throughput over time into this .svg file")
 	fs.StringVar(&o.fail, "fail", "", "mp_bw --testbed: take path P down at time T into the run (P@T, e.g. 1@2s)")
@@ -165,6 +165,11 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 			return nil, fmt.Errorf("--paths %q: want numbers in 1..16, comma-separated", o.pathsFlag)
 		}
 		o.pathList = append(o.pathList, n)
+	}
+	pathsSet := false
+	fs.Visit(func(f *flag.Flag) { pathsSet = pathsSet || f.Name == "paths" })
+	if isRMA(o.test) && !pathsSet {
+		o.pathList = []int{1} // an rma connection has one path unless asked
 	}
 	o.paths = o.pathList[0]
 	sizeSet := false
@@ -243,7 +248,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if o.server != "" {
 		return serve(ctx, o, stderr)
 	}
-	if isMP(o.test) && len(o.pathList) > 1 {
+	if (isMP(o.test) || isRMA(o.test)) && len(o.pathList) > 1 {
 		for _, n := range o.pathList {
 			one := *o
 			one.paths = n

@@ -178,6 +178,18 @@ func TestMPBW(t *testing.T) {
 	require.InDelta(t, 0.2, g, 1e-12)
 }
 
+// rma_put_bw over paths: the puts are split, every path carries some.
+func TestRMAOverPaths(t *testing.T) {
+	r := runJSON(t, "rma_put_bw", "--provider", "loop", "--paths", "3", "--iters", "20", "--size", "262144")
+	require.Equal(t, 3, r.Paths)
+	require.Len(t, r.PathGbps, 3)
+	for i, g := range r.PathGbps {
+		require.Positive(t, g, "path %d carried nothing", i)
+	}
+	r = runJSON(t, "rma_put_bw", "--provider", "loop", "--iters", "20", "--size", "262144")
+	require.Zero(t, r.Paths, "an rma connection has one path unless --paths is given")
+}
+
 func TestPlotSVG(t *testing.T) {
 	var b strings.Builder
 	s := series{t: []float64{0.1, 0.2, 0.3}, gbps: [][]float64{{1, 2, 1}, {0, 0.5, 0}}, names: []string{"path 0", "path <1>"}}

@@ -68,6 +68,55 @@ func (e *mpEnv) close() {
 	}
 }
 
+// buildBed builds the namespace testbed of --testbed (nil without it),
+// one path per --paths, shaped to --rate; rates are the shaped rates in
+// Gbit/s (nil without --rate). On error the caller closes what was built.
+func buildBed(o *options) (*testbed.Bed, []float64, error) {
+	var rates []float64
+	var rateStr []string
+	if o.rate != "" {
+		rateStr = strings.Split(o.rate, ",")
+		if len(rateStr) == 1 {
+			for len(rateStr) < o.paths {
+				rateStr = append(rateStr, rateStr[0])
+			}
+		}
+		if len(rateStr) != o.paths {
+			return nil, nil, fmt.Errorf("--rate: %d rates for %d paths", len(rateStr), o.paths)
+		}
+		for _, r := range rateStr {
+			g, err := parseRate(r)
+			if err != nil {
+				return nil, nil, err
+			}
+			rates = append(rates, g)
+		}
+		if !o.testbed {
+			return nil, nil, fmt.Errorf("--rate shapes the --testbed's paths; add --testbed")
+		}
+	}
+	if !o.testbed {
+		return nil, nil, nil
+	}
+	if err := testbed.Available(); err != nil {
+		return nil, nil, err
+	}
+	bed, err := testbed.Build(testbed.Config{Paths: o.paths, Rates: rateStr})
+	return bed, rates, err
+}
+
+func bedA(p testbed.Path) netip.Addr { return p.A }
+func bedB(p testbed.Path) netip.Addr { return p.B }
+
+// bedURI is a UDP device with one address per testbed path, on one side.
+func bedURI(bed *testbed.Bed, side func(testbed.Path) netip.Addr) string {
+	var parts []string
+	for _, p := range bed.Paths {
+		parts = append(parts, netip.AddrPortFrom(side(p), 0).String())
+	}
+	return "udp://" + strings.Join(parts, ",")
+}
+
 // mpSetup builds the devices (and the testbed) and connects paths of them.
 func mpSetup(ctx context.Context, o *options, paths, size int) (_ *mpEnv, err error) {
 	env := &mpEnv{}
@@ -79,28 +128,13 @@ func mpSetup(ctx context.Context, o *options, paths, size int) (_ *mpEnv, err er
 	if o.paths < 1 || o.paths > 16 {
 		return nil, fmt.Errorf("--paths %d: want 1..16", o.paths)
 	}
-	var rates []float64
-	var rateStr []string
-	if o.rate != "" {
-		rateStr = strings.Split(o.rate, ",")
-		if len(rateStr) == 1 {
-			for len(rateStr) < o.paths {
-				rateStr = append(rateStr, rateStr[0])
-			}
-		}
-		if len(rateStr) != o.paths {
-			return nil, fmt.Errorf("--rate: %d rates for %d paths", len(rateStr), o.paths)
-		}
-		for _, r := range rateStr {
-			g, err := parseRate(r)
-			if err != nil {
-				return nil, err
-			}
-			rates = append(rates, g)
-		}
-		if !o.testbed {
-			return nil, fmt.Errorf("--rate shapes the --testbed's paths; add --testbed")
-		}
+	bed, rates, err := buildBed(o)
+	if bed != nil {
+		env.closers = append(env.closers, bed.Close)
+		env.bed = bed
+	}
+	if err != nil {
+		return nil, err
 	}
 	var a, b *mpSide
 	inA := func(f func() error) error { return f() }
@@ -108,37 +142,19 @@ func mpSetup(ctx context.Context, o *options, paths, size int) (_ *mpEnv, err er
 	provider := o.provider
 	lnAddr := "127.0.0.1:0"
 	switch {
-	case o.testbed:
-		if err := testbed.Available(); err != nil {
-			return nil, err
-		}
-		bed, err := testbed.Build(testbed.Config{Paths: o.paths, Rates: rateStr})
-		if bed != nil {
-			env.closers = append(env.closers, bed.Close)
-			env.bed = bed
-		}
-		if err != nil {
-			return nil, err
-		}
+	case bed != nil:
 		provider = "udp"
 		lnAddr = netip.AddrPortFrom(bed.Paths[0].B, 0).String()
 		inA = func(f func() error) error { return bed.In(bed.NameA, f) }
 		inB = func(f func() error) error { return bed.In(bed.NameB, f) }
-		uri := func(addr func(testbed.Path) netip.Addr) string {
-			var parts []string
-			for _, p := range bed.Paths {
-				parts = append(parts, netip.AddrPortFrom(addr(p), 0).String())
-			}
-			return "udp://" + strings.Join(parts, ",")
-		}
 		if err := inA(func() (err error) {
-			a, err = openMP(ctx, uri(func(p testbed.Path) netip.Addr { return p.A }), size)
+			a, err = openMP(ctx, bedURI(bed, bedA), size)
 			return
 		}); err != nil {
 			return nil, err
 		}
 		if err := inB(func() (err error) {
-			b, err = openMP(ctx, uri(func(p testbed.Path) netip.Addr { return p.B }), size)
+			b, err = openMP(ctx, bedURI(bed, bedB), size)
 			return
 		}); err != nil {
 			a.dev.Close()

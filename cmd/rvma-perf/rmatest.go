@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"time"
 
+	"github.com/rvma/rvma/internal/testbed"
 	"github.com/rvma/rvma/rma"
+	"github.com/rvma/rvma/verbs"
 )
 
 // The rma tests run two ranks of an in-process world (rma.NewWorld) over
@@ -22,7 +25,31 @@ func isRMA(test string) bool { return test == "rma_put_lat" || test == "rma_put_
 const rmaBufBytes = 1 << 20
 
 func rmaTest(ctx context.Context, o *options) (*Result, error) {
-	comms, err := rma.NewWorld(ctx, 2, &rma.Config{Provider: o.provider, Addr: o.addr})
+	cfg := &rma.Config{Provider: o.provider, Addr: o.addr, Paths: o.paths}
+	// --testbed: rank 0's paths are namespace A's ends of the veth pairs,
+	// rank 1's namespace B's; the connection managers meet on loopback.
+	bed, rates, err := buildBed(o)
+	if bed != nil {
+		defer bed.Close()
+	}
+	if err != nil {
+		return nil, err
+	}
+	if bed != nil {
+		cfg.Provider, cfg.Addr = "udp", "127.0.0.1"
+		for i, ns := range []string{bed.NameA, bed.NameB} {
+			side := []func(testbed.Path) netip.Addr{bedA, bedB}[i]
+			var d *verbs.Device
+			if err := bed.In(ns, func() (err error) { d, err = verbs.Open(ctx, bedURI(bed, side), nil); return }); err != nil {
+				for _, d := range cfg.Devices {
+					d.Close()
+				}
+				return nil, err
+			}
+			cfg.Devices = append(cfg.Devices, d)
+		}
+	}
+	comms, err := rma.NewWorld(ctx, 2, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -71,6 +98,16 @@ func rmaTest(ctx context.Context, o *options) (*Result, error) {
 	<-finished
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
+	}
+	if st := comms[0].Paths(1); st != nil {
+		res.Paths = len(st)
+		for _, p := range st {
+			res.PathGbps = append(res.PathGbps, float64(p.Bytes)*8/res.Seconds/1e9)
+		}
+	}
+	res.PathRateGbps = rates
+	if bed != nil {
+		res.Provider = "udp"
 	}
 	return res, nil
 }
