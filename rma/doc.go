@@ -40,6 +40,21 @@
 // caller's, and bytes placed by remote operations are visible once the
 // operation is complete by one of these calls.
 //
+// # Multipath
+//
+// With Config.Paths > 1 (RVMA_PATHS, rvmarun --paths) a connection between
+// two ranks has several paths, one local address each, after Virtuoso:
+// contiguous puts and gets of at least Config.Multipath.Small (64 KiB)
+// are split over the paths by a multipath.Conn in proportion to their
+// measured capacity, and a path that fails hands its share to the others
+// (a put into a notified window cannot be re-sent, as part of it may have
+// been counted: it fails instead). Everything else uses the first path's
+// RC connection. Comm.Paths reports each path's state. Split operations
+// complete like any other (flushes, fences and unlocks wait for them);
+// a put into a notified window waits for the origin's earlier puts to that
+// target when it is split or follows a split one, so that epochs never
+// overtake each other across paths; windows that count puts are not split.
+//
 // # Where rvma differs from MPI
 //
 //   - A notified window (WinConfig.Notify) is RVMA's: the target states how
