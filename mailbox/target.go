@@ -227,6 +227,7 @@ type buffer struct {
 	retired bool
 	full    bool // the threshold is met: new puts go to the next buffer
 	open    int  // puts half-placed in this buffer
+	gen     int  // abandons so far: reservations of an earlier generation are void
 }
 
 type pin struct {
@@ -279,27 +280,9 @@ func (w *Window) place(m *verbs.MailboxWrite) verbs.MailboxResult {
 	var b *buffer
 	base := 0
 	if m.First {
-		for _, c := range w.posted {
-			if !c.full {
-				b = c
-				break
-			}
-		}
-		if b == nil {
-			return verbs.MailboxNotReady
-		}
-		switch w.cfg.Placement {
-		case Steered:
-			if m.Offset > uint64(len(b.data)) || uint64(m.MsgLen) > uint64(len(b.data))-m.Offset {
-				return codeOutOfRange
-			}
-			base = int(m.Offset)
-		case Appended:
-			if int(m.MsgLen) > len(b.data)-b.tail {
-				return codeOutOfRange
-			}
-			base = b.tail
-			b.tail += int(m.MsgLen)
+		var code verbs.MailboxResult
+		if b, base, code = w.begin(m.Offset, int(m.MsgLen)); code != verbs.MailboxAccepted {
+			return code
 		}
 		if !m.Last {
 			w.pins[key] = &pin{buf: b, base: base}
@@ -328,13 +311,49 @@ func (w *Window) place(m *verbs.MailboxWrite) verbs.MailboxResult {
 		return codeLimit
 	}
 	copy(b.data[off:], m.Payload)
-	if n > 0 {
-		if w.t.cfg.MaxOutstanding > 0 {
-			if b.byPeer == nil {
-				b.byPeer = map[peer]int{}
-			}
-			b.byPeer[key] += n
+	if n > 0 && w.t.cfg.MaxOutstanding > 0 {
+		if b.byPeer == nil {
+			b.byPeer = map[peer]int{}
 		}
+		b.byPeer[key] += n
+	}
+	w.count(b, off, n, m.Last)
+	return verbs.MailboxAccepted
+}
+
+// begin finds where a put of n bytes at offset starts: the first buffer
+// that is not full, and the put's base in it; w.mu is held.
+func (w *Window) begin(offset uint64, n int) (*buffer, int, verbs.MailboxResult) {
+	var b *buffer
+	for _, c := range w.posted {
+		if !c.full {
+			b = c
+			break
+		}
+	}
+	if b == nil {
+		return nil, 0, verbs.MailboxNotReady
+	}
+	switch w.cfg.Placement {
+	case Steered:
+		if offset > uint64(len(b.data)) || uint64(n) > uint64(len(b.data))-offset {
+			return nil, 0, codeOutOfRange
+		}
+		return b, int(offset), verbs.MailboxAccepted
+	default: // Appended
+		if n > len(b.data)-b.tail {
+			return nil, 0, codeOutOfRange
+		}
+		base := b.tail
+		b.tail += n
+		return b, base, verbs.MailboxAccepted
+	}
+}
+
+// count records n bytes placed at off in b (and one put when last), and
+// completes the epochs that are done; w.mu is held.
+func (w *Window) count(b *buffer, off, n int, last bool) {
+	if n > 0 {
 		if len(b.written) < 1024 {
 			b.written = append(b.written, [2]int{off, n})
 		} else {
@@ -342,7 +361,7 @@ func (w *Window) place(m *verbs.MailboxWrite) verbs.MailboxResult {
 		}
 	}
 	b.bytes += n
-	if m.Last {
+	if last {
 		b.ops++
 	}
 	count := b.bytes
@@ -356,7 +375,77 @@ func (w *Window) place(m *verbs.MailboxWrite) verbs.MailboxResult {
 	for len(w.posted) > 0 && w.posted[0].full && w.posted[0].open == 0 {
 		w.complete(false)
 	}
-	return verbs.MailboxAccepted
+}
+
+// Reservation is a put whose bytes a transport places itself, straight
+// into the window's buffer (the reliability layer's chunks land in Data),
+// and that counts once, when committed: duplicates and repairs of its
+// chunks never count twice.
+type Reservation struct {
+	w    *Window
+	b    *buffer
+	gen  int
+	base int
+	done bool
+	// Data is where the put's bytes go: len(Data) is the put's size.
+	Data []byte
+}
+
+// Reserve starts a put of n bytes at offset (Steered; Appended windows
+// ignore it) into the buffer a put arriving now would start in. The epoch
+// cannot complete while the reservation is open. Errors: ErrWindowClosed,
+// ErrNoBuffer (nothing posted, or every buffer full), ErrOutOfRange.
+func (w *Window) Reserve(offset uint64, n int) (*Reservation, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return nil, ErrWindowClosed
+	}
+	b, base, code := w.begin(offset, n)
+	switch code {
+	case verbs.MailboxAccepted:
+	case verbs.MailboxNotReady:
+		return nil, ErrNoBuffer
+	default:
+		return nil, ErrOutOfRange
+	}
+	b.open++
+	return &Reservation{w: w, b: b, gen: b.gen, base: base, Data: b.data[base : base+n : base+n]}, nil
+}
+
+// Commit counts the first n bytes of the reservation as placed (all of
+// them: len(Data)) and the put as done, completing the epoch if its
+// threshold is met. It fails with ErrEpochCrossed if the epoch was
+// abandoned meanwhile (nothing is counted then).
+func (r *Reservation) Commit(n int) error { return r.end(n, true) }
+
+// Abort ends the reservation without counting anything; bytes already
+// placed stay where they are.
+func (r *Reservation) Abort() { r.end(0, false) }
+
+func (r *Reservation) end(n int, count bool) error {
+	w := r.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if r.done {
+		return nil
+	}
+	r.done = true
+	if r.b.gen != r.gen {
+		return ErrEpochCrossed // abandoned: the buffer holds a new epoch
+	}
+	r.b.open--
+	if r.b.retired {
+		return ErrEpochCrossed
+	}
+	if count {
+		w.count(r.b, r.base, min(max(n, 0), len(r.Data)), true)
+	} else {
+		for len(w.posted) > 0 && w.posted[0].full && w.posted[0].open == 0 {
+			w.complete(false)
+		}
+	}
+	return nil
 }
 
 // complete retires the head buffer; w.mu is held.
@@ -428,7 +517,7 @@ func (w *Window) abandon(zero bool) error {
 			delete(w.pins, k)
 		}
 	}
-	*b = buffer{id: b.id, data: b.data}
+	*b = buffer{id: b.id, data: b.data, gen: b.gen + 1}
 	return nil
 }
 

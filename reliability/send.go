@@ -260,8 +260,12 @@ func (c *Conn) onStatusLocked(m *sdrwire.Message, now time.Duration) {
 		s.res.Decoded = max(s.res.Decoded, int(m.Decoded))
 		s.res.Partial = m.Flags&sdrwire.FlagTaken != 0
 	}
-	// Everything below the receiver's floor is complete.
+	// Everything below the receiver's floor is complete. A message that
+	// never started was taken before any of it was sent: partial.
 	for len(c.order) > 0 && c.order[0].seq < m.Floor {
+		if !c.order[0].ready {
+			c.order[0].res = SendResult{Seq: c.order[0].seq, Partial: true}
+		}
 		c.order[0].finishLocked(nil)
 	}
 	s := c.sends[m.Seq]

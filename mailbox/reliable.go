@@ -1,0 +1,183 @@
+package mailbox
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rvma/rvma/reliability"
+)
+
+// Mailbox puts toward a long-haul peer, over a reliability.Conn (SDR's
+// unreliable-connected writes with a chunk bitmap, repaired by selective
+// repeat or erasure coding). Each put is two messages on the connection: a
+// 24-byte header (mailbox, offset, length), then the payload. The target
+// reserves the put's place in the window's buffer when the header
+// arrives and posts exactly that slice as the payload's receive buffer, so
+// chunks land straight in the mailbox buffer; the put counts once, when
+// every chunk is in place. Chunks that arrive twice (repeats, duplicated
+// packets) are only bits already set in the bitmap and never count again.
+
+const relHdrLen = 24
+
+// ErrRefused reports a put that the target refused (no window at the
+// address, window closed, out of range, or no buffer posted within the
+// target's wait); the target logs which.
+var ErrRefused = errors.New("mailbox: the target refused the put")
+
+// ReliableInitiator puts into a peer's mailboxes over a reliability.Conn
+// whose other end runs Target.ServeReliable. It is safe for concurrent
+// use; puts are placed in the order their Put calls begin.
+type ReliableInitiator struct {
+	conn *reliability.Conn
+	mu   sync.Mutex // a put's two messages are consecutive on the connection
+}
+
+// NewReliableInitiator returns an initiator over conn.
+func NewReliableInitiator(conn *reliability.Conn) *ReliableInitiator {
+	return &ReliableInitiator{conn: conn}
+}
+
+// Put puts data at offset into the peer's mailbox mbox and waits until
+// every byte is in place at the target and counted (or the put failed).
+// opt chooses the repair scheme of the payload (nil: the connection's
+// policy). data must not change until Put returns.
+func (in *ReliableInitiator) Put(ctx context.Context, mbox, offset uint64, data []byte, opt *reliability.SendOptions) (reliability.SendResult, error) {
+	if len(data) == 0 {
+		return reliability.SendResult{}, fmt.Errorf("%w: empty put", ErrOutOfRange)
+	}
+	hdr := make([]byte, relHdrLen)
+	binary.BigEndian.PutUint64(hdr, mbox)
+	binary.BigEndian.PutUint64(hdr[8:], offset)
+	binary.BigEndian.PutUint64(hdr[16:], uint64(len(data)))
+	in.mu.Lock()
+	hs, err := in.conn.Send(ctx, hdr, nil)
+	var ps *reliability.Send
+	if err == nil {
+		ps, err = in.conn.Send(ctx, data, opt)
+	}
+	in.mu.Unlock()
+	if err != nil {
+		return reliability.SendResult{}, err
+	}
+	if _, err := hs.Wait(ctx); err != nil {
+		return reliability.SendResult{}, err
+	}
+	res, err := ps.Wait(ctx)
+	switch {
+	case errors.Is(err, reliability.ErrTooLarge):
+		return res, ErrRefused // the target posted a token buffer for a refused put
+	case err != nil:
+		return res, err
+	case res.Partial:
+		return res, ErrRefused
+	}
+	return res, nil
+}
+
+// ServeConfig configures ServeReliable. The zero value means defaults.
+type ServeConfig struct {
+	// NotReady is how long a put waits for a buffer to be posted (or for
+	// the full ones to complete) before it is refused. Default 1s.
+	NotReady time.Duration
+	// OnError, if set, is told about every refused or failed put.
+	OnError func(mbox, offset uint64, n int, err error)
+}
+
+// ServeReliable receives the puts a ReliableInitiator sends over conn and
+// places them into this target's windows, until ctx ends or the
+// connection fails (its error is returned; ctx's end returns nil). It
+// owns conn's receive side: nothing else may Post on it.
+func (t *Target) ServeReliable(ctx context.Context, conn *reliability.Conn, cfg *ServeConfig) error {
+	var conf ServeConfig
+	if cfg != nil {
+		conf = *cfg
+	}
+	if conf.NotReady <= 0 {
+		conf.NotReady = time.Second
+	}
+	refuse := func(mbox, offset uint64, n int, err error) {
+		if conf.OnError != nil {
+			conf.OnError(mbox, offset, n, err)
+		}
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	token := make([]byte, 1)
+	for {
+		hdr := make([]byte, relHdrLen)
+		hr, err := conn.Post(ctx, hdr)
+		if err == nil {
+			err = hr.Wait(ctx)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		mbox, offset, n := binary.BigEndian.Uint64(hdr), binary.BigEndian.Uint64(hdr[8:]), binary.BigEndian.Uint64(hdr[16:])
+		res, rerr := t.reserve(ctx, mbox, offset, n, conf.NotReady)
+		if rerr != nil {
+			// The payload still comes next on the connection: a token
+			// buffer, taken at once, tells the sender to stop.
+			refuse(mbox, offset, int(min(n, 1<<62)), rerr)
+			tr, err := conn.Post(ctx, token)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+			tr.Take()
+			continue
+		}
+		pr, err := conn.Post(ctx, res.Data)
+		if err != nil {
+			res.Abort()
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := pr.Wait(ctx); err != nil {
+				res.Abort() // the connection failed or we stop: whatever arrived stays, uncounted
+				refuse(mbox, offset, len(res.Data), err)
+				return
+			}
+			if err := res.Commit(len(res.Data)); err != nil {
+				refuse(mbox, offset, len(res.Data), err)
+			}
+		}()
+	}
+}
+
+// reserve finds the window of a put and reserves its place, waiting up to
+// wait for a buffer.
+func (t *Target) reserve(ctx context.Context, mbox, offset, n uint64, wait time.Duration) (*Reservation, error) {
+	w := t.lookup(mbox)
+	if w == nil {
+		return nil, fmt.Errorf("%w: %#x", ErrNoMailbox, mbox)
+	}
+	if n == 0 || n > 1<<40 {
+		return nil, fmt.Errorf("%w: %d bytes", ErrOutOfRange, n)
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		r, err := w.Reserve(offset, int(n))
+		if !errors.Is(err, ErrNoBuffer) || time.Now().After(deadline) {
+			return r, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+}

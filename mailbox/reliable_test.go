@@ -1,0 +1,214 @@
+package mailbox_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/mailbox"
+	"github.com/rvma/rvma/reliability"
+	"github.com/rvma/rvma/verbs"
+)
+
+var relSeq atomic.Uint64
+
+type relEnd struct {
+	dev  *verbs.Device
+	conn *reliability.Conn
+}
+
+// relPair connects two reliability.Conns over a loop fabric with faults
+// on both directions; the second end runs a mailbox target.
+func relPair(t *testing.T, faults verbs.Faults) (a, b *relEnd, tgt *mailbox.Target) {
+	name := fmt.Sprintf("loop://mbrel-%d?mtu=4096", relSeq.Add(1))
+	cfg := reliability.Config{RTT: 2 * time.Millisecond, MinRTT: time.Millisecond}
+	mk := func() (*relEnd, *verbs.QP, *verbs.PD, *verbs.CQ) {
+		dev, err := verbs.Open(context.Background(), name, nil)
+		require.NoError(t, err)
+		pd, err := dev.AllocPD()
+		require.NoError(t, err)
+		cq, err := dev.CreateCQ(verbs.CQConfig{Capacity: 16384})
+		require.NoError(t, err)
+		qp, err := pd.CreateQP(reliability.QPConfig(cq, cfg))
+		require.NoError(t, err)
+		return &relEnd{dev: dev}, qp, pd, cq
+	}
+	a, qa, pa, ca := mk()
+	b, qb, pb, cb := mk()
+	require.NoError(t, qa.Connect(qb.Endpoint(), nil))
+	require.NoError(t, qb.Connect(qa.Endpoint(), nil))
+	if faults.Active() {
+		fb := faults
+		fb.Seed += 1000
+		require.NoError(t, a.dev.SetFaults(-1, faults))
+		require.NoError(t, b.dev.SetFaults(-1, fb))
+	}
+	var err error
+	a.conn, err = reliability.New(pa, qa, ca, cfg)
+	require.NoError(t, err)
+	b.conn, err = reliability.New(pb, qb, cb, cfg)
+	require.NoError(t, err)
+	tgt = mailbox.NewTarget(b.dev, nil)
+	t.Cleanup(func() {
+		a.conn.Close()
+		b.conn.Close()
+		a.dev.Close()
+		b.dev.Close()
+	})
+	return a, b, tgt
+}
+
+// serve runs ServeReliable until the test ends, collecting refusals.
+func serve(t *testing.T, tgt *mailbox.Target, conn *reliability.Conn) *[]error {
+	ctx, cancel := context.WithCancel(context.Background())
+	var mu sync.Mutex
+	var refused []error
+	done := make(chan error, 1)
+	go func() {
+		done <- tgt.ServeReliable(ctx, conn, &mailbox.ServeConfig{NotReady: 50 * time.Millisecond,
+			OnError: func(_, _ uint64, _ int, err error) {
+				mu.Lock()
+				refused = append(refused, err)
+				mu.Unlock()
+			}})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return &refused
+}
+
+// Puts over a lossy, duplicating, reordering link land in the mailbox
+// buffer intact and count exactly once: every epoch completes with its own
+// bytes, none early, none twice.
+func TestReliablePuts(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		faults verbs.Faults
+		scheme reliability.Scheme
+	}{
+		{"clean", verbs.Faults{}, reliability.Auto},
+		{"sr-loss-dup", verbs.Faults{Drop: 0.05, Duplicate: 0.05, Reorder: 0.05, Seed: 3}, reliability.SR},
+		{"ec-loss-dup", verbs.Faults{Drop: 0.05, Duplicate: 0.05, Reorder: 0.05, Seed: 4}, reliability.EC},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b, tgt := relPair(t, tc.faults)
+			const size, epochs = 512 << 10, 3
+			w, err := tgt.Init(7, mailbox.Config{Threshold: size})
+			require.NoError(t, err)
+			bufs := make([][]byte, epochs)
+			for i := range bufs {
+				bufs[i] = make([]byte, size)
+				_, err := w.Post(bufs[i])
+				require.NoError(t, err)
+			}
+			refused := serve(t, tgt, b.conn)
+			in := mailbox.NewReliableInitiator(a.conn)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			rng := rand.New(rand.NewPCG(9, 9))
+			want := make([][]byte, epochs)
+			for e := range epochs {
+				want[e] = make([]byte, size)
+				for i := range want[e] {
+					want[e][i] = byte(rng.Uint32())
+				}
+				// Three puts per epoch, out of offset order, odd sizes.
+				cuts := []int{0, 100_000, 300_001, size}
+				for _, p := range []int{2, 0, 1} {
+					res, err := in.Put(ctx, 7, uint64(cuts[p]), want[e][cuts[p]:cuts[p+1]], &reliability.SendOptions{Scheme: tc.scheme})
+					require.NoError(t, err)
+					require.Equal(t, cuts[p+1]-cuts[p], res.Bytes)
+				}
+				rec, err := w.Wait(ctx)
+				require.NoError(t, err)
+				require.Equal(t, uint64(e), rec.Epoch)
+				require.Equal(t, size, rec.Bytes, "bytes counted once")
+				require.Equal(t, 3, rec.Ops)
+				require.True(t, bytes.Equal(want[e], bufs[e]), "epoch %d: buffer differs", e)
+				_, more := w.Poll()
+				require.False(t, more, "a further epoch completed: something counted twice")
+			}
+			require.Empty(t, *refused)
+		})
+	}
+}
+
+// Refused puts (no window, out of range, nothing posted) fail at the
+// initiator with ErrRefused, and the connection goes on working.
+func TestReliablePutRefused(t *testing.T) {
+	a, b, tgt := relPair(t, verbs.Faults{})
+	w, err := tgt.Init(7, mailbox.Config{Threshold: 8})
+	require.NoError(t, err)
+	refused := serve(t, tgt, b.conn)
+	in := mailbox.NewReliableInitiator(a.conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	data := []byte("12345678")
+	_, err = in.Put(ctx, 99, 0, data, nil)
+	require.ErrorIs(t, err, mailbox.ErrRefused, "no window")
+	_, err = in.Put(ctx, 7, 0, data, nil)
+	require.ErrorIs(t, err, mailbox.ErrRefused, "nothing posted")
+	buf := make([]byte, 8)
+	_, err = w.Post(buf)
+	require.NoError(t, err)
+	_, err = in.Put(ctx, 7, 4, data, nil)
+	require.ErrorIs(t, err, mailbox.ErrRefused, "out of range")
+	_, err = in.Put(ctx, 7, 0, data, nil)
+	require.NoError(t, err)
+	rec, err := w.Wait(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 8, rec.Bytes)
+	require.Equal(t, data, buf)
+	require.Len(t, *refused, 3)
+	require.ErrorIs(t, (*refused)[0], mailbox.ErrNoMailbox)
+	require.ErrorIs(t, (*refused)[1], mailbox.ErrNoBuffer)
+	require.ErrorIs(t, (*refused)[2], mailbox.ErrOutOfRange)
+}
+
+// Reservations: the epoch waits for an open one, Commit counts once,
+// Abort counts nothing, and a reservation of an abandoned epoch fails.
+func TestReservation(t *testing.T) {
+	_, _, tgt := relPair(t, verbs.Faults{})
+	w, err := tgt.Init(1, mailbox.Config{Threshold: 8})
+	require.NoError(t, err)
+	_, err = w.Reserve(0, 8)
+	require.ErrorIs(t, err, mailbox.ErrNoBuffer)
+	buf := make([]byte, 16)
+	_, err = w.Post(buf)
+	require.NoError(t, err)
+	_, err = w.Reserve(12, 8)
+	require.ErrorIs(t, err, mailbox.ErrOutOfRange)
+	r1, err := w.Reserve(0, 8)
+	require.NoError(t, err)
+	r2, err := w.Reserve(8, 8)
+	require.NoError(t, err)
+	copy(r1.Data, "abcdefgh")
+	require.NoError(t, r1.Commit(8))
+	require.NoError(t, r1.Commit(8), "a second commit is a no-op")
+	_, done := w.Poll()
+	require.False(t, done, "the epoch completed with a reservation open")
+	r2.Abort()
+	rec, done := w.Poll()
+	require.True(t, done)
+	require.Equal(t, 8, rec.Bytes)
+	require.Equal(t, "abcdefgh", string(buf[:8]))
+
+	_, err = w.Post(make([]byte, 16))
+	require.NoError(t, err)
+	r3, err := w.Reserve(0, 4)
+	require.NoError(t, err)
+	require.NoError(t, w.Abandon())
+	require.ErrorIs(t, r3.Commit(4), mailbox.ErrEpochCrossed)
+	require.NoError(t, w.Close())
+	_, err = w.Reserve(0, 4)
+	require.ErrorIs(t, err, mailbox.ErrWindowClosed)
+}
