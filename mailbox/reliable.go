@@ -46,27 +46,54 @@ func NewReliableInitiator(conn *reliability.Conn) *ReliableInitiator {
 // opt chooses the repair scheme of the payload (nil: the connection's
 // policy). data must not change until Put returns.
 func (in *ReliableInitiator) Put(ctx context.Context, mbox, offset uint64, data []byte, opt *reliability.SendOptions) (reliability.SendResult, error) {
+	p, err := in.Start(ctx, mbox, offset, data, opt)
+	if err != nil {
+		return reliability.SendResult{}, err
+	}
+	return p.Wait(ctx)
+}
+
+// ReliablePut is a put in flight.
+type ReliablePut struct {
+	hdr, payload *reliability.Send
+}
+
+// Start starts a put and returns at once. Puts are placed in the order
+// they were started: the target assigns each to an epoch when its header
+// arrives, so puts of the next epoch may be started before this one's
+// have completed. data must not change until the put completes.
+func (in *ReliableInitiator) Start(ctx context.Context, mbox, offset uint64, data []byte, opt *reliability.SendOptions) (*ReliablePut, error) {
 	if len(data) == 0 {
-		return reliability.SendResult{}, fmt.Errorf("%w: empty put", ErrOutOfRange)
+		return nil, fmt.Errorf("%w: empty put", ErrOutOfRange)
 	}
 	hdr := make([]byte, relHdrLen)
 	binary.BigEndian.PutUint64(hdr, mbox)
 	binary.BigEndian.PutUint64(hdr[8:], offset)
 	binary.BigEndian.PutUint64(hdr[16:], uint64(len(data)))
 	in.mu.Lock()
+	defer in.mu.Unlock()
 	hs, err := in.conn.Send(ctx, hdr, nil)
-	var ps *reliability.Send
-	if err == nil {
-		ps, err = in.conn.Send(ctx, data, opt)
-	}
-	in.mu.Unlock()
 	if err != nil {
+		return nil, err
+	}
+	ps, err := in.conn.Send(ctx, data, opt)
+	if err != nil {
+		return nil, err
+	}
+	return &ReliablePut{hdr: hs, payload: ps}, nil
+}
+
+// Done is closed when the put completes or fails.
+func (p *ReliablePut) Done() <-chan struct{} { return p.payload.Done() }
+
+// Wait blocks until the put is in place and counted at the target, or
+// failed: ErrRefused if the target refused it, the connection's error if
+// it failed.
+func (p *ReliablePut) Wait(ctx context.Context) (reliability.SendResult, error) {
+	if _, err := p.hdr.Wait(ctx); err != nil {
 		return reliability.SendResult{}, err
 	}
-	if _, err := hs.Wait(ctx); err != nil {
-		return reliability.SendResult{}, err
-	}
-	res, err := ps.Wait(ctx)
+	res, err := p.payload.Wait(ctx)
 	switch {
 	case errors.Is(err, reliability.ErrTooLarge):
 		return res, ErrRefused // the target posted a token buffer for a refused put

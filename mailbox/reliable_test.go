@@ -142,6 +142,49 @@ func TestReliablePuts(t *testing.T) {
 	}
 }
 
+// Puts of several epochs in flight at once over a lossy link: each counts
+// in the epoch its start order gives it, though a later one may finish
+// first.
+func TestReliablePutsPipelined(t *testing.T) {
+	a, b, tgt := relPair(t, verbs.Faults{Drop: 0.05, Reorder: 0.1, Duplicate: 0.02, Seed: 11})
+	const size, epochs, per = 64 << 10, 8, 4
+	w, err := tgt.Init(5, mailbox.Config{Threshold: size})
+	require.NoError(t, err)
+	bufs := make([][]byte, epochs)
+	for i := range bufs {
+		bufs[i] = make([]byte, size)
+		_, err := w.Post(bufs[i])
+		require.NoError(t, err)
+	}
+	refused := serve(t, tgt, b.conn)
+	in := mailbox.NewReliableInitiator(a.conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var puts []*mailbox.ReliablePut
+	data := make([][]byte, epochs)
+	for e := range epochs {
+		data[e] = bytes.Repeat([]byte{byte(e + 1)}, size)
+		for q := range per {
+			// Sizes differ so that puts finish out of order.
+			p, err := in.Start(ctx, 5, uint64(q*size/per), data[e][q*size/per:(q+1)*size/per], nil)
+			require.NoError(t, err)
+			puts = append(puts, p)
+		}
+	}
+	for _, p := range puts {
+		_, err := p.Wait(ctx)
+		require.NoError(t, err)
+	}
+	for e := range epochs {
+		rec, err := w.Wait(ctx)
+		require.NoError(t, err)
+		require.Equal(t, size, rec.Bytes)
+		require.Equal(t, per, rec.Ops)
+		require.Equal(t, data[e], bufs[e], "epoch %d holds another epoch's bytes", e)
+	}
+	require.Empty(t, *refused)
+}
+
 // Refused puts (no window, out of range, nothing posted) fail at the
 // initiator with ErrRefused, and the connection goes on working.
 func TestReliablePutRefused(t *testing.T) {
@@ -174,11 +217,13 @@ func TestReliablePutRefused(t *testing.T) {
 	require.ErrorIs(t, (*refused)[2], mailbox.ErrOutOfRange)
 }
 
-// Reservations: the epoch waits for an open one, Commit counts once,
-// Abort counts nothing, and a reservation of an abandoned epoch fails.
+// Reservations: reserved bytes count toward fullness at once (a later
+// reservation goes to the next buffer), the epoch waits for open ones,
+// Commit counts once, Abort counts nothing, and a reservation of an
+// abandoned epoch fails.
 func TestReservation(t *testing.T) {
 	_, _, tgt := relPair(t, verbs.Faults{})
-	w, err := tgt.Init(1, mailbox.Config{Threshold: 8})
+	w, err := tgt.Init(1, mailbox.Config{Threshold: 16})
 	require.NoError(t, err)
 	_, err = w.Reserve(0, 8)
 	require.ErrorIs(t, err, mailbox.ErrNoBuffer)
@@ -191,23 +236,44 @@ func TestReservation(t *testing.T) {
 	require.NoError(t, err)
 	r2, err := w.Reserve(8, 8)
 	require.NoError(t, err)
+	_, err = w.Reserve(0, 4)
+	require.ErrorIs(t, err, mailbox.ErrNoBuffer, "the reserved bytes fill the buffer")
+	next := make([]byte, 16)
+	_, err = w.Post(next)
+	require.NoError(t, err)
+	r3, err := w.Reserve(0, 16) // the next epoch's
+	require.NoError(t, err)
+	copy(r3.Data, "0123456789abcdef")
+	require.NoError(t, r3.Commit(16))
+	_, done := w.Poll()
+	require.False(t, done, "the next epoch completed before this one")
 	copy(r1.Data, "abcdefgh")
 	require.NoError(t, r1.Commit(8))
 	require.NoError(t, r1.Commit(8), "a second commit is a no-op")
-	_, done := w.Poll()
+	_, done = w.Poll()
 	require.False(t, done, "the epoch completed with a reservation open")
 	r2.Abort()
+	_, done = w.Poll()
+	require.False(t, done, "an aborted reservation counted")
+	r4, err := w.Reserve(8, 8)
+	require.NoError(t, err, "the aborted bytes are free again")
+	copy(r4.Data, "ijklmnop")
+	require.NoError(t, r4.Commit(8))
 	rec, done := w.Poll()
 	require.True(t, done)
-	require.Equal(t, 8, rec.Bytes)
-	require.Equal(t, "abcdefgh", string(buf[:8]))
+	require.Equal(t, 16, rec.Bytes)
+	require.Equal(t, 2, rec.Ops)
+	require.Equal(t, "abcdefghijklmnop", string(buf))
+	rec, done = w.Poll()
+	require.True(t, done)
+	require.Equal(t, "0123456789abcdef", string(rec.Data))
 
 	_, err = w.Post(make([]byte, 16))
 	require.NoError(t, err)
-	r3, err := w.Reserve(0, 4)
+	r5, err := w.Reserve(0, 4)
 	require.NoError(t, err)
 	require.NoError(t, w.Abandon())
-	require.ErrorIs(t, r3.Commit(4), mailbox.ErrEpochCrossed)
+	require.ErrorIs(t, r5.Commit(4), mailbox.ErrEpochCrossed)
 	require.NoError(t, w.Close())
 	_, err = w.Reserve(0, 4)
 	require.ErrorIs(t, err, mailbox.ErrWindowClosed)

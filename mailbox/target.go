@@ -228,6 +228,10 @@ type buffer struct {
 	full    bool // the threshold is met: new puts go to the next buffer
 	open    int  // puts half-placed in this buffer
 	gen     int  // abandons so far: reservations of an earlier generation are void
+	// Bytes and puts reserved and not yet committed: they count toward
+	// fullness at once, so that puts reserved later, though they may
+	// finish first, go to the next buffer.
+	resBytes, resOps int
 }
 
 type pin struct {
@@ -364,13 +368,17 @@ func (w *Window) count(b *buffer, off, n int, last bool) {
 	if last {
 		b.ops++
 	}
-	count := b.bytes
+	w.settle(b)
+}
+
+// settle marks b full once its counted and reserved bytes (or puts) meet
+// the threshold, and completes the epochs that are done; w.mu is held.
+func (w *Window) settle(b *buffer) {
+	count := b.bytes + b.resBytes
 	if w.cfg.Count == CountOps {
-		count = b.ops
+		count = b.ops + b.resOps
 	}
-	if count >= w.cfg.Threshold {
-		b.full = true
-	}
+	b.full = count >= w.cfg.Threshold
 	// Epochs complete in order, at put boundaries.
 	for len(w.posted) > 0 && w.posted[0].full && w.posted[0].open == 0 {
 		w.complete(false)
@@ -410,6 +418,9 @@ func (w *Window) Reserve(offset uint64, n int) (*Reservation, error) {
 		return nil, ErrOutOfRange
 	}
 	b.open++
+	b.resBytes += n
+	b.resOps++
+	w.settle(b)
 	return &Reservation{w: w, b: b, gen: b.gen, base: base, Data: b.data[base : base+n : base+n]}, nil
 }
 
@@ -435,15 +446,15 @@ func (r *Reservation) end(n int, count bool) error {
 		return ErrEpochCrossed // abandoned: the buffer holds a new epoch
 	}
 	r.b.open--
+	r.b.resBytes -= len(r.Data)
+	r.b.resOps--
 	if r.b.retired {
 		return ErrEpochCrossed
 	}
 	if count {
 		w.count(r.b, r.base, min(max(n, 0), len(r.Data)), true)
 	} else {
-		for len(w.posted) > 0 && w.posted[0].full && w.posted[0].open == 0 {
-			w.complete(false)
-		}
+		w.settle(r.b)
 	}
 	return nil
 }
