@@ -59,6 +59,10 @@ type Config struct {
 	// synchronisation use the connection's first path). Its Paths and
 	// Connect fields are set from this Config. Default: multipath's.
 	Multipath multipath.Config
+	// LongHaul sends puts into notified windows toward some peers over
+	// the reliability layer (see LongHaulConfig). Default: from
+	// RVMA_LONGHAUL ("all" or ranks), else none.
+	LongHaul *LongHaulConfig
 	// Devices, if set, are the ranks' devices for NewWorld, one per rank,
 	// opened by the caller (for example inside network namespaces); the
 	// communicators own them from then on. Addr then only serves the
@@ -160,7 +164,12 @@ type Comm struct {
 	mpWG   sync.WaitGroup  // the multipath accept loop
 	bg     context.Context // ends at teardown; bounds waits on paths
 	bgStop context.CancelFunc
-	spread sync.WaitGroup // goroutines finishing spread operations
+	spread sync.WaitGroup // goroutines finishing operations bridged from other CQs
+
+	// Long-haul connections other ranks dialed, each served by a goroutine.
+	haulMu sync.Mutex
+	haulIn []*haulPeer
+	haulWG sync.WaitGroup
 
 	peers []*peer
 	qpnMu sync.Mutex
@@ -193,6 +202,11 @@ type peer struct {
 	// gets (Config.Paths > 1), dialed on first use.
 	mpMu sync.Mutex
 	mp   *multipath.Conn
+
+	// This rank's reliability connection to the peer (Config.LongHaul),
+	// dialed on first use.
+	haulMu sync.Mutex
+	haul   *haulPeer
 }
 
 // Rank returns this process's rank.
@@ -454,6 +468,7 @@ func (c *Comm) teardown() {
 		c.spread.Wait()
 		c.closePaths()
 		c.acceptWG.Wait()
+		c.closeHauls()
 		if c.eng != nil {
 			c.eng.Close()
 		}
@@ -607,6 +622,16 @@ func (c *Comm) acceptLoop() {
 			return
 		}
 		pd := req.PrivateData()
+		if len(pd) == 5 && pd[4] == 'H' && int(binary.BigEndian.Uint32(pd)) < c.size && req.Type() == verbs.UC && c.cfg.LongHaul != nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				actx, acancel := context.WithTimeout(ctx, c.cfg.Timeout)
+				defer acancel()
+				c.acceptHaul(actx, req, int(binary.BigEndian.Uint32(pd)))
+			}()
+			continue
+		}
 		if len(pd) != 4 || int(binary.BigEndian.Uint32(pd)) >= c.size || req.Type() != verbs.RC {
 			req.Reject("not a rank of this job")
 			continue

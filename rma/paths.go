@@ -17,9 +17,18 @@ import (
 // involvement). Everything else keeps the per-peer RC connection, which
 // orders messages behind the operations they follow.
 
+// check validates the configuration after defaults, and reads
+// RVMA_LONGHAUL into it.
 func (c *Config) check() error {
 	if c.Paths < 1 || c.Paths > 64 {
 		return fmt.Errorf("%w: %d paths, want 1..64", ErrBootstrap, c.Paths)
+	}
+	if c.LongHaul == nil {
+		lh, err := longHaulFromEnv()
+		if err != nil {
+			return err
+		}
+		c.LongHaul = lh
 	}
 	return nil
 }
@@ -188,16 +197,8 @@ func (w *Win) spread(ctx context.Context, name string, target int, b []byte, off
 	if err != nil {
 		return nil, opErr(name, target, pathErr(err))
 	}
-	op, _ := w.track(0, target)
-	w.c.eng.Locked(func() { w.spreadN[target]++ })
-	w.c.spread.Add(1)
-	go func() {
-		defer w.c.spread.Done()
-		err := req.Wait(w.c.bg) // the paths' waiter polls their CQ
-		w.c.eng.Locked(func() { w.spreadN[target]-- })
-		w.c.eng.Finish(op, pathErr(err))
-	}()
-	return &Request{op: op, name: name, rank: target}, nil
+	// The waiter polls the paths' CQ.
+	return w.bridge(name, target, func(ctx context.Context) error { return pathErr(req.Wait(ctx)) }), nil
 }
 
 // spreading reports whether operations towards target are in flight on

@@ -390,6 +390,11 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 		w.c.eng.Finish(op, nil)
 		return &Request{op: op, name: name, rank: target}, nil
 	}
+	if w.remote[target].notify != 0 && w.c.longHaul(target) {
+		// Every notified put towards a long-haul peer takes this way, so
+		// that the peer assigns them to epochs in the order they start.
+		return w.haulPut(ctx, name, origin, ol, target, off, tl)
+	}
 	if !tl.Contiguous() && tl.Block < smallBlock {
 		return w.putPacked(ctx, origin, ol, target, off, tl)
 	}

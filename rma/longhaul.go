@@ -1,0 +1,301 @@
+package rma
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/rvma/rvma/mailbox"
+	"github.com/rvma/rvma/reliability"
+	"github.com/rvma/rvma/verbs"
+	"github.com/rvma/rvma/verbs/cm"
+)
+
+// EnvLongHaul selects the peers reached over the reliability layer when
+// Config.LongHaul is nil: "all", or a comma-separated list of ranks.
+const EnvLongHaul = "RVMA_LONGHAUL"
+
+// LongHaulConfig sends the puts into notified windows toward some peers
+// over the reliability layer (SDR-RDMA: unreliable-connected writes, a
+// chunk bitmap per put, selective repeat or erasure coding chosen by a
+// model of the link) instead of the RC connection, whose go-back-N
+// collapses on long, lossy links. Each rank connects its own reliability
+// connection to such a peer on its first put there; the peer places the
+// puts straight into the window's mailbox buffers and counts each once,
+// when all of its chunks are in place. Everything else (plain windows,
+// gets, accumulates, atomics, synchronisation) stays on the RC connection.
+type LongHaulConfig struct {
+	// Peers selects the ranks reached this way. Default (nil): every other
+	// rank.
+	Peers func(rank int) bool
+	// Reliability configures every such connection: chunk size, rate to
+	// pace at, scheme, RTT prior, peer timeout. Default: reliability's.
+	Reliability reliability.Config
+}
+
+// longHaulFromEnv reads RVMA_LONGHAUL.
+func longHaulFromEnv() (*LongHaulConfig, error) {
+	v := strings.TrimSpace(os.Getenv(EnvLongHaul))
+	switch v {
+	case "":
+		return nil, nil
+	case "all":
+		return &LongHaulConfig{}, nil
+	}
+	set := map[int]bool{}
+	for _, f := range strings.Split(v, ",") {
+		r, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || r < 0 {
+			return nil, fmt.Errorf("%w: %s=%q: want \"all\" or ranks, comma-separated", ErrBootstrap, EnvLongHaul, v)
+		}
+		set[r] = true
+	}
+	return &LongHaulConfig{Peers: func(r int) bool { return set[r] }}, nil
+}
+
+// longHaul reports whether notified puts towards r use the reliability
+// layer.
+func (c *Comm) longHaul(r int) bool {
+	lh := c.cfg.LongHaul
+	return lh != nil && r != c.rank && (lh.Peers == nil || lh.Peers(r))
+}
+
+// haulPeer is one reliability connection and what it runs on.
+type haulPeer struct {
+	cq   *verbs.CQ
+	qp   *verbs.QP
+	conn *reliability.Conn
+	in   *mailbox.ReliableInitiator // the dialing side's
+}
+
+func (h *haulPeer) close() {
+	if h.conn != nil {
+		h.conn.Close()
+	}
+	if h.qp != nil {
+		h.qp.Destroy()
+	}
+	if h.cq != nil {
+		h.cq.Close()
+	}
+}
+
+// newHaulPeer creates the CQ and UC QP of a reliability connection.
+func (c *Comm) newHaulPeer() (*haulPeer, error) {
+	h := &haulPeer{}
+	var err error
+	if h.cq, err = c.dev.CreateCQ(verbs.CQConfig{Capacity: 4 * reliability.DefaultRecvDepth}); err != nil {
+		return nil, err
+	}
+	if h.qp, err = c.pd.CreateQP(reliability.QPConfig(h.cq, c.cfg.LongHaul.Reliability)); err != nil {
+		h.close()
+		return nil, err
+	}
+	return h, nil
+}
+
+// haulHello is the private data of a long-haul connection request: the
+// dialer's rank and a marker.
+func haulHello(rank int) []byte {
+	return append(binary.BigEndian.AppendUint32(nil, uint32(rank)), 'H')
+}
+
+// haulInitiator returns this rank's reliability connection to r, dialing
+// it on first use.
+func (c *Comm) haulInitiator(ctx context.Context, r int) (*mailbox.ReliableInitiator, error) {
+	p := c.peers[r]
+	p.haulMu.Lock()
+	defer p.haulMu.Unlock()
+	if p.haul != nil {
+		return p.haul.in, nil
+	}
+	if c.closed() {
+		return nil, ErrClosed
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	fail := func(err error) error { return opErr("connect", r, fmt.Errorf("%w: long-haul: %w", ErrPeer, err)) }
+	addr, err := c.store.Get(ctx, fmt.Sprintf("rvma-cm-%d", r))
+	if err != nil {
+		return nil, fail(err)
+	}
+	h, err := c.newHaulPeer()
+	if err != nil {
+		return nil, fail(err)
+	}
+	if _, err := cm.Dial(ctx, addr, h.qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: haulHello(c.rank)}); err != nil {
+		h.close()
+		return nil, fail(err)
+	}
+	if h.conn, err = reliability.New(c.pd, h.qp, h.cq, c.cfg.LongHaul.Reliability); err == nil {
+		err = h.conn.Ready(ctx) // a first RTT measurement
+	}
+	if err != nil {
+		h.close()
+		return nil, fail(err)
+	}
+	h.in = mailbox.NewReliableInitiator(h.conn)
+	p.haul = h
+	return h.in, nil
+}
+
+// acceptHaul serves a long-haul connection a peer dials: its puts go into
+// this rank's mailbox target until the Comm closes.
+func (c *Comm) acceptHaul(ctx context.Context, req *cm.Request, r int) {
+	h, err := c.newHaulPeer()
+	if err != nil {
+		req.Reject(err.Error())
+		return
+	}
+	if err = req.Accept(ctx, h.qp, &cm.Config{Connect: &c.cfg.Connect}); err == nil {
+		h.conn, err = reliability.New(c.pd, h.qp, h.cq, c.cfg.LongHaul.Reliability)
+	}
+	if err != nil {
+		c.cfg.Logger.Debug("rma: long-haul accept failed", "rank", c.rank, "peer", r, "err", err)
+		h.close()
+		return
+	}
+	c.haulMu.Lock()
+	if c.closed() {
+		c.haulMu.Unlock()
+		h.close()
+		return
+	}
+	c.haulIn = append(c.haulIn, h)
+	c.haulWG.Add(1)
+	c.haulMu.Unlock()
+	go func() {
+		defer c.haulWG.Done()
+		err := c.target.ServeReliable(c.bg, h.conn, &mailbox.ServeConfig{
+			OnError: func(mbox, off uint64, n int, err error) {
+				c.cfg.Logger.Warn("rma: long-haul put refused", "rank", c.rank, "peer", r, "mailbox", mbox, "offset", off, "bytes", n, "err", err)
+			}})
+		if err != nil && !errors.Is(err, reliability.ErrClosed) {
+			c.cfg.Logger.Debug("rma: long-haul connection ended", "rank", c.rank, "peer", r, "err", err)
+		}
+	}()
+}
+
+// closeHauls ends every long-haul connection, served or dialed; c.bg has
+// ended, so the serving goroutines return.
+func (c *Comm) closeHauls() {
+	c.haulMu.Lock()
+	in := c.haulIn
+	c.haulIn = nil
+	c.haulMu.Unlock()
+	c.haulWG.Wait()
+	for _, h := range in {
+		h.close()
+	}
+	for _, p := range c.peers {
+		p.haulMu.Lock()
+		if p.haul != nil {
+			p.haul.close()
+			p.haul = nil
+		}
+		p.haulMu.Unlock()
+	}
+}
+
+// LongHaul returns this rank's reliability connection to rank r (for its
+// RTT, loss estimate and link model), or nil if puts to r do not use one
+// or none has been made yet.
+func (c *Comm) LongHaul(r int) *reliability.Conn {
+	if r < 0 || r >= c.size {
+		return nil
+	}
+	p := c.peers[r]
+	p.haulMu.Lock()
+	defer p.haulMu.Unlock()
+	if p.haul == nil {
+		return nil
+	}
+	return p.haul.conn
+}
+
+// haulPut puts origin (through layout ol) into target's notified window
+// over the reliability layer: one mailbox put per contiguous run of
+// target bytes, started in order (the target assigns each to an epoch
+// in that order), completing as one tracked operation.
+func (w *Win) haulPut(ctx context.Context, name string, origin []byte, ol Layout, target, off int, tl Layout) (*Request, error) {
+	in, err := w.c.haulInitiator(ctx, target)
+	if err != nil {
+		return nil, err
+	}
+	type run struct {
+		dst  int
+		data []byte
+	}
+	var runs []run
+	next := -1
+	segments(ol, tl, func(s seg) {
+		dst, src := off+s.t, origin[s.o:s.o+s.n]
+		if n := len(runs); n > 0 && next == dst {
+			// Consecutive target bytes from separate origin pieces: one
+			// put, from a copy.
+			r := &runs[n-1]
+			r.data = append(r.data[:len(r.data):len(r.data)], src...)
+		} else {
+			runs = append(runs, run{dst: dst, data: src})
+		}
+		next = dst + s.n
+	})
+	mbox := w.mailboxAddr(target)
+	puts := make([]*mailbox.ReliablePut, 0, len(runs))
+	for _, r := range runs {
+		p, err := in.Start(ctx, mbox, uint64(r.dst), r.data, nil)
+		if err != nil {
+			if len(puts) == 0 {
+				return nil, opErr(name, target, haulErr(err))
+			}
+			break // the ones started still complete; the error is reported below
+		}
+		puts = append(puts, p)
+	}
+	short := len(puts) < len(runs)
+	return w.bridge(name, target, func(ctx context.Context) error {
+		var first error
+		for _, p := range puts {
+			if _, err := p.Wait(ctx); err != nil && first == nil {
+				first = err
+			}
+		}
+		if first == nil && short {
+			first = fmt.Errorf("%w: not every piece of the put could be started", ErrPeer)
+		}
+		return haulErr(first)
+	}), nil
+}
+
+// haulErr maps the reliability layer's failures to rma's errors.
+func haulErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, reliability.ErrPeer), errors.Is(err, reliability.ErrClosed), errors.Is(err, context.Canceled):
+		return fmt.Errorf("%w: %w", ErrPeer, err)
+	}
+	return err
+}
+
+// bridge tracks an operation that completes outside the Comm's CQ (on
+// the paths, or over the reliability layer): wait runs in a goroutine
+// and its result finishes an ordinary Op, so that flushes wait for it
+// and report its failure. While it runs, Complete does not rely on the
+// RC connection's ordering towards target.
+func (w *Win) bridge(name string, target int, wait func(ctx context.Context) error) *Request {
+	op, _ := w.track(0, target)
+	w.c.eng.Locked(func() { w.spreadN[target]++ })
+	w.c.spread.Add(1)
+	go func() {
+		defer w.c.spread.Done()
+		err := wait(w.c.bg)
+		w.c.eng.Locked(func() { w.spreadN[target]-- })
+		w.c.eng.Finish(op, err)
+	}()
+	return &Request{op: op, name: name, rank: target}
+}
