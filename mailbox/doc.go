@@ -37,8 +37,13 @@
 //
 // Duplicates: over RC the transport delivers each packet exactly once, so
 // no byte is counted twice. Over UC, duplicated packets would be counted
-// again; the reliability package's chunk bitmaps are what prevent that on
-// unreliable paths.
+// again; on unreliable paths puts therefore go over the reliability
+// package (ReliableInitiator, Target.ServeReliable): the target reserves a
+// put's place (Window.Reserve), its chunks land there and are tracked in a
+// bitmap, and the put counts once, when the bitmap is full (Commit).
+// Reserved bytes count toward a buffer's fullness at once, so puts started
+// in order are assigned to epochs in that order whatever order they
+// complete in.
 //
 // Targets, windows and initiators are safe for concurrent use. Posted
 // buffers belong to the window until they are handed back in a completion

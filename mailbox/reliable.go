@@ -11,15 +11,20 @@ import (
 	"github.com/rvma/rvma/reliability"
 )
 
-// Mailbox puts toward a long-haul peer, over a reliability.Conn (SDR's
-// unreliable-connected writes with a chunk bitmap, repaired by selective
-// repeat or erasure coding). Each put is two messages on the connection: a
-// 24-byte header (mailbox, offset, length), then the payload. The target
-// reserves the put's place in the window's buffer when the header
-// arrives and posts exactly that slice as the payload's receive buffer, so
-// chunks land straight in the mailbox buffer; the put counts once, when
-// every chunk is in place. Chunks that arrive twice (repeats, duplicated
-// packets) are only bits already set in the bitmap and never count again.
+// Mailbox puts toward a long-haul peer, over reliability connections
+// (SDR's unreliable-connected writes with a chunk bitmap, repaired by
+// selective repeat or erasure coding). A put is two messages: a 24-byte
+// header (mailbox, offset, length) on the header connection, then the
+// payload on the data connection. The target keeps header buffers posted
+// ahead; when a header arrives it reserves the put's place in the window's
+// buffer and posts exactly that slice as the next payload buffer, so
+// chunks land straight in the mailbox buffer, and the put counts once,
+// when every chunk is in place: chunks that arrive twice (repeats,
+// duplicated packets) are only bits already set in the bitmap and never
+// count again. Two connections, because the reliability layer matches the
+// n-th message to the n-th posted buffer: with one, the next header's
+// buffer could only be posted after this payload's, and puts would go one
+// round trip at a time.
 
 const relHdrLen = 24
 
@@ -28,17 +33,23 @@ const relHdrLen = 24
 // target's wait); the target logs which.
 var ErrRefused = errors.New("mailbox: the target refused the put")
 
-// ReliableInitiator puts into a peer's mailboxes over a reliability.Conn
-// whose other end runs Target.ServeReliable. It is safe for concurrent
-// use; puts are placed in the order their Put calls begin.
-type ReliableInitiator struct {
-	conn *reliability.Conn
-	mu   sync.Mutex // a put's two messages are consecutive on the connection
+// Reliable is the pair of reliability connections puts travel on: one
+// for headers, one for payloads, both to the same peer.
+type Reliable struct {
+	Header, Data *reliability.Conn
 }
 
-// NewReliableInitiator returns an initiator over conn.
-func NewReliableInitiator(conn *reliability.Conn) *ReliableInitiator {
-	return &ReliableInitiator{conn: conn}
+// ReliableInitiator puts into a peer's mailboxes over a Reliable pair
+// whose other ends run Target.ServeReliable. It is safe for concurrent
+// use; puts are placed in the order they are started.
+type ReliableInitiator struct {
+	conns Reliable
+	mu    sync.Mutex // a put's header and payload take the same place in both orders
+}
+
+// NewReliableInitiator returns an initiator over conns.
+func NewReliableInitiator(conns Reliable) *ReliableInitiator {
+	return &ReliableInitiator{conns: conns}
 }
 
 // Put puts data at offset into the peer's mailbox mbox and waits until
@@ -72,11 +83,11 @@ func (in *ReliableInitiator) Start(ctx context.Context, mbox, offset uint64, dat
 	binary.BigEndian.PutUint64(hdr[16:], uint64(len(data)))
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	hs, err := in.conn.Send(ctx, hdr, nil)
+	hs, err := in.conns.Header.Send(ctx, hdr, nil)
 	if err != nil {
 		return nil, err
 	}
-	ps, err := in.conn.Send(ctx, data, opt)
+	ps, err := in.conns.Data.Send(ctx, data, opt)
 	if err != nil {
 		return nil, err
 	}
@@ -114,11 +125,11 @@ type ServeConfig struct {
 	OnError func(mbox, offset uint64, n int, err error)
 }
 
-// ServeReliable receives the puts a ReliableInitiator sends over conn and
-// places them into this target's windows, until ctx ends or the
+// ServeReliable receives the puts a ReliableInitiator sends over conns
+// and places them into this target's windows, until ctx ends or a
 // connection fails (its error is returned; ctx's end returns nil). It
-// owns conn's receive side: nothing else may Post on it.
-func (t *Target) ServeReliable(ctx context.Context, conn *reliability.Conn, cfg *ServeConfig) error {
+// owns the connections' receive sides: nothing else may Post on them.
+func (t *Target) ServeReliable(ctx context.Context, conns Reliable, cfg *ServeConfig) error {
 	var conf ServeConfig
 	if cfg != nil {
 		conf = *cfg
@@ -131,44 +142,64 @@ func (t *Target) ServeReliable(ctx context.Context, conn *reliability.Conn, cfg 
 			conf.OnError(mbox, offset, n, err)
 		}
 	}
+	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	token := make([]byte, 1)
-	for {
-		hdr := make([]byte, relHdrLen)
-		hr, err := conn.Post(ctx, hdr)
-		if err == nil {
-			err = hr.Wait(ctx)
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
+	defer cancel()
+	// Header buffers are posted ahead, as many as the connection's slots
+	// allow (Post waits for a free one), and handled in order.
+	type posted struct {
+		buf []byte
+		r   *reliability.Recv
+	}
+	headers := make(chan posted, 64)
+	postErr := make(chan error, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(headers)
+		for {
+			buf := make([]byte, relHdrLen)
+			r, err := conns.Header.Post(ctx, buf)
+			if err != nil {
+				postErr <- err
+				return
 			}
-			return err
+			select {
+			case headers <- posted{buf, r}:
+			case <-ctx.Done():
+				return
+			}
 		}
-		mbox, offset, n := binary.BigEndian.Uint64(hdr), binary.BigEndian.Uint64(hdr[8:]), binary.BigEndian.Uint64(hdr[16:])
+	}()
+	stop := func(err error) error {
+		if ctx.Err() != nil {
+			return nil // asked to stop
+		}
+		return err
+	}
+	token := make([]byte, 1)
+	for h := range headers {
+		if err := h.r.Wait(ctx); err != nil {
+			return stop(err)
+		}
+		mbox, offset, n := binary.BigEndian.Uint64(h.buf), binary.BigEndian.Uint64(h.buf[8:]), binary.BigEndian.Uint64(h.buf[16:])
 		res, rerr := t.reserve(ctx, mbox, offset, n, conf.NotReady)
 		if rerr != nil {
-			// The payload still comes next on the connection: a token
-			// buffer, taken at once, tells the sender to stop.
+			// The payload still comes next on the data connection: a
+			// token buffer, taken at once, tells the sender to stop.
 			refuse(mbox, offset, int(min(n, 1<<62)), rerr)
-			tr, err := conn.Post(ctx, token)
+			tr, err := conns.Data.Post(ctx, token)
 			if err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return err
+				return stop(err)
 			}
 			tr.Take()
 			continue
 		}
-		pr, err := conn.Post(ctx, res.Data)
+		pr, err := conns.Data.Post(ctx, res.Data)
 		if err != nil {
 			res.Abort()
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
+			return stop(err)
 		}
 		wg.Add(1)
 		go func() {
@@ -182,6 +213,12 @@ func (t *Target) ServeReliable(ctx context.Context, conn *reliability.Conn, cfg 
 				refuse(mbox, offset, len(res.Data), err)
 			}
 		}()
+	}
+	select {
+	case err := <-postErr:
+		return stop(err)
+	default:
+		return nil
 	}
 }
 

@@ -20,59 +20,72 @@ import (
 var relSeq atomic.Uint64
 
 type relEnd struct {
-	dev  *verbs.Device
-	conn *reliability.Conn
+	dev   *verbs.Device
+	conns mailbox.Reliable
 }
 
-// relPair connects two reliability.Conns over a loop fabric with faults
-// on both directions; the second end runs a mailbox target.
+// relPair connects two pairs of reliability.Conns (header and data) over
+// a loop fabric with faults on both directions; the second end runs a
+// mailbox target.
 func relPair(t *testing.T, faults verbs.Faults) (a, b *relEnd, tgt *mailbox.Target) {
 	name := fmt.Sprintf("loop://mbrel-%d?mtu=4096", relSeq.Add(1))
 	cfg := reliability.Config{RTT: 2 * time.Millisecond, MinRTT: time.Millisecond}
-	mk := func() (*relEnd, *verbs.QP, *verbs.PD, *verbs.CQ) {
+	open := func() (*verbs.Device, *verbs.PD) {
 		dev, err := verbs.Open(context.Background(), name, nil)
 		require.NoError(t, err)
 		pd, err := dev.AllocPD()
 		require.NoError(t, err)
-		cq, err := dev.CreateCQ(verbs.CQConfig{Capacity: 16384})
-		require.NoError(t, err)
-		qp, err := pd.CreateQP(reliability.QPConfig(cq, cfg))
-		require.NoError(t, err)
-		return &relEnd{dev: dev}, qp, pd, cq
+		return dev, pd
 	}
-	a, qa, pa, ca := mk()
-	b, qb, pb, cb := mk()
-	require.NoError(t, qa.Connect(qb.Endpoint(), nil))
-	require.NoError(t, qb.Connect(qa.Endpoint(), nil))
+	da, pa := open()
+	db, pb := open()
+	a, b = &relEnd{dev: da}, &relEnd{dev: db}
+	conn := func() (*reliability.Conn, *reliability.Conn) {
+		mk := func(dev *verbs.Device, pd *verbs.PD) (*verbs.QP, *verbs.CQ) {
+			cq, err := dev.CreateCQ(verbs.CQConfig{Capacity: 16384})
+			require.NoError(t, err)
+			qp, err := pd.CreateQP(reliability.QPConfig(cq, cfg))
+			require.NoError(t, err)
+			return qp, cq
+		}
+		qa, ca := mk(da, pa)
+		qb, cb := mk(db, pb)
+		require.NoError(t, qa.Connect(qb.Endpoint(), nil))
+		require.NoError(t, qb.Connect(qa.Endpoint(), nil))
+		x, err := reliability.New(pa, qa, ca, cfg)
+		require.NoError(t, err)
+		y, err := reliability.New(pb, qb, cb, cfg)
+		require.NoError(t, err)
+		return x, y
+	}
+	a.conns.Header, b.conns.Header = conn()
+	a.conns.Data, b.conns.Data = conn()
 	if faults.Active() {
 		fb := faults
 		fb.Seed += 1000
-		require.NoError(t, a.dev.SetFaults(-1, faults))
-		require.NoError(t, b.dev.SetFaults(-1, fb))
+		require.NoError(t, da.SetFaults(-1, faults))
+		require.NoError(t, db.SetFaults(-1, fb))
 	}
-	var err error
-	a.conn, err = reliability.New(pa, qa, ca, cfg)
-	require.NoError(t, err)
-	b.conn, err = reliability.New(pb, qb, cb, cfg)
-	require.NoError(t, err)
-	tgt = mailbox.NewTarget(b.dev, nil)
+	tgt = mailbox.NewTarget(db, nil)
 	t.Cleanup(func() {
-		a.conn.Close()
-		b.conn.Close()
-		a.dev.Close()
-		b.dev.Close()
+		for _, e := range []*relEnd{a, b} {
+			e.conns.Header.Close()
+			e.conns.Data.Close()
+		}
+		da.Close()
+		db.Close()
 	})
 	return a, b, tgt
 }
 
 // serve runs ServeReliable until the test ends, collecting refusals.
-func serve(t *testing.T, tgt *mailbox.Target, conn *reliability.Conn) *[]error {
+func serve(t *testing.T, tgt *mailbox.Target, conns mailbox.Reliable) *[]error {
 	ctx, cancel := context.WithCancel(context.Background())
 	var mu sync.Mutex
 	var refused []error
 	done := make(chan error, 1)
 	go func() {
-		done <- tgt.ServeReliable(ctx, conn, &mailbox.ServeConfig{NotReady: 50 * time.Millisecond,
+		done <- tgt.ServeReliable(ctx, conns, &mailbox.ServeConfig{NotReady: 50 * time.Millisecond,
 			OnError: func(_, _ uint64, _ int, err error) {
 				mu.Lock()
 				refused = append(refused, err)
@@ -110,8 +123,8 @@ func TestReliablePuts(t *testing.T) {
 				_, err := w.Post(bufs[i])
 				require.NoError(t, err)
 			}
-			refused := serve(t, tgt, b.conn)
-			in := mailbox.NewReliableInitiator(a.conn)
+			refused := serve(t, tgt, b.conns)
+			in := mailbox.NewReliableInitiator(a.conns)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			rng := rand.New(rand.NewPCG(9, 9))
@@ -156,8 +169,8 @@ func TestReliablePutsPipelined(t *testing.T) {
 		_, err := w.Post(bufs[i])
 		require.NoError(t, err)
 	}
-	refused := serve(t, tgt, b.conn)
-	in := mailbox.NewReliableInitiator(a.conn)
+	refused := serve(t, tgt, b.conns)
+	in := mailbox.NewReliableInitiator(a.conns)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var puts []*mailbox.ReliablePut
@@ -191,8 +204,8 @@ func TestReliablePutRefused(t *testing.T) {
 	a, b, tgt := relPair(t, verbs.Faults{})
 	w, err := tgt.Init(7, mailbox.Config{Threshold: 8})
 	require.NoError(t, err)
-	refused := serve(t, tgt, b.conn)
-	in := mailbox.NewReliableInitiator(a.conn)
+	refused := serve(t, tgt, b.conns)
+	in := mailbox.NewReliableInitiator(a.conns)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	data := []byte("12345678")

@@ -167,9 +167,10 @@ type Comm struct {
 	spread sync.WaitGroup // goroutines finishing operations bridged from other CQs
 
 	// Long-haul connections other ranks dialed, each served by a goroutine.
-	haulMu sync.Mutex
-	haulIn []*haulPeer
-	haulWG sync.WaitGroup
+	haulMu   sync.Mutex
+	haulIn   []*haulPeer
+	haulHalf map[int]*haulPeer // pairs whose second connection has not arrived
+	haulWG   sync.WaitGroup
 
 	peers []*peer
 	qpnMu sync.Mutex
@@ -393,7 +394,7 @@ func NewWorld(ctx context.Context, size int, cfg *Config) ([]*Comm, error) {
 
 func newComm(ctx context.Context, rank, size int, store kvs.Store, ownStore bool, dev *verbs.Device, cfg Config) (_ *Comm, err error) {
 	c := &Comm{rank: rank, size: size, cfg: cfg, store: store, ownStore: ownStore, dev: dev,
-		byQPN: map[uint32]int{}, wins: map[uint32]*Win{}, done: make(chan struct{})}
+		byQPN: map[uint32]int{}, wins: map[uint32]*Win{}, done: make(chan struct{}), haulHalf: map[int]*haulPeer{}}
 	c.bg, c.bgStop = context.WithCancel(context.Background())
 	c.peers = make([]*peer, size)
 	for i := range c.peers {
@@ -622,13 +623,14 @@ func (c *Comm) acceptLoop() {
 			return
 		}
 		pd := req.PrivateData()
-		if len(pd) == 5 && pd[4] == 'H' && int(binary.BigEndian.Uint32(pd)) < c.size && req.Type() == verbs.UC && c.cfg.LongHaul != nil {
+		if len(pd) == 5 && (pd[4] == haulHeader || pd[4] == haulData) && int(binary.BigEndian.Uint32(pd)) < c.size &&
+			req.Type() == verbs.UC && c.cfg.LongHaul != nil {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				actx, acancel := context.WithTimeout(ctx, c.cfg.Timeout)
 				defer acancel()
-				c.acceptHaul(actx, req, int(binary.BigEndian.Uint32(pd)))
+				c.acceptHaul(actx, req, int(binary.BigEndian.Uint32(pd)), pd[4])
 			}()
 			continue
 		}

@@ -55,6 +55,16 @@
 // target when it is split or follows a split one, so that epochs never
 // overtake each other across paths; windows that count puts are not split.
 //
+// # Long-haul peers
+//
+// With Config.LongHaul (RVMA_LONGHAUL), puts into notified windows toward
+// the selected peers travel over the reliability layer (SDR-RDMA's
+// unreliable-connected writes with chunk bitmaps and selective repeat or
+// erasure coding) instead of RC's go-back-N, which collapses on long lossy
+// links; each put lands straight in the target's mailbox buffer and counts
+// once, when complete. Comm.LongHaul exposes the connection (RTT, loss,
+// link model). A put the target refuses fails with mailbox.ErrRefused.
+//
 // # Where rvma differs from MPI
 //
 //   - A notified window (WinConfig.Notify) is RVMA's: the target states how

@@ -64,15 +64,17 @@ func (c *Comm) longHaul(r int) bool {
 	return lh != nil && r != c.rank && (lh.Peers == nil || lh.Peers(r))
 }
 
-// haulPeer is one reliability connection and what it runs on.
-type haulPeer struct {
+// haulLink is one reliability connection and what it runs on.
+type haulLink struct {
 	cq   *verbs.CQ
 	qp   *verbs.QP
 	conn *reliability.Conn
-	in   *mailbox.ReliableInitiator // the dialing side's
 }
 
-func (h *haulPeer) close() {
+func (h *haulLink) close() {
+	if h == nil {
+		return
+	}
 	if h.conn != nil {
 		h.conn.Close()
 	}
@@ -84,9 +86,24 @@ func (h *haulPeer) close() {
 	}
 }
 
-// newHaulPeer creates the CQ and UC QP of a reliability connection.
-func (c *Comm) newHaulPeer() (*haulPeer, error) {
-	h := &haulPeer{}
+// haulPeer is the header and data connections toward (or from) a peer.
+type haulPeer struct {
+	hdr, data *haulLink
+	in        *mailbox.ReliableInitiator // the dialing side's
+}
+
+func (h *haulPeer) close() {
+	h.hdr.close()
+	h.data.close()
+}
+
+func (h *haulPeer) conns() mailbox.Reliable {
+	return mailbox.Reliable{Header: h.hdr.conn, Data: h.data.conn}
+}
+
+// newHaulLink creates the CQ and UC QP of a reliability connection.
+func (c *Comm) newHaulLink() (*haulLink, error) {
+	h := &haulLink{}
 	var err error
 	if h.cq, err = c.dev.CreateCQ(verbs.CQConfig{Capacity: 4 * reliability.DefaultRecvDepth}); err != nil {
 		return nil, err
@@ -98,14 +115,19 @@ func (c *Comm) newHaulPeer() (*haulPeer, error) {
 	return h, nil
 }
 
-// haulHello is the private data of a long-haul connection request: the
-// dialer's rank and a marker.
-func haulHello(rank int) []byte {
-	return append(binary.BigEndian.AppendUint32(nil, uint32(rank)), 'H')
+// Long-haul connection requests carry the dialer's rank and which of the
+// pair they are.
+const (
+	haulHeader = 'H'
+	haulData   = 'D'
+)
+
+func haulHello(rank int, which byte) []byte {
+	return append(binary.BigEndian.AppendUint32(nil, uint32(rank)), which)
 }
 
-// haulInitiator returns this rank's reliability connection to r, dialing
-// it on first use.
+// haulInitiator returns this rank's reliability connections to r, dialing
+// them on first use.
 func (c *Comm) haulInitiator(ctx context.Context, r int) (*mailbox.ReliableInitiator, error) {
 	p := c.peers[r]
 	p.haulMu.Lock()
@@ -123,54 +145,80 @@ func (c *Comm) haulInitiator(ctx context.Context, r int) (*mailbox.ReliableIniti
 	if err != nil {
 		return nil, fail(err)
 	}
-	h, err := c.newHaulPeer()
-	if err != nil {
-		return nil, fail(err)
+	h := &haulPeer{}
+	for _, which := range []byte{haulHeader, haulData} {
+		l, err := c.newHaulLink()
+		if err == nil {
+			_, err = cm.Dial(ctx, addr, l.qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: haulHello(c.rank, which)})
+			if err == nil {
+				if l.conn, err = reliability.New(c.pd, l.qp, l.cq, c.cfg.LongHaul.Reliability); err == nil {
+					err = l.conn.Ready(ctx) // a first RTT measurement
+				}
+			}
+			if err != nil {
+				l.close()
+			}
+		}
+		if err != nil {
+			h.close()
+			return nil, fail(err)
+		}
+		if which == haulHeader {
+			h.hdr = l
+		} else {
+			h.data = l
+		}
 	}
-	if _, err := cm.Dial(ctx, addr, h.qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: haulHello(c.rank)}); err != nil {
-		h.close()
-		return nil, fail(err)
-	}
-	if h.conn, err = reliability.New(c.pd, h.qp, h.cq, c.cfg.LongHaul.Reliability); err == nil {
-		err = h.conn.Ready(ctx) // a first RTT measurement
-	}
-	if err != nil {
-		h.close()
-		return nil, fail(err)
-	}
-	h.in = mailbox.NewReliableInitiator(h.conn)
+	h.in = mailbox.NewReliableInitiator(h.conns())
 	p.haul = h
 	return h.in, nil
 }
 
-// acceptHaul serves a long-haul connection a peer dials: its puts go into
-// this rank's mailbox target until the Comm closes.
-func (c *Comm) acceptHaul(ctx context.Context, req *cm.Request, r int) {
-	h, err := c.newHaulPeer()
+// acceptHaul accepts one of the two connections a peer dials for its
+// long-haul puts; once both have arrived, their puts go into this rank's
+// mailbox target until the Comm closes.
+func (c *Comm) acceptHaul(ctx context.Context, req *cm.Request, r int, which byte) {
+	l, err := c.newHaulLink()
 	if err != nil {
 		req.Reject(err.Error())
 		return
 	}
-	if err = req.Accept(ctx, h.qp, &cm.Config{Connect: &c.cfg.Connect}); err == nil {
-		h.conn, err = reliability.New(c.pd, h.qp, h.cq, c.cfg.LongHaul.Reliability)
+	if err = req.Accept(ctx, l.qp, &cm.Config{Connect: &c.cfg.Connect}); err == nil {
+		l.conn, err = reliability.New(c.pd, l.qp, l.cq, c.cfg.LongHaul.Reliability)
 	}
 	if err != nil {
 		c.cfg.Logger.Debug("rma: long-haul accept failed", "rank", c.rank, "peer", r, "err", err)
-		h.close()
+		l.close()
 		return
 	}
 	c.haulMu.Lock()
 	if c.closed() {
 		c.haulMu.Unlock()
-		h.close()
+		l.close()
 		return
 	}
+	h := c.haulHalf[r]
+	if h == nil {
+		h = &haulPeer{}
+		c.haulHalf[r] = h
+	}
+	old := &h.hdr
+	if which == haulData {
+		old = &h.data
+	}
+	(*old).close() // a redial replaces a half-made pair
+	*old = l
+	if h.hdr == nil || h.data == nil {
+		c.haulMu.Unlock()
+		return
+	}
+	delete(c.haulHalf, r)
 	c.haulIn = append(c.haulIn, h)
 	c.haulWG.Add(1)
 	c.haulMu.Unlock()
 	go func() {
 		defer c.haulWG.Done()
-		err := c.target.ServeReliable(c.bg, h.conn, &mailbox.ServeConfig{
+		err := c.target.ServeReliable(c.bg, h.conns(), &mailbox.ServeConfig{
 			OnError: func(mbox, off uint64, n int, err error) {
 				c.cfg.Logger.Warn("rma: long-haul put refused", "rank", c.rank, "peer", r, "mailbox", mbox, "offset", off, "bytes", n, "err", err)
 			}})
@@ -186,6 +234,10 @@ func (c *Comm) closeHauls() {
 	c.haulMu.Lock()
 	in := c.haulIn
 	c.haulIn = nil
+	for _, h := range c.haulHalf {
+		in = append(in, h)
+	}
+	c.haulHalf = nil
 	c.haulMu.Unlock()
 	c.haulWG.Wait()
 	for _, h := range in {
@@ -201,8 +253,9 @@ func (c *Comm) closeHauls() {
 	}
 }
 
-// LongHaul returns this rank's reliability connection to rank r (for its
-// RTT, loss estimate and link model), or nil if puts to r do not use one
+// LongHaul returns this rank's reliability connection that carries the
+// payloads of its puts to rank r (for its RTT, loss estimate and link
+// model), or nil if puts to r do not use one
 // or none has been made yet.
 func (c *Comm) LongHaul(r int) *reliability.Conn {
 	if r < 0 || r >= c.size {
@@ -214,7 +267,7 @@ func (c *Comm) LongHaul(r int) *reliability.Conn {
 	if p.haul == nil {
 		return nil
 	}
-	return p.haul.conn
+	return p.haul.data.conn
 }
 
 // haulPut puts origin (through layout ol) into target's notified window

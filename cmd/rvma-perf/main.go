@@ -96,6 +96,8 @@ type options struct {
 	fail      string
 	plot      string
 	loss      string
+	delay     time.Duration
+	longhaul  bool
 }
 
 var tests = []string{"write_bw", "write_lat", "write_ack_lat", "read_bw", "read_lat", "send_bw", "send_lat", "atomic_lat",
@@ -145,7 +147,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.pathsFlag, "paths", "2", "mp_bw, mp_fct, rma_put_bw, rma_put_lat: number of paths, or a comma-separated list to run one after another (1,2,4,8); rma tests default to 1")
 	fs.BoolVar(&o.testbed, "testbed", false, "mp_bw, rma_put_bw: run over a namespace testbed with one veth path per --paths (root)")
 	fs.StringVar(&o.rate, "rate", "", "--testbed: tc rate per path, comma-separated (one value for all), e.g. 200mbit")
-	fs.StringVar(&o.loss, "loss", "", "mp_bw: seeded drop probability per path on the sender, comma-separated (one value for all)")
+	fs.StringVar(&o.loss, "loss", "", "mp_bw: seeded drop probability per path on the sender, comma-separated (one value for all); rma tests: per packet, both directions")
+	fs.DurationVar(&o.delay, "delay", 0, "rma tests: one-way delay added to every packet, both directions (an emulated long link)")
+	fs.BoolVar(&o.longhaul, "longhaul", false, "rma tests: notified puts over the reliability layer (rma.Config.LongHaul) instead of RC")
 	fs.StringVar(&o.plot, "plot", "", "mp_bw: draw per-path throughput over time into this .svg file")
 	fs.StringVar(&o.fail, "fail", "", "mp_bw --testbed: take path P down at time T into the run (P@T, e.g. 1@2s)")
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {

@@ -190,6 +190,15 @@ func TestRMAOverPaths(t *testing.T) {
 	require.Zero(t, r.Paths, "an rma connection has one path unless --paths is given")
 }
 
+// rma_put_bw over the reliability layer through an emulated lossy, long
+// link.
+func TestRMALongHaul(t *testing.T) {
+	r := runJSON(t, "rma_put_bw", "--provider", "loop", "--longhaul", "--delay", "2ms", "--loss", "0.01",
+		"--iters", "16", "--size", "262144")
+	require.Equal(t, 16, r.Iters)
+	require.Positive(t, r.Gbps)
+}
+
 func TestPlotSVG(t *testing.T) {
 	var b strings.Builder
 	s := series{t: []float64{0.1, 0.2, 0.3}, gbps: [][]float64{{1, 2, 1}, {0, 0.5, 0}}, names: []string{"path 0", "path <1>"}}

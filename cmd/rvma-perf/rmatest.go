@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rvma/rvma/internal/testbed"
+	"github.com/rvma/rvma/reliability"
 	"github.com/rvma/rvma/rma"
 	"github.com/rvma/rvma/verbs"
 )
@@ -49,9 +50,37 @@ func rmaTest(ctx context.Context, o *options) (*Result, error) {
 			cfg.Devices = append(cfg.Devices, d)
 		}
 	}
+	loss, err := parseLoss(o.loss, 1)
+	if err != nil {
+		return nil, err
+	}
+	faults := verbs.Faults{Delay: o.delay, Seed: 1}
+	if loss != nil {
+		faults.Drop = loss[0]
+	}
+	if o.delay > 0 {
+		// RC tuned for the long link, as one would: a timeout above the
+		// round trip and a window of its bandwidth-delay product.
+		cfg.Connect = verbs.ConnectConfig{Timeout: 4*o.delay + 20*time.Millisecond, Window: 8192}
+	}
+	if o.longhaul {
+		rc := reliability.Config{RTT: 2*o.delay + time.Millisecond}
+		if len(rates) > 0 {
+			// Pace at the shaped rate (a long-haul link is not probed).
+			rc.Rate = rates[0] * 1e9 / 8
+		}
+		cfg.LongHaul = &rma.LongHaulConfig{Reliability: rc}
+	}
 	comms, err := rma.NewWorld(ctx, 2, cfg)
 	if err != nil {
 		return nil, err
+	}
+	if faults.Active() {
+		for _, c := range comms {
+			if err := c.Device().SetFaults(-1, faults); err != nil {
+				return nil, err
+			}
+		}
 	}
 	defer func() {
 		done := make(chan struct{}, 2)

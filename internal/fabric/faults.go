@@ -99,10 +99,14 @@ type FaultPort struct {
 
 	faults atomic.Pointer[faultState]
 
-	mu     sync.Mutex // guards held, timer
+	mu     sync.Mutex // guards held, timer, seq
 	held   delayHeap
+	seq    uint64
 	timer  *time.Timer
 	closed bool
+	// A fixed delay must not reorder: packets due at the same time leave
+	// in the order they were held, and one release delivers at a time.
+	releaseMu sync.Mutex
 }
 
 type faultState struct {
@@ -179,12 +183,16 @@ func (fp *FaultPort) hold(hs []heldPacket) {
 		return
 	}
 	for _, h := range hs {
+		fp.seq++
+		h.seq = fp.seq
 		heap.Push(&fp.held, h)
 	}
 	fp.timer.Reset(time.Until(fp.held[0].at))
 }
 
 func (fp *FaultPort) release() {
+	fp.releaseMu.Lock()
+	defer fp.releaseMu.Unlock()
 	fp.mu.Lock()
 	now := time.Now()
 	var due []*wire.Packet
@@ -226,14 +234,20 @@ func (fp *FaultPort) Progress() int {
 func (fp *FaultPort) Addr() netip.AddrPort { return fp.Port.Addr() }
 
 type heldPacket struct {
-	at time.Time
+	at  time.Time
+	seq uint64 // hold order: packets due at the same time leave in it
 	p  *wire.Packet
 }
 
 type delayHeap []heldPacket
 
 func (h delayHeap) Len() int           { return len(h) }
-func (h delayHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h delayHeap) Less(i, j int) bool {
+	if h[i].at.Equal(h[j].at) {
+		return h[i].seq < h[j].seq
+	}
+	return h[i].at.Before(h[j].at)
+}
 func (h delayHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
 func (h *delayHeap) Push(x any)        { *h = append(*h, x.(heldPacket)) }
 func (h *delayHeap) Pop() any {
