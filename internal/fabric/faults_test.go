@@ -145,3 +145,28 @@ func TestImpairerSeeded(t *testing.T) {
 		require.Equal(t, da, db)
 	}
 }
+
+// A fixed delay is a longer wire, not a shuffle: packets sent in one
+// batch (held with the same due time) and in batches racing the release
+// timer leave in the order they came.
+func TestDelayKeepsOrder(t *testing.T) {
+	s := &sink{}
+	fp := NewFaultPort(s)
+	fp.SetFaults(Faults{Delay: 2 * time.Millisecond})
+	const batches, per = 200, 16
+	for b := range batches {
+		pkts := make([]*wire.Packet, per)
+		for i := range pkts {
+			pkts[i] = wire.Get()
+			pkts[i].PSN = uint32(b*per + i)
+		}
+		fp.Send(pkts)
+		if b%20 == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	require.Eventually(t, func() bool { return len(s.psns()) == batches*per }, 5*time.Second, time.Millisecond)
+	for i, psn := range s.psns() {
+		require.Equal(t, uint32(i), psn, "packet %d left out of order", i)
+	}
+}
