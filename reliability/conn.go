@@ -59,6 +59,10 @@ type Config struct {
 	// path's rate. Default 0: as fast as the QP takes requests (and the
 	// model assumes 1 Gbit/s).
 	Rate float64
+	// PathRates, with several paths (NewPaths), is each path's share of
+	// the injection in bytes per second; Rate is then their sum. Default:
+	// Rate split equally (and round robin when Rate is 0).
+	PathRates []float64
 	// RTT is the round-trip time assumed until pings measure it. Default 10ms.
 	RTT time.Duration
 	// MinRTT floors the RTT estimate that timeouts are built on, against
@@ -135,6 +139,31 @@ func (c *Config) setDefaults(mtu int) error {
 	return nil
 }
 
+// setPathRates checks PathRates against the path count, or splits Rate
+// equally; Rate becomes their sum.
+func (c *Config) setPathRates(paths int) error {
+	if c.PathRates == nil {
+		c.PathRates = make([]float64, paths)
+		for i := range c.PathRates {
+			c.PathRates[i] = c.Rate / float64(paths)
+		}
+		return nil
+	}
+	if len(c.PathRates) != paths {
+		return fmt.Errorf("%w: %d path rates for %d paths", ErrConfig, len(c.PathRates), paths)
+	}
+	c.PathRates = slices.Clone(c.PathRates)
+	sum := 0.0
+	for i, r := range c.PathRates {
+		if r <= 0 {
+			return fmt.Errorf("%w: path %d's rate %g", ErrConfig, i, r)
+		}
+		sum += r
+	}
+	c.Rate = sum
+	return nil
+}
+
 // QPConfig returns the attributes a QP needs to carry a Conn: UC, with
 // room for cfg.RecvDepth receives.
 func QPConfig(cq *verbs.CQ, cfg Config) verbs.QPConfig {
@@ -163,7 +192,8 @@ type Conn struct {
 	cfg   Config
 	log   *slog.Logger
 	pd    *verbs.PD
-	qp    *verbs.QP
+	qp    *verbs.QP   // path 0: control messages, and chunks
+	qps   []*verbs.QP // every path; chunks go on all
 	cq    *verbs.CQ
 	epoch time.Time
 
@@ -193,15 +223,16 @@ type Conn struct {
 	scratch rxScratch
 
 	// send side
-	cts   map[uint64]*sdrwire.Message // clear-to-send of messages not started
-	next  uint64                      // sequence number of the next Send
-	sends map[uint64]*Send
-	order []*Send // active sends in sequence order
-	retx  []chunkRef
-	enc   map[[2]int]reedsolomon.Encoder
-	lossN float64 // decayed chunks lost
-	lossD float64 // decayed chunks sent
-	tx    txScratch
+	cts       map[uint64]*sdrwire.Message // clear-to-send of messages not started
+	next      uint64                      // sequence number of the next Send
+	sends     map[uint64]*Send
+	order     []*Send // active sends in sequence order
+	retx      []chunkRef
+	enc       map[[2]int]reedsolomon.Encoder
+	lossN     float64 // decayed chunks lost
+	lossD     float64 // decayed chunks sent
+	tx        txScratch
+	pathBytes []uint64 // chunk bytes sent per path
 
 	// testDrop, set by tests before traffic, loses chunk writes by
 	// position: idx is the chunk index (parity follows the data), try the
@@ -217,27 +248,55 @@ type chunkRef struct {
 // New starts the protocol on qp, a connected UC QP whose send and receive
 // completions go to cq (create it with QPConfig). pd is the QP's PD.
 func New(pd *verbs.PD, qp *verbs.QP, cq *verbs.CQ, cfg Config) (*Conn, error) {
-	if qp.Type() != verbs.UC {
-		return nil, fmt.Errorf("%w: the QP is %v, want UC", ErrConfig, qp.Type())
+	return NewPaths(pd, []*verbs.QP{qp}, cq, cfg)
+}
+
+// NewPaths starts the protocol over several paths: qps are connected UC
+// QPs of one PD (typically one per local address), path i to the peer's
+// path i, all completing into cq, which needs room for RecvDepth
+// completions per path. Control messages use path 0; chunks are spread
+// over all paths by Config.PathRates. Both ends must use the same number
+// of paths. The round-trip time and loss estimates are the connection's,
+// not per path: the paths are meant to have similar delays.
+func NewPaths(pd *verbs.PD, qps []*verbs.QP, cq *verbs.CQ, cfg Config) (*Conn, error) {
+	if len(qps) == 0 || len(qps) > 64 {
+		return nil, fmt.Errorf("%w: %d paths, want 1..64", ErrConfig, len(qps))
 	}
-	mtu := qp.PathMTU()
-	if mtu == 0 {
-		return nil, fmt.Errorf("%w: the QP is not connected", ErrConfig)
+	mtu := 0
+	for i, qp := range qps {
+		if qp.Type() != verbs.UC {
+			return nil, fmt.Errorf("%w: path %d's QP is %v, want UC", ErrConfig, i, qp.Type())
+		}
+		m := qp.PathMTU()
+		if m == 0 {
+			return nil, fmt.Errorf("%w: path %d's QP is not connected", ErrConfig, i)
+		}
+		if mtu == 0 || m < mtu {
+			mtu = m
+		}
 	}
 	if err := cfg.setDefaults(mtu); err != nil {
 		return nil, err
 	}
+	if err := cfg.setPathRates(len(qps)); err != nil {
+		return nil, err
+	}
+	qp := qps[0]
 	dec, err := reedsolomon.New(cfg.K, cfg.MaxParity, reedsolomon.WithCauchyMatrix())
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	c := &Conn{
-		cfg: cfg, log: cfg.Logger, pd: pd, qp: qp, cq: cq, epoch: time.Now(),
+		cfg: cfg, log: cfg.Logger, pd: pd, qp: qp, qps: slices.Clone(qps), cq: cq, epoch: time.Now(),
 		kick: make(chan struct{}, 1), changed: make(chan struct{}), srtt: max(cfg.RTT, cfg.MinRTT),
 		dec: dec, slots: make([]*Recv, cfg.Slots), parity: make([][]byte, cfg.Slots),
 		cts: map[uint64]*sdrwire.Message{}, sends: map[uint64]*Send{}, enc: map[[2]int]reedsolomon.Encoder{},
+		pathBytes: make([]uint64, len(qps)),
 	}
-	c.rq, err = pd.RegisterMR(make([]byte, cfg.RecvDepth*ctlSize), verbs.AccessLocalWrite)
+	// Receive slots: RecvDepth per path, path i's ids from i·RecvDepth.
+	// Only path 0 carries control messages, but every chunk consumes a
+	// receive on its path.
+	c.rq, err = pd.RegisterMR(make([]byte, len(qps)*cfg.RecvDepth*ctlSize), verbs.AccessLocalWrite)
 	if err != nil {
 		return nil, err
 	}
@@ -246,16 +305,19 @@ func New(pd *verbs.PD, qp *verbs.QP, cq *verbs.CQ, cfg Config) (*Conn, error) {
 		c.rq.Deregister()
 		return nil, err
 	}
-	wrs := make([]verbs.RecvWR, cfg.RecvDepth)
-	sges := make([]verbs.SGE, cfg.RecvDepth)
-	for i := range wrs {
-		sges[i] = c.rq.SGE(i*ctlSize, ctlSize)
-		wrs[i] = verbs.RecvWR{ID: uint64(i), SGL: sges[i : i+1]}
-	}
-	if _, err := qp.PostRecv(wrs); err != nil {
-		c.rq.Deregister()
-		c.ctl.Deregister()
-		return nil, fmt.Errorf("reliability: post receives: %w", err)
+	for p, qp := range qps {
+		wrs := make([]verbs.RecvWR, cfg.RecvDepth)
+		sges := make([]verbs.SGE, cfg.RecvDepth)
+		for i := range wrs {
+			id := p*cfg.RecvDepth + i
+			sges[i] = c.rq.SGE(id*ctlSize, ctlSize)
+			wrs[i] = verbs.RecvWR{ID: uint64(id), SGL: sges[i : i+1]}
+		}
+		if _, err := qp.PostRecv(wrs); err != nil {
+			c.rq.Deregister()
+			c.ctl.Deregister()
+			return nil, fmt.Errorf("reliability: post receives on path %d: %w", p, err)
+		}
 	}
 	c.heard = c.now()
 	c.ctx, c.cancel = context.WithCancel(context.Background())
@@ -378,7 +440,10 @@ func (c *Conn) sendCtlLocked(m *sdrwire.Message) {
 func (c *Conn) poll() {
 	defer c.wg.Done()
 	wcs := make([]verbs.WorkCompletion, 64)
-	repost := make([]verbs.RecvWR, 0, 64)
+	repost := make([][]verbs.RecvWR, len(c.qps)) // per path
+	for i := range repost {
+		repost[i] = make([]verbs.RecvWR, 0, 64)
+	}
 	sges := make([]verbs.SGE, 64)
 	var msg sdrwire.Message
 	for {
@@ -390,7 +455,9 @@ func (c *Conn) poll() {
 			return
 		}
 		now := c.now()
-		repost = repost[:0]
+		for i := range repost {
+			repost[i] = repost[i][:0]
+		}
 		c.mu.Lock()
 		c.heard = now
 		for i := range wcs[:n] {
@@ -414,14 +481,17 @@ func (c *Conn) poll() {
 			default:
 				continue
 			}
-			j := len(repost)
-			sges[j] = c.rq.SGE(int(wc.WRID)*ctlSize, ctlSize)
-			repost = append(repost, verbs.RecvWR{ID: wc.WRID, SGL: sges[j : j+1]})
+			sges[i] = c.rq.SGE(int(wc.WRID)*ctlSize, ctlSize)
+			p := int(wc.WRID) / c.cfg.RecvDepth
+			repost[p] = append(repost[p], verbs.RecvWR{ID: wc.WRID, SGL: sges[i : i+1]})
 		}
 		c.mu.Unlock()
-		if len(repost) > 0 {
-			if _, err := c.qp.PostRecv(repost); err != nil && c.ctx.Err() == nil {
-				c.fail(fmt.Errorf("reliability: repost receives: %w", err))
+		for p, wrs := range repost {
+			if len(wrs) == 0 {
+				continue
+			}
+			if _, err := c.qps[p].PostRecv(wrs); err != nil && c.ctx.Err() == nil {
+				c.fail(fmt.Errorf("reliability: repost receives on path %d: %w", p, err))
 			}
 		}
 	}

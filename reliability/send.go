@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/klauspost/reedsolomon"
@@ -370,31 +371,44 @@ type txScratch struct {
 }
 
 // inject is the sender's one goroutine on the wire: repeats first, then
-// new chunks of the oldest messages, paced to Config.Rate.
+// new chunks of the oldest messages, each batch on the path whose pacing
+// lets it go first (Config.PathRates), or round robin when unpaced.
 func (c *Conn) inject() {
 	defer c.wg.Done()
 	tx := &c.tx
 	tx.wrs = make([]verbs.SendWR, 0, 64)
 	tx.sges = make([]verbs.SGE, 64)
-	var next time.Duration // pacing: when the next byte may go
+	next := make([]time.Duration, len(c.qps)) // pacing: when each path's next byte may go
+	rr := 0
 	pace := time.NewTimer(time.Hour)
 	defer pace.Stop()
 	for {
+		p := rr
+		if c.cfg.Rate > 0 {
+			for i := range next {
+				if next[i] < next[p] {
+					p = i
+				}
+			}
+		} else {
+			rr = (rr + 1) % len(c.qps)
+		}
 		c.mu.Lock()
 		if c.err != nil {
 			c.mu.Unlock()
 			return
 		}
-		bytes := c.fillLocked(c.now())
+		bytes := c.fillLocked(c.now(), c.cfg.PathRates[p])
 		wire := bytes + len(tx.wrs)*packetOverhead
 		var err error
 		if len(tx.wrs) > 0 {
-			_, err = c.qp.PostSend(tx.wrs)
+			_, err = c.qps[p].PostSend(tx.wrs)
+			c.pathBytes[p] += uint64(bytes)
 		}
 		c.mu.Unlock()
 		if err != nil {
 			if c.ctx.Err() == nil {
-				c.fail(fmt.Errorf("reliability: post chunks: %w", err))
+				c.fail(fmt.Errorf("reliability: post chunks on path %d: %w", p, err))
 			}
 			return
 		}
@@ -408,8 +422,8 @@ func (c *Conn) inject() {
 		}
 		if c.cfg.Rate > 0 {
 			now := c.now()
-			next = max(next, now-2*time.Millisecond) + time.Duration(float64(wire)/c.cfg.Rate*1e9)
-			if d := next - now; d > time.Millisecond {
+			next[p] = max(next[p], now-2*time.Millisecond) + time.Duration(float64(wire)/c.cfg.PathRates[p]*1e9)
+			if d := slices.Min(next) - now; d > time.Millisecond {
 				pace.Reset(d)
 				select {
 				case <-pace.C:
@@ -421,17 +435,26 @@ func (c *Conn) inject() {
 	}
 }
 
+// PathBytes returns the chunk payload bytes sent on each path so far,
+// repeats and parity included.
+func (c *Conn) PathBytes() []uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.pathBytes)
+}
+
 // fillLocked builds the next batch of chunk writes in c.tx.wrs and returns
 // its payload bytes. A batch holds parity of at most one stripe, since
 // parity is encoded into one scratch area.
-func (c *Conn) fillLocked(now time.Duration) int {
+func (c *Conn) fillLocked(now time.Duration, rate float64) int {
 	tx := &c.tx
 	tx.wrs = tx.wrs[:0]
 	bytes := 0
 	limit := cap(tx.wrs)
-	if c.cfg.Rate > 0 {
-		// About a millisecond of data per batch, so pacing stays smooth.
-		limit = max(1, min(limit, int(c.cfg.Rate/1e3)/max(c.cfg.Chunk, 1)))
+	if rate > 0 {
+		// About a millisecond of the path's data per batch, so pacing
+		// stays smooth.
+		limit = max(1, min(limit, int(rate/1e3)/max(c.cfg.Chunk, 1)))
 	}
 	for len(c.retx) > 0 && len(tx.wrs) < limit {
 		r := c.retx[0]
