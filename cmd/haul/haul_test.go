@@ -115,6 +115,59 @@ func TestThroughLinkem(t *testing.T) {
 	}
 }
 
+// Two paths through two emulated links of different rates, one lossy:
+// the file arrives intact and each path carries about its rate's share.
+func TestTwoPaths(t *testing.T) {
+	dir := t.TempDir()
+	in, out := filepath.Join(dir, "in"), filepath.Join(dir, "out")
+	want := writeRandom(t, in, 6<<20)
+	l1, err := linkem.Start(linkem.Config{Rate: 5e6, Faults: fabric.Faults{Delay: 2 * time.Millisecond, Seed: 1}})
+	require.NoError(t, err)
+	defer l1.Close()
+	l2, err := linkem.Start(linkem.Config{Rate: 15e6, Faults: fabric.Faults{Delay: 2 * time.Millisecond, Drop: 0.02, Seed: 2}})
+	require.NoError(t, err)
+	defer l2.Close()
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rc := runAsync(ctx, "recv", "--listen", addr, "--out", out, "--via", l1.AddrB().String()+","+l2.AddrB().String(), "--json")
+	waitListening(t, addr)
+	sc := runAsync(ctx, "send", "--to", addr, "--paths", "2", "--via", l1.AddrA().String()+","+l2.AddrA().String(),
+		"--rate", "40mbit,120mbit", "--region", "1MiB", "--json", in)
+	s, r := <-sc, <-rc
+	require.NoError(t, s.err, s.errOut)
+	require.NoError(t, r.err, r.errOut)
+	got, err := os.ReadFile(out)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(want, got))
+	var rep struct {
+		OK        bool
+		Paths     int
+		PathBytes []uint64 `json:"path_bytes"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(s.out)), &rep), s.out)
+	require.True(t, rep.OK)
+	require.Equal(t, 2, rep.Paths)
+	require.Len(t, rep.PathBytes, 2)
+	require.Greater(t, rep.PathBytes[1], 2*rep.PathBytes[0], "the 3x path carried %v", rep.PathBytes)
+	for _, l := range []*linkem.Link{l1, l2} {
+		ab, _ := l.Stats()
+		require.NotZero(t, ab.Packets, "a path was not used")
+	}
+}
+
+// Bad path flags are clear errors.
+func TestPathFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"send", "--to", "127.0.0.1:1", "--paths", "0", "x"},
+		{"send", "--to", "127.0.0.1:1", "--paths", "2", "--via", "127.0.0.1:2", "x"},
+		{"send", "--to", "127.0.0.1:1", "--paths", "2", "--rate", "1mbit,2mbit,3mbit", "x"},
+	} {
+		_, err := parseSend(args[1:], io.Discard)
+		require.Error(t, err, "%v", args)
+	}
+}
+
 // The sender dies mid-transfer: the receiver keeps what it has and says
 // so; the next run sends only the rest.
 func TestResume(t *testing.T) {

@@ -87,14 +87,41 @@ func openOutput(out string, off *offer) (*os.File, []byte, error) {
 	return f, have, nil
 }
 
+// acceptPaths accepts the sender's further paths, each onto the QP of
+// its index.
+func acceptPaths(ctx context.Context, ln *cm.Listener, e *endpoint, off *offer, o *common) error {
+	done := make([]bool, len(e.qps))
+	done[0] = true
+	for left := len(e.qps) - 1; left > 0; {
+		actx, cancel := context.WithTimeout(ctx, o.peerT)
+		req, err := ln.Accept(actx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("the sender's further paths did not arrive: %w", err)
+		}
+		var h pathHello
+		if json.Unmarshal(req.PrivateData(), &h) != nil || h.SHA256 != off.SHA256 || h.Path < 1 || h.Path >= len(e.qps) || done[h.Path] {
+			req.Reject("not a path of this transfer")
+			continue
+		}
+		via, err := o.viaGID(h.Path)
+		if err != nil {
+			req.Reject("receiver misconfigured")
+			return err
+		}
+		if err := req.Accept(ctx, e.qps[h.Path], &cm.Config{Via: via}); err != nil {
+			return fmt.Errorf("path %d: %w", h.Path, err)
+		}
+		done[h.Path] = true
+		left--
+	}
+	return nil
+}
+
 func receive(ctx context.Context, o *recvOpts, stdout, stderr io.Writer) error {
 	local, err := netip.ParseAddrPort(o.listen)
 	if err != nil {
 		return fmt.Errorf("--listen %q: want ip:port: %w", o.listen, err)
-	}
-	via, err := viaGID(o.via)
-	if err != nil {
-		return err
 	}
 	ln, err := cm.Listen(ctx, o.listen)
 	if err != nil {
@@ -127,17 +154,34 @@ func receive(ctx context.Context, o *recvOpts, stdout, stderr io.Writer) error {
 	if had > 0 {
 		fmt.Fprintf(stderr, "haul: resuming %s: %d of %d regions already here\n", o.out, had, n)
 	}
-	cfg := o.relCfg(off.K, 0, max(off.M, 8), reliability.Auto)
-	e, err := open(ctx, local, cfg)
+	paths := max(off.Paths, 1)
+	if paths > 16 {
+		req.Reject("too many paths")
+		return fmt.Errorf("the sender offers %d paths, at most 16", paths)
+	}
+	via, err := o.viaGID(0)
+	if err != nil {
+		req.Reject("receiver misconfigured")
+		return err
+	}
+	if len(o.vias) > 0 && len(o.vias) != paths {
+		req.Reject("receiver misconfigured")
+		return fmt.Errorf("--via: %d relays, but the sender uses %d paths", len(o.vias), paths)
+	}
+	cfg := o.relCfg(off.K, 0, max(off.M, 8), reliability.Auto, paths)
+	e, err := open(ctx, local, paths, cfg)
 	if err != nil {
 		req.Reject(err.Error())
 		return err
 	}
 	defer e.close()
-	if err := req.Accept(ctx, e.qp, &cm.Config{PrivateData: mustJSON(answer{Have: have}), Via: via}); err != nil {
+	if err := req.Accept(ctx, e.qps[0], &cm.Config{PrivateData: mustJSON(answer{Have: have}), Via: via}); err != nil {
 		return err
 	}
-	if e.conn, err = reliability.New(e.pd, e.qp, e.cq, cfg); err != nil {
+	if err := acceptPaths(ctx, ln, e, &off, &o.common); err != nil {
+		return err
+	}
+	if e.conn, err = reliability.NewPaths(e.pd, e.qps, e.cq, cfg); err != nil {
 		return err
 	}
 	var mm []byte

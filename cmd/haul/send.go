@@ -21,20 +21,22 @@ import (
 
 // report is the sender's final account.
 type report struct {
-	Bytes      int64   `json:"bytes"`
-	Seconds    float64 `json:"seconds"`
-	Gbps       float64 `json:"gbps"`
-	Scheme     string  `json:"scheme"`
-	Ideal      float64 `json:"ideal_seconds"`
-	Predicted  float64 `json:"predicted_seconds"`
-	SHA256     string  `json:"sha256"`
-	OK         bool    `json:"ok"`
-	Overhead   float64 `json:"wire_overhead"`
-	Repaired   int     `json:"repaired_chunks"`
-	Timeouts   int     `json:"timeouts"`
-	RTTms      float64 `json:"rtt_ms"`
-	Loss       float64 `json:"chunk_loss"`
-	Resumed    int64   `json:"resumed_bytes"`
+	Bytes      int64    `json:"bytes"`
+	Seconds    float64  `json:"seconds"`
+	Gbps       float64  `json:"gbps"`
+	Scheme     string   `json:"scheme"`
+	Ideal      float64  `json:"ideal_seconds"`
+	Predicted  float64  `json:"predicted_seconds"`
+	SHA256     string   `json:"sha256"`
+	OK         bool     `json:"ok"`
+	Overhead   float64  `json:"wire_overhead"`
+	Repaired   int      `json:"repaired_chunks"`
+	Timeouts   int      `json:"timeouts"`
+	RTTms      float64  `json:"rtt_ms"`
+	Loss       float64  `json:"chunk_loss"`
+	Resumed    int64    `json:"resumed_bytes"`
+	Paths      int      `json:"paths"`
+	PathBytes  []uint64 `json:"path_bytes"` // chunk bytes sent per path, repairs included
 	reason     string
 	schemeMix  string
 	verdictErr string
@@ -62,33 +64,47 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 		defer unix.Munmap(mm)
 	}
 	sha := sha256Hex(mm)
-	via, err := viaGID(o.via)
-	if err != nil {
-		return err
-	}
 	local, err := localFor(o.to)
 	if err != nil {
 		return fmt.Errorf("peer %s unreachable: %w", o.to, err)
 	}
-	cfg := o.relCfg(o.k, o.m, 8, o.scheme)
-	e, err := open(ctx, local, cfg)
+	cfg := o.relCfg(o.k, o.m, 8, o.scheme, o.paths)
+	e, err := open(ctx, local, o.paths, cfg)
 	if err != nil {
 		return err
 	}
 	defer e.close()
 	region := o.region
 	off := offer{Name: filepath.Base(o.path), Size: size, SHA256: sha, Region: region, K: o.k, M: max(o.m, 8)}
-	dctx, cancel := context.WithTimeout(ctx, o.peerT)
-	res, err := cm.Dial(dctx, o.to, e.qp, &cm.Config{PrivateData: mustJSON(off), Via: via})
-	cancel()
-	if err != nil {
-		return fmt.Errorf("peer %s unreachable: %w", o.to, err)
+	if o.paths > 1 {
+		off.Paths = o.paths
 	}
 	var ans answer
-	if err := json.Unmarshal(res.PrivateData, &ans); err != nil {
-		return fmt.Errorf("malformed answer from the receiver: %w", err)
+	for i := range o.paths {
+		via, err := o.viaGID(i)
+		if err != nil {
+			return err
+		}
+		pd := mustJSON(pathHello{Path: i, SHA256: sha})
+		if i == 0 {
+			pd = mustJSON(off)
+		}
+		dctx, cancel := context.WithTimeout(ctx, o.peerT)
+		res, err := cm.Dial(dctx, o.to, e.qps[i], &cm.Config{PrivateData: pd, Via: via})
+		cancel()
+		if err != nil {
+			if i > 0 {
+				return fmt.Errorf("peer %s: path %d: %w", o.to, i, err)
+			}
+			return fmt.Errorf("peer %s unreachable: %w", o.to, err)
+		}
+		if i == 0 {
+			if err := json.Unmarshal(res.PrivateData, &ans); err != nil {
+				return fmt.Errorf("malformed answer from the receiver: %w", err)
+			}
+		}
 	}
-	if e.conn, err = reliability.New(e.pd, e.qp, e.cq, cfg); err != nil {
+	if e.conn, err = reliability.NewPaths(e.pd, e.qps, e.cq, cfg); err != nil {
 		return err
 	}
 	c := e.conn
@@ -181,6 +197,9 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 		if rep.Resumed > 0 {
 			fmt.Fprintf(stdout, "haul: resumed: %d bytes were already at the receiver\n", rep.Resumed)
 		}
+		if rep.Paths > 1 {
+			fmt.Fprintf(stdout, "haul: %d paths carried %v bytes\n", rep.Paths, rep.PathBytes)
+		}
 		fmt.Fprintf(stdout, "haul: sha256 %s %s\n", sha, okWord(rep.OK))
 	}
 	if !rep.OK {
@@ -200,6 +219,7 @@ func summarise(rep *report, results []reliability.SendResult, c *reliability.Con
 	rep.RTTms = float64(l.RTT.Microseconds()) / 1e3
 	rep.Loss = l.Loss
 	rep.Ideal = float64(todo)/o.rate + l.RTT.Seconds()
+	rep.Paths, rep.PathBytes = o.paths, c.PathBytes()
 	byScheme := map[string]int64{}
 	var wire int64
 	for _, r := range results {

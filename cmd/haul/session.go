@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/rvma/rvma/internal/units"
@@ -17,12 +18,13 @@ import (
 )
 
 type common struct {
-	via     string
+	vias    []string // relay per path
 	json    bool
 	verbose bool
 	chunk   int
 	slots   int
-	rate    float64 // bytes/s
+	rates   []float64 // bytes/s per path (the sender's; one value for all)
+	rate    float64   // bytes/s, all paths together
 	peerT   time.Duration
 }
 
@@ -35,24 +37,27 @@ type recvOpts struct {
 type sendOpts struct {
 	common
 	to     string
+	paths  int
 	path   string
 	scheme reliability.Scheme
 	k, m   int
 	region int64
 }
 
-func commonFlags(fs *flag.FlagSet, c *common) (chunk, rate *string) {
-	fs.StringVar(&c.via, "via", "", "send the data path through this relay address (linkem's side facing this end)")
+func commonFlags(fs *flag.FlagSet, c *common) (chunk, rate, via *string) {
+	via = fs.String("via", "", "send the data path through this relay address (linkem's side facing this end); with several paths, one per path, comma-separated")
 	fs.BoolVar(&c.json, "json", false, "print the final report as one JSON line")
 	fs.BoolVar(&c.verbose, "v", false, "print each message's counters (sender) or the device's (receiver)")
 	chunk = fs.String("chunk", "", "chunk size, a multiple of the MTU (default one MTU, 4096)")
-	rate = fs.String("rate", "", "injection rate, as tc spells it (500mbit); set it to the path's rate (default 1gbit)")
+	rate = fs.String("rate", "", "injection rate per path, as tc spells it (500mbit), or one per path, comma-separated; set it to the path's rate (default 1gbit)")
 	fs.IntVar(&c.slots, "slots", 8, "messages in flight (a power of two, 1..64)")
 	fs.DurationVar(&c.peerT, "peer-timeout", 10*time.Second, "give up when the peer is silent this long")
-	return chunk, rate
+	return chunk, rate, via
 }
 
-func (c *common) finish(chunk, rate string) error {
+// finish parses the common flags for paths paths (the receiver learns
+// its count from the sender: 0 skips the per-path checks).
+func (c *common) finish(chunk, rate, via string, paths int) error {
 	if chunk != "" {
 		n, err := units.ParseSize(chunk)
 		if err != nil {
@@ -60,13 +65,30 @@ func (c *common) finish(chunk, rate string) error {
 		}
 		c.chunk = int(n)
 	}
-	c.rate = 1e9 / 8
+	if via != "" {
+		c.vias = strings.Split(via, ",")
+		if paths > 0 && len(c.vias) != paths {
+			return fmt.Errorf("--via: %d relays for %d paths", len(c.vias), paths)
+		}
+	}
+	rates := []string{"1gbit"}
 	if rate != "" {
-		bits, err := units.ParseRate(rate)
+		rates = strings.Split(rate, ",")
+	}
+	if paths > 0 && len(rates) != 1 && len(rates) != paths {
+		return fmt.Errorf("--rate: %d rates for %d paths", len(rates), paths)
+	}
+	for len(rates) < max(paths, 1) {
+		rates = append(rates, rates[0])
+	}
+	c.rates, c.rate = nil, 0
+	for _, r := range rates {
+		bits, err := units.ParseRate(r)
 		if err != nil {
 			return err
 		}
-		c.rate = bits / 8
+		c.rates = append(c.rates, bits/8)
+		c.rate += bits / 8
 	}
 	return nil
 }
@@ -75,8 +97,8 @@ func parseRecv(args []string, stderr io.Writer) (*recvOpts, error) {
 	o := &recvOpts{}
 	fs := flag.NewFlagSet("haul recv", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	chunk, rate := commonFlags(fs, &o.common)
-	fs.StringVar(&o.listen, "listen", "", "host:port to listen on (TCP for setup, UDP for data)")
+	chunk, rate, via := commonFlags(fs, &o.common)
+	fs.StringVar(&o.listen, "listen", "", "host:port to listen on (TCP for setup, UDP for data; more paths take further ports)")
 	fs.StringVar(&o.out, "out", "", "file to write")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -84,15 +106,16 @@ func parseRecv(args []string, stderr io.Writer) (*recvOpts, error) {
 	if o.listen == "" || o.out == "" || fs.NArg() != 0 {
 		return nil, errors.New("recv needs --listen ADDR and --out PATH, and no other arguments")
 	}
-	return o, o.finish(*chunk, *rate)
+	return o, o.finish(*chunk, *rate, *via, 0)
 }
 
 func parseSend(args []string, stderr io.Writer) (*sendOpts, error) {
 	o := &sendOpts{}
 	fs := flag.NewFlagSet("haul send", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	chunk, rate := commonFlags(fs, &o.common)
+	chunk, rate, via := commonFlags(fs, &o.common)
 	fs.StringVar(&o.to, "to", "", "the receiver's host:port")
+	fs.IntVar(&o.paths, "paths", 1, "paths (1..16): the data spreads over this many UDP sockets and connections, each paced at its --rate and relayed by its --via")
 	scheme := fs.String("scheme", "auto", "loss repair: auto (the model chooses), sr (selective repeat) or ec (erasure coding)")
 	fs.IntVar(&o.k, "k", 32, "EC data chunks per stripe")
 	fs.IntVar(&o.m, "m", 0, "EC parity chunks per stripe (default: the model picks 1, 2, 4 or 8)")
@@ -114,7 +137,10 @@ func parseSend(args []string, stderr io.Writer) (*sendOpts, error) {
 	if o.region, err = units.ParseSize(*region); err != nil || o.region < 4096 {
 		return nil, fmt.Errorf("--region %q: want at least 4096 bytes", *region)
 	}
-	return o, o.finish(*chunk, *rate)
+	if o.paths < 1 || o.paths > 16 {
+		return nil, fmt.Errorf("--paths %d: want 1..16", o.paths)
+	}
+	return o, o.finish(*chunk, *rate, *via, o.paths)
 }
 
 // offer is the sender's request, in the CM's private data.
@@ -125,6 +151,13 @@ type offer struct {
 	Region int64  `json:"region"`
 	K      int    `json:"k"`
 	M      int    `json:"m"`
+	Paths  int    `json:"paths,omitempty"` // further paths dial after this one with a pathHello
+}
+
+// pathHello is the private data of path i > 0.
+type pathHello struct {
+	Path   int    `json:"path"`
+	SHA256 string `json:"sha256"`
 }
 
 // answer is the receiver's reply: the regions it already has.
@@ -141,12 +174,13 @@ type verdict struct {
 
 const verdictSize = 512
 
-// endpoint is one side's device, QP and reliability connection.
+// endpoint is one side's device, QPs (one per path) and reliability
+// connection.
 type endpoint struct {
 	dev  *verbs.Device
 	pd   *verbs.PD
 	cq   *verbs.CQ
-	qp   *verbs.QP
+	qps  []*verbs.QP
 	conn *reliability.Conn
 }
 
@@ -159,29 +193,45 @@ func (e *endpoint) close() {
 	}
 }
 
-func (c *common) relCfg(k, m, maxParity int, scheme reliability.Scheme) reliability.Config {
-	return reliability.Config{Chunk: c.chunk, Slots: c.slots, Rate: c.rate, Scheme: scheme, K: k, M: m,
+func (c *common) relCfg(k, m, maxParity int, scheme reliability.Scheme, paths int) reliability.Config {
+	cfg := reliability.Config{Chunk: c.chunk, Slots: c.slots, Rate: c.rate, Scheme: scheme, K: k, M: m,
 		MaxParity: maxParity, PeerTimeout: c.peerT, RTT: 20 * time.Millisecond}
+	if len(c.rates) == paths {
+		cfg.PathRates = c.rates
+	}
+	return cfg
 }
 
-// open opens a udp device on local and a QP ready for the CM.
-func open(ctx context.Context, local netip.AddrPort, cfg reliability.Config) (*endpoint, error) {
+// open opens a udp device with one socket per path (the first on local,
+// the others on local's address and a free port) and a QP per path, ready
+// for the CM.
+func open(ctx context.Context, local netip.AddrPort, paths int, cfg reliability.Config) (*endpoint, error) {
 	e := &endpoint{}
+	uri := "udp://" + local.String()
+	for range paths - 1 {
+		uri += "," + netip.AddrPortFrom(local.Addr(), 0).String()
+	}
 	var err error
-	if e.dev, err = verbs.Open(ctx, "udp://"+local.String(), nil); err != nil {
+	if e.dev, err = verbs.Open(ctx, uri, nil); err != nil {
 		return nil, err
 	}
 	if e.pd, err = e.dev.AllocPD(); err != nil {
 		e.close()
 		return nil, err
 	}
-	if e.cq, err = e.dev.CreateCQ(verbs.CQConfig{Capacity: 4 * reliability.DefaultRecvDepth}); err != nil {
+	if e.cq, err = e.dev.CreateCQ(verbs.CQConfig{Capacity: 4 * paths * reliability.DefaultRecvDepth}); err != nil {
 		e.close()
 		return nil, err
 	}
-	if e.qp, err = e.pd.CreateQP(reliability.QPConfig(e.cq, cfg)); err != nil {
-		e.close()
-		return nil, err
+	for i := range paths {
+		qc := reliability.QPConfig(e.cq, cfg)
+		qc.GID = i
+		qp, err := e.pd.CreateQP(qc)
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		e.qps = append(e.qps, qp)
 	}
 	return e, nil
 }
@@ -197,13 +247,17 @@ func localFor(to string) (netip.AddrPort, error) {
 	return netip.AddrPortFrom(a.Addr().Unmap(), 0), nil
 }
 
-func viaGID(via string) (verbs.GID, error) {
-	if via == "" {
+// viaGID is path i's relay (none without --via).
+func (c *common) viaGID(i int) (verbs.GID, error) {
+	if len(c.vias) == 0 {
 		return verbs.GID{}, nil
 	}
-	g, err := netip.ParseAddrPort(via)
+	if i >= len(c.vias) {
+		return verbs.GID{}, fmt.Errorf("--via: no relay for path %d (%d given)", i, len(c.vias))
+	}
+	g, err := netip.ParseAddrPort(strings.TrimSpace(c.vias[i]))
 	if err != nil {
-		return g, fmt.Errorf("--via %q: %w", via, err)
+		return g, fmt.Errorf("--via %q: %w", c.vias[i], err)
 	}
 	return g, nil
 }
