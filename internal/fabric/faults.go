@@ -236,20 +236,20 @@ func (fp *FaultPort) Addr() netip.AddrPort { return fp.Port.Addr() }
 type heldPacket struct {
 	at  time.Time
 	seq uint64 // hold order: packets due at the same time leave in it
-	p  *wire.Packet
+	p   *wire.Packet
 }
 
 type delayHeap []heldPacket
 
-func (h delayHeap) Len() int           { return len(h) }
+func (h delayHeap) Len() int { return len(h) }
 func (h delayHeap) Less(i, j int) bool {
 	if h[i].at.Equal(h[j].at) {
 		return h[i].seq < h[j].seq
 	}
 	return h[i].at.Before(h[j].at)
 }
-func (h delayHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *delayHeap) Push(x any)        { *h = append(*h, x.(heldPacket)) }
+func (h delayHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *delayHeap) Push(x any)   { *h = append(*h, x.(heldPacket)) }
 func (h *delayHeap) Pop() any {
 	old := *h
 	x := old[len(old)-1]
