@@ -192,7 +192,7 @@ type Conn struct {
 	cfg   Config
 	log   *slog.Logger
 	pd    *verbs.PD
-	qp    *verbs.QP   // path 0: control messages, and chunks
+	qp    *verbs.QP   // path 0
 	qps   []*verbs.QP // every path; chunks go on all
 	cq    *verbs.CQ
 	epoch time.Time
@@ -202,9 +202,10 @@ type Conn struct {
 	wg     sync.WaitGroup
 	kick   chan struct{} // wakes the injector
 
-	rq  *verbs.MR // control receive buffers
-	ctl *verbs.MR // control send buffers, a ring
-	cti int
+	rq      *verbs.MR // control receive buffers
+	ctl     *verbs.MR // control send buffers, a ring
+	cti     int
+	ctlPath int // the path of the next control message
 
 	mu       sync.Mutex
 	changed  chan struct{} // closed and replaced on every state change
@@ -254,9 +255,9 @@ func New(pd *verbs.PD, qp *verbs.QP, cq *verbs.CQ, cfg Config) (*Conn, error) {
 // NewPaths starts the protocol over several paths: qps are connected UC
 // QPs of one PD (typically one per local address), path i to the peer's
 // path i, all completing into cq, which needs room for RecvDepth
-// completions per path. Control messages use path 0; chunks are spread
-// over all paths by Config.PathRates. Both ends must use the same number
-// of paths. The round-trip time and loss estimates are the connection's,
+// completions per path. Chunks are spread over the paths by
+// Config.PathRates; control messages take the paths in turn. Both ends
+// must use the same number of paths. The round-trip time and loss estimates are the connection's,
 // not per path: the paths are meant to have similar delays.
 func NewPaths(pd *verbs.PD, qps []*verbs.QP, cq *verbs.CQ, cfg Config) (*Conn, error) {
 	if len(qps) == 0 || len(qps) > 64 {
@@ -431,7 +432,13 @@ func (c *Conn) sendCtlLocked(m *sdrwire.Message) {
 	b := sdrwire.Append(c.ctl.Bytes()[off:off], m)
 	sge := c.ctl.SGE(off, len(b))
 	wr := verbs.SendWR{Opcode: verbs.OpSend, SGL: []verbs.SGE{sge}}
-	if _, err := c.qp.PostSend([]verbs.SendWR{wr}); err != nil && !errors.Is(err, verbs.ErrQueueFull) {
+	// Control messages take the paths in turn: each path then carries
+	// traffic both ways (a relay that learns its ends from packets, as
+	// linkem does, needs that), and losing one path does not silence the
+	// control channel.
+	qp := c.qps[c.ctlPath]
+	c.ctlPath = (c.ctlPath + 1) % len(c.qps)
+	if _, err := qp.PostSend([]verbs.SendWR{wr}); err != nil && !errors.Is(err, verbs.ErrQueueFull) {
 		c.failLocked(fmt.Errorf("reliability: %w", err))
 	}
 }
