@@ -17,8 +17,8 @@ run() { # paths via_recv via_send rate
 	# Fresh links per run: linkem learns each side's address from its
 	# first packet.
 	pids=()
-	bin/linkem --a 127.0.0.1:7691 --b 127.0.0.1:7692 --delay 12.5ms --rate "$r1" --loss "$loss" --seed 1 & pids+=($!)
-	bin/linkem --a 127.0.0.1:7693 --b 127.0.0.1:7694 --delay 12.5ms --rate "$r2" --loss "$loss" --seed 2 & pids+=($!)
+	bin/linkem --a 127.0.0.1:7691 --b 127.0.0.1:7692 --delay 12.5ms --rate "$r1" --loss "$loss" --seed 1 2>/dev/null & pids+=($!)
+	bin/linkem --a 127.0.0.1:7693 --b 127.0.0.1:7694 --delay 12.5ms --rate "$r2" --loss "$loss" --seed 2 2>/dev/null & pids+=($!)
 	sleep 0.3
 	bin/haul recv --listen 127.0.0.1:7690 --via "$2" --out "$tmp/out" --json >/dev/null &
 	local rp=$!
