@@ -145,3 +145,32 @@ func TestLongHaulEnv(t *testing.T) {
 	_, err = longHaulFromEnv()
 	require.ErrorIs(t, err, ErrBootstrap)
 }
+
+// A long-haul peer that dies: puts toward it fail with ErrPeer once the
+// reliability layer has heard nothing for its PeerTimeout.
+func TestLongHaulDeadPeer(t *testing.T) {
+	comms := newWorld(t, 2, &Config{Connect: verbs.ConnectConfig{Timeout: time.Millisecond, RetryCount: 2},
+		LongHaul: &LongHaulConfig{Reliability: reliability.Config{RTT: 2 * time.Millisecond, PeerTimeout: 300 * time.Millisecond}}})
+	wins := make([]*Win, 2)
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		var err error
+		wins[c.Rank()], err = c.Allocate(ctx, 1<<16, &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{1 - c.Rank(): 1 << 16}}})
+		if err != nil {
+			return err
+		}
+		// Connect both ways before rank 1 goes.
+		if err := wins[c.Rank()].Put(ctx, make([]byte, 1<<16), 1-c.Rank(), 0); err != nil {
+			return err
+		}
+		_, err = wins[c.Rank()].WaitEpoch(ctx)
+		return err
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	comms[1].teardown() // rank 1 dies
+	require.NoError(t, wins[0].Put(ctx, make([]byte, 1<<16), 1, 0))
+	err := wins[0].Flush(ctx, 1)
+	require.ErrorIs(t, err, ErrPeer)
+	t.Logf("failure reported %v after the peer died", time.Since(t0))
+}
