@@ -5,7 +5,7 @@ FUZZTIME    ?= 20s
 # package:FuzzTarget pairs run by fuzz-short
 FUZZ_TARGETS = ./internal/psn:FuzzDiff ./internal/wire:FuzzParse ./verbs/cm:FuzzMessage ./internal/pmi:FuzzParse ./rma:FuzzDecodeAM ./internal/sdrwire:FuzzParse
 
-.PHONY: all build test bench fuzz-short lint demo demo-verbs demo-haul perf perf-rma perf-haul clean
+.PHONY: all build test bench fuzz-short lint demo demo-verbs demo-haul perf perf-rma perf-haul perf-haul-paths clean
 
 all: build
 
@@ -52,6 +52,11 @@ demo-haul:
 # scheme (about three minutes); a table and docs/img/haul_loss.svg.
 perf-haul:
 	scripts/haul-matrix.sh 256 docs/img/haul_loss.svg
+
+# haul over one path, then two, each its own linkem (25 ms RTT, 1e-3 loss).
+perf-haul-paths:
+	scripts/haul-paths.sh 128 250mbit 250mbit 0.001
+	scripts/haul-paths.sh 128 100mbit 400mbit 0.001
 
 # The side-by-side figures of docs/PERFORMANCE.md.
 perf:
