@@ -50,10 +50,12 @@
 // (a put into a notified window cannot be re-sent, as part of it may have
 // been counted: it fails instead). Everything else uses the first path's
 // RC connection. Comm.Paths reports each path's state. Split operations
-// complete like any other (flushes, fences and unlocks wait for them);
-// a put into a notified window waits for the origin's earlier puts to that
-// target when it is split or follows a split one, so that epochs never
-// overtake each other across paths; windows that count puts are not split.
+// complete like any other (flushes, fences and unlocks wait for them).
+// Puts into notified windows keep their epochs: only per-origin windows
+// that count bytes have their puts split, only puts that end within their
+// epoch, and a put that starts the next epoch (or crosses the expectation)
+// waits for the origin's puts in flight to that target; within an epoch,
+// puts pipeline.
 //
 // # Long-haul peers
 //

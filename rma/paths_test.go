@@ -298,6 +298,55 @@ func TestPathsNotifiedRunAhead(t *testing.T) {
 	})
 }
 
+// A put that crosses its epoch's expectation counts whole into the epoch
+// it starts in, as it does over one RC connection: it is not split (its
+// pieces would be counted into two epochs), and the epoch completes only
+// when all of it has arrived.
+func TestPathsNotifiedStraddle(t *testing.T) {
+	comms := newWorld(t, 2, &Config{Paths: 3, Connect: verbs.ConnectConfig{Timeout: time.Second}})
+	const e, put = 1 << 20, 768 << 10
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		w, err := c.Allocate(ctx, 4*put, &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{0: e}}})
+		if err != nil {
+			return err
+		}
+		if c.Rank() == 0 {
+			for i := 1; i < 3; i++ {
+				if err := c.Device().SetFaults(i, verbs.Faults{Delay: time.Duration(i) * 10 * time.Millisecond}); err != nil {
+					return err
+				}
+			}
+			for p := range 4 {
+				if err := w.Put(ctx, bytes.Repeat([]byte{byte(p + 1)}, put), 1, p*put); err != nil {
+					return err
+				}
+			}
+			if err := w.FlushAll(ctx); err != nil {
+				return err
+			}
+		} else {
+			for ep := range 2 {
+				if _, err := w.WaitEpoch(ctx); err != nil {
+					return err
+				}
+				// Epoch ep holds puts 2ep and 2ep+1, whole.
+				for p := 2 * ep; p < 2*ep+2; p++ {
+					if !bytes.Equal(w.Bytes()[p*put:(p+1)*put], bytes.Repeat([]byte{byte(p + 1)}, put)) {
+						return fmt.Errorf("epoch %d completed before put %d arrived whole", ep, p)
+					}
+				}
+			}
+			if _, done, err := w.TestEpoch(); err != nil || done {
+				return fmt.Errorf("a third epoch completed (%v, %v)", done, err)
+			}
+		}
+		if err := c.Barrier(ctx); err != nil {
+			return err
+		}
+		return w.Free(ctx)
+	})
+}
+
 // A path that dies mid-transfer: its part is written again over the
 // others, the data arrives intact, and the path shows down.
 func TestPathsFailover(t *testing.T) {

@@ -63,6 +63,7 @@ type remoteWin struct {
 	lockKey  uint32
 	notify   uint8 // 0 plain, 1 aggregate mailbox, 2 per-origin mailboxes
 	countOps bool  // the target counts puts, not bytes
+	expect   int   // per-origin windows: what the target expects of this rank per epoch
 }
 
 const remoteWinLen = 8 + 4 + 8 + 4 + 8 + 4 + 1
@@ -114,6 +115,11 @@ type Win struct {
 	unsigMu sync.Mutex
 	unsig   []int // unsignalled puts per target since the last flush marker
 
+	// Notified windows over paths: where this rank's puts stand in the
+	// target's epoch (bytes put into it so far), kept in posting order.
+	epochMu  sync.Mutex
+	epochAcc []int
+
 	notify *notifyState
 	freed  bool
 }
@@ -151,7 +157,7 @@ func (c *Comm) Create(ctx context.Context, mem []byte, cfg *WinConfig) (*Win, er
 	id := c.nextWin
 	c.winMu.Unlock()
 	w := &Win{c: c, id: id, mem: mem, unit: conf.DispUnit, locks: map[int]LockType{},
-		out: make([]int, c.size), spreadN: make([]int, c.size), unsig: make([]int, c.size), failed: make([]error, c.size), lockMem: make([]uint64, 1+c.size)}
+		out: make([]int, c.size), spreadN: make([]int, c.size), epochAcc: make([]int, c.size), unsig: make([]int, c.size), failed: make([]error, c.size), lockMem: make([]uint64, 1+c.size)}
 	var err error
 	if len(mem) > 0 {
 		if w.mr, err = c.pd.RegisterMR(mem, verbs.AccessAll); err != nil {
@@ -189,20 +195,35 @@ func (c *Comm) Create(ctx context.Context, mem []byte, cfg *WinConfig) (*Win, er
 	binary.LittleEndian.PutUint64(me[24:], w.lockMR.Addr())
 	binary.LittleEndian.PutUint32(me[32:], w.lockMR.RKey())
 	me[36] = mode
-	all, err := c.Allgather(ctx, me[:])
+	desc := me[:]
+	if conf.Notify != nil && len(conf.Notify.ExpectFrom) > 0 {
+		// What each origin is expected to put per epoch, so that an
+		// origin knows where its epochs end (see spreads).
+		for o, e := range conf.Notify.ExpectFrom {
+			desc = binary.LittleEndian.AppendUint32(desc, uint32(o))
+			desc = binary.LittleEndian.AppendUint64(desc, uint64(e))
+		}
+	}
+	all, err := c.Allgather(ctx, desc)
 	if err != nil {
 		w.release()
 		return nil, err
 	}
 	w.remote = make([]remoteWin, c.size)
 	for r, b := range all {
-		if len(b) != remoteWinLen {
+		if len(b) < remoteWinLen || (len(b)-remoteWinLen)%12 != 0 {
 			w.release()
 			return nil, opErr("create window", r, fmt.Errorf("%w: bad window description", ErrDatatype))
 		}
+		expect := 0
+		for e := b[remoteWinLen:]; len(e) > 0; e = e[12:] {
+			if int(binary.LittleEndian.Uint32(e)) == c.rank {
+				expect = int(binary.LittleEndian.Uint64(e[4:]))
+			}
+		}
 		w.remote[r] = remoteWin{addr: binary.LittleEndian.Uint64(b[0:]), rkey: binary.LittleEndian.Uint32(b[8:]),
 			size: binary.LittleEndian.Uint64(b[12:]), unit: binary.LittleEndian.Uint32(b[20:]),
-			lockAddr: binary.LittleEndian.Uint64(b[24:]), lockKey: binary.LittleEndian.Uint32(b[32:]), notify: b[36] &^ notifyOps, countOps: b[36]&notifyOps != 0}
+			lockAddr: binary.LittleEndian.Uint64(b[24:]), lockKey: binary.LittleEndian.Uint32(b[32:]), notify: b[36] &^ notifyOps, countOps: b[36]&notifyOps != 0, expect: expect}
 	}
 	return w, nil
 }
@@ -395,18 +416,16 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 		// that the peer assigns them to epochs in the order they start.
 		return w.haulPut(ctx, name, origin, ol, target, off, tl)
 	}
-	if !tl.Contiguous() && tl.Block < smallBlock {
-		return w.putPacked(ctx, origin, ol, target, off, tl)
-	}
 	spread := w.spreads(target, tl.Size(), ol, tl, false)
-	if w.remote[target].notify != 0 && (spread || w.spreading(target)) {
-		// The target counts a put into the buffer that its first byte
-		// finds open, so a put must not overtake an earlier one of the
-		// previous epoch; one split over paths could, and so could a put
-		// on the RC connection overtake a split one. Drain in between.
-		if err := w.Flush(ctx, target); err != nil {
+	if w.remote[target].notify != 0 && w.c.cfg.Paths > 1 {
+		var err error
+		if spread, err = w.epochOrder(ctx, target, tl.Size(), spread); err != nil {
 			return nil, opErr(name, target, err)
 		}
+		defer w.epochMu.Unlock()
+	}
+	if !tl.Contiguous() && tl.Block < smallBlock {
+		return w.putPacked(ctx, origin, ol, target, off, tl)
 	}
 	if spread {
 		return w.spread(ctx, name, target, origin[:ol.Size()], off, false)
