@@ -9,3 +9,5 @@ import (
 func TestConformanceLoop(t *testing.T) { verbstest.Run(t, verbstest.Loop()) }
 
 func TestConformanceUDP(t *testing.T) { verbstest.Run(t, verbstest.UDP()) }
+
+func TestConformanceSHM(t *testing.T) { verbstest.Run(t, verbstest.SHM()) }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rvma/rvma/internal/fabric"
 	"github.com/rvma/rvma/internal/loopfab"
+	"github.com/rvma/rvma/internal/shmfab"
 	"github.com/rvma/rvma/internal/udpfab"
 	"github.com/rvma/rvma/internal/wire"
 )
@@ -102,6 +103,13 @@ type mailboxBox struct{ h MailboxHandler }
 // process. gids (default 1, range 1..256) sets the number of local
 // addresses; mtu (default 65536, range 256..1048576) the largest payload.
 //
+//	shm://NAME[?gids=N&mtu=BYTES]
+//
+// shm devices of one NAME reach each other across the processes of a host
+// through shared memory (package internal/shmfab); gids (default 1)
+// sets the number of local addresses, mtu (default 65536, range
+// 256..1048576) the largest payload.
+//
 // A udp device has one GID per address, each a UDP socket (port 0 picks a
 // free port; Device.GIDs reports the one chosen). IPv4 and IPv6 addresses
 // may be mixed, but a QP only reaches peers of its GID's family. mtu
@@ -150,6 +158,33 @@ func Open(ctx context.Context, uri string, cfg *DeviceConfig) (*Device, error) {
 			return nil, fmt.Errorf("verbs: open %q: %w: %v", uri, ErrInvalidArgument, err)
 		}
 		for _, p := range lp {
+			ports = append(ports, p)
+		}
+	case "shm":
+		name := u.Host + u.Path
+		if name == "" {
+			return nil, fmt.Errorf("verbs: open %q: %w: shm fabric needs a name", uri, ErrInvalidArgument)
+		}
+		q := u.Query()
+		n, err := intParam(q, "gids", 1)
+		if err == nil && (n < 1 || n > 256) {
+			err = fmt.Errorf("%w: gids=%d", ErrInvalidArgument, n)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("verbs: open %q: %w", uri, err)
+		}
+		mtu, err := intParam(q, "mtu", shmfab.DefaultMTU)
+		if err != nil {
+			return nil, fmt.Errorf("verbs: open %q: %w", uri, err)
+		}
+		for range n {
+			p, err := shmfab.Open(name, mtu)
+			if err != nil {
+				for _, p := range ports {
+					p.Close()
+				}
+				return nil, fmt.Errorf("verbs: open %q: %w: %v", uri, ErrInvalidArgument, err)
+			}
 			ports = append(ports, p)
 		}
 	default:

@@ -128,7 +128,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		fs.PrintDefaults()
 	}
 	o := &options{}
-	fs.StringVar(&o.provider, "provider", "loop", "provider: loop (in-process) or udp")
+	fs.StringVar(&o.provider, "provider", "loop", "provider: loop (in-process), udp, or shm (shared memory between processes of a host)")
 	fs.StringVar(&o.addr, "addr", "127.0.0.1", "udp: the local IP address of the device")
 	fs.StringVar(&o.cpuprof, "cpuprofile", "", "write a CPU profile of the run to this file")
 	fs.StringVar(&o.device, "device", "", "device URI (default: chosen from --provider)")
@@ -221,6 +221,13 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 				return nil, fmt.Errorf("--addr: %w", err)
 			}
 			o.device = "udp://" + netip.AddrPortFrom(ip, 0).String()
+			if o.mtu > 0 {
+				o.device += fmt.Sprintf("?mtu=%d", o.mtu)
+			}
+		case "shm":
+			// One name for the server and the client: ports of other
+			// names refuse each other.
+			o.device = "shm://rvma-perf"
 			if o.mtu > 0 {
 				o.device += fmt.Sprintf("?mtu=%d", o.mtu)
 			}

@@ -59,7 +59,7 @@ func TestEveryTest(t *testing.T) {
 }
 
 // TestTwoProcesses runs every verbs test as two processes, server and
-// client, over the udp provider on loopback.
+// client, over the udp provider on loopback and over shared memory.
 func TestTwoProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
@@ -67,22 +67,30 @@ func TestTwoProcesses(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "rvma-perf")
 	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
 	require.NoError(t, err, string(out))
-	for _, test := range tests {
-		if local(test) || isRMA(test) || isMP(test) {
-			continue // both ends in one process by design
+	for _, provider := range []string{"udp", "shm"} {
+		for _, test := range tests {
+			if local(test) || isRMA(test) || isMP(test) {
+				continue // both ends in one process by design
+			}
+			twoProcesses(t, bin, provider, test)
 		}
-		t.Run(test, func(t *testing.T) {
+	}
+}
+
+func twoProcesses(t *testing.T, bin, provider, test string) {
+	{
+		t.Run(provider+"/"+test, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			port := freePort(t)
-			srv := exec.CommandContext(ctx, bin, test, "--provider", "udp", "--server", port)
+			srv := exec.CommandContext(ctx, bin, test, "--provider", provider, "--server", port)
 			var srvOut bytes.Buffer
 			srv.Stdout, srv.Stderr = &srvOut, &srvOut
 			require.NoError(t, srv.Start())
 			var res []byte
 			var cerr error
 			for try := 0; try < 50; try++ { // until the server listens
-				res, cerr = exec.CommandContext(ctx, bin, test, "--provider", "udp", "--connect", port,
+				res, cerr = exec.CommandContext(ctx, bin, test, "--provider", provider, "--connect", port,
 					"--iters", "300", "--size", "2048", "--json").Output()
 				if cerr == nil || !strings.Contains(string(res)+errText(cerr), "refused") {
 					break
@@ -94,7 +102,7 @@ func TestTwoProcesses(t *testing.T) {
 			var r Result
 			require.NoError(t, json.Unmarshal(res, &r), string(res))
 			require.Equal(t, test, r.Test)
-			require.Equal(t, "udp", r.Provider)
+			require.Equal(t, provider, r.Provider)
 			require.GreaterOrEqual(t, r.Iters, 300)
 		})
 	}

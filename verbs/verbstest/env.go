@@ -8,6 +8,7 @@ package verbstest
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -35,6 +36,20 @@ func Loop() Env { return loopEnv{fabric: fmt.Sprintf("verbstest-%d", fabricSeq.A
 func (e loopEnv) Name() string { return "loop" }
 func (e loopEnv) Open(t testing.TB) *verbs.Device {
 	d, err := verbs.Open(context.Background(), "loop://"+e.fabric+"?gids=2", nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+type shmEnv struct{ fabric string }
+
+// SHM returns an Env of shm devices (two GIDs each) on a fabric name
+// private to the caller.
+func SHM() Env { return shmEnv{fabric: fmt.Sprintf("verbstest-%d-%d", os.Getpid(), fabricSeq.Add(1))} }
+
+func (e shmEnv) Name() string { return "shm" }
+func (e shmEnv) Open(t testing.TB) *verbs.Device {
+	d, err := verbs.Open(context.Background(), "shm://"+e.fabric+"?gids=2", nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { d.Close() })
 	return d

@@ -53,5 +53,12 @@ func (r *Recorder) PSNs() []uint32 {
 	return append([]uint32(nil), r.psns...)
 }
 
+// Payloads returns the recorded payloads in arrival order.
+func (r *Recorder) Payloads() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.payloads...)
+}
+
 // Overlapped reports whether two calls ever ran at once.
 func (r *Recorder) Overlapped() bool { return r.overlap.Load() }

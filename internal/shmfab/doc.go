@@ -1,0 +1,34 @@
+// Package shmfab is the shared-memory fabric behind verbs' shm provider:
+// ports of processes on one host exchange packets (package wire) through
+// rings in shared memory instead of sockets.
+//
+// Each port owns a segment, an anonymous memfd mapped shared, made of a
+// header and Rings single-producer, single-consumer byte rings, one per
+// sending port. A port's address (its GID) is a unique-local IPv6 address
+// that carries the owner's pid and the segment's descriptor, so a sender
+// maps a destination's segment through /proc/PID/fd/FD without any
+// registry or name in /dev/shm; the segment disappears with the last
+// process that maps it, crashed or not. A sender claims a free ring in the
+// destination's segment with a compare-and-swap of its token (pid and
+// descriptor), then appends length-prefixed encoded packets and publishes
+// them by advancing the ring's head; the receiver parses them in place,
+// hands them to the handler and then advances the tail, which frees the
+// space. Ports of different fabric names refuse each other.
+//
+// Waiting: the receiver spins for a while after traffic (RVMA_SPIN), then
+// marks itself asleep and blocks on a futex in its header; a sender that
+// finds it asleep bumps the futex word and wakes it, so an idle port costs
+// no processor and a wake-up is one system call.
+//
+// Robustness: nothing is ever locked across processes. A sender that dies
+// leaves at worst an unpublished entry; the receiver notices the dead pid
+// (every 100 ms) and frees its ring. A receiver that dies stops draining;
+// senders drop packets once its ring stays full and its pid is gone, and
+// the transport above fails its connections by timeout. A corrupt ring
+// (lengths that do not fit, undecodable packets) is discarded and counted
+// (Stats.Dropped), as a malformed datagram would be.
+//
+// A Port is safe for concurrent use: sends are serialised per port; one
+// goroutine receives and runs the handler. Packets handed to the handler
+// alias the ring and are valid only during the call.
+package shmfab
