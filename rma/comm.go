@@ -39,8 +39,9 @@ const (
 
 // Config configures Init and NewWorld. The zero value means defaults.
 type Config struct {
-	// Provider is the verbs provider: "udp" (default, or RVMA_PROVIDER) or
-	// "loop" (in-process worlds only).
+	// Provider is the verbs provider: "udp" (default, or RVMA_PROVIDER),
+	// "shm" (shared memory: every rank on one host; rvmarun --provider
+	// shm) or "loop" (in-process worlds only).
 	Provider string
 	// Addr is the local IP address for the UDP provider and the connection
 	// manager, or a comma-separated list of addresses, one per path (the
@@ -78,6 +79,22 @@ type Config struct {
 	Connect verbs.ConnectConfig
 	// Logger receives diagnostics. Default slog.Default().
 	Logger *slog.Logger
+}
+
+// deviceURI is the device a rank opens: loop is the in-process fabric
+// loopName, shm one whose ports every rank of the host reaches.
+func (c *Config) deviceURI(loopName string) string {
+	switch c.Provider {
+	case "loop":
+		return loopName + "?gids=" + strconv.Itoa(c.Paths)
+	case "shm":
+		uri := "shm://rvma?gids=" + strconv.Itoa(c.Paths)
+		if c.MTU > 0 {
+			uri += "&mtu=" + strconv.Itoa(c.MTU)
+		}
+		return uri
+	}
+	return c.udpURI()
 }
 
 // cmAddr is the address the connection manager and the multipath
@@ -239,7 +256,7 @@ func Init(ctx context.Context, cfg *Config) (*Comm, error) {
 	if err != nil {
 		return nil, err
 	}
-	dev, err := verbs.Open(ctx, conf.udpURI(), &verbs.DeviceConfig{Logger: conf.Logger})
+	dev, err := verbs.Open(ctx, conf.deviceURI(""), &verbs.DeviceConfig{Logger: conf.Logger})
 	if err != nil {
 		store.Close()
 		if srv != nil {
@@ -364,12 +381,8 @@ func NewWorld(ctx context.Context, size int, cfg *Config) ([]*Comm, error) {
 			if conf.Devices != nil {
 				dev = conf.Devices[r]
 			} else {
-				uri := fabric + "?gids=" + strconv.Itoa(conf.Paths)
-				if conf.Provider == "udp" {
-					uri = conf.udpURI()
-				}
 				var err error
-				if dev, err = verbs.Open(ctx, uri, &verbs.DeviceConfig{Logger: conf.Logger}); err != nil {
+				if dev, err = verbs.Open(ctx, conf.deviceURI(fabric), &verbs.DeviceConfig{Logger: conf.Logger}); err != nil {
 					errs[r] = err
 					return
 				}

@@ -39,7 +39,7 @@ func pathBytes(st []multipath.Stats) (total uint64, used int) {
 // intact; small and strided ones take the RC connection; fence orders
 // them all.
 func TestPathsPutGetFence(t *testing.T) {
-	for _, provider := range []string{"loop", "udp"} {
+	for _, provider := range []string{"loop", "udp", "shm"} {
 		t.Run(provider, func(t *testing.T) {
 			const n, big = 3, 1 << 20
 			comms := newWorld(t, n, &Config{Provider: provider, Paths: 3})
