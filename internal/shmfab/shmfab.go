@@ -471,12 +471,17 @@ func (p *Port) drain() int {
 		p.rx = p.rx[:0]
 		for tail != head && len(p.rx) < cap(p.rx) {
 			pos := tail % RingBytes
-			if RingBytes-pos < 4 {
-				tail += RingBytes - pos
-				continue
+			n := uint64(wrapMark)
+			if RingBytes-pos >= 4 {
+				n = uint64(binary.LittleEndian.Uint32(data[pos:]))
 			}
-			n := uint64(binary.LittleEndian.Uint32(data[pos:]))
 			if n == wrapMark {
+				if tail+RingBytes-pos > head {
+					// A wrap past what was written: garbage.
+					p.malformed.Add(1)
+					tail = head
+					break
+				}
 				tail += RingBytes - pos
 				continue
 			}
