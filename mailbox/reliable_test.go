@@ -99,6 +99,23 @@ func serve(t *testing.T, tgt *mailbox.Target, conns mailbox.Reliable) *[]error {
 	return &refused
 }
 
+// relWindow connects a reliable pair with faults, creates a window at
+// mbox on the target completing per size bytes with epochs buffers
+// posted, serves it, and returns the window, its buffers, an initiator
+// and the refusals the target reports.
+func relWindow(t *testing.T, faults verbs.Faults, mbox uint64, size, epochs int) (*mailbox.Window, [][]byte, *mailbox.ReliableInitiator, *[]error) {
+	a, b, tgt := relPair(t, faults)
+	w, err := tgt.Init(mbox, mailbox.Config{Threshold: size})
+	require.NoError(t, err)
+	bufs := make([][]byte, epochs)
+	for i := range bufs {
+		bufs[i] = make([]byte, size)
+		_, err := w.Post(bufs[i])
+		require.NoError(t, err)
+	}
+	return w, bufs, mailbox.NewReliableInitiator(a.conns), serve(t, tgt, b.conns)
+}
+
 // Puts over a lossy, duplicating, reordering link land in the mailbox
 // buffer intact and count exactly once: every epoch completes with its own
 // bytes, none early, none twice.
@@ -113,18 +130,8 @@ func TestReliablePuts(t *testing.T) {
 		{"ec-loss-dup", verbs.Faults{Drop: 0.05, Duplicate: 0.05, Reorder: 0.05, Seed: 4}, reliability.EC},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, b, tgt := relPair(t, tc.faults)
 			const size, epochs = 512 << 10, 3
-			w, err := tgt.Init(7, mailbox.Config{Threshold: size})
-			require.NoError(t, err)
-			bufs := make([][]byte, epochs)
-			for i := range bufs {
-				bufs[i] = make([]byte, size)
-				_, err := w.Post(bufs[i])
-				require.NoError(t, err)
-			}
-			refused := serve(t, tgt, b.conns)
-			in := mailbox.NewReliableInitiator(a.conns)
+			w, bufs, in, refused := relWindow(t, tc.faults, 7, size, epochs)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			rng := rand.New(rand.NewPCG(9, 9))
@@ -159,18 +166,8 @@ func TestReliablePuts(t *testing.T) {
 // in the epoch its start order gives it, though a later one may finish
 // first.
 func TestReliablePutsPipelined(t *testing.T) {
-	a, b, tgt := relPair(t, verbs.Faults{Drop: 0.05, Reorder: 0.1, Duplicate: 0.02, Seed: 11})
 	const size, epochs, per = 64 << 10, 8, 4
-	w, err := tgt.Init(5, mailbox.Config{Threshold: size})
-	require.NoError(t, err)
-	bufs := make([][]byte, epochs)
-	for i := range bufs {
-		bufs[i] = make([]byte, size)
-		_, err := w.Post(bufs[i])
-		require.NoError(t, err)
-	}
-	refused := serve(t, tgt, b.conns)
-	in := mailbox.NewReliableInitiator(a.conns)
+	w, bufs, in, refused := relWindow(t, verbs.Faults{Drop: 0.05, Reorder: 0.1, Duplicate: 0.02, Seed: 11}, 5, size, epochs)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var puts []*mailbox.ReliablePut
