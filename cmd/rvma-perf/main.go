@@ -102,18 +102,27 @@ type options struct {
 
 var tests = []string{"write_bw", "write_lat", "write_ack_lat", "read_bw", "read_lat", "send_bw", "send_lat", "atomic_lat",
 	"put_bw", "put_notify_lat", "write_send_lat", "write_flush_send_lat", "rma_put_lat", "rma_put_bw", "mp_bw", "mp_fct",
-	"memcpy", "udp_raw", "udp_pingpong"}
+	"memcpy", "udp_raw", "udp_pingpong", "shm_pingpong"}
 
 // local reports whether a test is a baseline that runs without verbs.
-func local(test string) bool { return test == "memcpy" || test == "udp_raw" || test == "udp_pingpong" }
+func local(test string) bool {
+	return test == "memcpy" || test == "udp_raw" || test == "udp_pingpong" || test == "shm_pingpong"
+}
 
 func isLat(test string) bool {
-	return strings.HasSuffix(test, "_lat") || test == "udp_pingpong" || test == "mp_fct"
+	return strings.HasSuffix(test, "_lat") || strings.HasSuffix(test, "_pingpong") || test == "mp_fct"
 }
 
 func isMP(test string) bool { return test == "mp_bw" || test == "mp_fct" }
 
 func main() {
+	if child, err := childRole(); child {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "rvma-perf:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "rvma-perf:", err)
 		os.Exit(1)
@@ -313,6 +322,8 @@ func measureOne(ctx context.Context, o *options) (*Result, error) {
 		return udpRaw(ctx, o)
 	case "udp_pingpong":
 		return udpPingPong(ctx, o)
+	case "shm_pingpong":
+		return shmPingPong(ctx, o)
 	case "rma_put_lat", "rma_put_bw":
 		return rmaTest(ctx, o)
 	case "mp_bw":

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,18 @@ import (
 
 	"github.com/stretchr/testify/require"
 )
+
+// TestMain lets the test binary serve as the processes rvma-perf starts
+// (shm_pingpong's child, the shm server side), as the binary does.
+func TestMain(m *testing.M) {
+	if child, err := childRole(); child {
+		if err != nil {
+			os.Exit(1)
+		}
+		return
+	}
+	os.Exit(m.Run())
+}
 
 func runJSON(t *testing.T, args ...string) Result {
 	t.Helper()
@@ -27,7 +40,7 @@ func runJSON(t *testing.T, args ...string) Result {
 }
 
 func TestEveryTest(t *testing.T) {
-	for _, provider := range []string{"loop", "udp"} {
+	for _, provider := range []string{"loop", "udp", "shm"} {
 		for _, test := range tests {
 			if test == "write_lat" && raceEnabled {
 				continue // polls memory the peer writes: a deliberate race, as in ib_write_lat
@@ -50,6 +63,8 @@ func TestEveryTest(t *testing.T) {
 					require.Equal(t, "cpu", r.Provider)
 				case "udp_raw", "udp_pingpong":
 					require.Equal(t, "udp", r.Provider)
+				case "shm_pingpong":
+					require.Equal(t, "shm", r.Provider)
 				default:
 					require.Equal(t, provider, r.Provider)
 				}

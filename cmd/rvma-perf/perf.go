@@ -168,6 +168,16 @@ func (s *setup) connectConfig(mtu int) *cm.Config {
 func client(ctx context.Context, o *options) (*Result, error) {
 	addr := o.connect
 	var serverErr chan error
+	if addr == "" && o.provider == "shm" {
+		// Shared memory is for processes: the server side runs in a
+		// process of its own, so one command measures the real path.
+		a, wait, err := spawnServer(ctx, o)
+		if err != nil {
+			return nil, err
+		}
+		defer wait()
+		addr = a
+	}
 	if addr == "" {
 		ln, err := cm.Listen(ctx, "127.0.0.1:0")
 		if err != nil {
@@ -306,7 +316,9 @@ func serveOn(ctx context.Context, o *options, ln *cm.Listener, log io.Writer) er
 
 func (c *conn) postRecv(n, size int) error {
 	for i := 0; i < n; i++ {
-		if _, err := c.qp.PostRecv([]verbs.RecvWR{{SGL: []verbs.SGE{c.mr.SGE(0, max(size, 1))}}}); err != nil {
+		// Into the second half, what the peer writes: never the source
+		// half, which a retransmission may still be reading.
+		if _, err := c.qp.PostRecv([]verbs.RecvWR{{SGL: []verbs.SGE{c.mr.SGE(len(c.buf)/2, max(size, 1))}}}); err != nil {
 			return err
 		}
 	}
