@@ -224,7 +224,6 @@ func (p *Port) release(pe *peer) {
 // port, or one that finds the ring full for longer than a millisecond, is
 // dropped, as a datagram would be.
 func (p *Port) Send(pkts []*wire.Packet) {
-	kernelOrder.Add(1)
 	p.pmu.Lock()
 	var last *peer
 	for _, pkt := range pkts {
@@ -356,6 +355,9 @@ func (p *Port) push(pe *peer, pkt *wire.Packet) bool {
 	}
 	binary.LittleEndian.PutUint32(data[pos:], uint32(n))
 	wire.Append(data[pos+4:pos+4:pos+4+uint64(n)], pkt)
+	// For the race detector: after the payload was read, before it is
+	// published (see kernelOrder).
+	kernelOrder.Add(1)
 	head += need
 	pe.head = head
 	atomic.StoreUint64(u64(pe.mem, s+offHead), head)
