@@ -122,10 +122,14 @@ func TestRetiredRingDrains(t *testing.T) {
 	b, err := Open(t.Name(), 4096)
 	require.NoError(t, err)
 	const n = 100
+	// Nothing is drained until b has closed: a holds its own reader role.
+	a.rmu.Lock()
 	for i := range n {
 		b.Send([]*wire.Packet{packet(a.Addr(), uint32(i), nil)})
 	}
 	require.NoError(t, b.Close())
+	require.Zero(t, ra.Count())
+	a.rmu.Unlock()
 	require.Eventually(t, func() bool { return ra.Count() == n }, 5*time.Second, time.Millisecond)
 	require.Eventually(t, func() bool {
 		for i := range Rings {
