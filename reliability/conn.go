@@ -192,8 +192,7 @@ type Conn struct {
 	cfg   Config
 	log   *slog.Logger
 	pd    *verbs.PD
-	qp    *verbs.QP   // path 0
-	qps   []*verbs.QP // every path; chunks go on all
+	qps   []*verbs.QP // the paths: chunks and control messages go on all
 	cq    *verbs.CQ
 	epoch time.Time
 
@@ -257,8 +256,9 @@ func New(pd *verbs.PD, qp *verbs.QP, cq *verbs.CQ, cfg Config) (*Conn, error) {
 // path i, all completing into cq, which needs room for RecvDepth
 // completions per path. Chunks are spread over the paths by
 // Config.PathRates; control messages take the paths in turn. Both ends
-// must use the same number of paths. The round-trip time and loss estimates are the connection's,
-// not per path: the paths are meant to have similar delays.
+// must use the same number of paths. The round-trip time and loss
+// estimates are the connection's, not per path: the paths are meant to
+// have similar delays.
 func NewPaths(pd *verbs.PD, qps []*verbs.QP, cq *verbs.CQ, cfg Config) (*Conn, error) {
 	if len(qps) == 0 || len(qps) > 64 {
 		return nil, fmt.Errorf("%w: %d paths, want 1..64", ErrConfig, len(qps))
@@ -282,21 +282,19 @@ func NewPaths(pd *verbs.PD, qps []*verbs.QP, cq *verbs.CQ, cfg Config) (*Conn, e
 	if err := cfg.setPathRates(len(qps)); err != nil {
 		return nil, err
 	}
-	qp := qps[0]
 	dec, err := reedsolomon.New(cfg.K, cfg.MaxParity, reedsolomon.WithCauchyMatrix())
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	c := &Conn{
-		cfg: cfg, log: cfg.Logger, pd: pd, qp: qp, qps: slices.Clone(qps), cq: cq, epoch: time.Now(),
+		cfg: cfg, log: cfg.Logger, pd: pd, qps: slices.Clone(qps), cq: cq, epoch: time.Now(),
 		kick: make(chan struct{}, 1), changed: make(chan struct{}), srtt: max(cfg.RTT, cfg.MinRTT),
 		dec: dec, slots: make([]*Recv, cfg.Slots), parity: make([][]byte, cfg.Slots),
 		cts: map[uint64]*sdrwire.Message{}, sends: map[uint64]*Send{}, enc: map[[2]int]reedsolomon.Encoder{},
 		pathBytes: make([]uint64, len(qps)),
 	}
-	// Receive slots: RecvDepth per path, path i's ids from i·RecvDepth.
-	// Only path 0 carries control messages, but every chunk consumes a
-	// receive on its path.
+	// Receive slots: RecvDepth per path, path i's ids from i·RecvDepth:
+	// every chunk and control message consumes a receive on its path.
 	c.rq, err = pd.RegisterMR(make([]byte, len(qps)*cfg.RecvDepth*ctlSize), verbs.AccessLocalWrite)
 	if err != nil {
 		return nil, err
