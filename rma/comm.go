@@ -157,6 +157,22 @@ func (c *Config) withDefaults() Config {
 	return d
 }
 
+// check validates the configuration after defaults, and reads
+// RVMA_LONGHAUL into it.
+func (c *Config) check() error {
+	if c.Paths < 1 || c.Paths > 64 {
+		return fmt.Errorf("%w: %d paths, want 1..64", ErrBootstrap, c.Paths)
+	}
+	if c.LongHaul == nil {
+		lh, err := longHaulFromEnv()
+		if err != nil {
+			return err
+		}
+		c.LongHaul = lh
+	}
+	return nil
+}
+
 // Comm is a group of ranks that communicate: the world of a job.
 type Comm struct {
 	rank, size int
@@ -175,13 +191,13 @@ type Comm struct {
 
 	// With Config.Paths > 1: the listener other ranks' multipath
 	// connections arrive at, and the ones that arrived (kept for Close).
-	mpLn   *multipath.Listener
-	mpMu   sync.Mutex
-	mpIn   []*multipath.Conn
-	mpWG   sync.WaitGroup  // the multipath accept loop
-	bg     context.Context // ends at teardown; bounds waits on paths
-	bgStop context.CancelFunc
-	spread sync.WaitGroup // goroutines finishing operations bridged from other CQs
+	mpLn    *multipath.Listener
+	mpMu    sync.Mutex
+	mpIn    []*multipath.Conn
+	mpWG    sync.WaitGroup  // the multipath accept loop
+	bg      context.Context // ends at teardown; bounds waits on paths
+	bgStop  context.CancelFunc
+	bridges sync.WaitGroup // goroutines finishing operations bridged from other CQs
 
 	// Long-haul connections other ranks dialed, each served by a goroutine.
 	haulMu   sync.Mutex
@@ -479,7 +495,7 @@ func (c *Comm) teardown() {
 		if c.ln != nil {
 			c.ln.Close()
 		}
-		c.spread.Wait()
+		c.bridges.Wait()
 		c.closePaths()
 		c.acceptWG.Wait()
 		c.closeHauls()

@@ -303,7 +303,7 @@ func (w *Win) haulPut(ctx context.Context, name string, origin []byte, ol Layout
 		p, err := in.Start(ctx, mbox, uint64(r.dst), r.data, nil)
 		if err != nil {
 			if len(puts) == 0 {
-				return nil, opErr(name, target, haulErr(err))
+				return nil, opErr(name, target, peerErr(err))
 			}
 			break // the ones started still complete; the error is reported below
 		}
@@ -320,35 +320,6 @@ func (w *Win) haulPut(ctx context.Context, name string, origin []byte, ol Layout
 		if first == nil && short {
 			first = fmt.Errorf("%w: not every piece of the put could be started", ErrPeer)
 		}
-		return haulErr(first)
+		return peerErr(first)
 	}), nil
-}
-
-// haulErr maps the reliability layer's failures to rma's errors.
-func haulErr(err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, reliability.ErrPeer), errors.Is(err, reliability.ErrClosed), errors.Is(err, context.Canceled):
-		return fmt.Errorf("%w: %w", ErrPeer, err)
-	}
-	return err
-}
-
-// bridge tracks an operation that completes outside the Comm's CQ (on
-// the paths, or over the reliability layer): wait runs in a goroutine
-// and its result finishes an ordinary Op, so that flushes wait for it
-// and report its failure. While it runs, Complete does not rely on the
-// RC connection's ordering towards target.
-func (w *Win) bridge(name string, target int, wait func(ctx context.Context) error) *Request {
-	op, _ := w.track(0, target)
-	w.c.eng.Locked(func() { w.spreadN[target]++ })
-	w.c.spread.Add(1)
-	go func() {
-		defer w.c.spread.Done()
-		err := wait(w.c.bg)
-		w.c.eng.Locked(func() { w.spreadN[target]-- })
-		w.c.eng.Finish(op, err)
-	}()
-	return &Request{op: op, name: name, rank: target}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/rvma/rvma/multipath"
+	"github.com/rvma/rvma/reliability"
 	"github.com/rvma/rvma/verbs"
 )
 
@@ -16,22 +17,6 @@ import (
 // nothing (RDMA writes and reads, and mailbox puts, need no receiver
 // involvement). Everything else keeps the per-peer RC connection, which
 // orders messages behind the operations they follow.
-
-// check validates the configuration after defaults, and reads
-// RVMA_LONGHAUL into it.
-func (c *Config) check() error {
-	if c.Paths < 1 || c.Paths > 64 {
-		return fmt.Errorf("%w: %d paths, want 1..64", ErrBootstrap, c.Paths)
-	}
-	if c.LongHaul == nil {
-		lh, err := longHaulFromEnv()
-		if err != nil {
-			return err
-		}
-		c.LongHaul = lh
-	}
-	return nil
-}
 
 // listenPaths starts the multipath listener and publishes its address.
 func (c *Comm) listenPaths(ctx context.Context) error {
@@ -140,15 +125,17 @@ func (c *Comm) Paths(r int) []multipath.Stats {
 	return mc.Paths()
 }
 
-// pathErr maps a multipath failure to rma's errors: a connection whose
-// paths are all gone, or whose path failed without another to take over,
-// is a peer failure.
-func pathErr(err error) error {
-	if err == nil {
+// peerErr maps the failure of an operation bridged from another layer to
+// rma's errors: a multipath connection with no path left, a transport that
+// gave up, a reliability connection whose peer went silent or that
+// closed, or the Comm ending, are peer failures; refusals (a mailbox's)
+// stay what they are.
+func peerErr(err error) error {
+	switch {
+	case err == nil:
 		return nil
-	}
-	if errors.Is(err, multipath.ErrPaths) || errors.Is(err, verbs.StatusRetryExceeded) ||
-		errors.Is(err, verbs.StatusFlushed) || errors.Is(err, context.Canceled) {
+	case errors.Is(err, multipath.ErrPaths), errors.Is(err, verbs.StatusRetryExceeded), errors.Is(err, verbs.StatusFlushed),
+		errors.Is(err, reliability.ErrPeer), errors.Is(err, reliability.ErrClosed), errors.Is(err, context.Canceled):
 		return fmt.Errorf("%w: %w", ErrPeer, err)
 	}
 	return err
@@ -157,7 +144,7 @@ func pathErr(err error) error {
 // spreads reports whether a transfer of n bytes towards target, whose
 // layouts are both contiguous, may go over the paths. Puts into notified
 // windows are decided further by epochOrder.
-func (w *Win) spreads(target, n int, ol, tl Layout, get bool) bool {
+func (w *Win) spreads(target, n int, ol, tl Layout) bool {
 	return w.c.cfg.Paths > 1 && target != w.c.rank && n >= w.c.splitFrom() && ol.Contiguous() && tl.Contiguous()
 }
 
@@ -175,24 +162,27 @@ func (w *Win) spreads(target, n int, ol, tl Layout, get bool) bool {
 // returns whether to split, with w.epochMu held: the caller posts the put
 // and then unlocks, so that the positions are those of posting order.
 func (w *Win) epochOrder(ctx context.Context, target, n int, spread bool) (bool, error) {
-	rw := &w.remote[target]
 	w.epochMu.Lock()
-	acc := &w.epochAcc[target]
-	switch {
-	case rw.notify != notifyPerOrigin || rw.countOps || rw.expect <= 0:
+	spread, err := w.epochOrderLocked(ctx, target, n, spread)
+	if err != nil {
+		w.epochMu.Unlock()
+	}
+	return spread, err
+}
+
+func (w *Win) epochOrderLocked(ctx context.Context, target, n int, spread bool) (bool, error) {
+	rw := &w.remote[target]
+	if rw.notify != notifyPerOrigin || rw.countOps || rw.expect <= 0 {
 		// No epoch boundary known here: keep RC's order for every put.
-		if err := w.drainIfSpreading(ctx, target); err != nil {
-			w.epochMu.Unlock()
-			return false, err
-		}
-		return false, nil
-	case *acc >= rw.expect:
+		return false, w.drainIfBridging(ctx, target)
+	}
+	acc := &w.epochAcc[target]
+	if *acc >= rw.expect {
 		// This put starts the next epoch: everything of the last one
 		// must have arrived first if any of it, or this, takes a path.
 		*acc = 0
-		if spread || w.spreading(target) {
+		if spread || w.bridging(target) {
 			if err := w.Flush(ctx, target); err != nil {
-				w.epochMu.Unlock()
 				return false, err
 			}
 		}
@@ -202,8 +192,7 @@ func (w *Win) epochOrder(ctx context.Context, target, n int, spread bool) (bool,
 		// into this epoch, which it closes. Unsplit, and behind every
 		// earlier put of the epoch, or it would close the epoch early.
 		spread = false
-		if err := w.drainIfSpreading(ctx, target); err != nil {
-			w.epochMu.Unlock()
+		if err := w.drainIfBridging(ctx, target); err != nil {
 			return false, err
 		}
 	}
@@ -211,10 +200,10 @@ func (w *Win) epochOrder(ctx context.Context, target, n int, spread bool) (bool,
 	return spread, nil
 }
 
-// drainIfSpreading waits for target's operations when some travel on the
-// paths, so that a put on the RC connection cannot overtake them.
-func (w *Win) drainIfSpreading(ctx context.Context, target int) error {
-	if !w.spreading(target) {
+// drainIfBridging waits for target's operations when some travel outside
+// the RC connection, so that a put on it cannot overtake them.
+func (w *Win) drainIfBridging(ctx context.Context, target int) error {
+	if !w.bridging(target) {
 		return nil
 	}
 	return w.Flush(ctx, target)
@@ -251,17 +240,8 @@ func (w *Win) spread(ctx context.Context, name string, target int, b []byte, off
 		req, err = mc.Write(mr, moff, len(b), rw.addr+uint64(off), rw.rkey)
 	}
 	if err != nil {
-		return nil, opErr(name, target, pathErr(err))
+		return nil, opErr(name, target, peerErr(err))
 	}
 	// The waiter polls the paths' CQ.
-	return w.bridge(name, target, func(ctx context.Context) error { return pathErr(req.Wait(ctx)) }), nil
-}
-
-// spreading reports whether operations towards target are in flight on
-// the paths, which do not order them before a message on the RC
-// connection.
-func (w *Win) spreading(target int) bool {
-	n := 0
-	w.c.eng.Locked(func() { n = w.spreadN[target] })
-	return n > 0
+	return w.bridge(name, target, func(ctx context.Context) error { return peerErr(req.Wait(ctx)) }), nil
 }

@@ -107,9 +107,9 @@ func (w *Win) Complete(ctx context.Context) error {
 	}
 	var reqs []*Request
 	for _, r := range group {
-		// Operations on the paths are not ordered before the message:
-		// wait for them first.
-		if w.spreading(r) {
+		// Operations outside the RC connection are not ordered before
+		// the message: wait for them first.
+		if w.bridging(r) {
 			if err := w.Flush(ctx, r); err != nil {
 				return opErr("complete", r, err)
 			}

@@ -110,7 +110,7 @@ type Win struct {
 	out     []int // operations in flight per target; guarded by the engine's lock
 	outN    int
 	failed  []error // the first failure per target since its last flush; guarded likewise
-	spreadN []int   // operations in flight on the paths per target; guarded likewise
+	bridged []int   // operations in flight outside the RC connection per target (see bridge); guarded likewise
 
 	unsigMu sync.Mutex
 	unsig   []int // unsignalled puts per target since the last flush marker
@@ -157,7 +157,7 @@ func (c *Comm) Create(ctx context.Context, mem []byte, cfg *WinConfig) (*Win, er
 	id := c.nextWin
 	c.winMu.Unlock()
 	w := &Win{c: c, id: id, mem: mem, unit: conf.DispUnit, locks: map[int]LockType{},
-		out: make([]int, c.size), spreadN: make([]int, c.size), epochAcc: make([]int, c.size), unsig: make([]int, c.size), failed: make([]error, c.size), lockMem: make([]uint64, 1+c.size)}
+		out: make([]int, c.size), bridged: make([]int, c.size), epochAcc: make([]int, c.size), unsig: make([]int, c.size), failed: make([]error, c.size), lockMem: make([]uint64, 1+c.size)}
 	var err error
 	if len(mem) > 0 {
 		if w.mr, err = c.pd.RegisterMR(mem, verbs.AccessAll); err != nil {
@@ -416,7 +416,7 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 		// that the peer assigns them to epochs in the order they start.
 		return w.haulPut(ctx, name, origin, ol, target, off, tl)
 	}
-	spread := w.spreads(target, tl.Size(), ol, tl, false)
+	spread := w.spreads(target, tl.Size(), ol, tl)
 	if w.remote[target].notify != 0 && w.c.cfg.Paths > 1 {
 		var err error
 		if spread, err = w.epochOrder(ctx, target, tl.Size(), spread); err != nil {
@@ -564,7 +564,7 @@ func (w *Win) RgetLayout(ctx context.Context, origin []byte, ol Layout, target, 
 	if err != nil {
 		return nil, err
 	}
-	if w.spreads(target, tl.Size(), ol, tl, true) {
+	if w.spreads(target, tl.Size(), ol, tl) {
 		return w.spread(ctx, name, target, origin[:ol.Size()], off, true)
 	}
 	qp, err := w.c.conn(ctx, target)
@@ -693,4 +693,30 @@ func errOf(wc *verbs.WorkCompletion) error {
 		return mailbox.CompletionError(wc)
 	}
 	return wc.Err()
+}
+
+// bridge tracks an operation that completes outside the Comm's CQ (on
+// the paths, or over the reliability layer): wait runs in a goroutine
+// and its result finishes an ordinary Op, so that flushes wait for it
+// and report its failure. While it runs, Complete does not rely on the
+// RC connection's ordering towards target (see bridging).
+func (w *Win) bridge(name string, target int, wait func(ctx context.Context) error) *Request {
+	op, _ := w.track(0, target)
+	w.c.eng.Locked(func() { w.bridged[target]++ })
+	w.c.bridges.Add(1)
+	go func() {
+		defer w.c.bridges.Done()
+		err := wait(w.c.bg)
+		w.c.eng.Locked(func() { w.bridged[target]-- })
+		w.c.eng.Finish(op, err)
+	}()
+	return &Request{op: op, name: name, rank: target}
+}
+
+// bridging reports whether bridged operations towards target are in
+// flight: they are not ordered before a message on the RC connection.
+func (w *Win) bridging(target int) bool {
+	n := 0
+	w.c.eng.Locked(func() { n = w.bridged[target] })
+	return n > 0
 }
