@@ -115,6 +115,55 @@ func isLat(test string) bool {
 
 func isMP(test string) bool { return test == "mp_bw" || test == "mp_fct" }
 
+// latencyResult summarises one-way times (or flow completion times) of a
+// latency test measured over el seconds, size bytes each. It sorts lat.
+func latencyResult(test string, size int, lat []time.Duration, el float64) (*Result, error) {
+	n := len(lat)
+	if n == 0 {
+		return nil, fmt.Errorf("%s: no measurements", test)
+	}
+	slices.Sort(lat)
+	var sum time.Duration
+	for _, d := range lat {
+		sum += d
+	}
+	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
+	return &Result{Test: test, Size: size, Iters: n, QPs: 1, Seconds: el,
+		Gbps: float64(n) * float64(size) * 8 / el / 1e9, Mops: float64(n) / el / 1e6,
+		LatP50: us(lat[n/2]), LatP99: us(lat[n*99/100]), LatAvg: us(sum / time.Duration(n))}, nil
+}
+
+// pingPong times round trips of round after a warm-up (1000, or a tenth
+// of --iters) for --iters rounds or --duration, and returns the one-way
+// times (half a round trip) and the measured seconds; it stops early, with
+// what it has, when ctx ends.
+func pingPong(ctx context.Context, o *options, round func() error) ([]time.Duration, float64, error) {
+	warm := 1000
+	if o.iters > 0 {
+		warm = min(1000, max(o.iters/10, 10))
+	}
+	var lat []time.Duration
+	var begin time.Time
+	deadline := time.Now().Add(24 * time.Hour)
+	for i := 0; ; i++ {
+		if i == warm {
+			begin = time.Now()
+			deadline = begin.Add(o.duration)
+		}
+		if i >= warm && (o.iters > 0 && len(lat) >= o.iters || o.iters == 0 && time.Now().After(deadline)) || ctx.Err() != nil {
+			break
+		}
+		t0 := time.Now()
+		if err := round(); err != nil {
+			return nil, 0, err
+		}
+		if i >= warm {
+			lat = append(lat, time.Since(t0)/2)
+		}
+	}
+	return lat, time.Since(begin).Seconds(), nil
+}
+
 func main() {
 	if child, err := childRole(); child {
 		if err != nil {

@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -462,14 +461,11 @@ func mpFCT(ctx context.Context, o *options) (*Result, error) {
 	if len(fct) == 0 {
 		return nil, fmt.Errorf("mp_fct: no mice in %v", o.duration)
 	}
-	slices.Sort(fct)
-	var sum time.Duration
-	for _, d := range fct {
-		sum += d
+	r, err := latencyResult(o.test, mouse, fct, el)
+	if err != nil {
+		return nil, err
 	}
-	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
-	n := len(fct)
-	return &Result{Test: o.test, Provider: env.provider, Size: mouse, Iters: n, QPs: o.paths, Seconds: el,
-		Gbps: float64(eBytes) * 8 / el / 1e9, Mops: float64(n) / el / 1e6, Paths: o.paths, PathRateGbps: env.rates,
-		LatP50: us(fct[n/2]), LatP99: us(fct[n*99/100]), LatAvg: us(sum / time.Duration(n))}, nil
+	// The bandwidth is the elephant's; the latencies are the mice's.
+	r.Provider, r.QPs, r.Gbps, r.Paths, r.PathRateGbps = env.provider, o.paths, float64(eBytes)*8/el/1e9, o.paths, env.rates
+	return r, nil
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -729,15 +728,5 @@ func latency(ctx context.Context, s setup, c *conn) (*Result, error) {
 			lat = append(lat, d)
 		}
 	}
-	el := time.Since(begin).Seconds()
-	slices.Sort(lat)
-	var sum time.Duration
-	for _, d := range lat {
-		sum += d
-	}
-	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
-	n := len(lat)
-	return &Result{Test: s.Test, Size: s.Size, Iters: n, QPs: 1, Seconds: el,
-		Gbps: float64(n) * float64(s.Size) * 8 / el / 1e9, Mops: float64(n) / el / 1e6,
-		LatP50: us(lat[n/2]), LatP99: us(lat[n*99/100]), LatAvg: us(sum / time.Duration(n))}, nil
+	return latencyResult(s.Test, s.Size, lat, time.Since(begin).Seconds())
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"net/netip"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -136,41 +135,19 @@ func udpPingPong(ctx context.Context, o *options) (*Result, error) {
 	defer b.Close()
 	out := []udpfab.Message{{Buf: make([]byte, n), Addr: b.LocalAddr()}}
 	in := []udpfab.Message{{Buf: make([]byte, udpfab.MaxTrain)}}
-	warm := 1000
-	if o.iters > 0 {
-		warm = min(1000, max(o.iters/10, 10))
-	}
-	var lat []time.Duration
-	var begin time.Time
-	deadline := time.Now().Add(24 * time.Hour)
-	for i := 0; ; i++ {
-		if i == warm {
-			begin = time.Now()
-			deadline = begin.Add(o.duration)
-		}
-		if i >= warm && (o.iters > 0 && len(lat) >= o.iters || o.iters == 0 && time.Now().After(deadline)) || ctx.Err() != nil {
-			break
-		}
-		t0 := time.Now()
+	lat, el, err := pingPong(ctx, o, func() error {
 		if _, err := a.WriteBatch(out); err != nil {
-			return nil, err
+			return err
 		}
-		if _, err := a.ReadBatch(in); err != nil {
-			return nil, err
-		}
-		if i >= warm {
-			lat = append(lat, time.Since(t0)/2)
-		}
+		_, err := a.ReadBatch(in)
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
-	el := time.Since(begin).Seconds()
-	slices.Sort(lat)
-	var sum time.Duration
-	for _, d := range lat {
-		sum += d
+	r, err := latencyResult("udp_pingpong", o.size, lat, el)
+	if r != nil {
+		r.Provider = "udp"
 	}
-	k := len(lat)
-	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
-	return &Result{Test: "udp_pingpong", Provider: "udp", Size: o.size, Iters: k, QPs: 1, Seconds: el,
-		Gbps: float64(k) * float64(o.size) * 8 / el / 1e9, Mops: float64(k) / el / 1e6,
-		LatP50: us(lat[k/2]), LatP99: us(lat[k*99/100]), LatAvg: us(sum / time.Duration(k))}, nil
+	return r, err
 }

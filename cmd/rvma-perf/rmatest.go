@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 	"time"
 
 	"github.com/rvma/rvma/internal/testbed"
@@ -195,19 +194,11 @@ func rmaPutLat(ctx context.Context, c *rma.Comm, o *options) (*Result, error) {
 	if err := w.Free(ctx); err != nil {
 		return nil, err
 	}
-	if len(lat) == 0 {
-		return nil, fmt.Errorf("rma_put_lat: no measurements")
+	r, err := latencyResult(o.test, o.size, lat, el)
+	if r != nil {
+		r.Provider = o.provider
 	}
-	slices.Sort(lat)
-	var sum time.Duration
-	for _, d := range lat {
-		sum += d
-	}
-	n := len(lat)
-	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
-	return &Result{Test: o.test, Provider: o.provider, Size: o.size, Iters: n, QPs: 1, Seconds: el,
-		Gbps: float64(n) * float64(o.size) * 8 / el / 1e9, Mops: float64(n) / el / 1e6,
-		LatP50: us(lat[n/2]), LatP99: us(lat[n*99/100]), LatAvg: us(sum / time.Duration(n))}, nil
+	return r, err
 }
 
 // rmaPutBW: rank 0 streams puts into rank 1's notified window, keeping

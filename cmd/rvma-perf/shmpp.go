@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -94,22 +93,9 @@ func shmPingPong(ctx context.Context, o *options) (*Result, error) {
 		atomic.StoreUint64(w, pingStop)
 		child.Wait()
 	}()
-	warm := 1000
-	if o.iters > 0 {
-		warm = min(1000, max(o.iters/10, 10))
-	}
-	var lat []time.Duration
-	var begin time.Time
-	deadline := time.Now().Add(24 * time.Hour)
 	v := uint64(0)
-	for i := 0; ; i++ {
-		if i == warm {
-			begin = time.Now()
-			deadline = begin.Add(o.duration)
-		}
-		if i >= warm && (o.iters > 0 && len(lat) >= o.iters || o.iters == 0 && time.Now().After(deadline)) {
-			break
-		}
+	first := true
+	lat, el, err := pingPong(ctx, o, func() error {
 		t0 := time.Now()
 		v++
 		atomic.StoreUint64(w, v) // odd: the child's turn
@@ -118,31 +104,24 @@ func shmPingPong(ctx context.Context, o *options) (*Result, error) {
 			if spins&1023 == 1023 {
 				runtime.Gosched()
 				if ctx.Err() != nil {
-					return nil, ctx.Err()
+					return ctx.Err()
 				}
-				if i == 0 && time.Since(t0) > 10*time.Second {
-					return nil, errors.New("shm_pingpong: the child process does not answer")
+				if first && time.Since(t0) > 10*time.Second {
+					return errors.New("shm_pingpong: the child process does not answer")
 				}
 			}
 		}
-		if i >= warm {
-			lat = append(lat, time.Since(t0)/2)
-		}
+		first = false
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	el := time.Since(begin).Seconds()
-	slices.Sort(lat)
-	var sum time.Duration
-	for _, d := range lat {
-		sum += d
+	r, err := latencyResult("shm_pingpong", 8, lat, el)
+	if r != nil {
+		r.Provider = "shm"
 	}
-	k := len(lat)
-	if k == 0 {
-		return nil, fmt.Errorf("shm_pingpong: no measurements")
-	}
-	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
-	return &Result{Test: "shm_pingpong", Provider: "shm", Size: 8, Iters: k, QPs: 1, Seconds: el,
-		Gbps: float64(k) * 8 * 8 / el / 1e9, Mops: float64(k) / el / 1e6,
-		LatP50: us(lat[k/2]), LatP99: us(lat[k*99/100]), LatAvg: us(sum / time.Duration(k))}, nil
+	return r, err
 }
 
 // envServerArgs carries the arguments of a server process that rvma-perf
