@@ -23,6 +23,9 @@ const (
 	DefaultPKey = 0xFFFF
 )
 
+// placedBit marks Packet.Placed in the BTH's first reserved byte.
+const placedBit = 0x01
+
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Errors from Parse.
@@ -90,7 +93,11 @@ func Append(b []byte, p *Packet) []byte {
 		b1 |= 0x80
 	}
 	b1 |= byte(pad) << 4 // M = 0, TVer = 0
-	b = append(b, byte(op), b1, DefaultPKey>>8, DefaultPKey&0xFF, 0,
+	var r byte           // reserved in IBTA; rvma's shared-memory flag
+	if p.Placed {
+		r = placedBit
+	}
+	b = append(b, byte(op), b1, DefaultPKey>>8, DefaultPKey&0xFF, r,
 		byte(p.DestQP>>16), byte(p.DestQP>>8), byte(p.DestQP))
 	var a byte
 	if p.AckReq {
@@ -188,6 +195,7 @@ func Parse(b []byte, p *Packet) error {
 	p.Solicit = b[1]&0x80 != 0
 	p.DestQP = uint32(b[5])<<16 | uint32(b[6])<<8 | uint32(b[7])
 	p.AckReq = b[8]&0x80 != 0
+	p.Placed = b[4]&placedBit != 0
 	p.PSN = uint32(b[9])<<16 | uint32(b[10])<<8 | uint32(b[11])
 	h := b[BTHLen:hl]
 	if op.HasRETH() {

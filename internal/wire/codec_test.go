@@ -10,7 +10,7 @@ import (
 )
 
 func sample(op Opcode, payload []byte) *Packet {
-	return &Packet{Opcode: op, Solicit: true, AckReq: true, DestQP: 0xABCDEF, PSN: 0x123456,
+	return &Packet{Opcode: op, Solicit: true, AckReq: true, Placed: true, DestQP: 0xABCDEF, PSN: 0x123456,
 		VA: 0x1122334455667788, RKey: 0xCAFEBABE, DMALen: 70000, Syndrome: SyndromeNAK | NAKRemoteAccess,
 		MSN: 0x00BEEF, Imm: 0xDEADBEEF, SwapAdd: 7, Compare: 9, Orig: 11, Mailbox: 0xB0B, Offset: 4096,
 		MsgOff: 8192, MsgLen: 12345, Secret: 0x5EC12E7, Payload: payload}
@@ -20,7 +20,7 @@ func sample(op Opcode, payload []byte) *Packet {
 // must return.
 func expect(p *Packet) Packet {
 	o := p.Opcode
-	q := Packet{Opcode: o, Solicit: p.Solicit, AckReq: p.AckReq, DestQP: p.DestQP, PSN: p.PSN}
+	q := Packet{Opcode: o, Solicit: p.Solicit, AckReq: p.AckReq, Placed: p.Placed, DestQP: p.DestQP, PSN: p.PSN}
 	if o.HasRETH() || o.HasAtomicETH() {
 		q.VA, q.RKey = p.VA, p.RKey
 	}
@@ -145,11 +145,11 @@ func FuzzParse(f *testing.F) {
 		again := Append(nil, &p)
 		require.Len(t, again, len(b))
 		n := len(b) - ICRCLen - padLen(len(p.Payload))
-		// Reserved bits (BTH M bit, byte 4, byte 8 below AckReq) are
-		// ignored by receivers and sent as zero.
+		// Reserved bits (BTH M bit, byte 4 but the placed flag, byte 8
+		// below AckReq) are ignored by receivers and sent as zero.
 		want := bytes.Clone(b[:n])
 		want[1] &^= 0x40
-		want[4] = 0
+		want[4] &= placedBit
 		want[8] &= 0x80
 		require.Equal(t, want, again[:n])
 		var q Packet

@@ -39,6 +39,11 @@ type Packet struct {
 	AckReq  bool
 	DestQP  uint32
 	PSN     uint32
+	// Placed (rvma, shared memory only): the payload did not travel in
+	// the packet. A WRITE's DMALen bytes were already placed by the
+	// requester; a mailbox write's payload is the 8-byte address, in the
+	// sender's memory, that the receiver pulls MsgLen bytes from.
+	Placed bool
 
 	// RETH (and the VA/RKey of AtomicETH).
 	VA     uint64
