@@ -126,6 +126,9 @@ func NewFaultPort(p Port) *FaultPort {
 // SetFaults replaces the fault settings; the random source restarts from
 // the new seed.
 func (fp *FaultPort) SetFaults(f Faults) {
+	if m, ok := fp.Port.(Memory); ok {
+		m.Impair(f.Active())
+	}
 	if !f.Active() {
 		fp.faults.Store(nil)
 		return
@@ -255,4 +258,15 @@ func (h *delayHeap) Pop() any {
 	x := old[len(old)-1]
 	*h = old[:len(old)-1]
 	return x
+}
+
+// Memory returns the wrapped port's direct memory access, or nil when it
+// has none or faults are being injected (direct accesses would bypass
+// them).
+func (fp *FaultPort) Memory() Memory {
+	if fp.faults.Load() != nil {
+		return nil
+	}
+	m, _ := fp.Port.(Memory)
+	return m
 }

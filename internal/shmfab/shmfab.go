@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math/bits"
 	"net/netip"
 	"os"
 	"sync"
@@ -34,14 +35,26 @@ const (
 	Rings     = 32
 	RingBytes = 4 << 20
 
-	magic     = 0x52564d4153484d31 // "RVMASHM1"
-	hdrBytes  = 4096
-	slotBytes = 256 // per ring: producer line, consumer line, spare
-	segBytes  = hdrBytes + Rings*slotBytes + Rings*RingBytes
-	wrapMark  = 0xFFFFFFFF
-	claiming  = uint64(1) << 63 // owner flag while a sender sets its ring up
-	retired   = uint64(1) << 62 // owner flag once the sender closed: drain, then free
-	flags     = claiming | retired
+	// Regions is how many memory regions a port exports for direct access
+	// (see Export); more stay reachable through packets.
+	Regions = 4096
+	// QPs is how many queue pairs a port lists as reachable directly (see
+	// Attach); more work through packets alone.
+	QPs = 4096
+
+	magic       = 0x52564d4153484d32 // "RVMASHM2"
+	hdrBytes    = 4096
+	slotBytes   = 256 // per ring: producer line, consumer line, busy word
+	regionBytes = 64
+	qpBytes     = 32
+	tableOff    = hdrBytes + Rings*slotBytes
+	qpsOff      = tableOff + Regions*regionBytes
+	ringsOff    = qpsOff + QPs*qpBytes
+	segBytes    = ringsOff + Rings*RingBytes
+	wrapMark    = 0xFFFFFFFF
+	claiming    = uint64(1) << 63 // owner flag while a sender sets its ring up
+	retired     = uint64(1) << 62 // owner flag once the sender closed: drain, then free
+	flags       = claiming | retired
 )
 
 // Header offsets.
@@ -51,6 +64,8 @@ const (
 	offPID      = 16
 	offDoorbell = 64  // futex word: bumped by a sender that found the owner asleep
 	offSleeping = 128 // the owner is (about to be) blocked on the doorbell
+	offImpaired = 192 // faults are injected: peers use packets only
+	offActive   = 256 // bit i: ring i is claimed (the receiver scans only those)
 )
 
 // Ring slot offsets (from the slot's start).
@@ -59,6 +74,7 @@ const (
 	offSrc   = 8  // sender's address: 16 bytes and a 2-byte port
 	offHead  = 64 // bytes written, producer's line
 	offTail  = 128
+	offBusy  = 192 // the exported region the sender is accessing directly, plus one
 )
 
 // prefix marks shm GIDs: fd72:766d:6173:686d ("\xfdrvmashm"), then the
@@ -102,13 +118,30 @@ type Port struct {
 	// handler never runs twice at once and rx is shared.
 	rmu sync.Mutex
 	rx  []*wire.Packet
-	// polled is when Progress was last called (nanoseconds since start):
-	// while a poller is active the background goroutine naps without
-	// asking senders to wake it, so a send costs no futex call.
-	polled atomic.Int64
-	start  time.Time
+	// polls counts Progress calls: while it moves a poller is active, and
+	// the background goroutine naps without asking senders to wake it,
+	// so a send costs no futex call. A count, not a time: reading the
+	// clock on every poll cost more than the rest of it.
+	polls atomic.Uint64
+	// reaps counts the background goroutine's checks for dead processes
+	// (every 100 ms); direct access looks for its peer's process when it
+	// moves.
+	reaps atomic.Uint64
 
 	sent, received, malformed, dropped atomic.Uint64
+
+	// Exported regions (memory.go): entry index by remote key, and which
+	// entries are taken.
+	emu     sync.Mutex
+	exports map[uint32]int
+	used    []bool
+	qpIdx   map[uint32]int // listed QPs (Attach), by number
+	qpUsed  []bool
+	// dmu serialises this port's direct accesses to peers' memory, which
+	// use the busy word of its ring slot in the peer's segment.
+	dmu    sync.Mutex
+	iov    []unix.Iovec
+	direct atomic.Uint64
 }
 
 // peer is another port's segment, mapped for sending into.
@@ -118,6 +151,15 @@ type peer struct {
 	ring int // our ring in it, -1 until claimed
 	head uint64
 	dead bool
+
+	// Direct access (memory.go), guarded by the port's dmu: where each
+	// remote key sits in the peer's table, and the peer's allocations
+	// mapped here, by allocation id.
+	rkeys   map[uint32]int
+	qps     map[uint32]int
+	maps    map[uint64][]byte
+	noCMA   bool   // cross-memory attach to the peer failed: use packets
+	checked uint64 // Port.reaps when the peer's process was last seen alive
 }
 
 var _ fabric.Port = (*Port)(nil)
@@ -158,7 +200,8 @@ func Open(name string, mtu int) (*Port, error) {
 	binary.BigEndian.PutUint32(a[12:], uint32(fd))
 	p := &Port{name: nameHash(name), addr: netip.AddrPortFrom(netip.AddrFrom16(a), 1), mtu: mtu, fd: fd, mem: mem,
 		tok: uint64(pid)<<32 | uint64(fd), peers: map[netip.AddrPort]*peer{}, done: make(chan struct{}),
-		rx: make([]*wire.Packet, 0, 64), start: time.Now()}
+		rx: make([]*wire.Packet, 0, 64), exports: map[uint32]int{}, used: make([]bool, Regions),
+		qpIdx: map[uint32]int{}, qpUsed: make([]bool, QPs)}
 	binary.LittleEndian.PutUint64(mem[offName:], p.name)
 	binary.LittleEndian.PutUint32(mem[offPID:], uint32(pid))
 	atomic.StoreUint64(u64(mem, offMagic), magic) // last: the segment is ready
@@ -170,7 +213,7 @@ func u64(b []byte, off int) *uint64 { return (*uint64)(unsafe.Pointer(&b[off])) 
 func u32(b []byte, off int) *uint32 { return (*uint32)(unsafe.Pointer(&b[off])) }
 
 func slot(i int) int { return hdrBytes + i*slotBytes }
-func ring(i int) int { return hdrBytes + Rings*slotBytes + i*RingBytes }
+func ring(i int) int { return ringsOff + i*RingBytes }
 
 // Addr is the port's address and GID.
 func (p *Port) Addr() netip.AddrPort { return p.addr }
@@ -198,9 +241,15 @@ func (p *Port) Close() error {
 	}
 	p.wake()
 	<-p.done
+	p.unexportAll()
+	p.dmu.Lock()
+	defer p.dmu.Unlock()
 	p.pmu.Lock()
 	for _, pe := range p.peers {
 		p.release(pe)
+		for _, m := range pe.maps {
+			unix.Munmap(m)
+		}
 		unix.Munmap(pe.mem)
 	}
 	p.peers = nil
@@ -303,6 +352,7 @@ func (p *Port) claim(pe *peer) bool {
 		// The receiver reset head and tail when it freed the ring.
 		pe.head = atomic.LoadUint64(u64(pe.mem, slot(i)+offHead))
 		atomic.StoreUint64(o, p.tok)
+		atomic.OrUint32(u32(pe.mem, offActive), 1<<i)
 		pe.ring = i
 		return true
 	}
@@ -372,7 +422,7 @@ func (p *Port) wake() {
 // caller that busy-polls (a CQ, or memory a remote write changes) gets its
 // packets with no goroutine hand-off.
 func (p *Port) Progress() int {
-	p.polled.Store(int64(time.Since(p.start)))
+	p.polls.Add(1)
 	if !p.rmu.TryLock() {
 		return 0
 	}
@@ -389,7 +439,15 @@ func (p *Port) receive() {
 	spinFor := spin.Or(50 * time.Microsecond)
 	idleSince := time.Now()
 	lastCheck := time.Now()
+	polls := p.polls.Load()
+	db := u32(p.mem, offDoorbell)
 	for !p.closed.Load() {
+		now := time.Now()
+		if now.Sub(lastCheck) > 100*time.Millisecond {
+			p.reap()
+			p.reaps.Add(1)
+			lastCheck = now
+		}
 		p.rmu.Lock()
 		n := p.drain()
 		p.rmu.Unlock()
@@ -397,24 +455,16 @@ func (p *Port) receive() {
 			idleSince = time.Now()
 			continue
 		}
-		now := time.Now()
-		if now.Sub(lastCheck) > 100*time.Millisecond {
-			p.reap()
-			lastCheck = now
-		}
 		if now.Sub(idleSince) < spinFor {
 			spin.Pause(int(now.Sub(idleSince) / time.Microsecond))
 			continue
 		}
-		db := u32(p.mem, offDoorbell)
-		v := atomic.LoadUint32(db)
-		if time.Duration(int64(time.Since(p.start))-p.polled.Load()) < 20*time.Microsecond {
-			// A poller is draining: nap briefly, unannounced, so that its
-			// senders need not wake us; longer, and a poller that went to
-			// sleep itself would leave packets waiting.
-			futexWait(db, v, 20*time.Microsecond)
+		if n := p.polls.Load(); n != polls {
+			polls = n
+			futexWait(db, atomic.LoadUint32(db), 20*time.Microsecond)
 			continue
 		}
+		v := atomic.LoadUint32(db)
 		atomic.StoreUint32(u32(p.mem, offSleeping), 1)
 		if !p.pending() && !p.closed.Load() {
 			futexWait(db, v, sleepMax)
@@ -425,7 +475,8 @@ func (p *Port) receive() {
 
 // pending reports whether any ring holds data.
 func (p *Port) pending() bool {
-	for i := range Rings {
+	for act := atomic.LoadUint32(u32(p.mem, offActive)); act != 0; act &= act - 1 {
+		i := bits.TrailingZeros32(act)
 		s := slot(i)
 		if atomic.LoadUint64(u64(p.mem, s+offOwner)) == 0 {
 			continue
@@ -441,7 +492,8 @@ func (p *Port) pending() bool {
 // and returns how many packets it handled; p.rmu is held.
 func (p *Port) drain() int {
 	handled := 0
-	for i := range Rings {
+	for act := atomic.LoadUint32(u32(p.mem, offActive)); act != 0; act &= act - 1 {
+		i := bits.TrailingZeros32(act)
 		s := slot(i)
 		owner := atomic.LoadUint64(u64(p.mem, s+offOwner))
 		if owner == 0 || owner&claiming != 0 {
@@ -450,8 +502,8 @@ func (p *Port) drain() int {
 		headp, tailp := u64(p.mem, s+offHead), u64(p.mem, s+offTail)
 		head, tail := atomic.LoadUint64(headp), atomic.LoadUint64(tailp)
 		if head == tail {
-			if owner&retired != 0 {
-				atomic.CompareAndSwapUint64(u64(p.mem, s+offOwner), owner, 0) // drained: free
+			if owner&retired != 0 && atomic.CompareAndSwapUint64(u64(p.mem, s+offOwner), owner, 0) {
+				p.inactive(i) // drained: free
 			}
 			continue
 		}
@@ -533,8 +585,21 @@ func (p *Port) reap() {
 			continue
 		}
 		// Head and tail restart at the same point; then the slot is free.
+		atomic.StoreUint64(u64(p.mem, s+offBusy), 0)
 		atomic.StoreUint64(u64(p.mem, s+offTail), atomic.LoadUint64(u64(p.mem, s+offHead)))
-		atomic.CompareAndSwapUint64(o, owner, 0)
+		if atomic.CompareAndSwapUint64(o, owner, 0) {
+			p.inactive(i)
+		}
+	}
+}
+
+// inactive clears ring i's bit in the active mask after its slot was
+// freed; if a sender claimed it again meanwhile, the bit is set again.
+func (p *Port) inactive(i int) {
+	m := u32(p.mem, offActive)
+	atomic.AndUint32(m, ^uint32(1<<i))
+	if atomic.LoadUint64(u64(p.mem, slot(i)+offOwner)) != 0 {
+		atomic.OrUint32(m, 1<<i)
 	}
 }
 

@@ -28,3 +28,18 @@ func (p *Port) Send(pkts []*wire.Packet)    {}
 func (p *Port) SetHandler(h fabric.Handler) {}
 func (p *Port) Close() error                { return nil }
 func (p *Port) Stats() fabric.Stats         { return fabric.Stats{} }
+
+// ErrIndirect: no direct access on this system.
+var ErrIndirect = errors.New("shmfab: no direct access")
+
+// Alloc fails: the shm fabric needs Linux.
+func Alloc(n int) ([]byte, error) { return nil, ErrUnsupported }
+
+// Free fails: the shm fabric needs Linux.
+func Free(b []byte) error { return ErrUnsupported }
+
+// CMA reports that cross-memory attach is unavailable.
+func CMA() (bool, string) { return false, "needs Linux" }
+
+// ForceCMA does nothing here.
+func ForceCMA(ok bool) bool { return false }

@@ -1,0 +1,638 @@
+//go:build linux
+
+package shmfab
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rvma/rvma/internal/fabric"
+)
+
+// Direct access to peers' memory. A port's segment holds a table of the
+// regions its device exported (Regions entries of regionBytes). An entry
+// names the region's remote key, rights, address and length, and where
+// its bytes are: in an allocation made by Alloc (a memfd that peers map,
+// so an access is a plain copy or a CPU atomic), or in the owner's
+// ordinary memory (reached with process_vm_writev/readv).
+//
+// Withdrawal is made safe by the busy word of each sender's ring slot: an
+// initiator stores the entry index there before it checks the entry and
+// clears it after the access; Unexport clears the entry, then waits until
+// no live sender's busy word names it. Both sides use sequentially
+// consistent atomics, so either the initiator sees the entry gone or the
+// owner sees the initiator busy.
+
+// Entry offsets.
+const (
+	entKey   = 0  // valid<<63 | rights<<32 | rkey; 0 when free
+	entIOVA  = 8  // the region's first address, as keys name it
+	entLen   = 16 // its length
+	entVAddr = 24 // the owner's virtual address of the first byte
+	entAlloc = 32 // id of the allocation holding the bytes, 0 for plain memory
+	entFD    = 40 // the allocation's descriptor in the owner
+	entOff   = 48 // the first byte's offset in the allocation's data
+	entPD    = 56 // the protection domain: only its QPs reach the region
+	entValid = uint64(1) << 63
+
+	allocHdr   = 4096 // an allocation's header page: magic, id
+	allocMagic = 0x52564d41414c4f43
+)
+
+// ErrIndirect reports that an access cannot be made directly (the region
+// is not exported or not reachable, the peer is gone, or ordering forbids
+// it now); the caller sends it as packets instead.
+var ErrIndirect = errors.New("shmfab: no direct access")
+
+var _ fabric.Memory = (*Port)(nil)
+
+// allocation is memory made by Alloc: a memfd peers can map.
+type allocation struct {
+	id   uint64
+	fd   int
+	mem  []byte // the whole mapping, header page included
+	data []byte
+}
+
+var allocs struct {
+	sync.Mutex
+	m map[uintptr]*allocation // by the data's first address
+}
+
+// Alloc returns n bytes of shared memory (zeroed, page-aligned): regions
+// registered over it are reached by peers with a plain copy, the fastest
+// path. Free releases it.
+func Alloc(n int) ([]byte, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("shmfab: alloc %d bytes", n)
+	}
+	fd, err := unix.MemfdCreate("rvma-mem", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("shmfab: memfd: %w", err)
+	}
+	size := allocHdr + (n+4095)&^4095
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shmfab: size allocation: %w", err)
+	}
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shmfab: map allocation: %w", err)
+	}
+	// A random id: a peer's cached mapping can never be confused with a
+	// later allocation that reuses the descriptor (or a later process the
+	// pid).
+	a := &allocation{id: rand.Uint64() | 1, fd: fd, mem: mem, data: mem[allocHdr : allocHdr+n : allocHdr+n]}
+	binary.LittleEndian.PutUint64(mem[8:], a.id)
+	atomic.StoreUint64(u64(mem, 0), allocMagic)
+	allocs.Lock()
+	if allocs.m == nil {
+		allocs.m = map[uintptr]*allocation{}
+	}
+	allocs.m[uintptr(unsafe.Pointer(&a.data[0]))] = a
+	allocs.Unlock()
+	return a.data, nil
+}
+
+// Free releases memory from Alloc. Regions over it must have been
+// unexported (deregistered) first.
+func Free(b []byte) error {
+	if len(b) == 0 {
+		return errors.New("shmfab: free: empty slice")
+	}
+	allocs.Lock()
+	a := allocs.m[uintptr(unsafe.Pointer(&b[0]))]
+	delete(allocs.m, uintptr(unsafe.Pointer(&b[0])))
+	allocs.Unlock()
+	if a == nil {
+		return errors.New("shmfab: free: not from Alloc")
+	}
+	unix.Munmap(a.mem)
+	return unix.Close(a.fd)
+}
+
+// allocOf returns the allocation that holds buf, and buf's offset in it.
+func allocOf(buf []byte) (*allocation, int) {
+	if len(buf) == 0 {
+		return nil, 0
+	}
+	p := uintptr(unsafe.Pointer(&buf[0]))
+	allocs.Lock()
+	defer allocs.Unlock()
+	for start, a := range allocs.m {
+		if p >= start && p+uintptr(len(buf)) <= start+uintptr(len(a.data)) {
+			return a, int(p - start)
+		}
+	}
+	return nil, 0
+}
+
+// cross-memory attach (process_vm_readv/writev), detected once.
+var cma struct {
+	once sync.Once
+	ok   bool
+	why  string
+}
+
+// ForceCMA overrides the detection for tests: with ok false, caller
+// memory is reached through the rings. It returns the previous setting.
+func ForceCMA(ok bool) bool {
+	prev, _ := CMA()
+	cma.ok = ok
+	return prev
+}
+
+// Direct counts the operations this port executed directly: WRITEs, READs
+// and atomics into peers' memory, and payloads pulled from peers.
+func (p *Port) Direct() uint64 { return p.direct.Load() }
+
+// CMA reports whether processes can reach each other's ordinary memory
+// with process_vm_readv/writev, and if not, why; it is decided once, at
+// the first shm port. Where Yama restricts ptrace to descendants, the
+// process allows any process of its user (as MPI libraries do), since
+// ranks are not each other's children. RVMA_SHM_CMA=0 turns it off, so
+// registered caller memory is reached through the rings.
+func CMA() (bool, string) {
+	cma.once.Do(func() {
+		if os.Getenv("RVMA_SHM_CMA") == "0" {
+			cma.why = "off (RVMA_SHM_CMA=0)"
+			return
+		}
+		if b, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope"); err == nil {
+			switch scope, _ := strconv.Atoi(strings.TrimSpace(string(b))); {
+			case scope == 1:
+				if err := unix.Prctl(unix.PR_SET_PTRACER, unix.PR_SET_PTRACER_ANY, 0, 0, 0); err != nil {
+					cma.why = "yama ptrace_scope 1 and PR_SET_PTRACER failed: " + err.Error()
+					return
+				}
+			case scope >= 2 && os.Geteuid() != 0:
+				cma.why = fmt.Sprintf("yama ptrace_scope %d forbids it", scope)
+				return
+			}
+		}
+		x, y := uint64(0x5a5a), uint64(0)
+		v := unix.Iovec{Base: (*byte)(unsafe.Pointer(&y))}
+		v.SetLen(8)
+		_, err := unix.ProcessVMReadv(os.Getpid(), []unix.Iovec{v},
+			[]unix.RemoteIovec{{Base: uintptr(unsafe.Pointer(&x)), Len: 8}}, 0)
+		runtime.KeepAlive(&x)
+		if err != nil || y != x {
+			cma.why = fmt.Sprintf("process_vm_readv: %v", err)
+			return
+		}
+		cma.ok, cma.why = true, "process_vm_readv/writev"
+	})
+	return cma.ok, cma.why
+}
+
+func entry(i int) int { return tableOff + i*regionBytes }
+
+// Export publishes buf as remote key rkey at iova in the port's table, so
+// peers reach it directly. It fails when the table is full, or when buf
+// is ordinary memory and cross-memory attach is unavailable.
+func (p *Port) Export(rkey uint32, iova uint64, buf []byte, rights fabric.Rights, pd uint64) error {
+	if len(buf) == 0 {
+		return ErrIndirect
+	}
+	a, off := allocOf(buf)
+	if a == nil {
+		if ok, _ := CMA(); !ok {
+			return ErrIndirect
+		}
+	}
+	p.emu.Lock()
+	defer p.emu.Unlock()
+	if p.closed.Load() {
+		return ErrClosed
+	}
+	if _, ok := p.exports[rkey]; ok {
+		return fmt.Errorf("shmfab: export: key %#x exported twice", rkey)
+	}
+	i := 0
+	for i < Regions && p.used[i] {
+		i++
+	}
+	if i == Regions {
+		return fmt.Errorf("%w: region table full", ErrIndirect)
+	}
+	e := p.mem[entry(i):]
+	binary.LittleEndian.PutUint64(e[entIOVA:], iova)
+	binary.LittleEndian.PutUint64(e[entLen:], uint64(len(buf)))
+	binary.LittleEndian.PutUint64(e[entVAddr:], uint64(uintptr(unsafe.Pointer(&buf[0]))))
+	var id, fd uint64
+	if a != nil {
+		id, fd = a.id, uint64(a.fd)
+	}
+	binary.LittleEndian.PutUint64(e[entAlloc:], id)
+	binary.LittleEndian.PutUint64(e[entFD:], fd)
+	binary.LittleEndian.PutUint64(e[entOff:], uint64(off))
+	binary.LittleEndian.PutUint64(e[entPD:], pd)
+	atomic.StoreUint64(u64(p.mem, entry(i)+entKey), entValid|uint64(rights)<<32|uint64(rkey)) // last: published
+	p.used[i] = true
+	p.exports[rkey] = i
+	return nil
+}
+
+// Unexport withdraws rkey and waits until no peer accesses it.
+func (p *Port) Unexport(rkey uint32) {
+	p.emu.Lock()
+	defer p.emu.Unlock()
+	if i, ok := p.exports[rkey]; ok {
+		p.withdraw(i)
+		delete(p.exports, rkey)
+	}
+}
+
+func (p *Port) unexportAll() {
+	p.emu.Lock()
+	defer p.emu.Unlock()
+	for k, i := range p.exports {
+		p.withdraw(i)
+		delete(p.exports, k)
+	}
+}
+
+// withdraw clears entry i, then waits out the senders accessing it (a
+// dead one no longer does); p.emu is held.
+func (p *Port) withdraw(i int) {
+	atomic.StoreUint64(u64(p.mem, entry(i)+entKey), 0)
+	for r := range Rings {
+		s := slot(r)
+		for n := 0; atomic.LoadUint64(u64(p.mem, s+offBusy)) == uint64(i)+1; n++ {
+			owner := atomic.LoadUint64(u64(p.mem, s+offOwner))
+			if owner == 0 || n%1024 == 1023 && unix.Kill(int((owner&^flags)>>32), 0) == unix.ESRCH {
+				break
+			}
+			runtime.Gosched()
+		}
+	}
+	p.used[i] = false
+}
+
+func qpEntry(i int) int { return qpsOff + i*qpBytes }
+
+// Attach lists queue pair qpn (whose packets carry secret) in the port's
+// table: peers' direct accesses on its behalf are allowed.
+func (p *Port) Attach(qpn uint32, secret uint64, pd uint64) error {
+	p.emu.Lock()
+	defer p.emu.Unlock()
+	if i, ok := p.qpIdx[qpn]; ok {
+		atomic.StoreUint64(u64(p.mem, qpEntry(i)), 0)
+		atomic.StoreUint64(u64(p.mem, qpEntry(i)+8), secret)
+		atomic.StoreUint64(u64(p.mem, qpEntry(i)+16), pd)
+		atomic.StoreUint64(u64(p.mem, qpEntry(i)), entValid|uint64(qpn))
+		return nil
+	}
+	i := 0
+	for i < QPs && p.qpUsed[i] {
+		i++
+	}
+	if i == QPs {
+		return fmt.Errorf("%w: QP table full", ErrIndirect)
+	}
+	atomic.StoreUint64(u64(p.mem, qpEntry(i)+8), secret)
+	atomic.StoreUint64(u64(p.mem, qpEntry(i)+16), pd)
+	atomic.StoreUint64(u64(p.mem, qpEntry(i)), entValid|uint64(qpn))
+	p.qpUsed[i] = true
+	p.qpIdx[qpn] = i
+	return nil
+}
+
+// Detach removes qpn from the table.
+func (p *Port) Detach(qpn uint32) {
+	p.emu.Lock()
+	defer p.emu.Unlock()
+	if i, ok := p.qpIdx[qpn]; ok {
+		atomic.StoreUint64(u64(p.mem, qpEntry(i)), 0)
+		p.qpUsed[i] = false
+		delete(p.qpIdx, qpn)
+	}
+}
+
+// Impair sets whether peers must use packets only.
+func (p *Port) Impair(on bool) {
+	v := uint32(0)
+	if on {
+		v = 1
+	}
+	atomic.StoreUint32(u32(p.mem, offImpaired), v)
+}
+
+// listed returns the protection domain of QP q if pe lists it; p.dmu is
+// held.
+func (p *Port) listed(pe *peer, q fabric.QP) (uint64, bool) {
+	if pe.qps == nil {
+		pe.qps = map[uint32]int{}
+	}
+	check := func(i int) (uint64, bool) {
+		o := qpEntry(i)
+		if atomic.LoadUint64(u64(pe.mem, o)) != entValid|uint64(q.Num) || atomic.LoadUint64(u64(pe.mem, o+8)) != q.Secret {
+			return 0, false
+		}
+		pd := atomic.LoadUint64(u64(pe.mem, o+16))
+		// Read again: the entry may have been reused meanwhile.
+		return pd, atomic.LoadUint64(u64(pe.mem, o)) == entValid|uint64(q.Num)
+	}
+	if i, ok := pe.qps[q.Num]; ok {
+		if pd, ok := check(i); ok {
+			return pd, true
+		}
+	}
+	for i := range QPs {
+		if pd, ok := check(i); ok {
+			pe.qps[q.Num] = i
+			return pd, true
+		}
+	}
+	delete(pe.qps, q.Num)
+	return 0, false
+}
+
+// target is an exported region of a peer, checked and held for one access.
+type target struct {
+	pe     *peer
+	busy   *uint64
+	rights fabric.Rights
+	off    uint64 // the access's offset in the region
+	vaddr  uint64 // the owner's address of the access's first byte
+	mapped []byte // the access's bytes, if the region is in a mapped allocation
+}
+
+// hold finds rkey's entry in dst's table, marks this port busy on it and
+// checks the access [va, va+n) against it; p.dmu is held. The caller
+// calls done.
+func (p *Port) hold(dst netip.AddrPort, q fabric.QP, rkey uint32, va, n uint64, need fabric.Rights, ordered bool) (target, error) {
+	p.pmu.Lock()
+	pe := p.peerFor(dst)
+	ok := pe != nil && (pe.ring >= 0 || p.claim(pe))
+	var s int
+	if ok {
+		s = slot(pe.ring)
+		ok = !ordered || atomic.LoadUint64(u64(pe.mem, s+offHead)) == atomic.LoadUint64(u64(pe.mem, s+offTail))
+		// A peer that died leaves its memory mapped here: look for its
+		// process as often as the receiver looks for dead senders, so
+		// that its QPs fail by timeout as over packets instead of taking
+		// writes nobody reads.
+		if r := p.reaps.Load(); ok && pe.checked != r {
+			pe.checked = r
+			if unix.Kill(pe.pid, 0) == unix.ESRCH {
+				pe.dead, ok = true, false
+			}
+		}
+	}
+	p.pmu.Unlock()
+	if !ok || atomic.LoadUint32(u32(pe.mem, offImpaired)) != 0 {
+		return target{}, ErrIndirect
+	}
+	pd, ok := p.listed(pe, q)
+	if !ok {
+		return target{}, ErrIndirect
+	}
+	if pe.rkeys == nil {
+		pe.rkeys, pe.maps = map[uint32]int{}, map[uint64][]byte{}
+	}
+	i, ok := pe.rkeys[rkey]
+	if ok && i < 0 {
+		return target{}, ErrIndirect // not exported: packets
+	}
+	if !ok {
+		// Not seen yet (or moved): look the key up in the table.
+		i = -1
+		for j := range Regions {
+			k := atomic.LoadUint64(u64(pe.mem, entry(j)+entKey))
+			if k&entValid != 0 && uint32(k) == rkey {
+				i = j
+				break
+			}
+		}
+		// Regions are exported when registered, before their keys are
+		// known, so a key not found now never will be (-1 remembers it).
+		pe.rkeys[rkey] = i
+		if i < 0 {
+			return target{}, ErrIndirect
+		}
+	}
+	t := target{pe: pe, busy: u64(pe.mem, s+offBusy)}
+	atomic.StoreUint64(t.busy, uint64(i)+1)
+	k := atomic.LoadUint64(u64(pe.mem, entry(i)+entKey))
+	if k&entValid == 0 || uint32(k) != rkey {
+		t.done()
+		delete(pe.rkeys, rkey)
+		return target{}, ErrIndirect
+	}
+	e := pe.mem[entry(i):]
+	t.rights = fabric.Rights(k>>32) & (fabric.RemoteRead | fabric.RemoteWrite | fabric.RemoteAtomic)
+	iova, length := binary.LittleEndian.Uint64(e[entIOVA:]), binary.LittleEndian.Uint64(e[entLen:])
+	if t.rights&need != need || va < iova || n > length || va-iova > length-n || binary.LittleEndian.Uint64(e[entPD:]) != pd {
+		t.done() // the packet path reports the error
+		return target{}, ErrIndirect
+	}
+	t.off = va - iova
+	t.vaddr = binary.LittleEndian.Uint64(e[entVAddr:]) + t.off
+	if id := binary.LittleEndian.Uint64(e[entAlloc:]); id != 0 {
+		m, err := p.mapAlloc(pe, id, int(binary.LittleEndian.Uint64(e[entFD:])))
+		if err != nil {
+			t.done()
+			return target{}, ErrIndirect
+		}
+		o := binary.LittleEndian.Uint64(e[entOff:]) + t.off
+		if o > uint64(len(m)) || n > uint64(len(m))-o {
+			t.done()
+			return target{}, ErrIndirect
+		}
+		t.mapped = m[o : o+n : o+n]
+	} else if pe.noCMA {
+		t.done()
+		return target{}, ErrIndirect
+	}
+	return t, nil
+}
+
+func (t target) done() { atomic.StoreUint64(t.busy, 0) }
+
+// mapAlloc maps a peer's allocation (once; cached by id); p.dmu is held.
+func (p *Port) mapAlloc(pe *peer, id uint64, fd int) ([]byte, error) {
+	if m, ok := pe.maps[id]; ok {
+		return m, nil
+	}
+	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/fd/%d", pe.pid, fd), os.O_RDWR, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil || st.Size() <= allocHdr {
+		return nil, ErrIndirect
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, err
+	}
+	if atomic.LoadUint64(u64(mem, 0)) != allocMagic || binary.LittleEndian.Uint64(mem[8:]) != id {
+		unix.Munmap(mem) // the descriptor now names something else
+		return nil, ErrIndirect
+	}
+	pe.maps[id] = mem[allocHdr:]
+	return pe.maps[id], nil
+}
+
+// Write copies src to the peer's region rkey at va.
+func (p *Port) Write(dst netip.AddrPort, q fabric.QP, rkey uint32, va uint64, src [][]byte, ordered bool) error {
+	n := 0
+	for _, s := range src {
+		n += len(s)
+	}
+	p.dmu.Lock()
+	defer p.dmu.Unlock()
+	t, err := p.hold(dst, q, rkey, va, uint64(n), fabric.RemoteWrite, ordered)
+	if err != nil {
+		return err
+	}
+	defer t.done()
+	if t.mapped != nil {
+		k := 0
+		for _, s := range src {
+			k += copy(t.mapped[k:], s)
+		}
+		p.direct.Add(1)
+		return nil
+	}
+	return p.cma(t, src, n, true)
+}
+
+// Read copies the peer's region rkey at va into into.
+func (p *Port) Read(dst netip.AddrPort, q fabric.QP, rkey uint32, va uint64, into [][]byte) error {
+	n := 0
+	for _, s := range into {
+		n += len(s)
+	}
+	p.dmu.Lock()
+	defer p.dmu.Unlock()
+	t, err := p.hold(dst, q, rkey, va, uint64(n), fabric.RemoteRead, false)
+	if err != nil {
+		return err
+	}
+	defer t.done()
+	if t.mapped != nil {
+		k := 0
+		for _, s := range into {
+			k += copy(s, t.mapped[k:])
+		}
+		p.direct.Add(1)
+		return nil
+	}
+	return p.cma(t, into, n, false)
+}
+
+// cma moves n bytes between the local list and the peer's memory at
+// t.vaddr with one system call (more if the kernel stops short); p.dmu
+// is held.
+func (p *Port) cma(t target, local [][]byte, n int, write bool) error {
+	p.iov = p.iov[:0]
+	for _, s := range local {
+		if len(s) > 0 {
+			v := unix.Iovec{Base: &s[0]}
+			v.SetLen(len(s))
+			p.iov = append(p.iov, v)
+		}
+	}
+	for done := 0; done < n; {
+		remote := []unix.RemoteIovec{{Base: uintptr(t.vaddr) + uintptr(done), Len: n - done}}
+		var k int
+		var err error
+		if write {
+			k, err = unix.ProcessVMWritev(t.pe.pid, p.iov, remote, 0)
+		} else {
+			k, err = unix.ProcessVMReadv(t.pe.pid, p.iov, remote, 0)
+		}
+		if err != nil || k <= 0 {
+			if done == 0 && (err == unix.EPERM || err == unix.ENOSYS) {
+				t.pe.noCMA = true // nothing moved: the packets can still do it
+				return ErrIndirect
+			}
+			return fmt.Errorf("shmfab: cross-memory attach after %d of %d bytes: %w", done, n, err)
+		}
+		done += k
+		p.skip(k)
+	}
+	p.direct.Add(1)
+	return nil
+}
+
+// skip advances p.iov past k bytes.
+func (p *Port) skip(k int) {
+	for k > 0 && len(p.iov) > 0 {
+		if l := int(p.iov[0].Len); k < l {
+			p.iov[0].Base = (*byte)(unsafe.Add(unsafe.Pointer(p.iov[0].Base), k))
+			p.iov[0].SetLen(l - k)
+			return
+		}
+		k -= int(p.iov[0].Len)
+		p.iov = p.iov[1:]
+	}
+}
+
+// Atomic runs a fetch-and-add or compare-and-swap on the peer's word at
+// va, which must lie in a mapped allocation (plain memory is left to the
+// owner's engine, which uses the same instructions).
+func (p *Port) Atomic(dst netip.AddrPort, q fabric.QP, rkey uint32, va uint64, cas bool, swapAdd, compare uint64) (uint64, error) {
+	p.dmu.Lock()
+	defer p.dmu.Unlock()
+	t, err := p.hold(dst, q, rkey, va, 8, fabric.RemoteAtomic, false)
+	if err != nil {
+		return 0, err
+	}
+	defer t.done()
+	if t.mapped == nil || uintptr(unsafe.Pointer(&t.mapped[0]))%8 != 0 {
+		return 0, ErrIndirect
+	}
+	w := (*uint64)(unsafe.Pointer(&t.mapped[0]))
+	p.direct.Add(1)
+	if !cas {
+		return atomic.AddUint64(w, swapAdd) - swapAdd, nil
+	}
+	for {
+		old := atomic.LoadUint64(w)
+		if old != compare || atomic.CompareAndSwapUint64(w, old, swapAdd) {
+			return old, nil
+		}
+	}
+}
+
+// CanPull reports whether peers can read this process's memory.
+func (p *Port) CanPull() bool { ok, _ := CMA(); return ok }
+
+// Pull copies len(into) bytes at addr in the memory of the process whose
+// port is src.
+func (p *Port) Pull(src netip.AddrPort, addr uint64, into []byte) error {
+	a := src.Addr().As16()
+	if !src.Addr().Is6() || [8]byte(a[:8]) != prefix {
+		return ErrIndirect
+	}
+	pid := int(binary.BigEndian.Uint32(a[8:]))
+	for done := 0; done < len(into); {
+		v := unix.Iovec{Base: &into[done]}
+		v.SetLen(len(into) - done)
+		k, err := unix.ProcessVMReadv(pid, []unix.Iovec{v},
+			[]unix.RemoteIovec{{Base: uintptr(addr) + uintptr(done), Len: len(into) - done}}, 0)
+		if err != nil || k <= 0 {
+			return fmt.Errorf("shmfab: pull %d bytes from pid %d: %w", len(into), pid, err)
+		}
+		done += k
+	}
+	p.direct.Add(1)
+	return nil
+}
