@@ -22,6 +22,7 @@ const (
 	codeOutOfRange   = verbs.MailboxRefused + 2 // the put would cross the end of the buffer
 	codeEpochCrossed = verbs.MailboxRefused + 3 // a multi-packet put straddled an epoch
 	codeLimit        = verbs.MailboxRefused + 4 // the peer exceeded its outstanding-bytes limit
+	codeLost         = verbs.MailboxRefused + 5 // the payload could not be pulled from the initiator (shm)
 )
 
 // Errors.
@@ -307,14 +308,16 @@ func (w *Window) place(m *verbs.MailboxWrite) verbs.MailboxResult {
 		b, base = p.buf, p.base
 	}
 	off := base + int(m.MsgOff)
-	n := len(m.Payload)
+	n := m.Len()
 	if off+n > len(b.data) {
 		return codeOutOfRange
 	}
 	if n > 0 && !w.t.charge(key, n) {
 		return codeLimit
 	}
-	copy(b.data[off:], m.Payload)
+	if err := m.Place(b.data[off : off+n]); err != nil {
+		return codeLost
+	}
 	if n > 0 && w.t.cfg.MaxOutstanding > 0 {
 		if b.byPeer == nil {
 			b.byPeer = map[peer]int{}

@@ -11,3 +11,7 @@ func TestConformanceLoop(t *testing.T) { verbstest.Run(t, verbstest.Loop()) }
 func TestConformanceUDP(t *testing.T) { verbstest.Run(t, verbstest.UDP()) }
 
 func TestConformanceSHM(t *testing.T) { verbstest.Run(t, verbstest.SHM()) }
+
+func TestConformanceSHMAlloc(t *testing.T) { verbstest.Run(t, verbstest.SHMAlloc()) }
+
+func TestConformanceSHMPackets(t *testing.T) { verbstest.Run(t, verbstest.SHMPackets()) }

@@ -39,6 +39,7 @@ type Device struct {
 	log    *slog.Logger
 	ports  []*fabric.FaultPort
 	gids   []GID
+	shared bool // shm: AllocMR memory is shared with the host's processes
 	closed atomic.Bool
 	// handling counts receive handlers running; Close waits for them, so
 	// what they received is acknowledged before the QPs go away. A counter,
@@ -51,6 +52,7 @@ type Device struct {
 	rkeys  atomic.Pointer[map[uint32]*MR]
 	mbox   atomic.Pointer[mailboxBox]
 	nextIO uint64
+	nextPD uint64
 	pds    map[*PD]struct{}
 	cqs    map[*CQ]struct{}
 
@@ -85,6 +87,11 @@ type DeviceStats struct {
 	// Undecodable counts datagrams a port could not decode (they never
 	// reach the engine, so they are not in RxPackets or RxDropped).
 	Undecodable uint64
+	// Direct counts operations executed through shared memory with no
+	// packet for the data (shm): WRITEs, READs and atomics this device's
+	// requesters made in peers' memory, and mailbox payloads its
+	// responders pulled from initiators.
+	Direct uint64
 
 	// Requester events: receiver-not-ready NAKs received (each a wait of
 	// the RNR timer), retransmission timeouts, and sequence-error NAKs
@@ -187,6 +194,7 @@ func Open(ctx context.Context, uri string, cfg *DeviceConfig) (*Device, error) {
 			}
 			ports = append(ports, p)
 		}
+		d.shared = true
 	default:
 		return nil, fmt.Errorf("verbs: open %q: %w %q", uri, ErrUnknownProvider, u.Scheme)
 	}
@@ -316,6 +324,9 @@ func (d *Device) Stats() DeviceStats {
 	for _, p := range d.ports {
 		if u, ok := p.Port.(interface{ Malformed() uint64 }); ok {
 			ds.Undecodable += u.Malformed()
+		}
+		if u, ok := p.Port.(interface{ Direct() uint64 }); ok {
+			ds.Direct += u.Direct()
 		}
 	}
 	return ds

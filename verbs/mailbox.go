@@ -1,5 +1,11 @@
 package verbs
 
+import (
+	"fmt"
+
+	"github.com/rvma/rvma/internal/fabric"
+)
+
 // MailboxWrite describes one packet of a mailbox write as it arrives at the
 // target. Every packet carries the mailbox address and offsets, so packets
 // can be placed in any order (multipath, UC); on an RC QP they arrive in
@@ -14,6 +20,8 @@ type MailboxWrite struct {
 	HasImm  bool   // Imm is valid (last packet of a write with immediate)
 	Imm     uint32
 	// Payload is valid only during the call: place it, do not keep it.
+	// It is nil when the payload stayed in the initiator's memory (shm);
+	// Len and Place serve both cases, so a handler should use them.
 	Payload []byte
 
 	QPN       uint32 // the local QP the write arrived on
@@ -23,6 +31,33 @@ type MailboxWrite struct {
 	// Retry is set when an RC requester retransmits a packet the handler
 	// answered MailboxNotReady, so the handler may count attempts.
 	Retry bool
+
+	pull     fabric.Memory // the payload is pulled from the initiator's memory
+	pullAddr uint64
+}
+
+// Len is the number of payload bytes the packet delivers.
+func (w *MailboxWrite) Len() int {
+	if w.pull != nil {
+		return int(w.MsgLen)
+	}
+	return len(w.Payload)
+}
+
+// Place copies the packet's payload into dst, which must be Len bytes
+// long. On shm a large write's payload is not carried by the packet: Place
+// reads it straight from the initiator's memory into dst, so the bytes are
+// copied once. An error (the initiator is gone) means nothing usable was
+// placed.
+func (w *MailboxWrite) Place(dst []byte) error {
+	if len(dst) != w.Len() {
+		return fmt.Errorf("verbs: mailbox place: %w: %d bytes for a %d-byte payload", ErrInvalidArgument, len(dst), w.Len())
+	}
+	if w.pull == nil {
+		copy(dst, w.Payload)
+		return nil
+	}
+	return w.pull.Pull(w.Source, w.pullAddr, dst)
 }
 
 // MailboxResult is a MailboxHandler's verdict on one packet.

@@ -6,6 +6,10 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"unsafe"
+
+	"github.com/rvma/rvma/internal/fabric"
+	"github.com/rvma/rvma/internal/shmfab"
 )
 
 // PD is a protection domain: memory regions and queue pairs of one PD may
@@ -13,6 +17,7 @@ import (
 // A PD is safe for concurrent use.
 type PD struct {
 	dev    *Device
+	id     uint64 // names the PD in shared tables (fabric.Memory)
 	mu     sync.Mutex
 	mrs    int
 	qps    int
@@ -24,8 +29,9 @@ func (d *Device) AllocPD() (*PD, error) {
 	if d.closed.Load() {
 		return nil, ErrClosed
 	}
-	pd := &PD{dev: d}
 	d.mu.Lock()
+	d.nextPD++
+	pd := &PD{dev: d, id: d.nextPD}
 	d.pds[pd] = struct{}{}
 	d.mu.Unlock()
 	return pd, nil
@@ -80,6 +86,10 @@ type MR struct {
 	rkey   uint32
 	access Access
 
+	free     func([]byte) error // releases memory from AllocMR
+	xmu      sync.Mutex         // guards exported
+	exported bool               // published for peers' direct access (shm)
+
 	inflight atomic.Int32 // placements in progress
 	dead     atomic.Bool
 	paused   atomic.Bool // Exclusive holds remote accesses back
@@ -118,6 +128,7 @@ func (pd *PD) RegisterMR(buf []byte, access Access) (*MR, error) {
 	cow(&d.lkeys, func(m map[uint32]*MR) { m[mr.lkey] = mr })
 	cow(&d.rkeys, func(m map[uint32]*MR) { m[mr.rkey] = mr })
 	d.mu.Unlock()
+	mr.export()
 	pd.mu.Lock()
 	pd.mrs++
 	pd.mu.Unlock()
@@ -163,13 +174,96 @@ func (mr *MR) Deregister() error {
 	cow(&d.lkeys, func(m map[uint32]*MR) { delete(m, mr.lkey) })
 	cow(&d.rkeys, func(m map[uint32]*MR) { delete(m, mr.rkey) })
 	d.mu.Unlock()
+	mr.unexport()
 	for mr.inflight.Load() != 0 {
 		runtime.Gosched()
 	}
 	mr.pd.mu.Lock()
 	mr.pd.mrs--
 	mr.pd.mu.Unlock()
+	if mr.free != nil {
+		return mr.free(mr.buf)
+	}
 	return nil
+}
+
+// AllocMR allocates n bytes and registers them with the given access
+// rights; Deregister frees them. On an shm device the memory is shared
+// with the processes of the host, so a peer's WRITE, READ or atomic on it
+// is one copy (or one CPU atomic) by the peer itself, with no work by
+// this process: this is the memory to use for windows and buffers that
+// peers on the host access (MPI_Win_allocate's, as against
+// MPI_Win_create's). Elsewhere it is ordinary memory. The bytes are
+// zeroed and page-aligned; they must not be used after Deregister.
+func (pd *PD) AllocMR(n int, access Access) (*MR, error) {
+	if n <= 0 || n > 1<<40 {
+		return nil, fmt.Errorf("verbs: alloc MR: %w: %d bytes", ErrInvalidArgument, n)
+	}
+	if err := pd.usable(); err != nil {
+		return nil, err
+	}
+	var buf []byte
+	var free func([]byte) error
+	if pd.dev.shared {
+		b, err := shmfab.Alloc(n)
+		if err != nil {
+			return nil, fmt.Errorf("verbs: alloc MR: %w", err)
+		}
+		buf, free = b, shmfab.Free
+	} else {
+		w := make([]uint64, (n+4095)/8+512)
+		off := (4096 - int(uintptr(unsafe.Pointer(&w[0]))%4096)) % 4096
+		buf = unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), len(w)*8)[off : off+n : off+n]
+	}
+	mr, err := pd.RegisterMR(buf, access)
+	if err != nil {
+		if free != nil {
+			free(buf)
+		}
+		return nil, err
+	}
+	mr.free = free
+	return mr, nil
+}
+
+// export publishes a region that peers may access remotely on the ports
+// that let them reach it directly (shm). Where that fails it stays
+// reachable through packets.
+func (mr *MR) export() {
+	var r fabric.Rights
+	if mr.access&AccessRemoteRead != 0 {
+		r |= fabric.RemoteRead
+	}
+	if mr.access&AccessRemoteWrite != 0 {
+		r |= fabric.RemoteWrite
+	}
+	if mr.access&AccessRemoteAtomic != 0 {
+		r |= fabric.RemoteAtomic
+	}
+	if r == 0 || len(mr.buf) == 0 {
+		return
+	}
+	for _, p := range mr.pd.dev.ports {
+		if m, ok := p.Port.(fabric.Memory); ok && m.Export(mr.rkey, mr.iova, mr.buf, r, mr.pd.id) == nil {
+			mr.exported = true
+		}
+	}
+}
+
+// unexport withdraws the region from direct access and waits for the
+// peers' accesses in progress.
+func (mr *MR) unexport() {
+	mr.xmu.Lock()
+	defer mr.xmu.Unlock()
+	if !mr.exported {
+		return
+	}
+	for _, p := range mr.pd.dev.ports {
+		if m, ok := p.Port.(fabric.Memory); ok {
+			m.Unexport(mr.rkey)
+		}
+	}
+	mr.exported = false
 }
 
 // span returns the bytes [addr, addr+n) of the region, or false if they are
@@ -209,6 +303,9 @@ func (mr *MR) enter() bool {
 func (mr *MR) Exclusive(f func(buf []byte)) {
 	mr.excl.Lock()
 	defer mr.excl.Unlock()
+	// Peers' direct accesses cannot be held back: from now on the
+	// region is reached through the engine, which honours the pause.
+	mr.unexport()
 	mr.paused.Store(true)
 	for mr.inflight.Load() != 0 {
 		runtime.Gosched()

@@ -308,7 +308,18 @@ func (qp *QP) ReadyToReceive(remote Endpoint, cfg *ConnectConfig) error {
 	qp.resp.reset(remote.PSN & psn.Mask)
 	qp.resp.initCache(c.maxRdAtomic)
 	qp.state = StateReadyToReceive
+	if m, ok := qp.port.Port.(fabric.Memory); ok {
+		m.Attach(qp.num, qp.localSecret, qp.pd.id) // a full table leaves the QP to packets
+	}
 	return nil
+}
+
+// detachLocked ends the peer's direct accesses on this QP's behalf (see
+// fabric.Memory.Attach): it left the ready states.
+func (qp *QP) detachLocked() {
+	if m, ok := qp.port.Port.(fabric.Memory); ok && qp.state != StateReset && qp.state != StateInit {
+		m.Detach(qp.num)
+	}
 }
 
 // ReadyToSend moves the QP from ReadyToReceive to ReadyToSend, where sends
@@ -369,6 +380,7 @@ func (qp *QP) Reset() error {
 		return err
 	}
 	qp.stopTimerLocked()
+	qp.detachLocked()
 	qp.state = StateReset
 	qp.remote = Endpoint{}
 	qp.req.init(&qp.cfg)
@@ -389,6 +401,7 @@ func (qp *QP) Destroy() error {
 		qp.mu.Unlock()
 		return ErrClosed
 	}
+	qp.detachLocked()
 	qp.closed = true
 	qp.state = StateError
 	qp.resp.gen++
@@ -511,6 +524,9 @@ func (qp *QP) postSendLocked(wrs []SendWR, ob *outbox) (int, error) {
 		}
 		w := r.push()
 		qp.fillWQE(w, wr)
+		if !w.local && !w.placed {
+			r.pending++
+		}
 		if qp.state == StateError {
 			r.pop()
 			qp.completeSend(w, StatusFlushed, 0, true)
@@ -518,6 +534,7 @@ func (qp *QP) postSendLocked(wrs []SendWR, ob *outbox) (int, error) {
 	}
 	if qp.state == StateReadyToSend {
 		qp.progressSend(time.Now(), ob)
+		qp.completeDone() // requests executed directly
 	}
 	return len(wrs), nil
 }
@@ -583,13 +600,71 @@ func (qp *QP) fillWQE(w *sendWQE, wr *SendWR) {
 	if w.length > 1<<31 {
 		w.status = StatusLocalLengthError
 	}
-	if wr.Opcode.isAtomic() {
+	if w.status == StatusSuccess && qp.state == StateReadyToSend {
+		qp.direct(w)
+	}
+	switch {
+	case w.local:
+		w.npsn, w.acked = 0, true
+	case w.placed, w.pulled, wr.Opcode.isAtomic():
 		w.npsn = 1
-	} else {
+	default:
 		w.npsn = qp.npkts(w.length)
 	}
 	w.firstPSN = qp.req.nextPSN
 	qp.req.nextPSN = psn.Add(qp.req.nextPSN, w.npsn)
+}
+
+// pullMin is the smallest mailbox write whose payload the target pulls
+// from the initiator's memory (shm) instead of receiving it through the
+// ring: below it, copying twice costs less than the system call.
+const pullMin = 32 << 10
+
+// direct executes w through shared memory when the port offers it (see
+// fabric.Memory): a WRITE, READ or atomic becomes a copy (or a CPU atomic)
+// by this process into or out of the peer's registered memory, done
+// before PostSend returns; a WRITE with immediate also sends its
+// notification. Only when nothing earlier is still to take effect at the
+// target, so nothing is overtaken. Whatever the port declines (a key it
+// does not know, an out-of-range address, caller memory it cannot reach)
+// goes as packets, and the target's engine decides the outcome as usual.
+// A large mailbox write leaves its payload in place for the target to
+// pull.
+func (qp *QP) direct(w *sendWQE) {
+	mem := qp.port.Memory()
+	if mem == nil || w.length == 0 {
+		return
+	}
+	if w.op.isMailbox() {
+		w.pulled = qp.typ == RC && w.length >= pullMin && len(w.segs) == 1 && w.flags&FlagInline == 0 && mem.CanPull()
+		return
+	}
+	if qp.req.pending != 0 {
+		return
+	}
+	dst, q := qp.remote.GID, fabric.QP{Num: qp.remote.QPN, Secret: qp.remote.Secret}
+	switch w.op {
+	case OpWrite, OpWriteImm:
+		// On UC nothing acknowledges earlier packets: the write waits
+		// until the peer has handled them.
+		if mem.Write(dst, q, w.rkey, w.raddr, w.segs, qp.typ == UC) == nil {
+			w.local, w.placed = w.op == OpWrite, w.op == OpWriteImm
+		}
+	case OpRead:
+		w.local = mem.Read(dst, q, w.rkey, w.raddr, w.segs) == nil
+	case OpFetchAdd, OpCompareSwap:
+		swapAdd, compare := w.compareAdd, uint64(0)
+		if w.op == OpCompareSwap {
+			swapAdd, compare = w.swap, w.compareAdd
+		}
+		old, err := mem.Atomic(dst, q, w.rkey, w.raddr, w.op == OpCompareSwap, swapAdd, compare)
+		if err == nil {
+			var b [8]byte
+			binary.LittleEndian.PutUint64(b[:], old)
+			scatter(w.segs, 0, b[:])
+			w.local = true
+		}
+	}
 }
 
 func (qp *QP) npkts(n int) int {
@@ -658,6 +733,7 @@ func (qp *QP) toErrorLocked() {
 	if qp.state == StateError {
 		return
 	}
+	qp.detachLocked()
 	qp.state = StateError
 	qp.stopTimerLocked()
 	for w := qp.req.head(); w != nil; w = qp.req.head() {

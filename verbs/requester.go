@@ -3,6 +3,7 @@ package verbs
 import (
 	"encoding/binary"
 	"time"
+	"unsafe"
 
 	"github.com/rvma/rvma/internal/psn"
 	"github.com/rvma/rvma/internal/wire"
@@ -32,6 +33,13 @@ type sendWQE struct {
 	resp     int  // READ/atomic: responses received, in order
 	started  bool // transmitted at least once
 	acked    bool // done: acknowledged, or all responses in
+
+	// Shared memory (see QP.direct): local requests were executed at post
+	// time by copying to or from the peer's memory and send no packet;
+	// placed ones (WRITE with immediate) copied their payload that way
+	// and send only the notification; pulled ones (large mailbox writes)
+	// send the payload's address for the target to fetch it.
+	local, placed, pulled bool
 }
 
 func (w *sendWQE) reset() {
@@ -63,6 +71,11 @@ type requester struct {
 	unacked    uint32 // oldest unacknowledged PSN
 	lastAckReq uint32 // the last PSN sent with AckReq
 	rdInFlight int
+	// pending counts requests in the queue whose effect at the target is
+	// not complete yet (all but local and placed ones); a request may
+	// be executed directly only when there are none, so it cannot
+	// overtake them.
+	pending int
 
 	// cwnd is the congestion window in PSNs (AIMD between minCwnd and the
 	// configured Window): halved on a loss, grown by about one PSN per
@@ -113,6 +126,9 @@ func (r *requester) head() *sendWQE {
 }
 
 func (r *requester) pop() {
+	if w := r.at(r.headSeq); !w.local && !w.placed {
+		r.pending--
+	}
 	r.headSeq++
 	if r.txSeq < r.headSeq {
 		r.txSeq, r.txOff = r.headSeq, 0
@@ -162,6 +178,10 @@ func (qp *QP) progressSend(now time.Time, ob *outbox) {
 	win := int32(r.cwnd)
 	for r.txSeq < r.tailSeq {
 		w := r.at(r.txSeq)
+		if w.local {
+			r.txSeq++ // done at post time; nothing to send
+			continue
+		}
 		if w.status != StatusSuccess {
 			// Reported in order, once everything before it completed.
 			if r.txSeq == r.headSeq {
@@ -228,7 +248,7 @@ func (qp *QP) progressSend(now time.Time, ob *outbox) {
 func (qp *QP) completeDone() {
 	r := &qp.req
 	for w := r.head(); w != nil && w.acked; w = r.head() {
-		if w.op.isReadLike() {
+		if w.op.isReadLike() && !w.local {
 			r.rdInFlight--
 		}
 		r.pop()
@@ -503,7 +523,16 @@ func (qp *QP) dataPacket(w *sendWQE, idx int) *wire.Packet {
 	}
 	pk := qp.newPacket(op, psn.Add(w.firstPSN, idx))
 	off := idx * qp.mtu
-	pk.Payload = gather(w.segs, off, min(qp.mtu, w.length-off), pk)
+	switch {
+	case w.placed: // the payload is in place already
+	case w.pulled:
+		b := pk.Bounce(8)
+		binary.BigEndian.PutUint64(b, uint64(uintptr(unsafe.Pointer(&w.segs[0][0]))))
+		pk.Payload = b
+	default:
+		pk.Payload = gather(w.segs, off, min(qp.mtu, w.length-off), pk)
+	}
+	pk.Placed = w.placed || w.pulled
 	if op.HasRETH() {
 		pk.VA, pk.RKey, pk.DMALen = w.raddr, w.rkey, uint32(w.length)
 	}

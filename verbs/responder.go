@@ -6,6 +6,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/rvma/rvma/internal/fabric"
 	"github.com/rvma/rvma/internal/psn"
 	"github.com/rvma/rvma/internal/wire"
 )
@@ -350,6 +351,16 @@ func (qp *QP) writeExec(p *wire.Packet, ob *outbox, starts, ends bool) bool {
 		rs.cur.mr, rs.cur.va, rs.cur.length, rs.cur.off = mr, p.VA, uint64(p.DMALen), 0
 	}
 	n := uint64(len(p.Payload))
+	if p.Placed {
+		// The requester placed the bytes through shared memory; this is
+		// the notification of a whole message, which only shm carries.
+		if !starts || !ends || n != 0 || !qp.sharedPort() {
+			qp.dev.drop(&qp.dev.stats.malformed)
+			qp.reject(ob, wire.NAKInvalid)
+			return false
+		}
+		n = rs.cur.length
+	}
 	if rs.cur.off+n > rs.cur.length || (ends && rs.cur.off+n != rs.cur.length) {
 		qp.dev.drop(&qp.dev.stats.malformed)
 		qp.reject(ob, wire.NAKInvalid)
@@ -365,7 +376,7 @@ func (qp *QP) writeExec(p *wire.Packet, ob *outbox, starts, ends bool) bool {
 		qp.reject(ob, wire.NAKRemoteAccess)
 		return false
 	}
-	if n > 0 {
+	if n > 0 && !p.Placed {
 		dst, _ := mr.span(rs.cur.va+rs.cur.off, n)
 		copy(dst, p.Payload)
 	}
@@ -387,7 +398,9 @@ func (qp *QP) mailboxExec(p *wire.Packet, ob *outbox, starts, ends, retry bool) 
 		qp.reject(ob, wire.NAKRemoteAccess)
 		return false
 	}
-	if uint64(p.MsgOff)+uint64(len(p.Payload)) > uint64(p.MsgLen) {
+	placed := p.Placed
+	if placed && (!starts || !ends || p.MsgOff != 0 || len(p.Payload) != 8 || !qp.sharedPort()) ||
+		!placed && uint64(p.MsgOff)+uint64(len(p.Payload)) > uint64(p.MsgLen) {
 		qp.dev.drop(&qp.dev.stats.malformed)
 		qp.reject(ob, wire.NAKInvalid)
 		return false
@@ -396,6 +409,11 @@ func (qp *QP) mailboxExec(p *wire.Packet, ob *outbox, starts, ends, retry bool) 
 	*mw = MailboxWrite{Mailbox: p.Mailbox, Offset: p.Offset, MsgOff: p.MsgOff, MsgLen: p.MsgLen,
 		First: starts, Last: ends, HasImm: p.Opcode.HasImm(), Imm: p.Imm, Payload: p.Payload,
 		QPN: qp.num, SrcQP: qp.remote.QPN, Source: p.Src, Transport: qp.typ, Retry: retry}
+	if placed {
+		// The payload stayed in the sender's memory: the handler pulls it
+		// straight into place (MailboxWrite.Place).
+		mw.Payload, mw.pull, mw.pullAddr = nil, qp.port.Port.(fabric.Memory), binary.BigEndian.Uint64(p.Payload)
+	}
 	// The handler runs without the QP's lock so that it may post. Packets
 	// for this QP are handled by one goroutine (its port's), so no other
 	// receive can interleave; a reset or destroy meanwhile is detected by
@@ -426,6 +444,13 @@ func (qp *QP) mailboxExec(p *wire.Packet, ob *outbox, starts, ends, retry bool) 
 // a READ is re-requested from its first missing response, and the new
 // request may cover more than the piece first requested (pieces follow the
 // requester's window), so PSNs beyond ePSN can only belong to this READ.
+// sharedPort reports whether the QP's port is shared memory, the only
+// fabric whose packets may say their payload was placed (wire.Placed).
+func (qp *QP) sharedPort() bool {
+	_, ok := qp.port.Port.(fabric.Memory)
+	return ok
+}
+
 func (qp *QP) readRequestExec(p *wire.Packet, ob *outbox, inSeq bool) {
 	rs := &qp.resp
 	_, b, ok := qp.pd.resolveRemote(p.RKey, p.VA, uint64(p.DMALen), AccessRemoteRead)

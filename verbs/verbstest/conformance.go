@@ -616,10 +616,13 @@ func (h *recordingHandler) HandleMailboxWrite(w *verbs.MailboxWrite) verbs.Mailb
 		}
 	}
 	b := h.boxes[w.Mailbox]
-	if b == nil || w.Offset+uint64(w.MsgOff)+uint64(len(w.Payload)) > uint64(len(b)) {
+	if b == nil || w.Offset+uint64(w.MsgOff)+uint64(w.Len()) > uint64(len(b)) {
 		return verbs.MailboxRefused + 1
 	}
-	copy(b[w.Offset+uint64(w.MsgOff):], w.Payload)
+	o := w.Offset + uint64(w.MsgOff)
+	if w.Place(b[o:o+uint64(w.Len())]) != nil {
+		return verbs.MailboxRefused
+	}
 	h.packets++
 	if w.Last {
 		h.lasts++

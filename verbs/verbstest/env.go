@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rvma/rvma/internal/shmfab"
 	"github.com/rvma/rvma/verbs"
 )
 
@@ -41,19 +42,45 @@ func (e loopEnv) Open(t testing.TB) *verbs.Device {
 	return d
 }
 
-type shmEnv struct{ fabric string }
+type shmEnv struct {
+	fabric         string
+	alloc, packets bool
+}
 
 // SHM returns an Env of shm devices (two GIDs each) on a fabric name
-// private to the caller.
+// private to the caller. Pair's buffers are ordinary memory, which peers
+// reach with cross-memory attach where the system allows it.
 func SHM() Env { return shmEnv{fabric: fmt.Sprintf("verbstest-%d-%d", os.Getpid(), fabricSeq.Add(1))} }
+
+// SHMAlloc is SHM with Pair's buffers from PD.AllocMR: shared memory,
+// which peers reach with plain copies and CPU atomics.
+func SHMAlloc() Env {
+	e := SHM().(shmEnv)
+	e.alloc = true
+	return e
+}
+
+// SHMPackets is SHM with cross-memory attach turned off while its devices
+// are open: ordinary memory is reached through the rings only.
+func SHMPackets() Env {
+	e := SHM().(shmEnv)
+	e.packets = true
+	return e
+}
 
 func (e shmEnv) Name() string { return "shm" }
 func (e shmEnv) Open(t testing.TB) *verbs.Device {
+	if e.packets {
+		prev := shmfab.ForceCMA(false)
+		t.Cleanup(func() { shmfab.ForceCMA(prev) })
+	}
 	d, err := verbs.Open(context.Background(), "shm://"+e.fabric+"?gids=2", nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { d.Close() })
 	return d
 }
+
+func (e shmEnv) Alloc() bool { return e.alloc }
 
 type udpEnv struct{ addr string }
 
@@ -112,6 +139,13 @@ func Pair(t testing.TB, env Env, cfg PairConfig) (a, b *Side) {
 		qc.SendCQ = s.CQ
 		s.QP, err = s.PD.CreateQP(qc)
 		require.NoError(t, err)
+		if a, ok := env.(interface{ Alloc() bool }); ok && a.Alloc() {
+			s.MR, err = s.PD.AllocMR(cfg.BufSize, cfg.Access)
+			require.NoError(t, err)
+			s.Buf = s.MR.Bytes()
+			t.Cleanup(func() { s.MR.Deregister() })
+			return s
+		}
 		s.Buf = make([]byte, cfg.BufSize)
 		s.MR, err = s.PD.RegisterMR(s.Buf, cfg.Access)
 		require.NoError(t, err)
