@@ -125,23 +125,35 @@ type Win struct {
 }
 
 // Allocate creates a window of size bytes that the library allocates
-// (8-byte aligned, zeroed). It is collective.
+// (page-aligned, zeroed) as device memory (verbs.PD.AllocMR): on shm it is
+// shared with the ranks of the host, so their puts, gets and atomics on
+// it are single copies or CPU atomics made by the origin, as MPI's
+// shared-memory windows are. Prefer it to Create for windows that peers
+// access. The memory is valid until Free. It is collective.
 func (c *Comm) Allocate(ctx context.Context, size int, cfg *WinConfig) (*Win, error) {
 	if size < 0 {
 		return nil, opErr("allocate", -1, fmt.Errorf("%w: size %d", ErrOutOfBounds, size))
 	}
-	words := make([]uint64, (size+7)/8)
-	var mem []byte
-	if size > 0 {
-		mem = unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), size)
+	if size == 0 {
+		return c.create(ctx, nil, nil, cfg)
 	}
-	return c.Create(ctx, mem, cfg)
+	mr, err := c.pd.AllocMR(size, verbs.AccessAll)
+	if err != nil {
+		return nil, opErr("allocate", -1, err)
+	}
+	return c.create(ctx, mr.Bytes(), mr, cfg)
 }
 
 // Create creates a window over the caller's memory, which the window
 // shares with the caller (MPI's unified model). It is collective. Atomic
 // operations need the memory 8-byte aligned (Allocate's always is).
 func (c *Comm) Create(ctx context.Context, mem []byte, cfg *WinConfig) (*Win, error) {
+	return c.create(ctx, mem, nil, cfg)
+}
+
+// create makes a window over mem, registered already as mr when the
+// library allocated it (else registered here).
+func (c *Comm) create(ctx context.Context, mem []byte, mr *verbs.MR, cfg *WinConfig) (*Win, error) {
 	var conf WinConfig
 	if cfg != nil {
 		conf = *cfg
@@ -150,6 +162,9 @@ func (c *Comm) Create(ctx context.Context, mem []byte, cfg *WinConfig) (*Win, er
 		conf.DispUnit = 1
 	}
 	if conf.DispUnit < 0 {
+		if mr != nil {
+			mr.Deregister()
+		}
 		return nil, opErr("create window", -1, fmt.Errorf("%w: disp unit %d", ErrDatatype, conf.DispUnit))
 	}
 	c.winMu.Lock()
@@ -157,19 +172,23 @@ func (c *Comm) Create(ctx context.Context, mem []byte, cfg *WinConfig) (*Win, er
 	id := c.nextWin
 	c.winMu.Unlock()
 	w := &Win{c: c, id: id, mem: mem, unit: conf.DispUnit, locks: map[int]LockType{},
-		out: make([]int, c.size), bridged: make([]int, c.size), epochAcc: make([]int, c.size), unsig: make([]int, c.size), failed: make([]error, c.size), lockMem: make([]uint64, 1+c.size)}
+		out: make([]int, c.size), bridged: make([]int, c.size), epochAcc: make([]int, c.size), unsig: make([]int, c.size), failed: make([]error, c.size), mr: mr}
 	var err error
-	if len(mem) > 0 {
+	if len(mem) > 0 && mr == nil {
 		if w.mr, err = c.pd.RegisterMR(mem, verbs.AccessAll); err != nil {
 			return nil, opErr("create window", -1, err)
 		}
+	}
+	if w.mr != nil {
 		c.reg.addWin(w.mr)
 	}
-	lb := unsafe.Slice((*byte)(unsafe.Pointer(&w.lockMem[0])), 8*len(w.lockMem))
-	if w.lockMR, err = c.pd.RegisterMR(lb, verbs.AccessAll); err != nil {
+	// The lock words are device memory too: on shm, peers' lock atomics
+	// are then CPU atomics on them.
+	if w.lockMR, err = c.pd.AllocMR(8*(1+c.size), verbs.AccessAll); err != nil {
 		w.release()
 		return nil, opErr("create window", -1, err)
 	}
+	w.lockMem = unsafe.Slice((*uint64)(unsafe.Pointer(&w.lockMR.Bytes()[0])), 1+c.size)
 	var mode uint8
 	if conf.Notify != nil {
 		if w.notify, err = newNotify(w, *conf.Notify); err != nil {
@@ -228,7 +247,8 @@ func (c *Comm) Create(ctx context.Context, mem []byte, cfg *WinConfig) (*Win, er
 	return w, nil
 }
 
-// Bytes returns the window's local memory.
+// Bytes returns the window's local memory. Memory from Allocate is
+// released by Free and must not be used afterwards.
 func (w *Win) Bytes() []byte { return w.mem }
 
 // Free frees the window. It is collective: it waits for this rank's
