@@ -39,7 +39,8 @@ type Device struct {
 	log    *slog.Logger
 	ports  []*fabric.FaultPort
 	gids   []GID
-	shared bool // shm: AllocMR memory is shared with the host's processes
+	kinds  []string // provider of each GID
+	shared bool     // shm: AllocMR memory is shared with the host's processes
 	closed atomic.Bool
 	// handling counts receive handlers running; Close waits for them, so
 	// what they received is acknowledged before the QPs go away. A counter,
@@ -117,6 +118,11 @@ type mailboxBox struct{ h MailboxHandler }
 // sets the number of local addresses, mtu (default 65536, range
 // 256..1048576) the largest payload.
 //
+// URIs joined by "+" open one device with the ports of each, in order, for
+// example "udp://10.0.0.1:0+shm://job": a QP then reaches peers of the
+// provider of the GID it binds to (see Device.Provider), and memory
+// regions, PDs and CQs serve QPs of every provider.
+//
 // A udp device has one GID per address, each a UDP socket (port 0 picks a
 // free port; Device.GIDs reports the one chosen). IPv4 and IPv6 addresses
 // may be mixed, but a QP only reaches peers of its GID's family. mtu
@@ -133,44 +139,85 @@ func Open(ctx context.Context, uri string, cfg *DeviceConfig) (*Device, error) {
 	if d.log == nil {
 		d.log = slog.Default()
 	}
-	if rest, ok := strings.CutPrefix(uri, "udp://"); ok {
-		ports, err := openUDP(rest, d.log)
+	var ports []fabric.Port
+	var kinds []string
+	for _, part := range splitURI(uri) {
+		ps, kind, err := openPorts(part, d.log)
 		if err != nil {
+			for _, p := range ports {
+				p.Close()
+			}
 			return nil, fmt.Errorf("verbs: open %q: %w", uri, err)
 		}
-		return newDevice(d, ports), nil
+		ports = append(ports, ps...)
+		for range ps {
+			kinds = append(kinds, kind)
+		}
+		d.shared = d.shared || kind == "shm"
+	}
+	d.kinds = kinds
+	return newDevice(d, ports), nil
+}
+
+// splitURI splits a composite URI, "udp://...+shm://...", into its parts:
+// a part starts at every "+" followed by a scheme and "://".
+func splitURI(uri string) []string {
+	var parts []string
+	start := 0
+	for i := 1; i < len(uri); i++ {
+		if uri[i] != '+' {
+			continue
+		}
+		j := i + 1
+		for j < len(uri) && (uri[j] >= 'a' && uri[j] <= 'z' || j > i+1 && uri[j] >= '0' && uri[j] <= '9') {
+			j++
+		}
+		if j > i+1 && strings.HasPrefix(uri[j:], "://") {
+			parts = append(parts, uri[start:i])
+			start = i + 1
+		}
+	}
+	return append(parts, uri[start:])
+}
+
+// openPorts opens the ports of one provider URI and names the provider.
+func openPorts(uri string, log *slog.Logger) ([]fabric.Port, string, error) {
+	if rest, ok := strings.CutPrefix(uri, "udp://"); ok {
+		ports, err := openUDP(rest, log)
+		return ports, "udp", err
 	}
 	u, err := url.Parse(uri)
 	if err != nil {
-		return nil, fmt.Errorf("verbs: open %q: %w: %v", uri, ErrInvalidArgument, err)
+		return nil, "", fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	var ports []fabric.Port
 	switch u.Scheme {
 	case "loop":
 		name := u.Host + u.Path
 		if name == "" {
-			return nil, fmt.Errorf("verbs: open %q: %w: loop fabric needs a name", uri, ErrInvalidArgument)
+			return nil, "", fmt.Errorf("%w: loop fabric needs a name", ErrInvalidArgument)
 		}
 		q := u.Query()
 		n, err := intParam(q, "gids", 1)
 		if err != nil {
-			return nil, fmt.Errorf("verbs: open %q: %w", uri, err)
+			return nil, "", err
 		}
 		mtu, err := intParam(q, "mtu", loopfab.DefaultMTU)
 		if err != nil {
-			return nil, fmt.Errorf("verbs: open %q: %w", uri, err)
+			return nil, "", err
 		}
 		lp, err := loopfab.Open(name, n, mtu)
 		if err != nil {
-			return nil, fmt.Errorf("verbs: open %q: %w: %v", uri, ErrInvalidArgument, err)
+			return nil, "", fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 		}
 		for _, p := range lp {
 			ports = append(ports, p)
 		}
+		return ports, "loop", nil
 	case "shm":
 		name := u.Host + u.Path
 		if name == "" {
-			return nil, fmt.Errorf("verbs: open %q: %w: shm fabric needs a name", uri, ErrInvalidArgument)
+			return nil, "", fmt.Errorf("%w: shm fabric needs a name", ErrInvalidArgument)
 		}
 		q := u.Query()
 		n, err := intParam(q, "gids", 1)
@@ -178,11 +225,11 @@ func Open(ctx context.Context, uri string, cfg *DeviceConfig) (*Device, error) {
 			err = fmt.Errorf("%w: gids=%d", ErrInvalidArgument, n)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("verbs: open %q: %w", uri, err)
+			return nil, "", err
 		}
 		mtu, err := intParam(q, "mtu", shmfab.DefaultMTU)
 		if err != nil {
-			return nil, fmt.Errorf("verbs: open %q: %w", uri, err)
+			return nil, "", err
 		}
 		for range n {
 			p, err := shmfab.Open(name, mtu)
@@ -190,15 +237,22 @@ func Open(ctx context.Context, uri string, cfg *DeviceConfig) (*Device, error) {
 				for _, p := range ports {
 					p.Close()
 				}
-				return nil, fmt.Errorf("verbs: open %q: %w: %v", uri, ErrInvalidArgument, err)
+				return nil, "", fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 			}
 			ports = append(ports, p)
 		}
-		d.shared = true
-	default:
-		return nil, fmt.Errorf("verbs: open %q: %w %q", uri, ErrUnknownProvider, u.Scheme)
+		return ports, "shm", nil
 	}
-	return newDevice(d, ports), nil
+	return nil, "", fmt.Errorf("%w %q", ErrUnknownProvider, u.Scheme)
+}
+
+// Provider names the provider behind GID index gid: "udp", "shm" or
+// "loop" ("" if out of range). A composite device has several.
+func (d *Device) Provider(gid int) string {
+	if gid < 0 || gid >= len(d.kinds) {
+		return ""
+	}
+	return d.kinds[gid]
 }
 
 // openUDP opens one port per address of "IP:PORT[,IP:PORT...][?mtu=N]".

@@ -531,3 +531,59 @@ func TestSHMDirectPeerKilled(t *testing.T) {
 	}
 	require.Equal(t, verbs.StatusRetryExceeded, wc.Status)
 }
+
+// TestCompositeDevice: one device over udp and shm ports; each QP reaches
+// peers of its GID's provider, with one PD's memory serving both.
+func TestCompositeDevice(t *testing.T) {
+	ctx := context.Background()
+	name := fmt.Sprintf("composite-%d", os.Getpid())
+	dev, err := verbs.Open(ctx, "udp://127.0.0.1:0+shm://"+name, nil)
+	require.NoError(t, err)
+	defer dev.Close()
+	require.Len(t, dev.GIDs(), 2)
+	require.Equal(t, "udp", dev.Provider(0))
+	require.Equal(t, "shm", dev.Provider(1))
+	require.Equal(t, "", dev.Provider(2))
+
+	_, err = verbs.Open(ctx, "shm://"+name+"+bogus://x", nil)
+	require.ErrorIs(t, err, verbs.ErrUnknownProvider)
+
+	pd, err := dev.AllocPD()
+	require.NoError(t, err)
+	cq, err := dev.CreateCQ(verbs.CQConfig{})
+	require.NoError(t, err)
+	mr, err := pd.AllocMR(4096, verbs.AccessAll)
+	require.NoError(t, err)
+	for i, peerURI := range []string{"udp://127.0.0.1:0", "shm://" + name} {
+		peer, err := verbs.Open(ctx, peerURI, nil)
+		require.NoError(t, err)
+		defer peer.Close()
+		ppd, _ := peer.AllocPD()
+		pcq, _ := peer.CreateCQ(verbs.CQConfig{})
+		pqp, err := ppd.CreateQP(verbs.QPConfig{SendCQ: pcq})
+		require.NoError(t, err)
+		pmr, err := ppd.AllocMR(4096, verbs.AccessAll)
+		require.NoError(t, err)
+		qp, err := pd.CreateQP(verbs.QPConfig{SendCQ: cq, GID: i})
+		require.NoError(t, err)
+		require.NoError(t, qp.Connect(pqp.Endpoint(), nil))
+		require.NoError(t, pqp.Connect(qp.Endpoint(), nil))
+		copy(mr.Bytes(), fmt.Sprintf("over %s", dev.Provider(i)))
+		_, err = qp.PostSend([]verbs.SendWR{{Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{mr.SGE(0, 8)},
+			RemoteAddr: pmr.Addr(), RKey: pmr.RKey()}})
+		require.NoError(t, err)
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		wcs := make([]verbs.WorkCompletion, 1)
+		for {
+			n, err := cq.Poll(wcs)
+			require.NoError(t, err)
+			if n == 1 {
+				break
+			}
+			require.NoError(t, cq.Wait(wctx))
+		}
+		cancel()
+		require.Equal(t, verbs.StatusSuccess, wcs[0].Status)
+		require.Equal(t, mr.Bytes()[:8], pmr.Bytes()[:8], "via %s", peerURI)
+	}
+}
