@@ -31,7 +31,8 @@ const (
 	EnvSize       = "RVMA_SIZE"       // set by rvmarun: the number of ranks
 	EnvKVS        = "RVMA_KVS"        // set by rvmarun: the rendezvous server's TCP address
 	EnvRendezvous = "RVMA_RENDEZVOUS" // Slurm jobs: host:port where rank 0 serves the rendezvous
-	EnvProvider   = "RVMA_PROVIDER"   // udp (default) or loop
+	EnvProvider   = "RVMA_PROVIDER"   // auto (default), udp or shm
+	EnvHost       = "RVMA_HOST"       // this rank's host identity for auto (default: boot id and PID namespace)
 	EnvAddr       = "RVMA_ADDR"       // local IP address for the UDP provider; default 127.0.0.1
 	EnvMTU        = "RVMA_MTU"        // UDP provider's MTU (payload bytes per packet); default the provider's
 	EnvPaths      = "RVMA_PATHS"      // paths (local addresses) per connection; default 1
@@ -39,10 +40,20 @@ const (
 
 // Config configures Init and NewWorld. The zero value means defaults.
 type Config struct {
-	// Provider is the verbs provider: "udp" (default, or RVMA_PROVIDER),
-	// "shm" (shared memory: every rank on one host; rvmarun --provider
-	// shm) or "loop" (in-process worlds only).
+	// Provider is the verbs provider: "auto" (default, or RVMA_PROVIDER)
+	// connects ranks of one host (see Host) through shared memory and the
+	// others through UDP, over one composite device; "udp" or "shm"
+	// forces one provider for every pair ("shm": every rank on one host);
+	// "loop" is for in-process worlds only (NewWorld's default).
 	Provider string
+	// Host identifies this rank's host for "auto": ranks of equal Host
+	// connect through shared memory. Default RVMA_HOST, else the kernel's
+	// boot id and PID namespace (what processes that can map each other's
+	// memory through /proc share).
+	Host string
+	// Hosts, for NewWorld with "auto", is each rank's Host (one per rank),
+	// so that one process can stand for several hosts. Default: Host.
+	Hosts []string
 	// Addr is the local IP address for the UDP provider and the connection
 	// manager, or a comma-separated list of addresses, one per path (the
 	// first also serves the connection manager). Default RVMA_ADDR, else
@@ -93,8 +104,24 @@ func (c *Config) deviceURI(loopName string) string {
 			uri += "&mtu=" + strconv.Itoa(c.MTU)
 		}
 		return uri
+	case "auto":
+		// The UDP ports first: GID 0 and the paths are UDP as with "udp";
+		// one shm port after them serves the ranks of this host.
+		return c.udpURI() + "+shm://rvma"
 	}
 	return c.udpURI()
+}
+
+// hostIdentity names what ranks that can share memory have in common: the
+// kernel instance (boot id) and the PID namespace (so /proc reaches the
+// peer's memory).
+func hostIdentity() string {
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "" // no shared memory detection: every pair uses UDP
+	}
+	ns, _ := os.Readlink("/proc/self/ns/pid")
+	return strings.TrimSpace(string(boot)) + "/" + ns
 }
 
 // cmAddr is the address the connection manager and the multipath
@@ -127,7 +154,13 @@ func (c *Config) withDefaults() Config {
 		d.Provider = os.Getenv(EnvProvider)
 	}
 	if d.Provider == "" {
-		d.Provider = "udp"
+		d.Provider = "auto"
+	}
+	if d.Host == "" {
+		d.Host = os.Getenv(EnvHost)
+	}
+	if d.Host == "" {
+		d.Host = hostIdentity()
 	}
 	if d.Addr == "" {
 		d.Addr = os.Getenv(EnvAddr)
@@ -160,6 +193,11 @@ func (c *Config) withDefaults() Config {
 // check validates the configuration after defaults, and reads
 // RVMA_LONGHAUL into it.
 func (c *Config) check() error {
+	switch c.Provider {
+	case "auto", "udp", "shm", "loop":
+	default:
+		return fmt.Errorf("%w: unknown provider %q (want auto, udp, shm or loop)", ErrBootstrap, c.Provider)
+	}
 	if c.Paths < 1 || c.Paths > 64 {
 		return fmt.Errorf("%w: %d paths, want 1..64", ErrBootstrap, c.Paths)
 	}
@@ -208,6 +246,12 @@ type Comm struct {
 	peers []*peer
 	qpnMu sync.Mutex
 	byQPN map[uint32]int // local QP number -> peer rank
+
+	// Provider "auto": the shm port's GID index (-1 without one), and the
+	// other ranks' hosts as they published them, looked up on first use.
+	shmGID int
+	hostMu sync.Mutex
+	hosts  map[int]string
 
 	msg  msgState // guarded by the engine's lock
 	recv recvPool
@@ -273,6 +317,11 @@ func Init(ctx context.Context, cfg *Config) (*Comm, error) {
 		return nil, err
 	}
 	dev, err := verbs.Open(ctx, conf.deviceURI(""), &verbs.DeviceConfig{Logger: conf.Logger})
+	if err != nil && conf.Provider == "auto" {
+		conf.Logger.Debug("rma: no shared memory; every peer over UDP", "err", err)
+		conf.Provider = "udp"
+		dev, err = verbs.Open(ctx, conf.deviceURI(""), &verbs.DeviceConfig{Logger: conf.Logger})
+	}
 	if err != nil {
 		store.Close()
 		if srv != nil {
@@ -380,6 +429,9 @@ func NewWorld(ctx context.Context, size int, cfg *Config) ([]*Comm, error) {
 	if conf.Devices != nil && len(conf.Devices) != size {
 		return nil, fmt.Errorf("%w: %d devices for %d ranks", ErrBootstrap, len(conf.Devices), size)
 	}
+	if conf.Hosts != nil && len(conf.Hosts) != size {
+		return nil, fmt.Errorf("%w: %d hosts for %d ranks", ErrBootstrap, len(conf.Hosts), size)
+	}
 	ctx, cancel := context.WithTimeout(ctx, conf.Timeout)
 	defer cancel()
 	var id [8]byte
@@ -403,7 +455,11 @@ func NewWorld(ctx context.Context, size int, cfg *Config) ([]*Comm, error) {
 					return
 				}
 			}
-			comms[r], errs[r] = newComm(ctx, r, size, store, false, dev, conf)
+			rc := conf
+			if conf.Hosts != nil {
+				rc.Host = conf.Hosts[r]
+			}
+			comms[r], errs[r] = newComm(ctx, r, size, store, false, dev, rc)
 			if errs[r] != nil {
 				dev.Close()
 			}
@@ -452,7 +508,21 @@ func newComm(ctx context.Context, rank, size int, store kvs.Store, ownStore bool
 	c.msg.init()
 	c.eng = progress.New(c.cq, progress.Config{OnRecv: c.onRecv, Background: true, Err: errOf})
 	c.target = mailbox.NewTarget(dev, nil)
+	c.shmGID = -1
+	if cfg.Provider == "auto" && cfg.Host != "" {
+		for i := range dev.GIDs() {
+			if dev.Provider(i) == "shm" {
+				c.shmGID = i
+				break
+			}
+		}
+	}
 	if size > 1 {
+		if c.shmGID >= 0 {
+			if err = store.Put(ctx, fmt.Sprintf("rvma-host-%d", rank), cfg.Host); err != nil {
+				return nil, err
+			}
+		}
 		if c.ln, err = cm.Listen(ctx, cfg.cmAddr()); err != nil {
 			return nil, err
 		}
@@ -531,9 +601,13 @@ func (c *Comm) checkRank(op string, r int) error {
 // newQP creates a QP for a connection to rank r. Its number maps to r
 // from the start: the peer may send as soon as its side is connected,
 // before this side's connect call returns.
-func (c *Comm) newQP(r int) (*verbs.QP, error) {
+func (c *Comm) newQP(ctx context.Context, r int) (*verbs.QP, error) {
+	gid, err := c.gidFor(ctx, r)
+	if err != nil {
+		return nil, err
+	}
 	qp, err := c.pd.CreateQP(verbs.QPConfig{Type: verbs.RC, SendCQ: c.cq, RecvCQ: c.cq, SRQ: c.srq,
-		MaxSendWR: 4096, MaxSendSGE: maxSGE})
+		MaxSendWR: 4096, MaxSendSGE: maxSGE, GID: gid})
 	if err != nil {
 		return nil, err
 	}
@@ -541,6 +615,52 @@ func (c *Comm) newQP(r int) (*verbs.QP, error) {
 	c.byQPN[qp.Num()] = r
 	c.qpnMu.Unlock()
 	return qp, nil
+}
+
+// gidFor is the GID index of the connection to rank r: the shm port for a
+// rank of this host under "auto", else the first port.
+func (c *Comm) gidFor(ctx context.Context, r int) (int, error) {
+	if c.shmGID < 0 {
+		return 0, nil
+	}
+	if r == c.rank {
+		return c.shmGID, nil
+	}
+	c.hostMu.Lock()
+	h, ok := c.hosts[r]
+	c.hostMu.Unlock()
+	if !ok {
+		var err error
+		if h, err = c.store.Get(ctx, fmt.Sprintf("rvma-host-%d", r)); err != nil {
+			return 0, err
+		}
+		c.hostMu.Lock()
+		if c.hosts == nil {
+			c.hosts = map[int]string{}
+		}
+		c.hosts[r] = h
+		c.hostMu.Unlock()
+	}
+	if h == c.cfg.Host {
+		return c.shmGID, nil
+	}
+	return 0, nil
+}
+
+// Transport names the provider of this rank's connection to rank r:
+// "shm", "udp" or "loop", or "" before the first operation toward r
+// connected it.
+func (c *Comm) Transport(r int) string {
+	if r < 0 || r >= c.size {
+		return ""
+	}
+	p := c.peers[r]
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.qp == nil {
+		return ""
+	}
+	return c.dev.Provider(p.qp.GIDIndex())
 }
 
 // dropQP destroys a QP whose connection failed.
@@ -623,7 +743,7 @@ func (c *Comm) dial(ctx context.Context, r int) (*verbs.QP, error) {
 	if err != nil {
 		return nil, err
 	}
-	qp, err := c.newQP(r)
+	qp, err := c.newQP(ctx, r)
 	if err != nil {
 		return nil, err
 	}
@@ -682,7 +802,7 @@ func (c *Comm) acceptLoop() {
 			defer wg.Done()
 			actx, acancel := context.WithTimeout(ctx, c.cfg.Timeout)
 			defer acancel()
-			qp, err := c.newQP(r)
+			qp, err := c.newQP(actx, r)
 			if err == nil {
 				if err = req.Accept(actx, qp, &cm.Config{Connect: &c.cfg.Connect}); err != nil {
 					c.dropQP(qp)
@@ -709,7 +829,7 @@ func (c *Comm) selfConnect() error {
 	if p.qp != nil || p.err != nil {
 		return p.err
 	}
-	qp, err := c.newQP(c.rank)
+	qp, err := c.newQP(c.bg, c.rank)
 	if err == nil {
 		ep := qp.Endpoint()
 		if err = qp.Connect(ep, &c.cfg.Connect); err != nil {

@@ -223,6 +223,9 @@ func (qp *QP) Type() QPType { return qp.typ }
 // GID returns the local address the QP is bound to.
 func (qp *QP) GID() GID { return qp.dev.gids[qp.gid] }
 
+// GIDIndex returns the index of the QP's local GID (QPConfig.GID).
+func (qp *QP) GIDIndex() int { return qp.gid }
+
 // State returns the QP's current state.
 func (qp *QP) State() QPState {
 	qp.mu.Lock()

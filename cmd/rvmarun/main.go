@@ -1,7 +1,7 @@
 // Command rvmarun starts the ranks of an rvma job on this host, the mpirun
 // role:
 //
-//	rvmarun -n N [--provider udp] [--addr IP] prog [args...]
+//	rvmarun -n N [--provider auto|udp|shm] [--addr IP] prog [args...]
 //
 // It serves the job's rendezvous, starts N processes of prog with
 // RVMA_RANK, RVMA_SIZE and RVMA_KVS set (rma.Init reads them), shares the
@@ -40,7 +40,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("rvmarun", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	n := fs.Int("n", 1, "number of ranks")
-	provider := fs.String("provider", "udp", "verbs provider between ranks: udp, or shm (shared memory; all ranks run on this host anyway)")
+	provider := fs.String("provider", "auto", "verbs provider between ranks: auto (ranks of one host over shared memory, the rest over UDP; here every rank is on this host), udp, or shm")
 	addr := fs.String("addr", "127.0.0.1", "local IP address the ranks bind, or a comma-separated list, one per path")
 	paths := fs.Int("paths", 1, "paths per connection between two ranks (1..64): large puts and gets are split over them")
 	grace := fs.Duration("grace", 3*time.Second, "how long ranks get to exit after SIGTERM before SIGKILL")
@@ -57,7 +57,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	switch *provider {
-	case "udp", "shm":
+	case "auto", "udp", "shm":
 	case "loop":
 		fmt.Fprintln(stderr, "rvmarun: the loop provider connects ranks of one process only; use rma.NewWorld, or --provider udp")
 		return 2
