@@ -226,6 +226,14 @@ func (pd *PD) AllocMR(n int, access Access) (*MR, error) {
 	return mr, nil
 }
 
+// CrossMemoryAttach reports how shm devices reach registered memory that
+// is not from AllocMR: with process_vm_readv/writev, one system call and
+// no intermediate copy (true), or, where the kernel forbids it, through
+// the rings like any packet (false); the string says which mechanism or
+// why not. It is decided once per process, at the first shm device.
+// Memory from AllocMR is always reached by a plain copy.
+func CrossMemoryAttach() (bool, string) { return shmfab.CMA() }
+
 // export publishes a region that peers may access remotely on the ports
 // that let them reach it directly (shm). Where that fails it stays
 // reachable through packets.

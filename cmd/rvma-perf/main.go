@@ -55,6 +55,11 @@ type Result struct {
 	LatP99   float64 `json:"lat_us_p99"`
 	LatAvg   float64 `json:"lat_us_avg"`
 	Chunk    int     `json:"chunk,omitempty"` // memcpy: piece size
+	// shm: the operations this side executed through shared memory
+	// without a packet for the data, and how ordinary (registered caller)
+	// memory is reached: cross-memory attach, or the rings and why.
+	Direct    uint64 `json:"direct_ops,omitempty"`
+	CallerMem string `json:"caller_memory,omitempty"`
 	// mp_bw: the number of paths, each path's measured goodput and, on
 	// the testbed, its shaped rate.
 	Paths        int       `json:"paths,omitempty"`
@@ -424,6 +429,9 @@ func print(w io.Writer, o *options, r *Result) {
 	}
 	if isLat(r.Test) {
 		fmt.Fprintf(w, "  lat p50 %.2f us  p99 %.2f us  avg %.2f us", r.LatP50, r.LatP99, r.LatAvg)
+	}
+	if r.CallerMem != "" {
+		fmt.Fprintf(w, "  direct %d  caller memory: %s", r.Direct, r.CallerMem)
 	}
 	fmt.Fprintln(w)
 }

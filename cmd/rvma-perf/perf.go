@@ -213,7 +213,16 @@ func client(ctx context.Context, o *options) (*Result, error) {
 		}
 		conns[i] = c
 	}
+	direct0 := conns[0].dev.Stats().Direct
 	r, err := measure(ctx, o, s, conns)
+	if err == nil && o.provider == "shm" {
+		r.Direct = conns[0].dev.Stats().Direct - direct0
+		if ok, why := verbs.CrossMemoryAttach(); ok {
+			r.CallerMem = "cross-memory attach (" + why + ")"
+		} else {
+			r.CallerMem = "through the rings: " + why
+		}
+	}
 	if err == nil {
 		for _, c := range conns {
 			if err = c.fin(ctx); err != nil {
