@@ -215,7 +215,15 @@ func (qp *QP) progressSend(now time.Time, ob *outbox) {
 			ob.pkts = append(ob.pkts, qp.atomicRequest(w))
 			r.txOff++
 		default:
-			ob.pkts = append(ob.pkts, qp.dataPacket(w, r.txOff))
+			pk := qp.dataPacket(w, r.txOff)
+			if psn.Diff(pk.PSN, r.maxSent) < 0 {
+				// A retransmission: the original may be acknowledged, its
+				// request completed and its buffer reused before this
+				// copy leaves (it is sent after the QP's lock is
+				// released), so it carries its own bytes.
+				pk.Own()
+			}
+			ob.pkts = append(ob.pkts, pk)
 			r.txOff++
 		}
 		if !w.started {
