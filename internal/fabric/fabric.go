@@ -110,6 +110,14 @@ type Memory interface {
 	// 8-byte word at va with the CPU's atomic instructions, and returns the
 	// word's previous value.
 	Atomic(dst netip.AddrPort, q QP, rkey uint32, va uint64, cas bool, swapAdd, compare uint64) (uint64, error)
+	// ShareBox lists the mailbox window at addr, whose counting state
+	// (package shmbox) lies in mem, memory shared with the host's
+	// processes; UnshareBox removes it.
+	ShareBox(addr uint64, mem []byte) error
+	UnshareBox(addr uint64)
+	// MailboxPut places a put into the peer's shared window at mailbox
+	// and counts it there, as the peer's engine would.
+	MailboxPut(dst netip.AddrPort, q QP, mailbox, offset uint64, src [][]byte, ordered bool) error
 	// CanPull reports whether peers can read this process's memory (Pull),
 	// so that a sender may leave a payload in place for the receiver to
 	// fetch.

@@ -28,7 +28,21 @@
 // (lengths that do not fit, undecodable packets) is discarded and counted
 // (Stats.Dropped), as a malformed datagram would be.
 //
-// A Port is safe for concurrent use: sends are serialised per port; one
-// goroutine receives and runs the handler. Packets handed to the handler
-// alias the ring and are valid only during the call.
+// Direct access (memory.go, fabric.Memory): a segment also holds tables
+// of the regions its device exported (remote key, rights, protection
+// domain, address, and where the bytes are: an allocation from Alloc,
+// which peers map, or ordinary memory, reached with process_vm_writev/
+// readv), of the QPs ready to take direct accesses, and of the mailbox
+// windows whose counting boxes (package shmbox) it shares. An initiator
+// copies into or out of a peer's region, runs atomics on it and places
+// mailbox puts itself; a withdrawn region is waited out through per-sender
+// busy words, so the owner never sees an access after Unexport. Tables
+// are read as untrusted: every offset and length is checked against the
+// mapping before use.
+//
+// A Port is safe for concurrent use: sends are serialised per port, and
+// so are its direct accesses; one goroutine receives and runs the
+// handler. Packets handed to the handler alias the ring and are valid
+// only during the call. Memory from Alloc belongs to the caller until
+// Free.
 package shmfab

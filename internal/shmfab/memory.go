@@ -3,6 +3,7 @@
 package shmfab
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +21,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rvma/rvma/internal/fabric"
+	"github.com/rvma/rvma/internal/futex"
+	"github.com/rvma/rvma/internal/shmbox"
 )
 
 // Direct access to peers' memory. A port's segment holds a table of the
@@ -68,7 +72,7 @@ type allocation struct {
 
 var allocs struct {
 	sync.Mutex
-	m map[uintptr]*allocation // by the data's first address
+	s []*allocation // by the data's first address, ascending
 }
 
 // Alloc returns n bytes of shared memory (zeroed, page-aligned): regions
@@ -99,10 +103,8 @@ func Alloc(n int) ([]byte, error) {
 	binary.LittleEndian.PutUint64(mem[8:], a.id)
 	atomic.StoreUint64(u64(mem, 0), allocMagic)
 	allocs.Lock()
-	if allocs.m == nil {
-		allocs.m = map[uintptr]*allocation{}
-	}
-	allocs.m[uintptr(unsafe.Pointer(&a.data[0]))] = a
+	i := allocIndex(a.start())
+	allocs.s = slices.Insert(allocs.s, i, a)
 	allocs.Unlock()
 	return a.data, nil
 }
@@ -113,9 +115,14 @@ func Free(b []byte) error {
 	if len(b) == 0 {
 		return errors.New("shmfab: free: empty slice")
 	}
+	p := uintptr(unsafe.Pointer(&b[0]))
 	allocs.Lock()
-	a := allocs.m[uintptr(unsafe.Pointer(&b[0]))]
-	delete(allocs.m, uintptr(unsafe.Pointer(&b[0])))
+	i := allocIndex(p)
+	var a *allocation
+	if i < len(allocs.s) && allocs.s[i].start() == p {
+		a = allocs.s[i]
+		allocs.s = slices.Delete(allocs.s, i, i+1)
+	}
 	allocs.Unlock()
 	if a == nil {
 		return errors.New("shmfab: free: not from Alloc")
@@ -132,12 +139,35 @@ func allocOf(buf []byte) (*allocation, int) {
 	p := uintptr(unsafe.Pointer(&buf[0]))
 	allocs.Lock()
 	defer allocs.Unlock()
-	for start, a := range allocs.m {
-		if p >= start && p+uintptr(len(buf)) <= start+uintptr(len(a.data)) {
-			return a, int(p - start)
-		}
+	// The last allocation starting at or before p is the only candidate.
+	i := allocIndex(p + 1)
+	if i == 0 {
+		return nil, 0
+	}
+	a := allocs.s[i-1]
+	if start := a.start(); p+uintptr(len(buf)) <= start+uintptr(len(a.data)) {
+		return a, int(p - start)
 	}
 	return nil, 0
+}
+
+func (a *allocation) start() uintptr { return uintptr(unsafe.Pointer(&a.data[0])) }
+
+// allocIndex is the index of the first allocation starting at or after p;
+// allocs is locked.
+func allocIndex(p uintptr) int {
+	i, _ := slices.BinarySearchFunc(allocs.s, p, func(a *allocation, p uintptr) int { return cmp.Compare(a.start(), p) })
+	return i
+}
+
+// Locate says where buf lies if it is memory from Alloc: the allocation's
+// id and descriptor, and buf's offset in its data.
+func Locate(buf []byte) (id uint64, fd, off int, ok bool) {
+	a, off := allocOf(buf)
+	if a == nil {
+		return 0, 0, 0, false
+	}
+	return a.id, a.fd, off, true
 }
 
 // cross-memory attach (process_vm_readv/writev), detected once.
@@ -273,7 +303,7 @@ func (p *Port) withdraw(i int) {
 		s := slot(r)
 		for n := 0; atomic.LoadUint64(u64(p.mem, s+offBusy)) == uint64(i)+1; n++ {
 			owner := atomic.LoadUint64(u64(p.mem, s+offOwner))
-			if owner == 0 || n%1024 == 1023 && unix.Kill(int((owner&^flags)>>32), 0) == unix.ESRCH {
+			if owner == 0 || n%1024 == 1023 && !futex.Alive(int((owner&^flags)>>32)) {
 				break
 			}
 			runtime.Gosched()
@@ -361,6 +391,49 @@ func (p *Port) listed(pe *peer, q fabric.QP) (uint64, bool) {
 	return 0, false
 }
 
+// reach finds the peer at dst for a direct access on behalf of its QP q:
+// mapped, alive, not impaired, listing q (whose protection domain it
+// returns), with our ring slot in its segment (whose busy word accesses
+// use); with ordered, only once the peer has handled every packet we
+// sent it. p.dmu is held.
+func (p *Port) reach(dst netip.AddrPort, q fabric.QP, ordered bool) (pe *peer, s int, pd uint64, err error) {
+	p.pmu.Lock()
+	if p.peers == nil { // closed
+		p.pmu.Unlock()
+		return nil, 0, 0, ErrIndirect
+	}
+	if pe = p.lastPeer; pe == nil || p.lastDst != dst {
+		pe = p.peerFor(dst)
+		p.lastDst, p.lastPeer = dst, pe
+	}
+	ok := pe != nil && !pe.dead && (pe.ring >= 0 || p.claim(pe))
+	if ok {
+		s = slot(pe.ring)
+		ok = !ordered || atomic.LoadUint64(u64(pe.mem, s+offHead)) == atomic.LoadUint64(u64(pe.mem, s+offTail))
+		// A peer that died leaves its memory mapped here: look for its
+		// process as often as the receiver looks for dead senders, so
+		// that its QPs fail by timeout as over packets instead of taking
+		// writes nobody reads.
+		if r := p.reaps.Load(); ok && pe.checked != r {
+			pe.checked = r
+			if !futex.Alive(pe.pid) {
+				pe.dead, ok = true, false
+			}
+		}
+	}
+	p.pmu.Unlock()
+	if !ok || atomic.LoadUint32(u32(pe.mem, offImpaired)) != 0 {
+		return nil, 0, 0, ErrIndirect
+	}
+	if pd, ok = p.listed(pe, q); !ok {
+		return nil, 0, 0, ErrIndirect
+	}
+	if pe.rkeys == nil {
+		pe.rkeys, pe.maps, pe.boxes = map[uint32]int{}, map[uint64][]byte{}, map[uint64]*shmbox.Box{}
+	}
+	return pe, s, pd, nil
+}
+
 // target is an exported region of a peer, checked and held for one access.
 type target struct {
 	pe     *peer
@@ -375,34 +448,9 @@ type target struct {
 // checks the access [va, va+n) against it; p.dmu is held. The caller
 // calls done.
 func (p *Port) hold(dst netip.AddrPort, q fabric.QP, rkey uint32, va, n uint64, need fabric.Rights, ordered bool) (target, error) {
-	p.pmu.Lock()
-	pe := p.peerFor(dst)
-	ok := pe != nil && (pe.ring >= 0 || p.claim(pe))
-	var s int
-	if ok {
-		s = slot(pe.ring)
-		ok = !ordered || atomic.LoadUint64(u64(pe.mem, s+offHead)) == atomic.LoadUint64(u64(pe.mem, s+offTail))
-		// A peer that died leaves its memory mapped here: look for its
-		// process as often as the receiver looks for dead senders, so
-		// that its QPs fail by timeout as over packets instead of taking
-		// writes nobody reads.
-		if r := p.reaps.Load(); ok && pe.checked != r {
-			pe.checked = r
-			if unix.Kill(pe.pid, 0) == unix.ESRCH {
-				pe.dead, ok = true, false
-			}
-		}
-	}
-	p.pmu.Unlock()
-	if !ok || atomic.LoadUint32(u32(pe.mem, offImpaired)) != 0 {
-		return target{}, ErrIndirect
-	}
-	pd, ok := p.listed(pe, q)
-	if !ok {
-		return target{}, ErrIndirect
-	}
-	if pe.rkeys == nil {
-		pe.rkeys, pe.maps = map[uint32]int{}, map[uint64][]byte{}
+	pe, s, pd, err := p.reach(dst, q, ordered)
+	if err != nil {
+		return target{}, err
 	}
 	i, ok := pe.rkeys[rkey]
 	if ok && i < 0 {
@@ -426,8 +474,9 @@ func (p *Port) hold(dst netip.AddrPort, q fabric.QP, rkey uint32, va, n uint64, 
 		}
 	}
 	t := target{pe: pe, busy: u64(pe.mem, s+offBusy)}
+	var k uint64
 	atomic.StoreUint64(t.busy, uint64(i)+1)
-	k := atomic.LoadUint64(u64(pe.mem, entry(i)+entKey))
+	k = atomic.LoadUint64(u64(pe.mem, entry(i)+entKey))
 	if k&entValid == 0 || uint32(k) != rkey {
 		t.done()
 		delete(pe.rkeys, rkey)
@@ -636,3 +685,156 @@ func (p *Port) Pull(src netip.AddrPort, addr uint64, into []byte) error {
 	p.direct.Add(1)
 	return nil
 }
+
+// Shared mailbox windows. A port lists the windows whose counting state
+// (package shmbox) its owner keeps in shared memory: initiators then place
+// and count their puts into them themselves, under the box's lock, and
+// the owner's engine never sees those puts.
+
+// Box table entry offsets.
+const (
+	boxAddr  = 0 // valid<<63 is not usable (addresses take 64 bits): see boxLive
+	boxLive  = 8 // 1 while listed
+	boxAlloc = 16
+	boxFD    = 24
+	boxOff   = 32
+	boxLen   = 40
+)
+
+func boxEntry(i int) int { return boxesOff + i*boxBytes }
+
+// ShareBox lists the mailbox window at addr, whose box lies in mem (from
+// Alloc).
+func (p *Port) ShareBox(addr uint64, mem []byte) error {
+	a, off := allocOf(mem)
+	if a == nil {
+		return fmt.Errorf("%w: box not in shared memory", ErrIndirect)
+	}
+	p.emu.Lock()
+	defer p.emu.Unlock()
+	if _, ok := p.boxIdx[addr]; ok {
+		return fmt.Errorf("shmfab: mailbox %#x shared twice", addr)
+	}
+	i := 0
+	for i < Boxes && p.boxUsed[i] {
+		i++
+	}
+	if i == Boxes {
+		return fmt.Errorf("%w: box table full", ErrIndirect)
+	}
+	e := boxEntry(i)
+	atomic.StoreUint64(u64(p.mem, e+boxAddr), addr)
+	atomic.StoreUint64(u64(p.mem, e+boxAlloc), a.id)
+	atomic.StoreUint64(u64(p.mem, e+boxFD), uint64(a.fd))
+	atomic.StoreUint64(u64(p.mem, e+boxOff), uint64(off))
+	atomic.StoreUint64(u64(p.mem, e+boxLen), uint64(len(mem)))
+	atomic.StoreUint64(u64(p.mem, e+boxLive), 1) // last: listed
+	p.boxUsed[i] = true
+	p.boxIdx[addr] = i
+	return nil
+}
+
+// UnshareBox removes addr's window from the table. Initiators that
+// mapped its box before keep placing into it until they see it closed
+// (the owner closes the box first).
+func (p *Port) UnshareBox(addr uint64) {
+	p.emu.Lock()
+	defer p.emu.Unlock()
+	if i, ok := p.boxIdx[addr]; ok {
+		atomic.StoreUint64(u64(p.mem, boxEntry(i)+boxLive), 0)
+		p.boxUsed[i] = false
+		delete(p.boxIdx, addr)
+	}
+}
+
+// boxOf maps the box of the window at addr in pe's table (cached); nil if
+// there is none. p.dmu is held.
+func (p *Port) boxOf(pe *peer, addr uint64) *shmbox.Box {
+	if b, ok := pe.boxes[addr]; ok {
+		return b // nil: not shared when first looked up
+	}
+	var b *shmbox.Box
+	for i := range Boxes {
+		e := boxEntry(i)
+		if atomic.LoadUint64(u64(pe.mem, e+boxLive)) != 1 || atomic.LoadUint64(u64(pe.mem, e+boxAddr)) != addr {
+			continue
+		}
+		m, err := p.mapAlloc(pe, atomic.LoadUint64(u64(pe.mem, e+boxAlloc)), int(atomic.LoadUint64(u64(pe.mem, e+boxFD))))
+		off, n := atomic.LoadUint64(u64(pe.mem, e+boxOff)), atomic.LoadUint64(u64(pe.mem, e+boxLen))
+		if err == nil && off <= uint64(len(m)) && n <= uint64(len(m))-off {
+			b, _ = shmbox.Open(m[off : off+n])
+		}
+		break
+	}
+	pe.boxes[addr] = b
+	return b
+}
+
+// MailboxPut places a put of src at offset into the peer's window at
+// mailbox and counts it, as the peer's engine would: into the first
+// buffer that is not full, exactly once. It declines (the put then goes
+// as packets, and the target decides) when the window is not shared, is
+// closed, has no buffer that is not full, or the put does not fit or
+// lands in a buffer outside shared memory. Puts are copied under the
+// box's lock, so large ones are left to the packets (which pull them).
+func (p *Port) MailboxPut(dst netip.AddrPort, q fabric.QP, mailbox, offset uint64, src [][]byte, ordered bool) error {
+	n := 0
+	for _, s := range src {
+		n += len(s)
+	}
+	if n > MaxMailboxPut {
+		return ErrIndirect
+	}
+	p.dmu.Lock()
+	defer p.dmu.Unlock()
+	pe, _, _, err := p.reach(dst, q, ordered)
+	if err != nil {
+		return err
+	}
+	b := p.boxOf(pe, mailbox)
+	if b == nil {
+		return ErrIndirect
+	}
+	b.Lock()
+	err = p.boxPut(pe, b, offset, n, src)
+	wake := err == nil && b.Completable() && b.Wake()
+	b.Unlock()
+	if wake {
+		futex.Wake(b.WakeWord())
+	}
+	if err == nil {
+		p.direct.Add(1)
+	}
+	return err
+}
+
+// boxPut places and counts a put in box b; b's lock and p.dmu are held.
+func (p *Port) boxPut(pe *peer, b *shmbox.Box, offset uint64, n int, src [][]byte) error {
+	i, ok := b.Find()
+	if !ok || b.Closed() {
+		return ErrIndirect
+	}
+	loc := b.Location(i)
+	if !loc.Direct {
+		return ErrIndirect
+	}
+	m, err := p.mapAlloc(pe, loc.AllocID, loc.AllocFD)
+	if err != nil || loc.Off < 0 || loc.Len < 0 || uint64(loc.Off)+uint64(loc.Len) > uint64(len(m)) {
+		return ErrIndirect
+	}
+	slot, base, r := b.Begin(offset, n)
+	if r != shmbox.OK || slot != i {
+		return ErrIndirect // the packets report the refusal
+	}
+	data := m[loc.Off : loc.Off+loc.Len]
+	k := base
+	for _, s := range src {
+		k += copy(data[k:], s)
+	}
+	b.Count(slot, base, n, true)
+	return nil
+}
+
+// MaxMailboxPut is the largest put MailboxPut places (it copies under the
+// window's lock).
+const MaxMailboxPut = 64 << 10

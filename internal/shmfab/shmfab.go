@@ -18,6 +18,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rvma/rvma/internal/fabric"
+	"github.com/rvma/rvma/internal/futex"
+	"github.com/rvma/rvma/internal/shmbox"
 	"github.com/rvma/rvma/internal/spin"
 	"github.com/rvma/rvma/internal/wire"
 )
@@ -41,15 +43,20 @@ const (
 	// QPs is how many queue pairs a port lists as reachable directly (see
 	// Attach); more work through packets alone.
 	QPs = 4096
+	// Boxes is how many mailbox windows a port shares for direct puts
+	// (see ShareBox); more are reached through packets.
+	Boxes = 1024
 
 	magic       = 0x52564d4153484d32 // "RVMASHM2"
 	hdrBytes    = 4096
 	slotBytes   = 256 // per ring: producer line, consumer line, busy word
 	regionBytes = 64
 	qpBytes     = 32
+	boxBytes    = 48
 	tableOff    = hdrBytes + Rings*slotBytes
 	qpsOff      = tableOff + Regions*regionBytes
-	ringsOff    = qpsOff + QPs*qpBytes
+	boxesOff    = qpsOff + QPs*qpBytes
+	ringsOff    = boxesOff + Boxes*boxBytes
 	segBytes    = ringsOff + Rings*RingBytes
 	wrapMark    = 0xFFFFFFFF
 	claiming    = uint64(1) << 63 // owner flag while a sender sets its ring up
@@ -107,8 +114,10 @@ type Port struct {
 	hmu     sync.Mutex
 	handler fabric.Handler
 
-	pmu   sync.Mutex // guards peers and sends
-	peers map[netip.AddrPort]*peer
+	pmu      sync.Mutex // guards peers and sends
+	peers    map[netip.AddrPort]*peer
+	lastDst  netip.AddrPort // the peer direct access reached last
+	lastPeer *peer
 
 	closed atomic.Bool
 	done   chan struct{}
@@ -137,6 +146,8 @@ type Port struct {
 	used    []bool
 	qpIdx   map[uint32]int // listed QPs (Attach), by number
 	qpUsed  []bool
+	boxIdx  map[uint64]int // shared mailbox windows (ShareBox), by address
+	boxUsed []bool
 	// dmu serialises this port's direct accesses to peers' memory, which
 	// use the busy word of its ring slot in the peer's segment.
 	dmu    sync.Mutex
@@ -157,6 +168,7 @@ type peer struct {
 	// mapped here, by allocation id.
 	rkeys   map[uint32]int
 	qps     map[uint32]int
+	boxes   map[uint64]*shmbox.Box // mapped windows' boxes, by mailbox address
 	maps    map[uint64][]byte
 	noCMA   bool   // cross-memory attach to the peer failed: use packets
 	checked uint64 // Port.reaps when the peer's process was last seen alive
@@ -201,7 +213,7 @@ func Open(name string, mtu int) (*Port, error) {
 	p := &Port{name: nameHash(name), addr: netip.AddrPortFrom(netip.AddrFrom16(a), 1), mtu: mtu, fd: fd, mem: mem,
 		tok: uint64(pid)<<32 | uint64(fd), peers: map[netip.AddrPort]*peer{}, done: make(chan struct{}),
 		rx: make([]*wire.Packet, 0, 64), exports: map[uint32]int{}, used: make([]bool, Regions),
-		qpIdx: map[uint32]int{}, qpUsed: make([]bool, QPs)}
+		qpIdx: map[uint32]int{}, qpUsed: make([]bool, QPs), boxIdx: map[uint64]int{}, boxUsed: make([]bool, Boxes)}
 	binary.LittleEndian.PutUint64(mem[offName:], p.name)
 	binary.LittleEndian.PutUint32(mem[offPID:], uint32(pid))
 	atomic.StoreUint64(u64(mem, offMagic), magic) // last: the segment is ready
@@ -252,7 +264,7 @@ func (p *Port) Close() error {
 		}
 		unix.Munmap(pe.mem)
 	}
-	p.peers = nil
+	p.peers, p.lastPeer = nil, nil
 	p.pmu.Unlock()
 	unix.Munmap(p.mem)
 	return unix.Close(p.fd)
@@ -300,7 +312,7 @@ func (p *Port) doorbell(pe *peer) {
 		return
 	}
 	atomic.AddUint32(u32(pe.mem, offDoorbell), 1)
-	futexWake(u32(pe.mem, offDoorbell))
+	futex.Wake(u32(pe.mem, offDoorbell))
 }
 
 // peerFor maps the segment of the port at dst; p.pmu is held.
@@ -384,7 +396,7 @@ func (p *Port) push(pe *peer, pkt *wire.Packet) bool {
 	tailp := u64(pe.mem, s+offTail)
 	for i := 0; RingBytes-(head-atomic.LoadUint64(tailp)) < skip+need; i++ {
 		// Full: the receiver is behind. Wait a little, unless it is gone.
-		if i > 0 && i%1024 == 0 && unix.Kill(pe.pid, 0) == unix.ESRCH {
+		if i > 0 && i%1024 == 0 && !futex.Alive(pe.pid) {
 			pe.dead = true
 			return false
 		}
@@ -414,7 +426,7 @@ func (p *Port) push(pe *peer, pkt *wire.Packet) bool {
 // wake wakes the port's own receiver.
 func (p *Port) wake() {
 	atomic.AddUint32(u32(p.mem, offDoorbell), 1)
-	futexWake(u32(p.mem, offDoorbell))
+	futex.Wake(u32(p.mem, offDoorbell))
 }
 
 // Progress drains the rings in the caller's goroutine, unless another
@@ -461,13 +473,13 @@ func (p *Port) receive() {
 		}
 		if n := p.polls.Load(); n != polls {
 			polls = n
-			futexWait(db, atomic.LoadUint32(db), 20*time.Microsecond)
+			futex.Wait(db, atomic.LoadUint32(db), 20*time.Microsecond)
 			continue
 		}
 		v := atomic.LoadUint32(db)
 		atomic.StoreUint32(u32(p.mem, offSleeping), 1)
 		if !p.pending() && !p.closed.Load() {
-			futexWait(db, v, sleepMax)
+			futex.Wait(db, v, sleepMax)
 		}
 		atomic.StoreUint32(u32(p.mem, offSleeping), 0)
 	}
@@ -581,7 +593,7 @@ func (p *Port) reap() {
 			continue
 		}
 		pid := int((owner &^ flags) >> 32)
-		if unix.Kill(pid, 0) != unix.ESRCH {
+		if futex.Alive(pid) {
 			continue
 		}
 		// Head and tail restart at the same point; then the slot is free.
@@ -601,20 +613,4 @@ func (p *Port) inactive(i int) {
 	if atomic.LoadUint64(u64(p.mem, slot(i)+offOwner)) != 0 {
 		atomic.OrUint32(m, 1<<i)
 	}
-}
-
-// futex operations (linux/futex.h); not private: the word is shared
-// between processes.
-const (
-	futexWaitOp = 0
-	futexWakeOp = 1
-)
-
-func futexWait(addr *uint32, val uint32, d time.Duration) {
-	ts := unix.NsecToTimespec(d.Nanoseconds())
-	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWaitOp, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
-}
-
-func futexWake(addr *uint32) {
-	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWakeOp, 1, 0, 0, 0)
 }

@@ -43,3 +43,6 @@ func CMA() (bool, string) { return false, "needs Linux" }
 
 // ForceCMA does nothing here.
 func ForceCMA(ok bool) bool { return false }
+
+// Locate finds nothing here.
+func Locate(buf []byte) (id uint64, fd, off int, ok bool) { return 0, 0, 0, false }
