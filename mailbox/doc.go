@@ -45,6 +45,19 @@
 // in order are assigned to epochs in that order whatever order they
 // complete in.
 //
+// Shared windows: a window's counters (per posted buffer: bytes and puts
+// placed, reservations, puts in progress, fullness) live in a box
+// (package internal/shmbox) with its own lock. On a device with shm ports
+// the box is in memory shared with the host's processes and listed on the
+// ports (verbs.Device.ShareMailbox): an initiator on the host then places
+// a put into a posted buffer that lies in device memory (verbs.PD.AllocMR)
+// and counts it itself, under the box's lock, with no packet and no work
+// by the target, which learns of completed epochs from the box. Puts that
+// arrive as packets (other hosts, ordinary memory, refusals) are counted
+// in the same box under the same lock, so counting stays exact however
+// many processes put into one window at once. The catch-all window, and
+// windows of targets with a per-peer byte limit, keep a private box.
+//
 // Targets, windows and initiators are safe for concurrent use. Posted
 // buffers belong to the window until they are handed back in a completion
 // record; retired buffers then belong to the window's history until they

@@ -8,8 +8,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/rvma/rvma/epoch"
+	"github.com/rvma/rvma/internal/futex"
+	"github.com/rvma/rvma/internal/shmbox"
 	"github.com/rvma/rvma/internal/spin"
 	"github.com/rvma/rvma/verbs"
 )
@@ -147,9 +150,31 @@ func (t *Target) newWindow(addr uint64, cfg Config) (*Window, error) {
 	if cfg.Threshold < 1 || cfg.History < 1 || cfg.History > 1024 || cfg.Count > CountOps || cfg.Placement > Appended {
 		return nil, fmt.Errorf("%w: %+v", ErrBadConfig, cfg)
 	}
-	return &Window{t: t, addr: addr, cfg: cfg, history: epoch.New(cfg.History),
-		notify: make(chan struct{}, 1), pins: map[peer]*pin{}}, nil
+	w := &Window{t: t, addr: addr, cfg: cfg, history: epoch.New(cfg.History),
+		notify: make(chan struct{}, 1), pins: map[peer]*pin{}, bySlot: make([]*buffer, boxSlots)}
+	// The window's counters live in a box (package shmbox). On a device
+	// with shm ports the box is shared with the host's processes, whose
+	// puts are then placed and counted by their initiators; the catch-all
+	// and windows of targets that limit each peer's bytes (which direct
+	// puts would escape) keep theirs private.
+	var mem []byte
+	if addr != 0 && t.dev != nil && t.cfg.MaxOutstanding == 0 {
+		if m, err := t.dev.ShareMailbox(addr, shmbox.Size(boxSlots)); err == nil {
+			mem, w.shared = m, true
+		}
+	}
+	if mem == nil {
+		words := make([]uint64, shmbox.Size(boxSlots)/8)
+		mem = unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), 8*len(words))
+	}
+	w.box = shmbox.New(mem, boxSlots, cfg.Threshold, cfg.Count == CountOps, cfg.Placement == Appended)
+	return w, nil
 }
+
+// boxSlots is how many posted buffers a window's box holds; more wait in
+// the window until a slot frees (puts go to the first of the box's
+// buffers that is not full).
+const boxSlots = 64
 
 func (t *Target) lookup(addr uint64) *Window {
 	t.mu.RLock()
@@ -205,34 +230,35 @@ type Window struct {
 	addr uint64
 	cfg  Config
 
-	mu      sync.Mutex
-	posted  []*buffer
-	nextID  int
-	epoch   uint64
-	closed  bool
-	pins    map[peer]*pin
-	pending []epoch.Record // completions not yet taken by Wait/Poll
-	npend   atomic.Int32   // len(pending), read without the lock by spinning waiters
-	history *epoch.History
-	notify  chan struct{}
+	mu sync.Mutex
+	// The counters of the posted buffers, locked under mu (mu first).
+	box      *shmbox.Box
+	shared   bool          // box is in shared memory, listed on the shm ports
+	seenWake atomic.Uint32 // the box's wake word when last settled
+	bySlot   []*buffer     // the buffer in each box slot
+	lastBuf  *byte         // locate's cache
+	lastLoc  shmbox.Location
+	posted   []*buffer // head first; the first ones are in the box
+	nextID   int
+	epoch    uint64
+	closed   bool
+	pins     map[peer]*pin
+	pending  []epoch.Record // completions, those from pendHead on not yet taken by Wait/Poll
+	pendHd   int
+	npend    atomic.Int32 // records not taken, read without the lock by spinning waiters
+	history  *epoch.History
+	notify   chan struct{}
 }
 
+// buffer is a posted buffer; its counters (bytes, puts, reservations,
+// puts in progress, fullness, ranges written) are its box slot's.
 type buffer struct {
 	id      int
 	data    []byte
-	bytes   int
-	ops     int
-	tail    int // Appended: next free byte
-	written [][2]int
+	slot    int // in the box; -1 while waiting for a slot
 	byPeer  map[peer]int
 	retired bool
-	full    bool // the threshold is met: new puts go to the next buffer
-	open    int  // puts half-placed in this buffer
-	gen     int  // abandons so far: reservations of an earlier generation are void
-	// Bytes and puts reserved and not yet committed: they count toward
-	// fullness at once, so that puts reserved later, though they may
-	// finish first, go to the next buffer.
-	resBytes, resOps int
+	gen     int // abandons so far: reservations of an earlier generation are void
 }
 
 type pin struct {
@@ -254,8 +280,41 @@ func (w *Window) Post(buf []byte) (int, error) {
 		return 0, fmt.Errorf("%w: %d buffers posted", ErrLimit, len(w.posted))
 	}
 	w.nextID++
-	w.posted = append(w.posted, &buffer{id: w.nextID, data: buf})
+	w.posted = append(w.posted, &buffer{id: w.nextID, data: buf, slot: -1})
+	w.box.Lock()
+	w.fill()
+	w.box.Unlock()
 	return w.nextID, nil
+}
+
+// locate says where buf is for the box: in memory initiators can map, or
+// not. Windows repost the same memory, so the last answer is kept.
+func (w *Window) locate(buf []byte) shmbox.Location {
+	loc := shmbox.Location{Len: len(buf)}
+	if !w.shared || len(buf) == 0 {
+		return loc
+	}
+	if &buf[0] == w.lastBuf && len(buf) == w.lastLoc.Len {
+		return w.lastLoc
+	}
+	if id, fd, off, ok := w.t.dev.SharedLocation(buf); ok {
+		loc = shmbox.Location{Direct: true, AllocID: id, AllocFD: fd, Off: off, Len: len(buf)}
+	}
+	w.lastBuf, w.lastLoc = &buf[0], loc
+	return loc
+}
+
+// fill moves waiting buffers into free box slots, in order; w.mu and the
+// box lock are held.
+func (w *Window) fill() {
+	n, _ := w.box.Live() // the first n posted buffers are in the box
+	for _, b := range w.posted[n:] {
+		if !w.box.Room() {
+			return
+		}
+		b.slot = w.box.Post(w.locate(b.data))
+		w.bySlot[b.slot] = b
+	}
 }
 
 // Posted returns the number of buffers waiting, the head included.
@@ -281,17 +340,23 @@ func (w *Window) place(m *verbs.MailboxWrite) verbs.MailboxResult {
 		}
 		return codeClosed
 	}
+	w.box.Lock()
+	defer w.box.Unlock()
 	key := peer{m.Source, m.SrcQP}
 	var b *buffer
 	base := 0
 	if m.First {
-		var code verbs.MailboxResult
-		if b, base, code = w.begin(m.Offset, int(m.MsgLen)); code != verbs.MailboxAccepted {
-			return code
+		slot, bs, r := w.box.Begin(m.Offset, int(m.MsgLen))
+		switch r {
+		case shmbox.NoBuffer:
+			return verbs.MailboxNotReady
+		case shmbox.OutOfRange:
+			return codeOutOfRange
 		}
+		b, base = w.bySlot[slot], bs
 		if !m.Last {
 			w.pins[key] = &pin{buf: b, base: base}
-			b.open++
+			w.box.Opened(b.slot)
 		}
 	} else {
 		p := w.pins[key]
@@ -300,22 +365,40 @@ func (w *Window) place(m *verbs.MailboxWrite) verbs.MailboxResult {
 		}
 		if m.Last {
 			delete(w.pins, key)
-			p.buf.open--
 		}
 		if p.buf.retired {
 			return codeEpochCrossed
+		}
+		if m.Last {
+			w.box.Ended(p.buf.slot)
 		}
 		b, base = p.buf, p.base
 	}
 	off := base + int(m.MsgOff)
 	n := m.Len()
 	if off+n > len(b.data) {
+		w.settle()
 		return codeOutOfRange
 	}
 	if n > 0 && !w.t.charge(key, n) {
+		w.settle()
 		return codeLimit
 	}
-	if err := m.Place(b.data[off : off+n]); err != nil {
+	var err error
+	if n >= bigPlace {
+		// A long copy (or pull) without the box's lock, so that the
+		// host's initiators are not held up; the put in progress keeps
+		// the epoch from completing meanwhile.
+		w.box.Opened(b.slot)
+		w.box.Unlock()
+		err = m.Place(b.data[off : off+n])
+		w.box.Lock()
+		w.box.Ended(b.slot)
+	} else {
+		err = m.Place(b.data[off : off+n])
+	}
+	if err != nil {
+		w.settle()
 		return codeLost
 	}
 	if n > 0 && w.t.cfg.MaxOutstanding > 0 {
@@ -324,66 +407,18 @@ func (w *Window) place(m *verbs.MailboxWrite) verbs.MailboxResult {
 		}
 		b.byPeer[key] += n
 	}
-	w.count(b, off, n, m.Last)
+	w.box.Count(b.slot, off, n, m.Last)
+	w.settle()
 	return verbs.MailboxAccepted
 }
 
-// begin finds where a put of n bytes at offset starts: the first buffer
-// that is not full, and the put's base in it; w.mu is held.
-func (w *Window) begin(offset uint64, n int) (*buffer, int, verbs.MailboxResult) {
-	var b *buffer
-	for _, c := range w.posted {
-		if !c.full {
-			b = c
-			break
-		}
-	}
-	if b == nil {
-		return nil, 0, verbs.MailboxNotReady
-	}
-	switch w.cfg.Placement {
-	case Steered:
-		if offset > uint64(len(b.data)) || uint64(n) > uint64(len(b.data))-offset {
-			return nil, 0, codeOutOfRange
-		}
-		return b, int(offset), verbs.MailboxAccepted
-	default: // Appended
-		if n > len(b.data)-b.tail {
-			return nil, 0, codeOutOfRange
-		}
-		base := b.tail
-		b.tail += n
-		return b, base, verbs.MailboxAccepted
-	}
-}
+// bigPlace is the payload from which place copies without the box's lock.
+const bigPlace = 16 << 10
 
-// count records n bytes placed at off in b (and one put when last), and
-// completes the epochs that are done; w.mu is held.
-func (w *Window) count(b *buffer, off, n int, last bool) {
-	if n > 0 {
-		if len(b.written) < 1024 {
-			b.written = append(b.written, [2]int{off, n})
-		} else {
-			b.written[len(b.written)-1] = [2]int{0, len(b.data)} // too many: abandon zeroes all
-		}
-	}
-	b.bytes += n
-	if last {
-		b.ops++
-	}
-	w.settle(b)
-}
-
-// settle marks b full once its counted and reserved bytes (or puts) meet
-// the threshold, and completes the epochs that are done; w.mu is held.
-func (w *Window) settle(b *buffer) {
-	count := b.bytes + b.resBytes
-	if w.cfg.Count == CountOps {
-		count = b.ops + b.resOps
-	}
-	b.full = count >= w.cfg.Threshold
-	// Epochs complete in order, at put boundaries.
-	for len(w.posted) > 0 && w.posted[0].full && w.posted[0].open == 0 {
+// settle completes the epochs that are done, in order; w.mu and the box
+// lock are held.
+func (w *Window) settle() {
+	for w.box.Completable() {
 		w.complete(false)
 	}
 }
@@ -412,18 +447,17 @@ func (w *Window) Reserve(offset uint64, n int) (*Reservation, error) {
 	if w.closed {
 		return nil, ErrWindowClosed
 	}
-	b, base, code := w.begin(offset, n)
-	switch code {
-	case verbs.MailboxAccepted:
-	case verbs.MailboxNotReady:
+	w.box.Lock()
+	defer w.box.Unlock()
+	slot, base, r := w.box.Begin(offset, n)
+	switch r {
+	case shmbox.NoBuffer:
 		return nil, ErrNoBuffer
-	default:
+	case shmbox.OutOfRange:
 		return nil, ErrOutOfRange
 	}
-	b.open++
-	b.resBytes += n
-	b.resOps++
-	w.settle(b)
+	b := w.bySlot[slot]
+	w.box.Reserve(slot, n)
 	return &Reservation{w: w, b: b, gen: b.gen, base: base, Data: b.data[base : base+n : base+n]}, nil
 }
 
@@ -445,39 +479,48 @@ func (r *Reservation) end(n int, count bool) error {
 		return nil
 	}
 	r.done = true
-	if r.b.gen != r.gen {
-		return ErrEpochCrossed // abandoned: the buffer holds a new epoch
+	if r.b.gen != r.gen || r.b.retired {
+		return ErrEpochCrossed // abandoned or ended by hand: the slot holds a new epoch
 	}
-	r.b.open--
-	r.b.resBytes -= len(r.Data)
-	r.b.resOps--
-	if r.b.retired {
-		return ErrEpochCrossed
-	}
+	w.box.Lock()
+	defer w.box.Unlock()
+	w.box.Unreserve(r.b.slot, len(r.Data))
 	if count {
-		w.count(r.b, r.base, min(max(n, 0), len(r.Data)), true)
-	} else {
-		w.settle(r.b)
+		w.box.Count(r.b.slot, r.base, min(max(n, 0), len(r.Data)), true)
 	}
+	w.settle()
 	return nil
 }
 
 // complete retires the head buffer; w.mu is held.
+// complete retires the head buffer; w.mu and the box lock are held.
 func (w *Window) complete(partial bool) epoch.Record {
 	b := w.posted[0]
 	w.posted = w.posted[1:]
 	b.retired = true
-	r := epoch.Record{Epoch: w.epoch, Buffer: b.id, Bytes: b.bytes, Ops: b.ops, Partial: partial, Data: b.data}
+	bytes, ops := w.box.Counts(b.slot)
+	w.box.Retire()
+	w.bySlot[b.slot] = nil
+	r := epoch.Record{Epoch: w.epoch, Buffer: b.id, Bytes: bytes, Ops: ops, Partial: partial, Data: b.data}
 	w.epoch++
 	w.history.Add(r)
 	w.pending = append(w.pending, r)
 	w.npend.Add(1)
 	w.t.release(b.byPeer)
+	w.fill()
+	w.wake()
+	return r
+}
+
+// wake wakes the window's waiters.
+func (w *Window) wake() {
 	select {
 	case w.notify <- struct{}{}:
 	default:
 	}
-	return r
+	if w.shared && w.box.Wake() {
+		futex.Wake(w.box.WakeWord())
+	}
 }
 
 // IncEpoch ends the current epoch by hand: the head buffer, however full,
@@ -488,6 +531,8 @@ func (w *Window) IncEpoch() (epoch.Record, error) {
 	if len(w.posted) == 0 {
 		return epoch.Record{}, ErrNothingToTake
 	}
+	w.box.Lock()
+	defer w.box.Unlock()
 	return w.complete(true), nil
 }
 
@@ -503,6 +548,8 @@ func (w *Window) Abandon() error { return w.abandon(true) }
 func (w *Window) Quiesce(f func()) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.box.Lock()
+	defer w.box.Unlock()
 	f()
 }
 
@@ -520,10 +567,14 @@ func (w *Window) abandon(zero bool) error {
 		return ErrNothingToTake
 	}
 	b := w.posted[0]
+	w.box.Lock()
+	defer w.box.Unlock()
 	if zero {
-		for _, r := range b.written {
-			clear(b.data[r[0] : r[0]+r[1]])
-		}
+		w.box.Ranges(b.slot, func(off, n int) {
+			if off >= 0 && n >= 0 && off+n <= len(b.data) {
+				clear(b.data[off : off+n])
+			}
+		})
 	}
 	w.t.release(b.byPeer)
 	for k, p := range w.pins {
@@ -531,7 +582,9 @@ func (w *Window) abandon(zero bool) error {
 			delete(w.pins, k)
 		}
 	}
-	*b = buffer{id: b.id, data: b.data, gen: b.gen + 1}
+	w.box.Reset(b.slot)
+	b.byPeer = nil
+	b.gen++
 	return nil
 }
 
@@ -556,13 +609,24 @@ func (w *Window) Rewind(k int) (epoch.Record, error) {
 // Poll returns the next completion record of this window, if there is one.
 func (w *Window) Poll() (epoch.Record, bool) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	if len(w.pending) == 0 {
+	if v := atomic.LoadUint32(w.box.WakeWord()); v != w.seenWake.Load() {
+		// Initiators on the host completed epochs in the box.
+		w.seenWake.Store(v)
+		w.box.Lock()
+		w.settle()
+		w.box.Unlock()
+	}
+	if w.pendHd == len(w.pending) {
+		w.mu.Unlock()
 		return epoch.Record{}, false
 	}
-	r := w.pending[0]
-	w.pending = w.pending[1:]
+	r := w.pending[w.pendHd]
+	w.pending[w.pendHd] = epoch.Record{}
+	if w.pendHd++; w.pendHd == len(w.pending) {
+		w.pending, w.pendHd = w.pending[:0], 0 // all taken: reuse the array
+	}
 	w.npend.Add(-1)
+	w.mu.Unlock()
 	return r, true
 }
 
@@ -570,25 +634,36 @@ func (w *Window) Poll() (epoch.Record, bool) {
 // or Wait.
 func (w *Window) Pending() int { return int(w.npend.Load()) }
 
+// ready reports, without the lock, whether Poll may have a record.
+func (w *Window) ready() bool {
+	return w.npend.Load() > 0 || atomic.LoadUint32(w.box.WakeWord()) != w.seenWake.Load()
+}
+
 // Wait returns the next completion record of this window. It spins for a
 // few microseconds, driving the device's progress, then blocks until the
 // window completes an epoch, the window closes or ctx ends.
 func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
-	deadline := time.Now().Add(spin.Or(20 * time.Microsecond))
+	var deadline time.Time // set at the first look at the clock: it costs as much as a put
 	for i := 0; ; i++ {
 		// Look without the lock: the placing goroutine needs it.
-		if w.npend.Load() > 0 {
+		if w.ready() {
 			if r, ok := w.Poll(); ok {
 				return r, nil
 			}
 		}
 		if i&63 == 63 {
-			if time.Now().After(deadline) {
+			if now := time.Now(); deadline.IsZero() {
+				deadline = now.Add(spin.Or(20 * time.Microsecond))
+			} else if now.After(deadline) {
 				break
 			}
 			spin.Pause(i >> 6) // let a placing goroutine (or process) run when processors are scarce
 		}
-		w.t.dev.Progress()
+		if !w.shared || i&3 == 3 {
+			// A shared window's puts from this host need no progress:
+			// look at the box more often than at the rings.
+			w.t.dev.Progress()
+		}
 	}
 	for {
 		if r, ok := w.Poll(); ok {
@@ -599,6 +674,20 @@ func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
 		w.mu.Unlock()
 		if closed {
 			return epoch.Record{}, ErrWindowClosed
+		}
+		if w.shared {
+			// Initiators of other processes complete epochs too: sleep on
+			// the box's futex word, which they and this process bump.
+			v := atomic.LoadUint32(w.box.WakeWord())
+			w.box.SetSleeping(true)
+			if !w.ready() {
+				futex.Wait(w.box.WakeWord(), v, 10*time.Millisecond)
+			}
+			w.box.SetSleeping(false)
+			if err := ctx.Err(); err != nil {
+				return epoch.Record{}, err
+			}
+			continue
 		}
 		select {
 		case <-w.notify:
@@ -619,11 +708,9 @@ func (w *Window) Close() error {
 		return ErrWindowClosed
 	}
 	w.closed = true
+	w.box.Close()
+	w.wake()
 	w.mu.Unlock()
-	select {
-	case w.notify <- struct{}{}:
-	default:
-	}
 	// The window stays registered so that later puts meet "closed".
 	return nil
 }

@@ -4,8 +4,8 @@
 // # Objects
 //
 // A Device is opened from a provider URI (loop://NAME in process,
-// udp://IP:PORT[,IP:PORT...] over UDP) and has one or more GIDs, its local
-// addresses. A PD groups memory regions
+// udp://IP:PORT[,IP:PORT...] over UDP, shm://NAME between the processes of
+// a host) and has one or more GIDs, its local addresses. A PD groups memory regions
 // and queue pairs. An MR registers a caller-owned []byte with access rights
 // and random local and remote keys. A CQ collects flat WorkCompletion values.
 // A QP (RC or UC) is bound to one GID and moves through the states Reset,
@@ -90,4 +90,29 @@
 // QP, inside the PSN window, with a valid key, and with a trailer (in the
 // ICRC position) that is a CRC-32C keyed by the receiver's connection
 // secret; see package internal/wire for what the trailer covers.
+//
+// The shm provider (shm://NAME) connects the processes of one host through
+// rings in shared memory (package internal/shmfab), and beyond packets it
+// lets a requester reach the peer's memory itself, as one host's CPUs do:
+// memory from PD.AllocMR is shared with the host's processes, so a WRITE
+// or READ into it is one copy by the initiator, done before PostSend
+// returns, and an atomic is the CPU's atomic instruction on the shared
+// word; registered caller memory is reached with process_vm_writev/readv
+// where the kernel allows it (CrossMemoryAttach says), else through the
+// rings. A WRITE with immediate places its bytes the same way and sends
+// only the notification; a large mailbox write leaves its payload for the
+// target to pull into place; a mailbox write into a window the target
+// shares (Device.ShareMailbox, which package mailbox uses) is placed and
+// counted by the initiator. A direct operation is made only when
+// everything the QP posted before it has taken effect at the target, and
+// only on behalf of the peer's QP while it is ready (a destroyed QP, one in
+// error, a region deregistered, of another PD, out of range or without the
+// right, a dead process, a port under fault injection: all go as packets,
+// whose handling at the target decides the outcome as everywhere else).
+// Remote atomics on shared memory are atomic with respect to each other
+// and to the owner's sync/atomic operations on the same aligned word; on
+// caller memory the owner's engine executes them with the same
+// instructions, so the rule is the same: the owner uses sync/atomic on
+// words that peers update with atomics. Composite devices
+// ("udp://...+shm://...") combine providers, one GID each.
 package verbs

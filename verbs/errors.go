@@ -30,6 +30,10 @@ var (
 	// ErrBusy: the object is still in use (a PD with MRs or QPs, a CQ with
 	// QPs).
 	ErrBusy = errors.New("verbs: resource busy")
+
+	// ErrUnsupported is returned for a feature the device's providers
+	// do not offer (such as a shared mailbox window without shm ports).
+	ErrUnsupported = errors.New("verbs: not supported by the device's providers")
 )
 
 // CompletionError is a failed work completion as an error, for callers that

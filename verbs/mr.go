@@ -234,6 +234,57 @@ func (pd *PD) AllocMR(n int, access Access) (*MR, error) {
 // Memory from AllocMR is always reached by a plain copy.
 func CrossMemoryAttach() (bool, string) { return shmfab.CMA() }
 
+// ShareMailbox allocates n bytes of memory shared with the host's
+// processes for the counting state of the mailbox window at addr (package
+// mailbox lays it out) and lists it on the device's shm ports, so that
+// initiators on the host place and count their puts into that window
+// themselves, with no packet and no work by this process. It fails with
+// ErrUnsupported on a device without shm ports, or when the ports cannot
+// list more windows. The memory lives as long as the device.
+func (d *Device) ShareMailbox(addr uint64, n int) ([]byte, error) {
+	if !d.shared {
+		return nil, fmt.Errorf("verbs: share mailbox: %w: no shm port", ErrUnsupported)
+	}
+	mem, err := shmfab.Alloc(n)
+	if err != nil {
+		return nil, fmt.Errorf("verbs: share mailbox: %w", err)
+	}
+	for i, p := range d.ports {
+		if m, ok := p.Port.(fabric.Memory); ok {
+			if err := m.ShareBox(addr, mem); err != nil {
+				for _, q := range d.ports[:i] {
+					if m, ok := q.Port.(fabric.Memory); ok {
+						m.UnshareBox(addr)
+					}
+				}
+				shmfab.Free(mem)
+				return nil, fmt.Errorf("verbs: share mailbox: %w: %v", ErrUnsupported, err)
+			}
+		}
+	}
+	return mem, nil
+}
+
+// UnshareMailbox removes the window at addr from the shm ports' lists.
+func (d *Device) UnshareMailbox(addr uint64) {
+	for _, p := range d.ports {
+		if m, ok := p.Port.(fabric.Memory); ok {
+			m.UnshareBox(addr)
+		}
+	}
+}
+
+// SharedLocation says where buf lies when it is memory from AllocMR on an
+// shm device: the allocation's id and descriptor and buf's offset in it,
+// which a shared mailbox window records for each posted buffer so that
+// initiators can map it. ok is false for any other memory.
+func (d *Device) SharedLocation(buf []byte) (id uint64, fd, off int, ok bool) {
+	if !d.shared {
+		return 0, 0, 0, false
+	}
+	return shmfab.Locate(buf)
+}
+
 // export publishes a region that peers may access remotely on the ports
 // that let them reach it directly (shm). Where that fails it stays
 // reachable through packets.

@@ -536,7 +536,12 @@ func (qp *QP) postSendLocked(wrs []SendWR, ob *outbox) (int, error) {
 		}
 	}
 	if qp.state == StateReadyToSend {
-		qp.progressSend(time.Now(), ob)
+		for r.txSeq < r.tailSeq && r.at(r.txSeq).local {
+			r.txSeq++ // executed directly: nothing to send
+		}
+		if r.txSeq < r.tailSeq {
+			qp.progressSend(time.Now(), ob)
+		}
 		qp.completeDone() // requests executed directly
 	}
 	return len(wrs), nil
@@ -631,21 +636,29 @@ const pullMin = 32 << 10
 // target, so nothing is overtaken. Whatever the port declines (a key it
 // does not know, an out-of-range address, caller memory it cannot reach)
 // goes as packets, and the target's engine decides the outcome as usual.
-// A large mailbox write leaves its payload in place for the target to
-// pull.
+// A mailbox write into a window whose counting state the target shares
+// (see Device.ShareMailbox) is placed and counted by this process; other
+// large ones leave their payload in place for the target to pull.
 func (qp *QP) direct(w *sendWQE) {
 	mem := qp.port.Memory()
 	if mem == nil || w.length == 0 {
 		return
 	}
+	dst, q := qp.remote.GID, fabric.QP{Num: qp.remote.QPN, Secret: qp.remote.Secret}
 	if w.op.isMailbox() {
+		// Into a window the target shares: placed and counted here, like
+		// a WRITE (and like a WRITE, only if it overtakes nothing).
+		if w.op == OpMailboxWrite && qp.req.pending == 0 &&
+			mem.MailboxPut(dst, q, w.mailbox, w.mboff, w.segs, qp.typ == UC) == nil {
+			w.local = true
+			return
+		}
 		w.pulled = qp.typ == RC && w.length >= pullMin && len(w.segs) == 1 && w.flags&FlagInline == 0 && mem.CanPull()
 		return
 	}
 	if qp.req.pending != 0 {
 		return
 	}
-	dst, q := qp.remote.GID, fabric.QP{Num: qp.remote.QPN, Secret: qp.remote.Secret}
 	switch w.op {
 	case OpWrite, OpWriteImm:
 		// On UC nothing acknowledges earlier packets: the write waits

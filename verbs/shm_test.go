@@ -341,6 +341,11 @@ func shmChild(role string) error {
 			}
 		}
 	case "mailbox":
+		if os.Getenv("RVMA_FAULTS") != "" {
+			if err := dev.SetFaults(-1, verbs.Faults{Duplicate: 0.2, Seed: 3}); err != nil {
+				return err
+			}
+		}
 		size, id := int(env("RVMA_SIZE")), int(env("RVMA_ID"))
 		for i := range size {
 			mr.Bytes()[i] = byte(id + 1)
@@ -457,39 +462,63 @@ func TestSHMAtomicsProcesses(t *testing.T) {
 
 // TestSHMMailboxProcesses: several processes put into one mailbox at
 // once; the epoch completes exactly when all their bytes are in, with
-// every byte where it belongs.
+// every byte where it belongs. With the window's buffer in ordinary memory
+// the target pulls every payload; in device memory the children place
+// and count their puts themselves, while one child, whose port injects
+// faults (duplicates), still sends packets: both count into one epoch.
 func TestSHMMailboxProcesses(t *testing.T) {
-	fabric, dev := shmFabric(t)
-	const children, n, size = 3, 4, 64 << 10
-	total := children * n * size
-	tgt := mailbox.NewTarget(dev, nil)
-	win, err := tgt.Init(0xB0B, mailbox.Config{Threshold: total, History: 2})
-	require.NoError(t, err)
-	_, err = win.Post(make([]byte, total))
-	require.NoError(t, err)
-	_, err = win.Post(make([]byte, total))
-	require.NoError(t, err)
-	pd, err := dev.AllocPD()
-	require.NoError(t, err)
-	ch := startChildren(t, pd, fabric, "mailbox", children, func(int) []string {
-		return []string{"RVMA_N=" + strconv.Itoa(n), "RVMA_SIZE=" + strconv.Itoa(size), "RVMA_BOX=" + strconv.Itoa(0xB0B)}
-	})
-	for _, c := range ch.cmds {
-		require.NoError(t, c.Wait())
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	rec, err := win.Wait(ctx)
-	require.NoError(t, err)
-	require.Equal(t, total, rec.Bytes)
-	require.Equal(t, children*n, rec.Ops)
-	for c := range children {
-		want := bytes.Repeat([]byte{byte(c + 1)}, n*size)
-		require.True(t, bytes.Equal(want, rec.Data[c*n*size:(c+1)*n*size]), "child %d's bytes", c)
-	}
-	require.Equal(t, uint64(0), win.Epoch()-1, "exactly one epoch completed")
-	if ok, _ := shmfab.CMA(); ok {
-		require.Equal(t, uint64(children*n), dev.Stats().Direct, "every payload pulled, once")
+	for _, shared := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shared=%v", shared), func(t *testing.T) {
+			fabric, dev := shmFabric(t)
+			const children, n, size = 3, 4, 64 << 10
+			total := children * n * size
+			tgt := mailbox.NewTarget(dev, nil)
+			win, err := tgt.Init(0xB0B, mailbox.Config{Threshold: total, History: 2})
+			require.NoError(t, err)
+			pd, err := dev.AllocPD()
+			require.NoError(t, err)
+			buf := make([]byte, total)
+			if shared {
+				mr, err := pd.AllocMR(total, verbs.AccessLocalWrite)
+				require.NoError(t, err)
+				buf = mr.Bytes()
+			}
+			_, err = win.Post(buf)
+			require.NoError(t, err)
+			_, err = win.Post(make([]byte, total))
+			require.NoError(t, err)
+			rx0 := dev.Stats().RxPackets
+			ch := startChildren(t, pd, fabric, "mailbox", children, func(i int) []string {
+				env := []string{"RVMA_N=" + strconv.Itoa(n), "RVMA_SIZE=" + strconv.Itoa(size), "RVMA_BOX=" + strconv.Itoa(0xB0B)}
+				if shared && i == 0 {
+					env = append(env, "RVMA_FAULTS=1")
+				}
+				return env
+			})
+			for _, c := range ch.cmds {
+				require.NoError(t, c.Wait())
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			rec, err := win.Wait(ctx)
+			require.NoError(t, err)
+			require.Equal(t, total, rec.Bytes)
+			require.Equal(t, children*n, rec.Ops)
+			for c := range children {
+				want := bytes.Repeat([]byte{byte(c + 1)}, n*size)
+				require.True(t, bytes.Equal(want, rec.Data[c*n*size:(c+1)*n*size]), "child %d's bytes", c)
+			}
+			require.Equal(t, uint64(0), win.Epoch()-1, "exactly one epoch completed")
+			rx := dev.Stats().RxPackets - rx0
+			switch ok, _ := shmfab.CMA(); {
+			case shared:
+				// Child 0's puts and everyone's connection set-up only.
+				require.Less(t, rx, uint64(children*n*size/(64<<10)*2+100), "the others placed their puts themselves")
+				require.GreaterOrEqual(t, rx, uint64(n))
+			case ok:
+				require.Equal(t, uint64(children*n), dev.Stats().Direct, "every payload pulled, once")
+			}
+		})
 	}
 }
 

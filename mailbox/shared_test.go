@@ -1,0 +1,272 @@
+//go:build linux
+
+package mailbox_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/mailbox"
+	"github.com/rvma/rvma/verbs"
+	"github.com/rvma/rvma/verbs/verbstest"
+)
+
+// BenchmarkSharedPutNotify is one notified put through a shared window,
+// both sides in one goroutine: the work of a direct put, of noticing its
+// epoch and of reposting, without the processor-to-processor transfers of
+// two processes.
+func BenchmarkSharedPutNotify(b *testing.B) {
+	a, t := verbstest.Pair(b, verbstest.SHMAlloc(), verbstest.PairConfig{})
+	tgt := mailbox.NewTarget(t.Dev, nil)
+	w, err := tgt.Init(0xB0B, mailbox.Config{Threshold: 8, History: 1})
+	require.NoError(b, err)
+	mr, err := t.PD.AllocMR(4096, verbs.AccessLocalWrite)
+	require.NoError(b, err)
+	for range 16 {
+		w.Post(mr.Bytes()[:8])
+	}
+	wr := []verbs.SendWR{{Opcode: verbs.OpMailboxWrite, SGL: []verbs.SGE{a.MR.SGE(0, 8)}, Mailbox: 0xB0B}}
+	d0 := a.Dev.Stats().Direct
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if _, err := a.QP.PostSend(wr); err != nil {
+			b.Fatal(err)
+		}
+		rec, ok := w.Poll()
+		if !ok {
+			b.Fatal("no epoch")
+		}
+		w.Post(rec.Data)
+	}
+	b.StopTimer()
+	require.Equal(b, uint64(b.N), a.Dev.Stats().Direct-d0)
+}
+
+// sharedRig is a pair on shm whose target's windows are shared, with
+// buffers from device memory, so the initiator's puts are placed and
+// counted by the initiator itself.
+type sharedRig struct {
+	*rig
+	pd *verbs.PD
+}
+
+func newSharedRig(t *testing.T) *sharedRig {
+	r := newRig(t, verbstest.SHMAlloc(), verbs.ConnectConfig{MinRNRTimer: 100 * time.Microsecond}, nil)
+	return &sharedRig{rig: r, pd: r.b.PD}
+}
+
+// buf returns n bytes of the target's device memory.
+func (r *sharedRig) buf(t *testing.T, n int) []byte {
+	mr, err := r.pd.AllocMR(n, verbs.AccessLocalWrite)
+	require.NoError(t, err)
+	t.Cleanup(func() { mr.Deregister() })
+	return mr.Bytes()
+}
+
+// direct counts the initiator's direct operations and the target's
+// received packets during f.
+func (r *sharedRig) direct(f func()) (direct, rx uint64) {
+	d0, rx0 := r.a.Dev.Stats().Direct, r.b.Dev.Stats().RxPackets
+	f()
+	return r.a.Dev.Stats().Direct - d0, r.b.Dev.Stats().RxPackets - rx0
+}
+
+// TestSharedWindow runs the mailbox semantics through a shared window:
+// what the initiator places itself must count exactly as packets would,
+// and what it cannot place goes as packets and meets the same refusals.
+func TestSharedWindow(t *testing.T) {
+	t.Run("threshold in any order, no packets", func(t *testing.T) {
+		r := newSharedRig(t)
+		w, err := r.tgt.Init(0xA, mailbox.Config{Threshold: 4096})
+		require.NoError(t, err)
+		b1, b2 := r.buf(t, 4096), r.buf(t, 4096)
+		w.Post(b1)
+		w.Post(b2)
+		direct, rx := r.direct(func() {
+			for _, i := range []int{2, 0, 3, 1} {
+				_, ok := w.Poll()
+				require.False(t, ok, "no completion before the threshold")
+				require.NoError(t, r.put(t, 0xA, uint64(i*1024), i*1024, 1024))
+			}
+		})
+		require.Equal(t, uint64(4), direct)
+		require.Zero(t, rx, "placed and counted by the initiator")
+		rec, err := w.Wait(ctx(t))
+		require.NoError(t, err)
+		require.Equal(t, 4096, rec.Bytes)
+		require.Equal(t, 4, rec.Ops)
+		require.Equal(t, r.a.Buf[:4096], b1)
+		require.NoError(t, r.put(t, 0xA, 0, 0, 4096))
+		rec, err = w.Wait(ctx(t))
+		require.NoError(t, err)
+		require.Equal(t, uint64(1), rec.Epoch)
+		require.Equal(t, r.a.Buf[:4096], b2)
+	})
+
+	t.Run("ops, overshoot, appended", func(t *testing.T) {
+		r := newSharedRig(t)
+		ops, _ := r.tgt.Init(1, mailbox.Config{Threshold: 3, Count: mailbox.CountOps})
+		ops.Post(r.buf(t, 8192))
+		for i, n := range []int{10, 2000, 1} {
+			require.NoError(t, r.put(t, 1, uint64(i*3000), 0, n))
+		}
+		rec, err := ops.Wait(ctx(t))
+		require.NoError(t, err)
+		require.Equal(t, 3, rec.Ops)
+		require.Equal(t, 2011, rec.Bytes)
+
+		app, _ := r.tgt.Init(2, mailbox.Config{Threshold: 60, Placement: mailbox.Appended})
+		b := r.buf(t, 1000)
+		app.Post(b)
+		var want []byte
+		for i, n := range []int{10, 20, 30} {
+			require.NoError(t, r.put(t, 2, 999, i*100, n))
+			want = append(want, r.a.Buf[i*100:i*100+n]...)
+		}
+		rec, err = app.Wait(ctx(t))
+		require.NoError(t, err)
+		require.Equal(t, 60, rec.Bytes)
+		require.Equal(t, want, b[:60])
+	})
+
+	t.Run("refusals go as packets", func(t *testing.T) {
+		r := newSharedRig(t)
+		w, _ := r.tgt.Init(5, mailbox.Config{Threshold: 100})
+		w.Post(r.buf(t, 64))
+		var err error
+		direct, rx := r.direct(func() { err = r.put(t, 5, 32, 0, 33) })
+		require.ErrorIs(t, err, mailbox.ErrOutOfRange)
+		require.Zero(t, direct)
+		require.NotZero(t, rx)
+
+		r = newSharedRig(t)
+		w, _ = r.tgt.Init(6, mailbox.Config{Threshold: 100})
+		w.Post(r.buf(t, 64))
+		require.NoError(t, w.Close())
+		require.ErrorIs(t, r.put(t, 6, 0, 0, 8), mailbox.ErrWindowClosed)
+	})
+
+	t.Run("no buffer: waits, then lands", func(t *testing.T) {
+		r := newSharedRig(t)
+		w, _ := r.tgt.Init(3, mailbox.Config{Threshold: 8})
+		h, err := r.in.PutAsync(3, 0, r.a.MR.SGE(0, 8))
+		require.NoError(t, err)
+		time.Sleep(2 * time.Millisecond)
+		done, err := h.Test()
+		require.NoError(t, err)
+		require.False(t, done, "no buffer: the put waits")
+		b := r.buf(t, 8)
+		w.Post(b)
+		require.NoError(t, h.Wait(ctx(t)))
+		rec, err := w.Wait(ctx(t))
+		require.NoError(t, err)
+		require.Equal(t, 8, rec.Bytes)
+		require.Equal(t, r.a.Buf[:8], b)
+	})
+
+	t.Run("IncEpoch and Abandon see direct puts", func(t *testing.T) {
+		r := newSharedRig(t)
+		w, _ := r.tgt.Init(9, mailbox.Config{Threshold: 1 << 20})
+		b1, b2 := r.buf(t, 4096), r.buf(t, 4096)
+		w.Post(b1)
+		w.Post(b2)
+		require.NoError(t, r.put(t, 9, 0, 0, 100))
+		rec, err := w.IncEpoch()
+		require.NoError(t, err)
+		require.True(t, rec.Partial)
+		require.Equal(t, 100, rec.Bytes)
+		require.NoError(t, r.put(t, 9, 200, 0, 50))
+		require.Equal(t, r.a.Buf[:50], b2[200:250])
+		require.NoError(t, w.Abandon())
+		require.Equal(t, make([]byte, 4096), b2, "the abandoned epoch's bytes are zeroed")
+		require.NoError(t, r.put(t, 9, 0, 0, 10))
+		rec, err = w.IncEpoch()
+		require.NoError(t, err)
+		require.Equal(t, 10, rec.Bytes, "counts restarted")
+	})
+
+	t.Run("a reservation sends later puts to the next buffer", func(t *testing.T) {
+		r := newSharedRig(t)
+		w, _ := r.tgt.Init(4, mailbox.Config{Threshold: 64})
+		b1, b2 := r.buf(t, 64), r.buf(t, 64)
+		w.Post(b1)
+		w.Post(b2)
+		res, err := w.Reserve(0, 64)
+		require.NoError(t, err)
+		require.NoError(t, r.put(t, 4, 0, 0, 64))
+		require.Equal(t, r.a.Buf[:64], b2, "the head is full of the reservation")
+		copy(res.Data, "reserved")
+		require.NoError(t, res.Commit(64))
+		rec, err := w.Wait(ctx(t))
+		require.NoError(t, err)
+		require.Equal(t, "reserved", string(rec.Data[:8]))
+		rec, err = w.Wait(ctx(t))
+		require.NoError(t, err)
+		require.Equal(t, uint64(1), rec.Epoch)
+	})
+}
+
+// TestSharedWindowMixed: puts placed by the initiator and puts that
+// arrive as packets (from a QP whose port injects faults, duplicates
+// included) count into one window exactly.
+func TestSharedWindowMixed(t *testing.T) {
+	r := newSharedRig(t)
+	// A second initiator QP on the initiator's other GID, whose port
+	// injects faults, so that it speaks packets only.
+	tcq, err := r.b.Dev.CreateCQ(verbs.CQConfig{})
+	require.NoError(t, err)
+	tqp, err := r.b.PD.CreateQP(verbs.QPConfig{SendCQ: tcq, GID: 1})
+	require.NoError(t, err)
+	scq, err := r.a.Dev.CreateCQ(verbs.CQConfig{})
+	require.NoError(t, err)
+	sqp, err := r.a.PD.CreateQP(verbs.QPConfig{SendCQ: scq, GID: 1})
+	require.NoError(t, err)
+	require.NoError(t, tqp.Connect(sqp.Endpoint(), nil))
+	require.NoError(t, sqp.Connect(tqp.Endpoint(), nil))
+	require.NoError(t, r.a.Dev.SetFaults(1, verbs.Faults{Duplicate: 0.3, Seed: 7}))
+	slow := mailbox.NewInitiator(sqp, scq)
+
+	const puts, size = 200, 64
+	for i := range size {
+		r.a.Buf[4096+i] = 0xEE
+	}
+	w, _ := r.tgt.Init(0xC, mailbox.Config{Threshold: 2 * puts * size, History: 2})
+	b := r.buf(t, 2*puts*size)
+	w.Post(b)
+	errs := make(chan error, 2)
+	go func() {
+		for i := range puts {
+			if err := r.in.Put(ctx(t), 0xC, uint64(i*size), r.a.MR.SGE(0, size)); err != nil {
+				errs <- err
+				return
+			}
+		}
+		errs <- nil
+	}()
+	go func() {
+		for i := range puts {
+			if err := slow.Put(ctx(t), 0xC, uint64((puts+i)*size), r.a.MR.SGE(4096, size)); err != nil {
+				errs <- err
+				return
+			}
+		}
+		errs <- nil
+	}()
+	require.NoError(t, <-errs)
+	require.NoError(t, <-errs)
+	rec, err := w.Wait(ctx(t))
+	require.NoError(t, err)
+	require.Equal(t, 2*puts*size, rec.Bytes)
+	require.Equal(t, 2*puts, rec.Ops)
+	for i := range puts {
+		require.Equal(t, r.a.Buf[:size], b[i*size:(i+1)*size], "direct put %d", i)
+		require.Equal(t, r.a.Buf[4096:4096+size], b[(puts+i)*size:(puts+i+1)*size], "packet put %d", i)
+	}
+	require.Equal(t, uint64(puts), r.a.Dev.Stats().Direct, "the faulty port's puts went as packets")
+	require.GreaterOrEqual(t, r.b.Dev.Stats().RxPackets, uint64(puts))
+	_, ok := w.Poll()
+	require.False(t, ok, "exactly one epoch")
+}
