@@ -76,6 +76,7 @@ type Result struct {
 }
 
 type options struct {
+	bind      bool
 	test      string
 	provider  string
 	device    string
@@ -170,6 +171,13 @@ func pingPong(ctx context.Context, o *options, round func() error) ([]time.Durat
 }
 
 func main() {
+	if c := os.Getenv(envCPU); c != "" {
+		cpu, _ := strconv.Atoi(c)
+		if err := pinTo(cpu); err != nil {
+			fmt.Fprintln(os.Stderr, "rvma-perf:", err)
+			os.Exit(1)
+		}
+	}
 	if child, err := childRole(); child {
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "rvma-perf:", err)
@@ -202,6 +210,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.depth, "depth", 128, "outstanding requests per QP in bandwidth tests")
 	fs.IntVar(&o.mtu, "mtu", 0, "cap on the path MTU (default: the provider's)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per result")
+	fs.BoolVar(&o.bind, "bind", false, "shm tests: pin this process to CPU 0 and the process it starts to CPU 1 (MPI's -bind-to core)")
 	fs.StringVar(&o.server, "server", "", "run only the server side, listening on this TCP address")
 	fs.StringVar(&o.connect, "connect", "", "run only the client side, connecting to this TCP address")
 	fs.IntVar(&o.chunk, "chunk", 0, "memcpy: copy each message in pieces of this size (default: one copy); mp_bw: a fixed chunk size instead of the adaptive one")
@@ -305,6 +314,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o, err := parse(args, stderr)
 	if err != nil {
 		return err
+	}
+	if o.bind {
+		if err := pinTo(0); err != nil {
+			return err
+		}
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt)
 	defer stop()

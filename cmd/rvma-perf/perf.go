@@ -136,8 +136,13 @@ func (e *endpoint) newConn(s setup, gid int) (*conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		// Every posted buffer is the same memory (see putBufBytes).
-		mem := make([]byte, per*max(s.Size, 1))
+		// Every posted buffer is the same memory (see putBufBytes), device
+		// memory: on shm the peer's puts are then placed by the peer.
+		mr, err := e.pd.AllocMR(per*max(s.Size, 1), verbs.AccessLocalWrite)
+		if err != nil {
+			return nil, err
+		}
+		mem := mr.Bytes()
 		for i := 0; i < nbuf; i++ {
 			if _, err := c.win.Post(mem); err != nil {
 				return nil, err
@@ -442,13 +447,15 @@ func (c *conn) serverRole(ctx context.Context, s setup) error {
 				}
 				return err
 			}
-			if _, err := c.win.Post(rec.Data); err != nil {
-				return err
-			}
+			// put_notify_lat answers first and reposts after: buffers
+			// are posted ahead (16), so reposting is off the path.
 			if s.Test == "put_notify_lat" {
 				if err := c.putTo(s.Size); err != nil {
 					return err
 				}
+			}
+			if _, err := c.win.Post(rec.Data); err != nil {
+				return err
 			}
 		}
 	case "write_send_lat", "write_flush_send_lat":
@@ -664,6 +671,7 @@ func latency(ctx context.Context, s setup, c *conn) (*Result, error) {
 	}
 	deadline := time.Now().Add(s.Duration + 24*time.Hour)
 	var begin time.Time
+	var repost epoch.Record // put_notify_lat's buffer to post again
 	for i := 1; ; i++ {
 		if i == s.Warmup+1 {
 			begin = time.Now()
@@ -688,10 +696,7 @@ func latency(ctx context.Context, s setup, c *conn) (*Result, error) {
 			}
 		case "put_notify_lat":
 			if err = c.putTo(s.Size); err == nil {
-				var rec epoch.Record
-				if rec, err = c.win.Wait(ctx); err == nil {
-					_, err = c.win.Post(rec.Data)
-				}
+				repost, err = c.win.Wait(ctx) // reposted below, after the clock
 			}
 		case "write_send_lat", "write_flush_send_lat":
 			if err = c.postRecv(1, 1); err == nil {
@@ -732,6 +737,12 @@ func latency(ctx context.Context, s setup, c *conn) (*Result, error) {
 				d /= 2 // a ping-pong: report the one-way time, as perftest does
 			}
 			lat = append(lat, d)
+		}
+		if repost.Data != nil {
+			if _, err := c.win.Post(repost.Data); err != nil {
+				return nil, err
+			}
+			repost = epoch.Record{}
 		}
 	}
 	return latencyResult(s.Test, s.Size, lat, time.Since(begin).Seconds())

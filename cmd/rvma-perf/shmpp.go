@@ -84,7 +84,7 @@ func shmPingPong(ctx context.Context, o *options) (*Result, error) {
 		return nil, err
 	}
 	child := exec.CommandContext(ctx, self)
-	child.Env = append(os.Environ(), envPingChild+"="+path)
+	child.Env = childEnv(o, envPingChild+"="+path)
 	child.Stderr = os.Stderr
 	if err := child.Start(); err != nil {
 		return nil, err
@@ -145,7 +145,7 @@ func spawnServer(ctx context.Context, o *options) (string, func(), error) {
 	}
 	args := []string{o.test, "--provider", o.provider, "--device", o.device, "--server", addr}
 	cmd := exec.CommandContext(ctx, self)
-	cmd.Env = append(os.Environ(), envServerArgs+"="+strings.Join(args, "\x1f"))
+	cmd.Env = childEnv(o, envServerArgs+"="+strings.Join(args, "\x1f"))
 	// Its output is discarded: a failure shows on this side's connection.
 	if err := cmd.Start(); err != nil {
 		return "", nil, err
