@@ -518,7 +518,9 @@ func (w *Window) wake() {
 	case w.notify <- struct{}{}:
 	default:
 	}
-	if w.shared && w.box.Wake() {
+	// A waiter of this process that spins sees the record (npend); one
+	// asleep on the box's word needs the word bumped and a wake-up.
+	if w.shared && w.box.Sleeping() && w.box.Wake() {
 		futex.Wake(w.box.WakeWord())
 	}
 }

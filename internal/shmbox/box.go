@@ -368,6 +368,9 @@ func (b *Box) Wake() (sleeping bool) {
 	return atomic.LoadUint32(b.u32(hSleeping)) != 0
 }
 
+// Sleeping reports whether the target announced that it sleeps.
+func (b *Box) Sleeping() bool { return atomic.LoadUint32(b.u32(hSleeping)) != 0 }
+
 // WakeWord is the futex word Wake bumps.
 func (b *Box) WakeWord() *uint32 { return b.u32(hWake) }
 
