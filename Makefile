@@ -5,7 +5,7 @@ FUZZTIME    ?= 20s
 # package:FuzzTarget pairs run by fuzz-short
 FUZZ_TARGETS = ./internal/psn:FuzzDiff ./internal/wire:FuzzParse ./verbs/cm:FuzzMessage ./internal/pmi:FuzzParse ./rma:FuzzDecodeAM ./internal/sdrwire:FuzzParse ./internal/shmfab:FuzzRing ./internal/shmbox:FuzzOpen
 
-.PHONY: all build test bench fuzz-short lint demo demo-verbs demo-haul perf perf-rma perf-haul perf-haul-paths clean
+.PHONY: all build test bench fuzz-short lint demo demo-verbs demo-haul perf perf-shm perf-rma perf-haul perf-haul-paths clean
 
 all: build
 
@@ -68,6 +68,15 @@ perf:
 	bin/rvma-perf write_lat --provider udp --size 8 --vs udp_pingpong --reps 5 --json
 	for t in write_ack_lat read_lat send_lat atomic_lat; do bin/rvma-perf $$t --provider udp --size 8 --json; done
 	for t in read_bw send_bw; do bin/rvma-perf $$t --provider udp --size 1048576 --json; done
+
+# The shm figures of docs/PERFORMANCE.md: two processes of this host.
+perf-shm:
+	$(GO) build -o bin/rvma-perf ./cmd/rvma-perf
+	bin/rvma-perf write_lat --provider shm --size 8 --vs shm_pingpong --reps 3 --json
+	bin/rvma-perf write_bw --provider shm --size 4194304 --vs memcpy --reps 3 --json
+	bin/rvma-perf put_notify_lat --provider shm --size 8 --bind --json
+	for t in write_ack_lat read_lat atomic_lat send_lat; do bin/rvma-perf $$t --provider shm --size 8 --json; done
+	for s in 65536 4194304; do bin/rvma-perf put_bw --provider shm --size $$s --json; done
 
 # The rma figures of docs/PERFORMANCE.md (halo3d and the rma layer against
 # the mailbox layer).

@@ -143,7 +143,12 @@ func TestLockTakeover(t *testing.T) {
 	b := newBox(t, 1, 1, false, false)
 	*b.u64(hLock) = uint64(cmd.Process.Pid) // held by a process that is gone
 	done := make(chan struct{})
-	go func() { b.Lock(); b.Unlock(); close(done) }()
+	go func() {
+		b.Lock()
+		require.Equal(t, pid, *b.u64(hLock), "taken over")
+		b.Unlock()
+		close(done)
+	}()
 	<-done
 }
 
