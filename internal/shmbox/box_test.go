@@ -142,14 +142,14 @@ func TestLockTakeover(t *testing.T) {
 	require.NoError(t, cmd.Run())
 	b := newBox(t, 1, 1, false, false)
 	*b.u64(hLock) = uint64(cmd.Process.Pid) // held by a process that is gone
-	done := make(chan struct{})
+	holder := make(chan uint64)
 	go func() {
 		b.Lock()
-		require.Equal(t, pid, *b.u64(hLock), "taken over")
+		h := *b.u64(hLock)
 		b.Unlock()
-		close(done)
+		holder <- h
 	}()
-	<-done
+	require.Equal(t, pid, <-holder, "taken over")
 }
 
 // TestLockExclusion: counting from many goroutines under the lock is exact.
