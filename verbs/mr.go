@@ -240,7 +240,8 @@ func CrossMemoryAttach() (bool, string) { return shmfab.CMA() }
 // initiators on the host place and count their puts into that window
 // themselves, with no packet and no work by this process. It fails with
 // ErrUnsupported on a device without shm ports, or when the ports cannot
-// list more windows. The memory lives as long as the device.
+// list more windows. The memory is never freed: peers may still map it,
+// and windows last as long as their target.
 func (d *Device) ShareMailbox(addr uint64, n int) ([]byte, error) {
 	if !d.shared {
 		return nil, fmt.Errorf("verbs: share mailbox: %w: no shm port", ErrUnsupported)
