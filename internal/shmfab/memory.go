@@ -540,50 +540,50 @@ func (p *Port) mapAlloc(pe *peer, id uint64, fd int) ([]byte, error) {
 
 // Write copies src to the peer's region rkey at va.
 func (p *Port) Write(dst netip.AddrPort, q fabric.QP, rkey uint32, va uint64, src [][]byte, ordered bool) error {
-	n := 0
-	for _, s := range src {
-		n += len(s)
-	}
-	p.dmu.Lock()
-	defer p.dmu.Unlock()
-	t, err := p.hold(dst, q, rkey, va, uint64(n), fabric.RemoteWrite, ordered)
-	if err != nil {
-		return err
-	}
-	defer t.done()
-	if t.mapped != nil {
-		k := 0
-		for _, s := range src {
-			k += copy(t.mapped[k:], s)
-		}
-		p.direct.Add(1)
-		return nil
-	}
-	return p.cma(t, src, n, true)
+	return p.move(dst, q, rkey, va, src, true, ordered)
 }
 
 // Read copies the peer's region rkey at va into into.
 func (p *Port) Read(dst netip.AddrPort, q fabric.QP, rkey uint32, va uint64, into [][]byte) error {
-	n := 0
-	for _, s := range into {
-		n += len(s)
+	return p.move(dst, q, rkey, va, into, false, false)
+}
+
+// move copies between the local list and the peer's region rkey at va:
+// into the peer's memory if write, out of it otherwise.
+func (p *Port) move(dst netip.AddrPort, q fabric.QP, rkey uint32, va uint64, local [][]byte, write, ordered bool) error {
+	n := total(local)
+	need := fabric.RemoteRead
+	if write {
+		need = fabric.RemoteWrite
 	}
 	p.dmu.Lock()
 	defer p.dmu.Unlock()
-	t, err := p.hold(dst, q, rkey, va, uint64(n), fabric.RemoteRead, false)
+	t, err := p.hold(dst, q, rkey, va, uint64(n), need, ordered)
 	if err != nil {
 		return err
 	}
 	defer t.done()
-	if t.mapped != nil {
-		k := 0
-		for _, s := range into {
+	if t.mapped == nil {
+		return p.cma(t, local, n, write)
+	}
+	k := 0
+	for _, s := range local {
+		if write {
+			k += copy(t.mapped[k:], s)
+		} else {
 			k += copy(s, t.mapped[k:])
 		}
-		p.direct.Add(1)
-		return nil
 	}
-	return p.cma(t, into, n, false)
+	p.direct.Add(1)
+	return nil
+}
+
+func total(segs [][]byte) int {
+	n := 0
+	for _, s := range segs {
+		n += len(s)
+	}
+	return n
 }
 
 // cma moves n bytes between the local list and the peer's memory at
@@ -778,10 +778,7 @@ func (p *Port) boxOf(pe *peer, addr uint64) *shmbox.Box {
 // lands in a buffer outside shared memory. Puts are copied under the
 // box's lock, so large ones are left to the packets (which pull them).
 func (p *Port) MailboxPut(dst netip.AddrPort, q fabric.QP, mailbox, offset uint64, src [][]byte, ordered bool) error {
-	n := 0
-	for _, s := range src {
-		n += len(s)
-	}
+	n := total(src)
 	if n > MaxMailboxPut {
 		return ErrIndirect
 	}
