@@ -230,6 +230,39 @@ func CMA() (bool, string) {
 
 func entry(i int) int { return tableOff + i*regionBytes }
 
+// table hands out the entries of one of a segment's tables (regions, QPs,
+// mailbox windows) by key; the port's emu is held.
+type table[K comparable] struct {
+	idx  map[K]int
+	used []bool
+}
+
+func newTable[K comparable](n int) table[K] { return table[K]{idx: map[K]int{}, used: make([]bool, n)} }
+
+// take gives k the first free entry.
+func (t *table[K]) take(k K) (int, error) {
+	if _, ok := t.idx[k]; ok {
+		return 0, errors.New("listed twice")
+	}
+	for i, u := range t.used {
+		if !u {
+			t.used[i], t.idx[k] = true, i
+			return i, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: table full", ErrIndirect)
+}
+
+// drop frees k's entry and returns it.
+func (t *table[K]) drop(k K) (int, bool) {
+	i, ok := t.idx[k]
+	if ok {
+		t.used[i] = false
+		delete(t.idx, k)
+	}
+	return i, ok
+}
+
 // Export publishes buf as remote key rkey at iova in the port's table, so
 // peers reach it directly. It fails when the table is full, or when buf
 // is ordinary memory and cross-memory attach is unavailable.
@@ -248,15 +281,9 @@ func (p *Port) Export(rkey uint32, iova uint64, buf []byte, rights fabric.Rights
 	if p.closed.Load() {
 		return ErrClosed
 	}
-	if _, ok := p.exports[rkey]; ok {
-		return fmt.Errorf("shmfab: export: key %#x exported twice", rkey)
-	}
-	i := 0
-	for i < Regions && p.used[i] {
-		i++
-	}
-	if i == Regions {
-		return fmt.Errorf("%w: region table full", ErrIndirect)
+	i, err := p.regions.take(rkey)
+	if err != nil {
+		return fmt.Errorf("shmfab: export key %#x: %w", rkey, err)
 	}
 	e := p.mem[entry(i):]
 	binary.LittleEndian.PutUint64(e[entIOVA:], iova)
@@ -271,8 +298,6 @@ func (p *Port) Export(rkey uint32, iova uint64, buf []byte, rights fabric.Rights
 	binary.LittleEndian.PutUint64(e[entOff:], uint64(off))
 	binary.LittleEndian.PutUint64(e[entPD:], pd)
 	atomic.StoreUint64(u64(p.mem, entry(i)+entKey), entValid|uint64(rights)<<32|uint64(rkey)) // last: published
-	p.used[i] = true
-	p.exports[rkey] = i
 	return nil
 }
 
@@ -280,18 +305,18 @@ func (p *Port) Export(rkey uint32, iova uint64, buf []byte, rights fabric.Rights
 func (p *Port) Unexport(rkey uint32) {
 	p.emu.Lock()
 	defer p.emu.Unlock()
-	if i, ok := p.exports[rkey]; ok {
+	if i, ok := p.regions.idx[rkey]; ok {
 		p.withdraw(i)
-		delete(p.exports, rkey)
+		p.regions.drop(rkey)
 	}
 }
 
 func (p *Port) unexportAll() {
 	p.emu.Lock()
 	defer p.emu.Unlock()
-	for k, i := range p.exports {
+	for k, i := range p.regions.idx {
 		p.withdraw(i)
-		delete(p.exports, k)
+		p.regions.drop(k)
 	}
 }
 
@@ -309,7 +334,6 @@ func (p *Port) withdraw(i int) {
 			runtime.Gosched()
 		}
 	}
-	p.used[i] = false
 }
 
 func qpEntry(i int) int { return qpsOff + i*qpBytes }
@@ -319,25 +343,18 @@ func qpEntry(i int) int { return qpsOff + i*qpBytes }
 func (p *Port) Attach(qpn uint32, secret uint64, pd uint64) error {
 	p.emu.Lock()
 	defer p.emu.Unlock()
-	if i, ok := p.qpIdx[qpn]; ok {
-		atomic.StoreUint64(u64(p.mem, qpEntry(i)), 0)
-		atomic.StoreUint64(u64(p.mem, qpEntry(i)+8), secret)
-		atomic.StoreUint64(u64(p.mem, qpEntry(i)+16), pd)
-		atomic.StoreUint64(u64(p.mem, qpEntry(i)), entValid|uint64(qpn))
-		return nil
-	}
-	i := 0
-	for i < QPs && p.qpUsed[i] {
-		i++
-	}
-	if i == QPs {
-		return fmt.Errorf("%w: QP table full", ErrIndirect)
+	i, ok := p.qps.idx[qpn]
+	if ok {
+		atomic.StoreUint64(u64(p.mem, qpEntry(i)), 0) // re-listed: hidden while it changes
+	} else {
+		var err error
+		if i, err = p.qps.take(qpn); err != nil {
+			return fmt.Errorf("shmfab: attach QP %d: %w", qpn, err)
+		}
 	}
 	atomic.StoreUint64(u64(p.mem, qpEntry(i)+8), secret)
 	atomic.StoreUint64(u64(p.mem, qpEntry(i)+16), pd)
 	atomic.StoreUint64(u64(p.mem, qpEntry(i)), entValid|uint64(qpn))
-	p.qpUsed[i] = true
-	p.qpIdx[qpn] = i
 	return nil
 }
 
@@ -345,10 +362,8 @@ func (p *Port) Attach(qpn uint32, secret uint64, pd uint64) error {
 func (p *Port) Detach(qpn uint32) {
 	p.emu.Lock()
 	defer p.emu.Unlock()
-	if i, ok := p.qpIdx[qpn]; ok {
+	if i, ok := p.qps.drop(qpn); ok {
 		atomic.StoreUint64(u64(p.mem, qpEntry(i)), 0)
-		p.qpUsed[i] = false
-		delete(p.qpIdx, qpn)
 	}
 }
 
@@ -712,15 +727,9 @@ func (p *Port) ShareBox(addr uint64, mem []byte) error {
 	}
 	p.emu.Lock()
 	defer p.emu.Unlock()
-	if _, ok := p.boxIdx[addr]; ok {
-		return fmt.Errorf("shmfab: mailbox %#x shared twice", addr)
-	}
-	i := 0
-	for i < Boxes && p.boxUsed[i] {
-		i++
-	}
-	if i == Boxes {
-		return fmt.Errorf("%w: box table full", ErrIndirect)
+	i, err := p.boxes.take(addr)
+	if err != nil {
+		return fmt.Errorf("shmfab: share mailbox %#x: %w", addr, err)
 	}
 	e := boxEntry(i)
 	atomic.StoreUint64(u64(p.mem, e+boxAddr), addr)
@@ -729,8 +738,6 @@ func (p *Port) ShareBox(addr uint64, mem []byte) error {
 	atomic.StoreUint64(u64(p.mem, e+boxOff), uint64(off))
 	atomic.StoreUint64(u64(p.mem, e+boxLen), uint64(len(mem)))
 	atomic.StoreUint64(u64(p.mem, e+boxLive), 1) // last: listed
-	p.boxUsed[i] = true
-	p.boxIdx[addr] = i
 	return nil
 }
 
@@ -740,10 +747,8 @@ func (p *Port) ShareBox(addr uint64, mem []byte) error {
 func (p *Port) UnshareBox(addr uint64) {
 	p.emu.Lock()
 	defer p.emu.Unlock()
-	if i, ok := p.boxIdx[addr]; ok {
+	if i, ok := p.boxes.drop(addr); ok {
 		atomic.StoreUint64(u64(p.mem, boxEntry(i)+boxLive), 0)
-		p.boxUsed[i] = false
-		delete(p.boxIdx, addr)
 	}
 }
 

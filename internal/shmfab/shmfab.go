@@ -139,15 +139,12 @@ type Port struct {
 
 	sent, received, malformed, dropped atomic.Uint64
 
-	// Exported regions (memory.go): entry index by remote key, and which
-	// entries are taken.
+	// The tables of direct access (memory.go): exported regions by
+	// remote key, listed QPs by number, shared mailbox windows by address.
 	emu     sync.Mutex
-	exports map[uint32]int
-	used    []bool
-	qpIdx   map[uint32]int // listed QPs (Attach), by number
-	qpUsed  []bool
-	boxIdx  map[uint64]int // shared mailbox windows (ShareBox), by address
-	boxUsed []bool
+	regions table[uint32]
+	qps     table[uint32]
+	boxes   table[uint64]
 	// dmu serialises this port's direct accesses to peers' memory, which
 	// use the busy word of its ring slot in the peer's segment.
 	dmu    sync.Mutex
@@ -212,8 +209,7 @@ func Open(name string, mtu int) (*Port, error) {
 	binary.BigEndian.PutUint32(a[12:], uint32(fd))
 	p := &Port{name: nameHash(name), addr: netip.AddrPortFrom(netip.AddrFrom16(a), 1), mtu: mtu, fd: fd, mem: mem,
 		tok: uint64(pid)<<32 | uint64(fd), peers: map[netip.AddrPort]*peer{}, done: make(chan struct{}),
-		rx: make([]*wire.Packet, 0, 64), exports: map[uint32]int{}, used: make([]bool, Regions),
-		qpIdx: map[uint32]int{}, qpUsed: make([]bool, QPs), boxIdx: map[uint64]int{}, boxUsed: make([]bool, Boxes)}
+		rx: make([]*wire.Packet, 0, 64), regions: newTable[uint32](Regions), qps: newTable[uint32](QPs), boxes: newTable[uint64](Boxes)}
 	binary.LittleEndian.PutUint64(mem[offName:], p.name)
 	binary.LittleEndian.PutUint32(mem[offPID:], uint32(pid))
 	atomic.StoreUint64(u64(mem, offMagic), magic) // last: the segment is ready
