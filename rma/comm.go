@@ -412,8 +412,8 @@ func bootstrap(ctx context.Context) (rank, size int, store kvs.Store, srv *kvs.S
 }
 
 // NewWorld starts size ranks in this process, as goroutines' communicators
-// over the in-process loop provider (or over UDP on loopback with
-// cfg.Provider "udp"). It is what tests and examples use instead of a
+// over the in-process loop provider (or with cfg.Provider "udp", "shm" or
+// "auto", over those; Config.Hosts can then stand for several hosts). It is what tests and examples use instead of a
 // launcher. Close every Comm, concurrently, when done.
 func NewWorld(ctx context.Context, size int, cfg *Config) ([]*Comm, error) {
 	conf := cfg.withDefaults()

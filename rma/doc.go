@@ -10,7 +10,12 @@
 // a singleton); NewWorld starts ranks as goroutines of one process, for
 // tests and examples. Ranks publish their connection manager's address in
 // a key-value rendezvous and connect a queue pair to a peer on first use,
-// so a job of N ranks opens only the connections it uses. Collectives
+// so a job of N ranks opens only the connections it uses. By default
+// (Config.Provider "auto") ranks of one host connect through shared
+// memory and the others over UDP, over one composite device per rank;
+// on shared memory a put, get or atomic into a window from Allocate is a
+// copy or CPU atomic made by the origin, and a notified put is placed and
+// counted by the origin in the target's shared mailbox. Collectives
 // (Barrier, Bcast, Allgather, AllreduceInt64/Float64) and point-to-point
 // messages (Send, Isend, Recv) run over the same connections.
 //
