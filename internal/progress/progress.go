@@ -262,6 +262,12 @@ func (e *Engine) Wait(ctx context.Context, cond func() bool) error {
 				e.Wake()
 				return err
 			}
+			if !e.cfg.Background {
+				// A waiter that woke while this one held the poller role
+				// went back to sleep; if this one now returns, nobody would
+				// poll for it. Wake them: one takes the role.
+				e.Wake()
+			}
 			if n > 0 || !e.cfg.Background {
 				continue
 			}
