@@ -343,23 +343,9 @@ func (b *Box) Ranges(i int, f func(off, n int)) {
 // Retire ends the head buffer's epoch: the next buffer becomes the head.
 func (b *Box) Retire() { b.put(hCompleted, b.get(hCompleted)+1) }
 
-// Reset zeroes slot i's counts (an abandoned epoch), keeping its buffer.
-func (b *Box) Reset(i int) {
-	loc := b.Location(i)
-	seq := b.sget(i, sSeq)
-	s := b.mem[b.slot(i) : b.slot(i)+slotBytes]
-	clear(s)
-	b.sput(i, sSeq, seq)
-	d := uint64(0)
-	if loc.Direct {
-		d = 1
-	}
-	b.sput(i, sDirect, d)
-	b.sput(i, sAllocID, loc.AllocID)
-	b.sput(i, sAllocFD, uint64(loc.AllocFD))
-	b.sput(i, sOff, uint64(loc.Off))
-	b.sput(i, sLen, uint64(loc.Len))
-}
+// Reset zeroes slot i's counts (an abandoned epoch), keeping its buffer:
+// the counters follow the location in the slot.
+func (b *Box) Reset(i int) { clear(b.mem[b.slot(i)+sBytes : b.slot(i)+slotBytes]) }
 
 // Wake tells the target that an epoch may have completed; it wakes it if
 // it sleeps (the caller then calls futex wake on WakeWord, see Sleeping).
