@@ -173,7 +173,7 @@ func Locate(buf []byte) (id uint64, fd, off int, ok bool) {
 // cross-memory attach (process_vm_readv/writev), detected once.
 var cma struct {
 	once sync.Once
-	ok   bool
+	ok   atomic.Bool // ForceCMA may change it while devices run
 	why  string
 }
 
@@ -181,7 +181,7 @@ var cma struct {
 // memory is reached through the rings. It returns the previous setting.
 func ForceCMA(ok bool) bool {
 	prev, _ := CMA()
-	cma.ok = ok
+	cma.ok.Store(ok)
 	return prev
 }
 
@@ -223,9 +223,10 @@ func CMA() (bool, string) {
 			cma.why = fmt.Sprintf("process_vm_readv: %v", err)
 			return
 		}
-		cma.ok, cma.why = true, "process_vm_readv/writev"
+		cma.ok.Store(true)
+		cma.why = "process_vm_readv/writev"
 	})
-	return cma.ok, cma.why
+	return cma.ok.Load(), cma.why
 }
 
 func entry(i int) int { return tableOff + i*regionBytes }
