@@ -2,7 +2,9 @@
 // user space: what arrives at --a leaves from --b toward the endpoint
 // behind B, and back, through a rate limiter and the configured delay,
 // jitter, loss, bursts, reordering and duplication (each direction its
-// own seeded draw). Point the tools' data paths at it, e.g.
+// own seeded draw). Each side's peer is the latest endpoint to send to it
+// (a restarted sender takes over), or --peer-a/--peer-b strictly. Point
+// the tools' data paths at it, e.g.
 //
 //	linkem --a 127.0.0.1:7001 --b 127.0.0.1:7002 --delay 12.5ms --rate 500mbit --loss 1e-3
 //	haul recv --listen 127.0.0.1:7000 --via 127.0.0.1:7002 --out f
@@ -47,8 +49,8 @@ func parse(args []string, stderr io.Writer) (linkem.Config, time.Duration, error
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.A, "a", "127.0.0.1:0", "side A's listen address")
 	fs.StringVar(&cfg.B, "b", "127.0.0.1:0", "side B's listen address")
-	peerA := fs.String("peer-a", "", "the endpoint behind A (default: the first to send to A)")
-	peerB := fs.String("peer-b", "", "the endpoint behind B (default: the first to send to B)")
+	peerA := fs.String("peer-a", "", "the endpoint behind A, fixed (default: the latest to send to A, so that a restarted endpoint takes over)")
+	peerB := fs.String("peer-b", "", "the endpoint behind B, fixed (default: the latest to send to B)")
 	fs.DurationVar(&cfg.Faults.Delay, "delay", 0, "one-way delay, each direction (RTT is twice this)")
 	fs.DurationVar(&cfg.Faults.Jitter, "jitter", 0, "uniform extra delay in [0, jitter)")
 	rate := fs.String("rate", "", "each direction's rate, as tc spells it (500mbit, 1gbit); default unlimited")

@@ -5,9 +5,11 @@
 // Gilbert-Elliott bursts, reordering, duplication), drawn from a seeded
 // source per direction.
 //
-// Each side's peer is the first address that sends to it, unless
-// configured; packets toward a side whose peer is not known yet wait (up
-// to 4096 of them). A Link is safe for concurrent use.
+// Each side's peer is the latest address that sent to it, unless
+// configured (then it is that address, whoever sends): an endpoint
+// restarted on a new port, as a resuming transfer's is, takes its side
+// over with its first packet. Packets toward a side whose peer is not
+// known yet wait (up to 4096 of them). A Link is safe for concurrent use.
 package linkem
 
 import (
@@ -27,7 +29,7 @@ import (
 // Config configures Start. The zero value forwards unimpaired.
 type Config struct {
 	A, B         string         // listen addresses; default "127.0.0.1:0"
-	PeerA, PeerB netip.AddrPort // the endpoints behind A and B; default: learned
+	PeerA, PeerB netip.AddrPort // the endpoints behind A and B; default: the latest sender to each
 	// Faults apply to each direction; B→A uses Seed+1.
 	Faults fabric.Faults
 	// Rate is each direction's rate in bytes per second; 0: unlimited.
@@ -47,22 +49,24 @@ type DirStats struct {
 	Duplicated uint64
 	Delivered  uint64
 	Failed     uint64 // could not be sent on
+	NewPeers   uint64 // times the sending side's peer was learned or changed
 }
 
 func (s DirStats) String() string {
-	return fmt.Sprintf("%d packets (%d bytes) in, %d delivered, %d lost, %d queue drops, %d duplicated",
-		s.Packets, s.Bytes, s.Delivered, s.Lost, s.Overflow, s.Duplicated)
+	return fmt.Sprintf("%d packets (%d bytes) in, %d delivered, %d lost, %d queue drops, %d duplicated, sender learned %d times",
+		s.Packets, s.Bytes, s.Delivered, s.Lost, s.Overflow, s.Duplicated, s.NewPeers)
 }
 
 // Link is a running emulator.
 type Link struct {
-	cfg  Config
-	log  *slog.Logger
-	sock [2]*net.UDPConn
-	peer [2]atomic.Pointer[netip.AddrPort]
-	dir  [2]*direction
-	wg   sync.WaitGroup
-	done chan struct{}
+	cfg   Config
+	log   *slog.Logger
+	sock  [2]*net.UDPConn
+	peer  [2]atomic.Pointer[netip.AddrPort]
+	fixed [2]bool // configured peers: never learned
+	dir   [2]*direction
+	wg    sync.WaitGroup
+	done  chan struct{}
 }
 
 // direction is one way: packets arriving at sock[from], leaving sock[1-from].
@@ -77,7 +81,7 @@ type direction struct {
 	wait  [][]byte      // toward an unknown peer
 	kick  chan struct{} // wakes the sender: a new earliest packet
 	st    struct {
-		packets, bytes, lost, overflow, dup, delivered, failed atomic.Uint64
+		packets, bytes, lost, overflow, dup, delivered, failed, peers atomic.Uint64
 	}
 }
 
@@ -137,6 +141,7 @@ func Start(cfg Config) (*Link, error) {
 	for i, p := range []netip.AddrPort{cfg.PeerA, cfg.PeerB} {
 		if p.IsValid() {
 			l.peer[i].Store(&p)
+			l.fixed[i] = true
 		}
 	}
 	for i := range l.dir {
@@ -163,7 +168,8 @@ func (l *Link) Stats() (ab, ba DirStats) { return l.dir[0].stats(), l.dir[1].sta
 
 func (d *direction) stats() DirStats {
 	return DirStats{Packets: d.st.packets.Load(), Bytes: d.st.bytes.Load(), Lost: d.st.lost.Load(),
-		Overflow: d.st.overflow.Load(), Duplicated: d.st.dup.Load(), Delivered: d.st.delivered.Load(), Failed: d.st.failed.Load()}
+		Overflow: d.st.overflow.Load(), Duplicated: d.st.dup.Load(), Delivered: d.st.delivered.Load(), Failed: d.st.failed.Load(),
+		NewPeers: d.st.peers.Load()}
 }
 
 // Close stops forwarding; packets in flight are dropped.
@@ -208,14 +214,26 @@ func (l *Link) read(side int) {
 			l.log.Warn("linkem: read", "err", err)
 			continue
 		}
-		if l.peer[side].Load() == nil {
-			from := from
-			l.peer[side].Store(&from)
-			l.dir[1-side].flushWaiting()
-		}
+		l.learn(side, from)
 		seq++
 		d.arrive(append([]byte(nil), buf[:n]...), seq, time.Now()) // held until due: a copy of its own
 	}
+}
+
+// learn makes from side's peer unless one is configured: the latest
+// sender is the endpoint that is there now (a restarted one has a new
+// port, and the old one is gone).
+func (l *Link) learn(side int, from netip.AddrPort) {
+	old := l.peer[side].Load()
+	if old != nil && (*old == from || l.fixed[side]) {
+		return
+	}
+	l.peer[side].Store(&from)
+	l.dir[side].st.peers.Add(1)
+	if old != nil {
+		l.log.Info("linkem: new peer", "side", string(rune('A'+side)), "peer", from, "was", *old)
+	}
+	l.dir[1-side].flushWaiting()
 }
 
 // arrive runs one packet through the line and the impairments.

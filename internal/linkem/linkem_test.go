@@ -107,3 +107,54 @@ func TestLossIsSeeded(t *testing.T) {
 	require.Equal(t, uint64(dup), ab.Duplicated)
 	require.InDelta(t, 330, lost, 60)
 }
+
+// recvFrom reads one datagram from c.
+func recvFrom(t *testing.T, c *net.UDPConn) string {
+	t.Helper()
+	buf := make([]byte, 100)
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+	n, _, err := c.ReadFromUDPAddrPort(buf)
+	require.NoError(t, err)
+	return string(buf[:n])
+}
+
+// An endpoint restarted on a new port (a resuming sender) takes its side
+// over with its first packet, so that replies reach it; a configured peer
+// is kept whoever sends.
+func TestPeerRelearned(t *testing.T) {
+	for _, fixed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "learned", true: "configured"}[fixed], func(t *testing.T) {
+			old, fresh, y := udp(t), udp(t), udp(t)
+			cfg := Config{}
+			if fixed {
+				cfg.PeerA = old.LocalAddr().(*net.UDPAddr).AddrPort()
+			}
+			l, err := Start(cfg)
+			require.NoError(t, err)
+			defer l.Close()
+			_, err = y.WriteToUDPAddrPort([]byte("to old"), l.AddrB())
+			require.NoError(t, err)
+			_, err = old.WriteToUDPAddrPort([]byte("from old"), l.AddrA())
+			require.NoError(t, err)
+			require.Equal(t, "from old", recvFrom(t, y))
+			require.Equal(t, "to old", recvFrom(t, old))
+
+			// The restarted endpoint speaks; the reply follows the rule.
+			_, err = fresh.WriteToUDPAddrPort([]byte("from fresh"), l.AddrA())
+			require.NoError(t, err)
+			require.Equal(t, "from fresh", recvFrom(t, y))
+			_, err = y.WriteToUDPAddrPort([]byte("reply"), l.AddrB())
+			require.NoError(t, err)
+			want, other := fresh, old
+			if fixed {
+				want, other = old, fresh
+			}
+			require.Equal(t, "reply", recvFrom(t, want))
+			require.NoError(t, other.SetReadDeadline(time.Now().Add(50*time.Millisecond)))
+			_, _, err = other.ReadFromUDPAddrPort(make([]byte, 100))
+			require.Error(t, err, "the reply went to both")
+			ab, _ := l.Stats()
+			require.Equal(t, map[bool]uint64{false: 2, true: 0}[fixed], ab.NewPeers, "A's peer learned")
+		})
+	}
+}
