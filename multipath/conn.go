@@ -40,9 +40,21 @@ type Config struct {
 	// Defaults 64 KiB and 4 MiB.
 	MinChunk, MaxChunk int
 	// Revive is how often the dialer's side tries to reconnect and probe
-	// the paths that failed; a path that answers is used again. Default
-	// 1s; negative: never.
+	// the paths that failed; a path is used again once its probe, written
+	// over the path itself, is acknowledged. Default 1s; negative: never.
 	Revive time.Duration
+	// ReviveMax caps the back-off of a path whose revivals keep failing:
+	// after each failed attempt the wait before the next one doubles,
+	// from Revive up to ReviveMax. Default 30 × Revive.
+	ReviveMax time.Duration
+	// NoProbe makes Dial return without probing the paths. By default
+	// Dial probes every path (Probe, one ProbeSize write each) and marks
+	// up only those whose probe is acknowledged, so that the first request
+	// is already split in proportion to the paths' capacities; with
+	// NoProbe every connected path is up at once, and the first requests
+	// are split equally until completions have measured the paths. The
+	// accepting side never probes on its own at connection time.
+	NoProbe bool
 }
 
 func (c *Config) defaults(gids int) Config {
@@ -71,11 +83,18 @@ func (c *Config) defaults(gids int) Config {
 	if d.Revive == 0 {
 		d.Revive = time.Second
 	}
+	if d.ReviveMax < d.Revive {
+		d.ReviveMax = 30 * d.Revive
+	}
 	return d
 }
 
 // ErrPaths reports a connection without a usable path.
 var ErrPaths = errors.New("multipath: no path up")
+
+// ErrAccepted reports a revival asked of the accepting side: only the
+// dialing side revives paths.
+var ErrAccepted = errors.New("multipath: only the dialing side revives paths")
 
 // Conn is one logical connection over several paths: a QP per path, all
 // in one PD and completing into one CQ.
@@ -88,12 +107,18 @@ type Conn struct {
 	qmu sync.RWMutex // guards qps: a revived path gets a new QP
 	qps []*verbs.QP
 
-	// The dialer's side re-dials failed paths.
-	addr    string
-	id      uint64
+	// The dialer's side re-dials failed paths, one revival of a path at
+	// a time.
+	addr     string
+	id       uint64
+	reviveMu []sync.Mutex
+
+	// Background goroutines (the reviver, revived paths' probes) end when
+	// stop closes; Close waits for them.
+	lifeMu  sync.Mutex // guards closing, and stopped.Add against Wait
+	closing bool
 	stop    chan struct{}
 	stopped sync.WaitGroup
-	closeMu sync.Once
 
 	// Probe regions: ours (the peer writes probes into it, and ours are
 	// sent from it) and the peer's.
@@ -111,16 +136,31 @@ const ProbeSize = 512 << 10
 
 type pathStats struct {
 	PathState
-	bytes    uint64    // completed on this path
+	bytes    uint64    // delivered on this path (completed chunks)
+	posted   uint64    // data bytes posted on this path
+	reissued uint64    // of posted, the undelivered bytes of failed sub-flows
 	lastDone time.Time // when the path last finished a sub-flow
 	chunk    int       // largest work request posted on the path
 	linear   bool      // a loss was seen: grow the chunk linearly
 }
 
-// Stats is a path's state, the bytes it carried and its chunk size.
+// Stats is a path's state, its counters and its chunk size. The counters
+// cover the connection's life: they never go down, also not when the path
+// fails and is revived (a revival starts a new QP, not a new path).
 type Stats struct {
 	PathState
+	// Bytes is what the path delivered: the bytes of the work requests it
+	// completed (probes not counted).
 	Bytes uint64
+	// Posted is what was posted on the path (probes not counted): what
+	// it delivered (Bytes), what is in flight (Outstanding) and what a
+	// failure of the path kept from arriving (sent again elsewhere, for
+	// a Write or Read).
+	Posted uint64
+	// Reissued is the part of Posted that another path's failed
+	// sub-flows had not delivered, re-sent on this path.
+	Reissued uint64
+	// Chunk is the path's chunk size: its largest work request.
 	Chunk int
 }
 
@@ -147,7 +187,8 @@ func newConn(pd *verbs.PD, cfg Config) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Conn{pd: pd, cq: cq, cfg: cfg, paths: make([]pathStats, cfg.Paths), stop: make(chan struct{})}
+	c := &Conn{pd: pd, cq: cq, cfg: cfg, paths: make([]pathStats, cfg.Paths), reviveMu: make([]sync.Mutex, cfg.Paths),
+		stop: make(chan struct{})}
 	for i := range c.paths {
 		c.paths[i].chunk = cfg.MinChunk
 	}
@@ -169,22 +210,6 @@ func (c *Conn) qp(i int) *verbs.QP {
 	c.qmu.RLock()
 	defer c.qmu.RUnlock()
 	return c.qps[i]
-}
-
-// install makes qp path i's QP (after a revival), destroys the old one and
-// marks the path up with fresh estimates.
-func (c *Conn) install(i int, qp *verbs.QP) {
-	c.qmu.Lock()
-	old := c.qps[i]
-	c.qps[i] = qp
-	c.qmu.Unlock()
-	if old != nil {
-		old.Destroy()
-	}
-	if i == 0 {
-		c.postCtlRecvs(qp)
-	}
-	c.eng.Locked(func() { c.paths[i] = pathStats{PathState: PathState{Up: true}, chunk: c.cfg.MinChunk} })
 }
 
 func (c *Conn) newQP(path int) (*verbs.QP, error) {
@@ -223,7 +248,7 @@ func Dial(ctx context.Context, pd *verbs.PD, address string, cfg *Config) (*Conn
 			return nil, fmt.Errorf("multipath: dial path %d: %w", i, err)
 		}
 		c.qps = append(c.qps, qp)
-		c.paths[i].Up = true
+		c.paths[i].Up = conf.NoProbe // otherwise its probe brings it up
 		if i == 0 {
 			if err := c.setupTwoSided(); err != nil {
 				c.Close()
@@ -232,60 +257,16 @@ func Dial(ctx context.Context, pd *verbs.PD, address string, cfg *Config) (*Conn
 		}
 	}
 	c.addr, c.id = address, id
+	if !conf.NoProbe {
+		if err := c.probeAll(ctx); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("multipath: dial: %w", err)
+		}
+	}
 	if conf.Revive > 0 {
-		c.stopped.Add(1)
-		go c.reviver()
+		c.spawn(c.reviver)
 	}
 	return c, nil
-}
-
-// reviver periodically re-dials and probes the paths that are down.
-func (c *Conn) reviver() {
-	defer c.stopped.Done()
-	t := time.NewTicker(c.cfg.Revive)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.stop:
-			return
-		case <-t.C:
-		}
-		for i := range c.cfg.Paths {
-			down := false
-			c.eng.Locked(func() { down = !c.paths[i].Up })
-			if down {
-				ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Revive)
-				go func() { // Close must not wait a whole attempt
-					select {
-					case <-c.stop:
-						cancel()
-					case <-ctx.Done():
-					}
-				}()
-				c.Revive(ctx, i)
-				cancel()
-			}
-		}
-	}
-}
-
-// Revive connects path i anew (it failed: its QP is in error) and probes
-// it; on success the path is up again. The dialer's side does this
-// periodically by itself (Config.Revive).
-func (c *Conn) Revive(ctx context.Context, i int) error {
-	if c.addr == "" {
-		return fmt.Errorf("multipath: only the dialing side revives paths")
-	}
-	qp, err := c.newQP(i)
-	if err != nil {
-		return err
-	}
-	if _, err := cm.Dial(ctx, c.addr, qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: hello(c.id, i, c.cfg.Paths, c.probeRef())}); err != nil {
-		qp.Destroy()
-		return fmt.Errorf("multipath: revive path %d: %w", i, err)
-	}
-	c.install(i, qp)
-	return c.probePath(ctx, i)
 }
 
 // Listener accepts logical connections. A goroutine answers the
@@ -361,17 +342,7 @@ func (l *Listener) serve() {
 		}
 		actx, acancel := context.WithTimeout(ctx, 10*time.Second)
 		if c := l.conns[id]; c != nil { // a revived path
-			if path < len(c.qps) {
-				if qp, err := c.newQP(path); err == nil {
-					if err := req.Accept(actx, qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: c.probeRef()}); err == nil {
-						c.install(path, qp)
-					} else {
-						qp.Destroy()
-					}
-				}
-			} else {
-				req.Reject("bad path numbers")
-			}
+			l.revived(actx, req, c, path)
 			acancel()
 			continue
 		}
@@ -422,9 +393,71 @@ func (l *Listener) serve() {
 	}
 }
 
+// revived accepts the dialer's revival of path on c. The new QP replaces
+// the old one, but the path stays down until this side's own probe over
+// it is acknowledged: the request came over the connection manager's TCP
+// connection, which says nothing of the path.
+func (l *Listener) revived(ctx context.Context, req *cm.Request, c *Conn, path int) {
+	if path >= len(c.qps) {
+		req.Reject("bad path numbers")
+		return
+	}
+	qp, err := c.newQP(path)
+	if err != nil {
+		req.Reject(err.Error())
+		return
+	}
+	if err := req.Accept(ctx, qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: c.probeRef()}); err != nil {
+		qp.Destroy()
+		return
+	}
+	if !c.install(path, qp) {
+		return
+	}
+	c.spawn(func() {
+		pctx, cancel := c.stopCtx(reviveTimeout)
+		defer cancel()
+		c.probePath(pctx, path, qp)
+	})
+}
+
+// spawn runs f in a goroutine that Close waits for; once Close has begun
+// it runs nothing and reports false.
+func (c *Conn) spawn(f func()) bool {
+	c.lifeMu.Lock()
+	defer c.lifeMu.Unlock()
+	if c.closing {
+		return false
+	}
+	c.stopped.Add(1)
+	go func() {
+		defer c.stopped.Done()
+		f()
+	}()
+	return true
+}
+
+// stopCtx is a context that ends after d or when the Conn closes.
+func (c *Conn) stopCtx(d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	go func() {
+		select {
+		case <-c.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
 // Close stops reviving paths and destroys the paths' QPs and the CQ.
 func (c *Conn) Close() error {
-	c.closeMu.Do(func() { close(c.stop) })
+	c.lifeMu.Lock()
+	if !c.closing {
+		c.closing = true
+		close(c.stop)
+	}
+	c.lifeMu.Unlock()
 	c.stopped.Wait()
 	var errs []error
 	c.qmu.Lock()
@@ -441,273 +474,13 @@ func (c *Conn) Close() error {
 	return errors.Join(errs...)
 }
 
-// Probe measures each path that is up, one after another, with a timed
-// write of ProbeSize bytes into the peer's probe region, and sets the
-// path's capacity estimate from it. A path whose probe fails is marked
-// down.
-func (c *Conn) Probe(ctx context.Context) error {
-	for i := range c.cfg.Paths {
-		up := false
-		c.eng.Locked(func() { up = c.paths[i].Up })
-		if !up {
-			continue
-		}
-		if err := c.probePath(ctx, i); ctx.Err() != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// probePath times one probe on path i.
-func (c *Conn) probePath(ctx context.Context, i int) error {
-	raddr, rkey := binary.BigEndian.Uint64(c.peerProbe[:]), binary.BigEndian.Uint32(c.peerProbe[8:])
-	start := time.Now()
-	op, id := c.eng.Start(1, nil)
-	if _, err := c.qp(i).PostSend([]verbs.SendWR{{ID: id, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
-		SGL: []verbs.SGE{c.probe.SGE(0, ProbeSize)}, RemoteAddr: raddr, RKey: rkey}}); err != nil {
-		c.eng.Posted(op, id, 1, 0, err)
-	}
-	err := op.Wait(ctx)
-	el := time.Since(start).Seconds()
-	c.eng.Locked(func() {
-		p := &c.paths[i]
-		if err != nil {
-			p.Up = false
-			return
-		}
-		p.Capacity = ProbeSize / el
-	})
-	return err
-}
-
-// Paths returns every path's state and the bytes it carried.
+// Paths returns every path's state and counters.
 func (c *Conn) Paths() []Stats {
 	out := make([]Stats, len(c.paths))
 	c.eng.Locked(func() {
 		for i, p := range c.paths {
-			out[i] = Stats{PathState: p.PathState, Bytes: p.bytes, Chunk: p.chunk}
+			out[i] = Stats{PathState: p.PathState, Bytes: p.bytes, Posted: p.posted, Reissued: p.reissued, Chunk: p.chunk}
 		}
 	})
 	return out
-}
-
-// Request is a request in flight; it completes once, when all of its
-// sub-flows have.
-type Request struct{ op *progress.Op }
-
-// Wait blocks until the request completes or ctx ends.
-func (r *Request) Wait(ctx context.Context) error { return r.op.Wait(ctx) }
-
-// Test reports whether the request has completed, and how.
-func (r *Request) Test() (bool, error) { return r.op.Test() }
-
-// Write writes n bytes of mr from off to the peer's (raddr, rkey), split
-// over the paths by the balancer. A sub-flow whose path fails is written
-// again over the paths still up (a write is idempotent by offset).
-func (c *Conn) Write(mr *verbs.MR, off, n int, raddr uint64, rkey uint32) (*Request, error) {
-	return c.post(n, true, func(sub, at int) verbs.SendWR {
-		return verbs.SendWR{Opcode: verbs.OpWrite, SGL: []verbs.SGE{mr.SGE(off+at, sub)}, RemoteAddr: raddr + uint64(at), RKey: rkey}
-	})
-}
-
-// Read reads n bytes from the peer's (raddr, rkey) into mr at off; like
-// Write, it survives the failure of a path.
-func (c *Conn) Read(mr *verbs.MR, off, n int, raddr uint64, rkey uint32) (*Request, error) {
-	return c.post(n, true, func(sub, at int) verbs.SendWR {
-		return verbs.SendWR{Opcode: verbs.OpRead, SGL: []verbs.SGE{mr.SGE(off+at, sub)}, RemoteAddr: raddr + uint64(at), RKey: rkey}
-	})
-}
-
-// Put puts n bytes of mr from off into the peer's mailbox at offset:
-// each path's sub-flow is placed by its own offset and counted once, so
-// no reassembly and no ordering between paths is needed. Each chunk of
-// each sub-flow is one mailbox write, so a target that counts operations
-// rather than bytes sees that many. A sub-flow whose
-// path fails is not sent again: part of it may have been counted, and
-// counting it twice would complete the target's epoch early (the
-// reliability layer's chunk bitmaps are what will make that safe); the
-// request fails instead.
-func (c *Conn) Put(mr *verbs.MR, off, n int, mbox, offset uint64) (*Request, error) {
-	return c.post(n, false, func(sub, at int) verbs.SendWR {
-		return verbs.SendWR{Opcode: verbs.OpMailboxWrite, SGL: []verbs.SGE{mr.SGE(off+at, sub)}, Mailbox: mbox, MailboxOffset: offset + uint64(at)}
-	})
-}
-
-// FetchAdd adds add to the 8-byte word at the peer's (raddr, rkey) on one
-// path (the balancer's pick) and returns the previous value in mr at off.
-// An atomic whose path fails is not re-issued (it may have executed).
-func (c *Conn) FetchAdd(mr *verbs.MR, off int, raddr uint64, rkey uint32, add uint64) (*Request, error) {
-	return c.postOn(8, false, true, func(int, int) verbs.SendWR {
-		return verbs.SendWR{Opcode: verbs.OpFetchAdd, SGL: []verbs.SGE{mr.SGE(off, 8)}, RemoteAddr: raddr, RKey: rkey, CompareAdd: add}
-	})
-}
-
-// CompareSwap replaces the 8-byte word at the peer's (raddr, rkey) with
-// swap if it equals cmp, on one path, and returns the previous value in mr
-// at off.
-func (c *Conn) CompareSwap(mr *verbs.MR, off int, raddr uint64, rkey uint32, cmp, swap uint64) (*Request, error) {
-	return c.postOn(8, false, true, func(int, int) verbs.SendWR {
-		return verbs.SendWR{Opcode: verbs.OpCompareSwap, SGL: []verbs.SGE{mr.SGE(off, 8)}, RemoteAddr: raddr, RKey: rkey, CompareAdd: cmp, Swap: swap}
-	})
-}
-
-// flow is one request's bookkeeping; guarded by the engine's lock.
-type flow struct {
-	parent  *progress.Op
-	left    int // sub-flows not yet finished
-	err     error
-	reissue bool
-	wr      func(sub, at int) verbs.SendWR
-}
-
-func (c *Conn) states() []PathState {
-	states := make([]PathState, len(c.paths))
-	for i, p := range c.paths {
-		states[i] = p.PathState
-	}
-	return states
-}
-
-// post splits n bytes into sub-flows and posts them; wr builds the work
-// request for sub bytes at offset at.
-func (c *Conn) post(n int, reissue bool, wr func(sub, at int) verbs.SendWR) (*Request, error) {
-	return c.postOn(n, reissue, false, wr)
-}
-
-// postOn is post; with whole the request goes on one path, never split
-// or chunked (atomics).
-func (c *Conn) postOn(n int, reissue, whole bool, wr func(sub, at int) verbs.SendWR) (*Request, error) {
-	var shares []int
-	c.eng.Locked(func() {
-		states := c.states()
-		if n < c.cfg.Small || whole {
-			shares = make([]int, len(c.paths))
-			if i := c.cfg.Balancer.Pick(states); i >= 0 {
-				shares[i] = n
-			}
-		} else {
-			shares = c.cfg.Balancer.Split(n, states)
-		}
-	})
-	if sumInts(shares) != n {
-		return nil, ErrPaths
-	}
-	parent, _ := c.eng.Start(0, nil)
-	f := &flow{parent: parent, reissue: reissue, wr: wr}
-	c.eng.Locked(func() {
-		for _, s := range shares {
-			if s > 0 {
-				f.left++
-			}
-		}
-	})
-	if f.left == 0 { // an empty request
-		c.eng.Finish(parent, nil)
-		return &Request{op: parent}, nil
-	}
-	at := 0
-	for i, s := range shares {
-		if s > 0 {
-			c.submit(f, i, s, at)
-		}
-		at += s
-	}
-	return &Request{op: parent}, nil
-}
-
-// submit posts one sub-flow of share bytes at offset at on path, as work
-// requests of at most the path's chunk size.
-func (c *Conn) submit(f *flow, path, share, at int) {
-	posted := time.Now()
-	qp := c.qp(path)
-	losses := lossCount(qp)
-	var chunk int
-	c.eng.Locked(func() {
-		chunk = c.paths[path].chunk
-		c.paths[path].Outstanding += share
-	})
-	n := (share + chunk - 1) / chunk
-	op, id := c.eng.Start(n, func(err error) { c.subDone(f, path, share, at, posted, losses, err) })
-	wrs := make([]verbs.SendWR, n)
-	for k := range wrs {
-		off := k * chunk
-		wrs[k] = f.wr(min(chunk, share-off), at+off)
-		wrs[k].ID, wrs[k].Flags = id+uint64(k), verbs.FlagSignaled
-	}
-	if k, err := qp.PostSend(wrs); err != nil {
-		c.eng.Posted(op, id, n, k, err)
-	}
-}
-
-// nextChunk is a path's chunk size after a sub-flow: halved on a loss
-// (and growing linearly from then on), doubled while the path has been
-// clean, within [lo, hi].
-func nextChunk(chunk, lo, hi int, linear, lost bool) (int, bool) {
-	switch {
-	case lost:
-		return max(lo, chunk/2), true
-	case linear:
-		return min(hi, chunk+lo), true
-	default:
-		return min(hi, 2*chunk), false
-	}
-}
-
-func lossCount(qp *verbs.QP) uint64 {
-	s := qp.Stats()
-	return s.Timeouts + s.SeqNaks
-}
-
-// subDone accounts for a finished sub-flow; the engine's lock is held.
-func (c *Conn) subDone(f *flow, path, share, at int, posted time.Time, losses uint64, err error) {
-	p := &c.paths[path]
-	p.Outstanding -= share
-	if err == nil {
-		p.chunk, p.linear = nextChunk(p.chunk, c.cfg.MinChunk, c.cfg.MaxChunk, p.linear, lossCount(c.qp(path)) > losses)
-	}
-	if err != nil {
-		p.Up = false // the QP is in error: the path is gone until revived
-		// Only a transport failure moves to another path: a refused
-		// request (wrong key, out of bounds) would be refused there too.
-		transport := errors.Is(err, verbs.StatusRetryExceeded) || errors.Is(err, verbs.StatusFlushed)
-		if f.reissue && transport {
-			if alt := c.cfg.Balancer.Pick(c.states()); alt >= 0 {
-				// Posting needs the engine's lock, held here: do it
-				// from another goroutine.
-				go c.submit(f, alt, share, at)
-				return
-			}
-		}
-		if f.err == nil {
-			f.err = fmt.Errorf("multipath: path %d: %w", path, err)
-		}
-	} else {
-		p.bytes += uint64(share)
-		now := time.Now()
-		start := posted
-		if p.lastDone.After(start) {
-			start = p.lastDone // it waited behind earlier sub-flows
-		}
-		if el := now.Sub(start).Seconds(); el > 0 && share >= 64<<10 {
-			sample := float64(share) / el
-			if p.Capacity == 0 {
-				p.Capacity = sample
-			} else {
-				p.Capacity += c.cfg.EWMA * (sample - p.Capacity)
-			}
-		}
-		p.lastDone = now
-	}
-	if f.left--; f.left == 0 {
-		c.eng.FinishLocked(f.parent, f.err)
-	}
-}
-
-func sumInts(xs []int) int {
-	s := 0
-	for _, x := range xs {
-		s += x
-	}
-	return s
 }
