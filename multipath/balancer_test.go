@@ -2,6 +2,7 @@ package multipath
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -69,4 +70,61 @@ func TestNextChunk(t *testing.T) {
 		require.Equal(t, tc.want, got, "%+v", tc)
 		require.Equal(t, tc.wantLinear, lin, "%+v", tc)
 	}
+}
+
+// Consecutive decisions see each other: the bytes a pick or split assigns
+// count as outstanding at once, so a burst of small sub-flows (failed ones
+// re-issued, or new requests) spreads over the paths instead of all going
+// to the one that looked idle first.
+func TestAssignCountsOutstanding(t *testing.T) {
+	for _, bal := range []Balancer{Equal{}, Proportional{}, Adaptive{}} {
+		c := &Conn{cfg: Config{Balancer: bal, Small: 1 << 20},
+			paths: []pathStats{{PathState: PathState{Up: true, Capacity: 100}}, {PathState: PathState{Up: true, Capacity: 100}},
+				{PathState: PathState{Capacity: 100}}}}
+		var got [3]int
+		for range 8 {
+			shares := c.assignLocked(1000, false)
+			require.Len(t, shares, 3)
+			for i, s := range shares {
+				got[i] += s
+			}
+		}
+		require.Equal(t, [3]int{4000, 4000, 0}, got, "%T", bal)
+		require.Equal(t, 4000, c.paths[0].Outstanding)
+		require.Equal(t, 4000, c.paths[1].Outstanding)
+	}
+	// Nothing up: no decision, nothing counted.
+	c := &Conn{cfg: Config{Balancer: Equal{}, Small: 10}, paths: []pathStats{{}}}
+	require.Nil(t, c.assignLocked(100, false))
+	require.Nil(t, c.assignLocked(5, false))
+	require.Zero(t, c.paths[0].Outstanding)
+}
+
+// Revival attempts of a path that keeps failing back off exponentially,
+// up to the cap; a success starts over.
+func TestBackoff(t *testing.T) {
+	const base, limit = 100 * time.Millisecond, time.Second
+	t0 := time.Unix(1000, 0)
+	var b backoff
+	require.True(t, b.due(t0), "the first attempt is not delayed")
+	now := t0
+	var waits []time.Duration
+	for range 6 {
+		b.failed(now, base, limit)
+		require.False(t, b.due(now.Add(b.wait-time.Nanosecond)))
+		require.True(t, b.due(now.Add(b.wait)))
+		waits = append(waits, b.wait)
+		now = now.Add(b.wait)
+	}
+	require.Equal(t, []time.Duration{100, 200, 400, 800, 1000, 1000}, func() []time.Duration {
+		out := make([]time.Duration, len(waits))
+		for i, w := range waits {
+			out[i] = w / time.Millisecond
+		}
+		return out
+	}())
+	b.reset()
+	require.True(t, b.due(now))
+	b.failed(now, base, limit)
+	require.Equal(t, base, b.wait)
 }

@@ -56,6 +56,12 @@ func pair(t *testing.T, ctx context.Context, a, b *side, cfg *multipath.Config) 
 }
 
 func loopPair(t *testing.T, gids string, size int, cfg *multipath.Config) (context.Context, *side, *side, *multipath.Conn) {
+	ctx, a, b, ca, _ := loopConns(t, gids, size, cfg)
+	return ctx, a, b, ca
+}
+
+// loopConns is loopPair, also returning the accepting side's Conn.
+func loopConns(t *testing.T, gids string, size int, cfg *multipath.Config) (context.Context, *side, *side, *multipath.Conn, *multipath.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	var r [4]byte
@@ -64,7 +70,7 @@ func loopPair(t *testing.T, gids string, size int, cfg *multipath.Config) (conte
 	a, b := open(t, ctx, uri, size), open(t, ctx, uri, size)
 	ca, cb := pair(t, ctx, a, b, cfg)
 	t.Cleanup(func() { ca.Close(); cb.Close() })
-	return ctx, a, b, ca
+	return ctx, a, b, ca, cb
 }
 
 func TestWriteReadOverPaths(t *testing.T) {
