@@ -128,3 +128,20 @@ func TestBackoff(t *testing.T) {
 	b.failed(now, base, limit)
 	require.Equal(t, base, b.wait)
 }
+
+// downBalancer gives everything to path 0, up or not.
+type downBalancer struct{}
+
+func (downBalancer) Split(n int, paths []PathState) []int {
+	return append([]int{n}, make([]int, len(paths)-1)...)
+}
+func (downBalancer) Pick([]PathState) int { return 0 }
+
+// A balancer that assigns bytes to a path that is down gets no decision:
+// the path's QP would flush them back at once, over and over.
+func TestAssignRefusesDownPaths(t *testing.T) {
+	c := &Conn{cfg: Config{Balancer: downBalancer{}, Small: 10}, paths: []pathStats{{}, {PathState: PathState{Up: true}}}}
+	require.Nil(t, c.assignLocked(100, false))
+	require.Nil(t, c.assignLocked(5, false))
+	require.Zero(t, c.paths[0].Outstanding)
+}

@@ -150,7 +150,8 @@ func (c *Conn) postOn(n int, reissue, whole bool, wr func(sub, at int) verbs.Sen
 // assignLocked decides which paths carry n bytes (the balancer's split,
 // or its pick for a small or whole request) and counts them as
 // outstanding there at once, so that the next decision, in the same burst
-// of failures or requests, sees them. It returns nil if no path is up.
+// of failures or requests, sees them. It returns nil if no path is up (or
+// the balancer gave bytes to a path that is down).
 func (c *Conn) assignLocked(n int, whole bool) []int {
 	states := c.states()
 	var shares []int
@@ -164,6 +165,11 @@ func (c *Conn) assignLocked(n int, whole bool) []int {
 	}
 	if len(shares) != len(c.paths) || sumInts(shares) != n {
 		return nil
+	}
+	for i, s := range shares {
+		if s != 0 && (s < 0 || !c.paths[i].Up) {
+			return nil // a down path's QP would flush it back at once
+		}
 	}
 	for i, s := range shares {
 		c.paths[i].Outstanding += s
