@@ -9,7 +9,10 @@
 //	get KEY         ->  val VALUE    (blocks until KEY is put)
 //	barrier         ->  ok           (once Size clients have entered)
 //
-// A malformed request is answered "err REASON" and the connection closed.
+// A malformed request is answered "err REASON" and the connection closed;
+// so is a line over the server's bound (ServerConfig.MaxLine), and a
+// connection over its bound (ServerConfig.MaxConns) is answered "err too
+// many connections" before any request.
 //
 // Servers, clients and stores are safe for concurrent use.
 package kvs
@@ -19,9 +22,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -114,39 +120,104 @@ func (s *Mem) Barrier(ctx context.Context) error {
 		select {
 		case <-c:
 		case <-ctx.Done():
-			return ctx.Err()
+			return s.leave(ctx, gen)
 		}
 	}
+}
+
+// leave takes a waiter whose ctx ended out of the barrier it entered, so
+// that it is not counted for the others; if the barrier has just opened,
+// the waiter passed it after all.
+func (s *Mem) leave(ctx context.Context, gen int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gen != gen {
+		return nil
+	}
+	s.entered--
+	return ctx.Err()
 }
 
 // Close implements Store.
 func (s *Mem) Close() error { return nil }
 
+// maxToken bounds keys and values.
+const maxToken = 4096
+
 func checkToken(s string) error {
-	if s == "" || strings.ContainsAny(s, " \t\r\n") || len(s) > 4096 {
+	if s == "" || strings.ContainsAny(s, " \t\r\n") || len(s) > maxToken {
 		return fmt.Errorf("kvs: bad token %q: empty, too long or with whitespace", s)
 	}
 	return nil
 }
 
+// DefaultMaxLine bounds a protocol line unless ServerConfig.MaxLine says
+// otherwise: the longest valid line, a put of two tokens of maxToken
+// bytes, is about 8 KiB.
+const DefaultMaxLine = 64 << 10
+
+// ServerConfig holds a Server's limits; the zero value means defaults.
+type ServerConfig struct {
+	// MaxLine bounds a request line in bytes (default DefaultMaxLine). A
+	// client sending a longer one is disconnected, so what one connection
+	// makes the server buffer is bounded.
+	MaxLine int
+	// MaxConns bounds the connections open at once (default 4 per rank
+	// and 16 more: a rank holds its client and its launcher watch, and
+	// may dial again). Connections over it are answered "err too many
+	// connections" and closed.
+	MaxConns int
+	// Logger receives why connections were dropped (default
+	// slog.Default()).
+	Logger *slog.Logger
+}
+
+func (c *ServerConfig) withDefaults(size int) ServerConfig {
+	var d ServerConfig
+	if c != nil {
+		d = *c
+	}
+	if d.MaxLine <= 0 {
+		d.MaxLine = DefaultMaxLine
+	}
+	if d.MaxConns <= 0 {
+		d.MaxConns = 4*size + 16
+	}
+	if d.Logger == nil {
+		d.Logger = slog.Default()
+	}
+	return d
+}
+
 // Server serves the protocol for Size ranks.
 type Server struct {
-	ln    net.Listener
-	store *Mem
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-	done  chan struct{}
+	ln         net.Listener
+	store      *Mem
+	cfg        ServerConfig
+	ctx        context.Context // ends with Close
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+	mu         sync.Mutex
+	closed     bool // under mu: accept must not add connections after Close
+	conns      map[net.Conn]struct{}
+	refused    int       // under mu: connections refused since lastRefuse was logged
+	lastRefuse time.Time // under mu
 }
 
 // Listen starts a server on address (such as "127.0.0.1:0") for size
-// ranks.
+// ranks, with the default limits.
 func Listen(address string, size int) (*Server, error) {
+	return ListenConfig(address, size, nil)
+}
+
+// ListenConfig is Listen with limits; a nil cfg means defaults.
+func ListenConfig(address string, size int, cfg *ServerConfig) (*Server, error) {
 	ln, err := net.Listen("tcp", address)
 	if err != nil {
 		return nil, fmt.Errorf("kvs: %w", err)
 	}
-	s := &Server{ln: ln, store: NewMem(size), conns: map[net.Conn]struct{}{}, done: make(chan struct{})}
+	s := &Server{ln: ln, store: NewMem(size), cfg: cfg.withDefaults(size), conns: map[net.Conn]struct{}{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(1)
 	go s.accept()
 	return s, nil
@@ -155,79 +226,114 @@ func Listen(address string, size int) (*Server, error) {
 // Addr returns the address clients dial.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
 
-// Close stops the server and drops its connections.
+// Close stops the server and drops its connections; it may be called more
+// than once.
 func (s *Server) Close() error {
-	close(s.done)
-	err := s.ln.Close()
 	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.cancel()
 	for c := range s.conns {
 		c.Close()
 	}
 	s.mu.Unlock()
+	err := s.ln.Close()
 	s.wg.Wait()
 	return err
 }
 
 func (s *Server) accept() {
 	defer s.wg.Done()
+	var delay time.Duration
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
-			return
+			if s.ctx.Err() != nil {
+				return
+			}
+			// Out of file descriptors and the like pass: giving up would
+			// leave the ranks still to come unable to join.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			s.cfg.Logger.Warn("kvs: accept", "err", err, "retry_in", delay)
+			select {
+			case <-time.After(delay):
+			case <-s.ctx.Done():
+				return
+			}
+			continue
 		}
-		s.mu.Lock()
+		delay = 0
+		s.admit(c)
+	}
+}
+
+// admit registers a connection and serves it, unless the server is closed
+// (Close has already closed the registered ones, and would wait forever
+// for this one) or full.
+func (s *Server) admit(c net.Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		c.Close()
+	case len(s.conns) >= s.cfg.MaxConns:
+		s.refused++
+		// At most one line a second, however fast connections come.
+		if now := time.Now(); now.Sub(s.lastRefuse) >= time.Second {
+			s.cfg.Logger.Warn("kvs: refusing connections over the limit", "limit", s.cfg.MaxConns, "refused", s.refused, "last_from", c.RemoteAddr().String())
+			s.lastRefuse, s.refused = now, 0
+		}
+		io.WriteString(c, "err too many connections\n")
+		c.Close()
+	default:
 		s.conns[c] = struct{}{}
-		s.mu.Unlock()
 		s.wg.Add(1)
 		go s.serve(c)
 	}
 }
 
+func (s *Server) drop(c net.Conn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	c.Close()
+}
+
+// request is a line read from a client, or why reading stopped short of
+// the end of the stream.
+type request struct {
+	line string
+	err  error
+}
+
+// serve answers a client's requests in turn. A reader goroutine reads
+// them, so that a client that goes away ends a get or barrier it left
+// waiting (and its slot under MaxConns) at once, not at Close.
 func (s *Server) serve(c net.Conn) {
 	defer s.wg.Done()
-	defer func() {
-		s.mu.Lock()
-		delete(s.conns, c)
-		s.mu.Unlock()
-		c.Close()
-	}()
-	ctx, cancel := context.WithCancel(context.Background())
+	defer s.drop(c)
+	ctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-s.done:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	r := bufio.NewReader(c)
+	reqs := make(chan request)
+	s.wg.Add(1)
+	go s.read(ctx, cancel, c, reqs)
 	for {
-		line, err := r.ReadString('\n')
-		if err != nil {
+		var rq request
+		select {
+		case rq = <-reqs:
+		case <-ctx.Done():
 			return
 		}
-		f := strings.Fields(line)
-		var reply string
-		switch {
-		case len(f) == 3 && f[0] == "put":
-			if err := s.store.Put(ctx, f[1], f[2]); err != nil {
-				reply = "err " + strings.ReplaceAll(err.Error(), "\n", " ")
-			} else {
-				reply = "ok"
-			}
-		case len(f) == 2 && f[0] == "get":
-			v, err := s.store.Get(ctx, f[1])
-			if err != nil {
-				return
-			}
-			reply = "val " + v
-		case len(f) == 1 && f[0] == "barrier":
-			if err := s.store.Barrier(ctx); err != nil {
-				return
-			}
-			reply = "ok"
-		default:
-			fmt.Fprintf(c, "err malformed request\n")
+		if rq.err != nil {
+			s.cfg.Logger.Warn("kvs: dropping client", "remote", c.RemoteAddr().String(), "reason", rq.err)
+			fmt.Fprintf(c, "err %v\n", rq.err)
+			return
+		}
+		reply, ok := s.handle(ctx, rq.line)
+		if !ok {
 			return
 		}
 		if _, err := fmt.Fprintf(c, "%s\n", reply); err != nil {
@@ -239,11 +345,61 @@ func (s *Server) serve(c net.Conn) {
 	}
 }
 
+// read passes a client's lines to serve; at the end of the stream it ends
+// ctx, which ends serve.
+func (s *Server) read(ctx context.Context, cancel context.CancelFunc, c net.Conn, reqs chan<- request) {
+	defer s.wg.Done()
+	sc := bufio.NewScanner(c)
+	sc.Buffer(make([]byte, 0, 512), s.cfg.MaxLine)
+	for sc.Scan() {
+		select {
+		case reqs <- request{line: sc.Text()}:
+		case <-ctx.Done():
+			return
+		}
+	}
+	if errors.Is(sc.Err(), bufio.ErrTooLong) {
+		select {
+		case reqs <- request{err: fmt.Errorf("line over %d bytes", s.cfg.MaxLine)}:
+		case <-ctx.Done():
+		}
+		return
+	}
+	cancel()
+}
+
+// handle answers one request; !ok means the connection is to be dropped
+// without a reply (its ctx ended).
+func (s *Server) handle(ctx context.Context, line string) (reply string, ok bool) {
+	f := strings.Fields(line)
+	switch {
+	case len(f) == 3 && f[0] == "put":
+		if err := s.store.Put(ctx, f[1], f[2]); err != nil {
+			return "err " + strings.ReplaceAll(err.Error(), "\n", " "), true
+		}
+		return "ok", true
+	case len(f) == 2 && f[0] == "get":
+		v, err := s.store.Get(ctx, f[1])
+		if err != nil {
+			return "", false
+		}
+		return "val " + v, true
+	case len(f) == 1 && f[0] == "barrier":
+		if err := s.store.Barrier(ctx); err != nil {
+			return "", false
+		}
+		return "ok", true
+	default:
+		return "err malformed request", true
+	}
+}
+
 // Client is a rank's connection to a Server.
 type Client struct {
-	mu   sync.Mutex // one request at a time
-	conn net.Conn
-	r    *bufio.Reader
+	mu     sync.Mutex     // one request at a time
+	conn   net.Conn       // never cleared, so callbacks may use it without mu
+	sc     *bufio.Scanner // replies; used under mu
+	closed atomic.Bool    // by Close or a cut request: conn is closed
 }
 
 // Dial connects to a server, retrying until ctx ends (the server may not
@@ -253,7 +409,9 @@ func Dial(ctx context.Context, address string) (*Client, error) {
 	for {
 		c, err := d.DialContext(ctx, "tcp", address)
 		if err == nil {
-			return &Client{conn: c, r: bufio.NewReader(c)}, nil
+			sc := bufio.NewScanner(c)
+			sc.Buffer(make([]byte, 0, 512), DefaultMaxLine)
+			return &Client{conn: c, sc: sc}, nil
 		}
 		select {
 		case <-ctx.Done():
@@ -266,19 +424,35 @@ func Dial(ctx context.Context, address string) (*Client, error) {
 func (c *Client) do(ctx context.Context, req string) (string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.conn == nil {
+	if c.closed.Load() {
 		return "", ErrClosed
 	}
-	stop := context.AfterFunc(ctx, func() { c.conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
+	// A cancelled ctx cuts the request through the connection's deadline.
+	// The callback runs on a goroutine of its own and may still be
+	// running when the request has ended; then we wait for it and clear
+	// its deadline, which would otherwise cut the next request.
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		c.conn.SetDeadline(time.Unix(1, 0))
+		close(fired)
+	})
+	defer func() {
+		if !stop() {
+			<-fired
+			c.conn.SetDeadline(time.Time{})
+		}
+	}()
 	if _, err := fmt.Fprintf(c.conn, "%s\n", req); err != nil {
 		return "", c.fail(ctx, err)
 	}
-	line, err := c.r.ReadString('\n')
-	if err != nil {
+	if !c.sc.Scan() {
+		err := c.sc.Err()
+		if err == nil {
+			err = io.EOF
+		}
 		return "", c.fail(ctx, err)
 	}
-	line = strings.TrimSuffix(line, "\n")
+	line := c.sc.Text()
 	if rest, ok := strings.CutPrefix(line, "err "); ok {
 		return "", fmt.Errorf("kvs: server: %s", rest)
 	}
@@ -288,10 +462,13 @@ func (c *Client) do(ctx context.Context, req string) (string, error) {
 // fail closes a connection whose request was cut (its stream is no longer
 // in step) and reports why.
 func (c *Client) fail(ctx context.Context, err error) error {
+	closedHere := c.closed.CompareAndSwap(false, true)
 	c.conn.Close()
-	c.conn = nil
-	if ctx.Err() != nil {
+	switch {
+	case ctx.Err() != nil:
 		return ctx.Err()
+	case !closedHere:
+		return ErrClosed // Close cut the request
 	}
 	return fmt.Errorf("kvs: %w", err)
 }
@@ -330,14 +507,11 @@ func (c *Client) Barrier(ctx context.Context) error {
 	return err
 }
 
-// Close implements Store.
+// Close implements Store. It does not wait for a request in progress: it
+// cuts it, and the request returns ErrClosed.
 func (c *Client) Close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.conn == nil {
+	if c.closed.Swap(true) {
 		return nil
 	}
-	err := c.conn.Close()
-	c.conn = nil
-	return err
+	return c.conn.Close()
 }
