@@ -120,9 +120,13 @@ type Conn struct {
 	stop    chan struct{}
 	stopped sync.WaitGroup
 
-	// Probe regions: ours (the peer writes probes into it, and ours are
-	// sent from it) and the peer's.
-	probe     *verbs.MR
+	// Probe regions: ours, whose first half the peer writes its probes
+	// into and whose second half ours are sent from (one region for both
+	// would have a probe read bytes while the peer's overwrites them),
+	// and the peer's. probeMu makes this side's probes one at a time, so
+	// the peer's region takes one write at a time.
+	probe   *verbs.MR
+	probeMu sync.Mutex
 	peerProbe [12]byte // address and rkey
 
 	// guarded by the engine's lock (completions update them)
@@ -192,7 +196,7 @@ func newConn(pd *verbs.PD, cfg Config) (*Conn, error) {
 	for i := range c.paths {
 		c.paths[i].chunk = cfg.MinChunk
 	}
-	if c.probe, err = pd.RegisterMR(make([]byte, ProbeSize), verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+	if c.probe, err = pd.RegisterMR(make([]byte, 2*ProbeSize), verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
 		cq.Close()
 		return nil, err
 	}

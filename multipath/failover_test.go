@@ -146,7 +146,13 @@ func TestReissueOnlyMissing(t *testing.T) {
 func TestReissueSpreads(t *testing.T) {
 	const reqs, size = 8, 150 << 10 // 50 KiB per path: each re-issue is a pick
 	ctx, a, b, c := loopPair(t, "3", reqs*size, &multipath.Config{Balancer: multipath.Equal{}, Small: 64 << 10, Revive: -1,
-		Connect: verbs.ConnectConfig{Timeout: 50 * time.Millisecond, RetryCount: 2}})
+		Connect: verbs.ConnectConfig{Timeout: 200 * time.Millisecond, RetryCount: 1}})
+	// The survivors take 30 ms a round trip, so what is re-issued onto
+	// them is still outstanding while the rest of the burst is decided
+	// (the QP flushes the burst at once); that is what a pick must see.
+	for i := range 2 {
+		require.NoError(t, a.dev.SetFaults(i, verbs.Faults{Delay: 30 * time.Millisecond}))
+	}
 	require.NoError(t, a.dev.SetFaults(2, verbs.Faults{Drop: 1}))
 	rand.Read(a.buf)
 	var rs []*multipath.Request

@@ -70,10 +70,11 @@ func (c *Conn) up(i int) bool {
 // only if qp is still the path's QP (a revival may have replaced it).
 func (c *Conn) probePath(ctx context.Context, i int, qp *verbs.QP) error {
 	raddr, rkey := binary.BigEndian.Uint64(c.peerProbe[:]), binary.BigEndian.Uint32(c.peerProbe[8:])
+	c.probeMu.Lock()
 	start := time.Now()
 	op, id := c.eng.Start(1, nil)
 	if _, err := qp.PostSend([]verbs.SendWR{{ID: id, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
-		SGL: []verbs.SGE{c.probe.SGE(0, ProbeSize)}, RemoteAddr: raddr, RKey: rkey}}); err != nil {
+		SGL: []verbs.SGE{c.probe.SGE(ProbeSize, ProbeSize)}, RemoteAddr: raddr, RKey: rkey}}); err != nil {
 		c.eng.Posted(op, id, 1, 0, err)
 	}
 	err := op.Wait(ctx)
@@ -83,6 +84,7 @@ func (c *Conn) probePath(ctx context.Context, i int, qp *verbs.QP) error {
 		qp.SetError()
 	}
 	el := time.Since(start).Seconds()
+	c.probeMu.Unlock()
 	c.eng.Locked(func() {
 		if c.qp(i) != qp {
 			return
