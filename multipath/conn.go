@@ -125,8 +125,8 @@ type Conn struct {
 	// would have a probe read bytes while the peer's overwrites them),
 	// and the peer's. probeMu makes this side's probes one at a time, so
 	// the peer's region takes one write at a time.
-	probe   *verbs.MR
-	probeMu sync.Mutex
+	probe     *verbs.MR
+	probeMu   sync.Mutex
 	peerProbe [12]byte // address and rkey
 
 	// guarded by the engine's lock (completions update them)
