@@ -45,6 +45,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	paths := fs.Int("paths", 1, "paths per connection between two ranks (1..64): large puts and gets are split over them")
 	grace := fs.Duration("grace", 3*time.Second, "how long ranks get to exit after SIGTERM before SIGKILL")
 	tag := fs.Bool("tag-output", true, "prefix every output line with the rank")
+	memPerRank := fs.Int("mem-per-rank", 0, "MiB of memory a rank needs, checked against what the host has before any rank starts (0: an estimate, 16 MiB and 1 MiB per rank of the job)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: rvmarun -n N [flags] prog [args...]\n")
 		fs.PrintDefaults()
@@ -52,7 +53,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if fs.NArg() < 1 || *n < 1 {
+	if *n < 1 {
+		fmt.Fprintf(stderr, "rvmarun: -n %d: want 1 rank or more\n", *n)
+		return 2
+	}
+	if fs.NArg() < 1 {
 		fs.Usage()
 		return 2
 	}
@@ -67,6 +72,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if *paths < 1 || *paths > 64 {
 		fmt.Fprintf(stderr, "rvmarun: --paths %d: want 1..64\n", *paths)
+		return 2
+	}
+	if *memPerRank < 0 {
+		fmt.Fprintf(stderr, "rvmarun: --mem-per-rank %d: want 0 (the estimate) or more MiB\n", *memPerRank)
+		return 2
+	}
+	if err := checkHost(*n, *memPerRank); err != nil {
+		fmt.Fprintf(stderr, "rvmarun: %v\n", err)
 		return 2
 	}
 	srv, err := kvs.Listen("127.0.0.1:0", *n)

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -244,4 +245,83 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// Bad flags are refused with what is wrong, before any rank starts.
+func TestFlagErrors(t *testing.T) {
+	marker := filepath.Join(t.TempDir(), "started")
+	prog := []string{"sh", "-c", "touch " + marker}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"zero ranks", []string{"-n", "0"}, "rvmarun: -n 0: want 1 rank or more"},
+		{"zero ranks with a program", append([]string{"-n", "0"}, prog...), "rvmarun: -n 0: want 1 rank or more"},
+		{"negative ranks", append([]string{"-n", "-3"}, prog...), "rvmarun: -n -3: want 1 rank or more"},
+		{"not a number", append([]string{"-n", "two"}, prog...), `invalid value "two" for flag -n`},
+		{"no program", []string{"-n", "2"}, "usage: rvmarun -n N"},
+		{"more ranks than the host holds", append([]string{"-n", "100000000"}, prog...), "rvmarun: -n 100000000 needs about"},
+		{"more memory than the host has", append([]string{"-n", "2", "--mem-per-rank", "1000000000000"}, prog...), "MiB of memory (1000000000000 MiB a rank), but the"},
+		{"negative memory", append([]string{"-n", "2", "--mem-per-rank", "-1"}, prog...), "--mem-per-rank -1: want 0"},
+		{"loop provider", append([]string{"-n", "2", "--provider", "loop"}, prog...), "one process only"},
+		{"paths", append([]string{"-n", "2", "--paths", "65"}, prog...), "--paths 65: want 1..64"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, stderr, code := launch(t, tc.args...)
+			require.Equal(t, 2, code, stderr)
+			require.Contains(t, stderr, tc.want)
+		})
+	}
+	require.NoFileExists(t, marker, "a rank started")
+}
+
+func TestFitFDs(t *testing.T) {
+	for _, tc := range []struct {
+		n          int
+		soft, hard uint64
+		ok         bool
+	}{
+		{1, 1024, 1024, true},
+		{(1024 - fdsBase) / fdsPerRank, 1024, 4096, true},
+		{(1024-fdsBase)/fdsPerRank + 1, 1024, 4096, false},
+		{1 << 62, 1 << 40, 1 << 40, false}, // no overflow
+	} {
+		err := fitFDs(tc.n, tc.soft, tc.hard)
+		if tc.ok {
+			require.NoError(t, err, "n=%d soft=%d", tc.n, tc.soft)
+			continue
+		}
+		require.Error(t, err, "n=%d soft=%d", tc.n, tc.soft)
+		require.Contains(t, err.Error(), fmt.Sprintf("-n %d needs about", tc.n))
+		require.Contains(t, err.Error(), fmt.Sprintf("limit of %d (RLIMIT_NOFILE, hard limit %d)", tc.soft, tc.hard))
+		require.Contains(t, err.Error(), "ulimit -n")
+	}
+}
+
+func TestFitMem(t *testing.T) {
+	const mib = 1 << 20
+	require.Equal(t, uint64(16*mib), rankMem(1, 0))
+	require.Equal(t, uint64(47*mib), rankMem(32, 0))
+	require.Equal(t, uint64(100*mib), rankMem(32, 100))
+	for _, tc := range []struct {
+		n       int
+		perRank uint64
+		avail   uint64
+		ok      bool
+	}{
+		{4, 100 * mib, 400 * mib, true},
+		{5, 100 * mib, 400 * mib, false},
+		{1 << 62, rankMem(1<<62, 0), 1 << 40, false}, // no overflow
+	} {
+		err := fitMem(tc.n, tc.perRank, tc.avail, "the host (MemAvailable in /proc/meminfo)")
+		if tc.ok {
+			require.NoError(t, err)
+			continue
+		}
+		require.Error(t, err)
+		require.Contains(t, err.Error(), fmt.Sprintf("-n %d needs about", tc.n))
+		require.Contains(t, err.Error(), "MemAvailable in /proc/meminfo")
+		require.Contains(t, err.Error(), "--mem-per-rank")
+	}
 }
