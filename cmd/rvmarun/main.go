@@ -7,9 +7,16 @@
 // RVMA_RANK, RVMA_SIZE and RVMA_KVS set (rma.Init reads them), shares the
 // cores among them (GOMAXPROCS; with more ranks than cores also
 // RVMA_SPIN=0s, so that waits block instead of spinning), prefixes every
-// line they print with their rank, forwards SIGINT and SIGTERM, and,
-// when a rank fails, stops the others and exits with the first failure's
-// status.
+// line they print with their rank, forwards SIGINT, SIGTERM, SIGQUIT and
+// SIGHUP, and, when a rank fails, stops the others and exits with the
+// first failure's status.
+//
+// The ranks die with rvmarun, even by kill -9: each gets SIGKILL as its
+// parent-death signal, and RVMA_LAUNCHER_PID for rma.Init's watch
+// (launch.Watch), which covers ranks started through a wrapper. They
+// start with the default action for SIGINT, SIGTERM, SIGQUIT and SIGHUP
+// whatever rvmarun was started with. Before starting any, rvmarun checks
+// that the host can hold -n ranks (open files, memory).
 package main
 
 import (
@@ -18,6 +25,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -28,6 +36,7 @@ import (
 	"time"
 
 	"github.com/rvma/rvma/internal/kvs"
+	"github.com/rvma/rvma/internal/launch"
 	"github.com/rvma/rvma/internal/spin"
 	"github.com/rvma/rvma/rma"
 )
@@ -82,14 +91,28 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "rvmarun: %v\n", err)
 		return 2
 	}
-	srv, err := kvs.Listen("127.0.0.1:0", *n)
+
+	sigs, forward := catchSignals()
+	defer signal.Stop(sigs)
+
+	// The kernel sends a parent-death signal when the thread that forked
+	// the child ends, not the process: this goroutine keeps its thread
+	// until the ranks are done (Go ends a thread only under a goroutine
+	// that exits locked to it).
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+
+	var outMu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(lockedWriter{&outMu, stderr}, nil))
+	srv, err := kvs.ListenConfig("127.0.0.1:0", *n, &kvs.ServerConfig{Logger: logger})
 	if err != nil {
 		fmt.Fprintf(stderr, "rvmarun: %v\n", err)
 		return 1
 	}
 	defer srv.Close()
 
-	var outMu sync.Mutex
+	done := make(chan struct{}) // closed when run returns: no more signals to the ranks' groups
+	defer close(done)
 	cmds := make([]*exec.Cmd, *n)
 	var copiers sync.WaitGroup
 	for r := range *n {
@@ -97,7 +120,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		cmd.Env = append(os.Environ(),
 			rma.EnvRank+"="+strconv.Itoa(r), rma.EnvSize+"="+strconv.Itoa(*n), rma.EnvKVS+"="+srv.Addr(),
 			rma.EnvProvider+"="+*provider, rma.EnvAddr+"="+*addr,
-			rma.EnvPaths+"="+strconv.Itoa(*paths))
+			rma.EnvPaths+"="+strconv.Itoa(*paths),
+			launch.EnvPID+"="+strconv.Itoa(os.Getpid()))
 		if _, set := os.LookupEnv(spin.EnvSpin); !set && *n > runtime.NumCPU() {
 			// More ranks than cores: a spinning rank holds the core its
 			// peer needs, so waits block at once (measured on halo3d, 4
@@ -116,17 +140,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 		po, wo, err := os.Pipe()
 		if err != nil {
 			fmt.Fprintf(stderr, "rvmarun: %v\n", err)
+			kill(cmds[:r], 0, done)
 			return 1
 		}
 		pe, we, err := os.Pipe()
 		if err != nil {
 			fmt.Fprintf(stderr, "rvmarun: %v\n", err)
+			po.Close()
+			wo.Close()
+			kill(cmds[:r], 0, done)
 			return 1
 		}
 		cmd.Stdout, cmd.Stderr = wo, we
-		// Each rank leads a process group, so that stopping it also stops
-		// what it started (a shell's children hold its output open).
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.SysProcAttr = rankAttr()
 		err = cmd.Start()
 		wo.Close()
 		we.Close()
@@ -134,7 +160,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "rvmarun: rank %d: %v\n", r, err)
 			po.Close()
 			pe.Close()
-			kill(cmds[:r], 0)
+			kill(cmds[:r], 0, done)
 			return 1
 		}
 		cmds[r] = cmd
@@ -161,9 +187,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sigs)
 	type exit struct {
 		rank int
 		err  error
@@ -176,6 +199,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	for left > 0 {
 		select {
 		case s := <-sigs:
+			if !forward(s) {
+				continue
+			}
 			for _, c := range cmds {
 				signalGroup(c, s.(syscall.Signal))
 			}
@@ -187,12 +213,38 @@ func run(args []string, stdout, stderr io.Writer) int {
 				outMu.Lock()
 				fmt.Fprintf(stderr, "rvmarun: rank %d failed (%v); stopping the others\n", e.rank, e.err)
 				outMu.Unlock()
-				go kill(cmds, *grace)
+				go kill(cmds, *grace, done)
 			}
 		}
 	}
 	copiers.Wait()
 	return status
+}
+
+// catchSignals handles the signals rvmarun forwards to the ranks. A
+// handled signal gets its default action back in the ranks (exec keeps
+// only ignored ones ignored), so this comes before any rank starts, and
+// covers signals rvmarun was started with ignored: "rvmarun &" in a
+// script ignores SIGINT, and then so would every rank. forward says
+// whether a signal received is for the ranks: a SIGHUP ignored at start
+// (nohup) is not, the job keeps ignoring hangups.
+func catchSignals() (sigs chan os.Signal, forward func(os.Signal) bool) {
+	hupIgnored := signal.Ignored(syscall.SIGHUP)
+	sigs = make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT, syscall.SIGHUP)
+	return sigs, func(s os.Signal) bool { return s != syscall.SIGHUP || !hupIgnored }
+}
+
+// lockedWriter serializes writes with the output copiers'.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 func exitStatus(err error) int {
@@ -209,12 +261,16 @@ func exitStatus(err error) int {
 }
 
 // kill sends SIGTERM to the ranks' process groups, then SIGKILL after
-// grace.
-func kill(cmds []*exec.Cmd, grace time.Duration) {
+// grace, unless run has returned by then (the groups' IDs may be reused).
+func kill(cmds []*exec.Cmd, grace time.Duration, done <-chan struct{}) {
 	for _, c := range cmds {
 		signalGroup(c, syscall.SIGTERM)
 	}
-	time.Sleep(grace)
+	select {
+	case <-time.After(grace):
+	case <-done:
+		return
+	}
 	for _, c := range cmds {
 		signalGroup(c, syscall.SIGKILL)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -11,16 +12,30 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/internal/kvs"
+	"github.com/rvma/rvma/internal/launch"
+	"github.com/rvma/rvma/rma"
 )
 
 // bins holds the example programs, built once for the launcher tests.
 var bins string
 
+// envRole makes the test binary play a rank instead: "rank" dials the
+// rendezvous and says "ready PID PPID", "watch" does the same and also
+// runs rma.Init's launcher watch.
+const envRole = "RVMARUN_TEST_ROLE"
+
 func TestMain(m *testing.M) {
+	if role := os.Getenv(envRole); role != "" {
+		playRank(role)
+		return
+	}
 	dir, err := os.MkdirTemp("", "rvmarun-test")
 	if err != nil {
 		panic(err)
@@ -40,7 +55,24 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func launch(t *testing.T, args ...string) (string, string, int) {
+// playRank is a rank that waits to be stopped (it gives up after two
+// minutes, so that a failed test leaves nothing behind for long).
+func playRank(role string) {
+	ctx := context.Background()
+	addr := os.Getenv(rma.EnvKVS)
+	cl, err := kvs.Dial(ctx, addr)
+	if err != nil {
+		panic(err)
+	}
+	defer cl.Close()
+	if role == "watch" {
+		launch.Watch(ctx, addr, nil)
+	}
+	fmt.Printf("ready %d %d\n", os.Getpid(), os.Getppid())
+	time.Sleep(2 * time.Minute)
+}
+
+func runJob(t *testing.T, args ...string) (string, string, int) {
 	t.Helper()
 	var out, errb bytes.Buffer
 	done := make(chan int)
@@ -55,7 +87,7 @@ func launch(t *testing.T, args ...string) (string, string, int) {
 }
 
 func TestPutwinTaggedOutput(t *testing.T) {
-	out, stderr, code := launch(t, "-n", "3", filepath.Join(bins, "putwin"))
+	out, stderr, code := runJob(t, "-n", "3", filepath.Join(bins, "putwin"))
 	require.Equal(t, 0, code, stderr)
 	for r, want := range []string{`"hello from rank 02"`, `"hello from rank 00"`, `"hello from rank 01"`} {
 		prefix := "[" + string(rune('0'+r)) + "] rank " + string(rune('0'+r)) + " of 3 got " + want
@@ -65,7 +97,7 @@ func TestPutwinTaggedOutput(t *testing.T) {
 
 func TestFirstFailureStopsTheRest(t *testing.T) {
 	start := time.Now()
-	_, stderr, code := launch(t, "-n", "3", "--grace", "200ms", "sh", "-c",
+	_, stderr, code := runJob(t, "-n", "3", "--grace", "200ms", "sh", "-c",
 		`if [ "$RVMA_RANK" = 1 ]; then echo bye >&2; exit 3; fi; sleep 60`)
 	require.Equal(t, 3, code)
 	require.Contains(t, stderr, "[1] bye")
@@ -74,18 +106,18 @@ func TestFirstFailureStopsTheRest(t *testing.T) {
 }
 
 func TestUsageErrors(t *testing.T) {
-	_, _, code := launch(t, "-n", "2")
+	_, _, code := runJob(t, "-n", "2")
 	require.Equal(t, 2, code)
-	_, stderr, code := launch(t, "-n", "2", "--provider", "loop", "true")
+	_, stderr, code := runJob(t, "-n", "2", "--provider", "loop", "true")
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "one process only")
-	_, _, code = launch(t, "-n", "1", "/nonexistent/program")
+	_, _, code = runJob(t, "-n", "1", "/nonexistent/program")
 	require.Equal(t, 1, code)
 }
 
 func TestHalo3DVariantsAgree(t *testing.T) {
 	for _, n := range []string{"1", "2", "4"} {
-		out, stderr, code := launch(t, "-n", n, "--tag-output=false", filepath.Join(bins, "halo3d"),
+		out, stderr, code := runJob(t, "-n", n, "--tag-output=false", filepath.Join(bins, "halo3d"),
 			"-n", "12", "--iters", "6", "--warmup", "2", "--json")
 		require.Equal(t, 0, code, stderr)
 		var sums []float64
@@ -121,7 +153,7 @@ func TestHalo3DOverSHM(t *testing.T) {
 // variants and the serial reference all report ok.
 func requireHaloOK(t *testing.T, args ...string) {
 	t.Helper()
-	out, stderr, code := launch(t, args...)
+	out, stderr, code := runJob(t, args...)
 	require.Equal(t, 0, code, stderr)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 6, out)
@@ -137,13 +169,13 @@ func requireHaloOK(t *testing.T, args ...string) {
 func TestHalo3DOverPaths(t *testing.T) {
 	requireHaloOK(t, "-n", "2", "--paths", "2", "--tag-output=false", filepath.Join(bins, "halo3d"),
 		"-n", "96", "--iters", "3", "--warmup", "1", "--json")
-	_, stderr, code := launch(t, "-n", "2", "--paths", "0", "true")
+	_, stderr, code := runJob(t, "-n", "2", "--paths", "0", "true")
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "want 1..64")
 }
 
 func TestRewindRecovers(t *testing.T) {
-	out, stderr, code := launch(t, "-n", "3", "--tag-output=false", filepath.Join(bins, "rewind"),
+	out, stderr, code := runJob(t, "-n", "3", "--tag-output=false", filepath.Join(bins, "rewind"),
 		"--steps", "12", "--fail-step", "5", "--fail-rank", "2", "--cells", "64", "--detect", "100ms", "--json")
 	require.Equal(t, 0, code, stderr)
 	var r struct {
@@ -268,7 +300,7 @@ func TestFlagErrors(t *testing.T) {
 		{"paths", append([]string{"-n", "2", "--paths", "65"}, prog...), "--paths 65: want 1..64"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, stderr, code := launch(t, tc.args...)
+			_, stderr, code := runJob(t, tc.args...)
 			require.Equal(t, 2, code, stderr)
 			require.Contains(t, stderr, tc.want)
 		})
@@ -324,4 +356,166 @@ func TestFitMem(t *testing.T) {
 		require.Contains(t, err.Error(), "MemAvailable in /proc/meminfo")
 		require.Contains(t, err.Error(), "--mem-per-rank")
 	}
+}
+
+// exited reports whether a process is gone or a zombie (an orphan's new
+// parent may never reap it).
+func exited(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X'
+}
+
+// rvmarunCmd starts the built rvmarun with the test binary as the rank
+// program, playing role, and returns it with its output.
+func rvmarunCmd(t *testing.T, role string, args ...string) (*exec.Cmd, *syncBuffer) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(bins, "rvmarun"), args...)
+	cmd.Env = append(os.Environ(), envRole+"="+role)
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	return cmd, &out
+}
+
+// readyRanks waits for n "ready PID PPID" lines and returns the pids.
+func readyRanks(t *testing.T, out *syncBuffer, n int) (pids, ppids []int) {
+	t.Helper()
+	require.Eventually(t, func() bool { return strings.Count(out.String(), "ready ") == n }, 60*time.Second, 10*time.Millisecond, out.String())
+	for _, l := range strings.Split(out.String(), "\n") {
+		var r, pid, ppid int
+		if _, err := fmt.Sscanf(l, "[%d] ready %d %d", &r, &pid, &ppid); err == nil {
+			pids, ppids = append(pids, pid), append(ppids, ppid)
+		}
+	}
+	require.Len(t, pids, n, out.String())
+	return pids, ppids
+}
+
+// kill -9 of rvmarun ends every rank: directly started ones by their
+// parent-death signal, ones started through a wrapper (which that signal
+// ends, but not its child) by their launcher watch.
+func TestRanksDieWithLauncher(t *testing.T) {
+	t.Run("direct", func(t *testing.T) {
+		// No watch: the parent-death signal alone.
+		cmd, out := rvmarunCmd(t, "rank", "-n", "3", os.Args[0])
+		pids, ppids := readyRanks(t, out, 3)
+		for _, p := range pids {
+			t.Cleanup(func() { syscall.Kill(p, syscall.SIGKILL) })
+		}
+		for _, pp := range ppids {
+			require.Equal(t, cmd.Process.Pid, pp, "a rank's parent is rvmarun")
+		}
+		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+		cmd.Wait()
+		for _, p := range pids {
+			require.Eventually(t, func() bool { return exited(p) }, 10*time.Second, 10*time.Millisecond, "rank pid %d outlived rvmarun", p)
+		}
+	})
+	t.Run("wrapped", func(t *testing.T) {
+		// sh does not exec the rank (a command follows), so the rank's
+		// parent is sh; its stderr goes to a file, as rvmarun's pipe
+		// dies with rvmarun.
+		dir := t.TempDir()
+		cmd, out := rvmarunCmd(t, "watch", "-n", "3", "sh", "-c", `"$0" 2>"$1/rank-$RVMA_RANK.err"; echo unreachable`, os.Args[0], dir)
+		pids, ppids := readyRanks(t, out, 3)
+		all := append(pids, ppids...)
+		for _, p := range all {
+			t.Cleanup(func() { syscall.Kill(p, syscall.SIGKILL) })
+		}
+		for _, pp := range ppids {
+			require.NotEqual(t, cmd.Process.Pid, pp, "a rank's parent is its wrapper")
+		}
+		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+		cmd.Wait()
+		for _, p := range all {
+			require.Eventually(t, func() bool { return exited(p) }, 10*time.Second, 10*time.Millisecond, "pid %d outlived rvmarun", p)
+		}
+		for r := range 3 {
+			msg, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("rank-%d.err", r)))
+			require.NoError(t, err)
+			require.Contains(t, string(msg), "the launcher is gone: its rendezvous at")
+		}
+	})
+}
+
+// underIgnored runs rvmarun through a shell that ignores sigs first, as
+// "rvmarun &" in a script does for SIGINT, and returns its output.
+func underIgnored(t *testing.T, sigs string, args ...string) (*exec.Cmd, *syncBuffer) {
+	t.Helper()
+	cmd := exec.Command("sh", append([]string{"-c", `trap '' ` + sigs + `; exec "$@"`, "sh", filepath.Join(bins, "rvmarun")}, args...)...)
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	return cmd, &out
+}
+
+// Ranks start with the default action for SIGINT, SIGTERM, SIGQUIT and
+// SIGHUP even when rvmarun was started with them ignored.
+func TestRanksGetDefaultSignals(t *testing.T) {
+	cmd, out := underIgnored(t, "INT TERM QUIT HUP", "-n", "2", "grep", "SigIgn", "/proc/self/status")
+	require.NoError(t, cmd.Wait(), out.String())
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	require.Len(t, lines, 2, out.String())
+	for _, l := range lines {
+		_, hex, ok := strings.Cut(l, "SigIgn:")
+		require.True(t, ok, l)
+		mask, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+		require.NoError(t, err, l)
+		for _, s := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT, syscall.SIGHUP} {
+			require.Zero(t, mask&(1<<(s-1)), "%v ignored in a rank: %s", s, l)
+		}
+	}
+}
+
+// rvmarun started with SIGINT ignored still stops its job on SIGINT.
+func TestSIGINTWhenStartedIgnored(t *testing.T) {
+	cmd, out := underIgnored(t, "INT", "-n", "2", "sh", "-c", "echo ready; exec sleep 60")
+	require.Eventually(t, func() bool { return strings.Count(out.String(), "ready") == 2 }, 20*time.Second, 10*time.Millisecond)
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee)
+		require.Equal(t, 128+int(syscall.SIGINT), ee.ExitCode(), out.String())
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the job ran on after SIGINT: %s", out.String())
+	}
+}
+
+// Under nohup (SIGHUP ignored at start) rvmarun does not forward SIGHUP:
+// the ranks see the SIGINT that follows it, not the SIGHUP. (They ignore
+// SIGTERM, so that the first to exit does not stop the other before it
+// has handled the SIGINT.)
+func TestNohupKeepsHangupsAway(t *testing.T) {
+	cmd, out := underIgnored(t, "HUP", "-n", "2", "sh", "-c",
+		`trap 'echo got-hup' HUP; trap 'echo got-int; exit 5' INT; trap '' TERM; echo ready; while :; do sleep 0.05; done`)
+	require.Eventually(t, func() bool { return strings.Count(out.String(), "ready") == 2 }, 20*time.Second, 10*time.Millisecond)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGHUP))
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee)
+		require.Equal(t, 5, ee.ExitCode(), out.String())
+	case <-time.After(20 * time.Second):
+		t.Fatalf("rvmarun did not stop: %s", out.String())
+	}
+	require.Equal(t, 2, strings.Count(out.String(), "got-int"), out.String())
+	require.NotContains(t, out.String(), "got-hup")
 }
