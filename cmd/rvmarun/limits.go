@@ -77,7 +77,7 @@ func fitFDs(n int, soft, hard uint64) error {
 // rankMem is the memory one rank of n is taken to need.
 func rankMem(n, memPerRankMiB int) uint64 {
 	if memPerRankMiB > 0 {
-		return uint64(memPerRankMiB) << 20
+		return uint64(min(memPerRankMiB, 1<<40)) << 20 // 1 EiB: no overflow
 	}
 	return memBase + uint64(min(n, maxRanks)-1)*memPerPeer
 }
