@@ -107,8 +107,10 @@ func TestThroughLinkem(t *testing.T) {
 			if scheme != "auto" {
 				require.True(t, strings.HasPrefix(rep["scheme"].(string), scheme), rep["scheme"])
 			}
-			_, err = os.Stat(out + ".haul")
-			require.True(t, os.IsNotExist(err), "the state file is removed after success")
+			for _, p := range []string{statePath(out), partPath(out)} {
+				_, err = os.Stat(p)
+				require.ErrorIs(t, err, os.ErrNotExist, "%s is gone after success", p)
+			}
 			ab, _ := l.Stats()
 			require.NotZero(t, ab.Lost)
 		})
@@ -169,8 +171,9 @@ func TestPathFlags(t *testing.T) {
 	}
 }
 
-// The sender dies mid-transfer: the receiver keeps what it has and says
-// so; the next run sends only the rest.
+// The sender dies mid-transfer and the receiver does not wait for it
+// (--wait 0): the receiver keeps what it has and says so, the output does
+// not exist yet, and the next run of both sends only the rest.
 func TestResume(t *testing.T) {
 	dir := t.TempDir()
 	in, out := filepath.Join(dir, "in"), filepath.Join(dir, "out")
@@ -180,24 +183,21 @@ func TestResume(t *testing.T) {
 	defer l.Close()
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	ctx := context.Background()
-	rc := runAsync(ctx, "recv", "--listen", addr, "--out", out, "--via", l.AddrB().String(), "--peer-timeout", "500ms")
+	rc := runAsync(ctx, "recv", "--listen", addr, "--out", out, "--via", l.AddrB().String(), "--peer-timeout", "500ms", "--wait", "0")
 	waitListening(t, addr)
 	sctx, kill := context.WithCancel(ctx)
 	sc := runAsync(sctx, "send", "--to", addr, "--via", l.AddrA().String(), "--rate", "80mbit", "--region", "1MiB", in)
 	// Kill the sender once a few regions are in.
-	require.Eventually(t, func() bool {
-		b, err := os.ReadFile(out + ".haul")
-		if err != nil {
-			return false
-		}
-		var st state
-		return json.Unmarshal(b, &st) == nil && len(st.Have) > 0 && st.Have[0]&0x7 == 0x7
-	}, 20*time.Second, 5*time.Millisecond)
+	waitRegions(t, out, 3)
 	kill()
 	<-sc
 	r := <-rc
 	require.Error(t, r.err)
-	require.Contains(t, r.err.Error(), "run again to resume")
+	require.ErrorContains(t, r.err, "no sender came back")
+	require.ErrorContains(t, r.err, "run again to resume")
+	_, err = os.Stat(out)
+	require.ErrorIs(t, err, os.ErrNotExist, "the output appears only when complete")
+	require.GreaterOrEqual(t, haveRegions(t, out), 3)
 
 	l2, err := linkem.Start(linkem.Config{Rate: 10e6})
 	require.NoError(t, err)
@@ -251,9 +251,14 @@ func TestErrors(t *testing.T) {
 		rc := runAsync(ctx, "recv", "--listen", addr, "--out", filepath.Join(mnt, "out"))
 		waitListening(t, addr)
 		err := run(ctx, []string{"send", "--to", addr, in}, io.Discard, io.Discard)
-		require.ErrorContains(t, err, "disk full")
+		want := fmt.Sprintf("not enough space for %d bytes on %s", 4<<20, mnt)
+		require.ErrorContains(t, err, "refused: "+want)
 		r := <-rc
-		require.ErrorContains(t, r.err, "disk full")
+		require.ErrorContains(t, r.err, want)
+		require.ErrorIs(t, r.err, syscall.ENOSPC)
+		names, err := os.ReadDir(mnt)
+		require.NoError(t, err)
+		require.Empty(t, names, "nothing is left behind")
 	})
 }
 

@@ -4,12 +4,18 @@
 // Reed-Solomon coding as the model chooses, SHA-256 verified end to end,
 // and an interrupted transfer resumed from what the receiver kept.
 //
-//	haul recv --listen ADDR --out PATH [--via RELAY]
-//	haul send --to ADDR [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] PATH
+//	haul recv --listen ADDR --out PATH [--via RELAY] [--wait D]
+//	haul send --to ADDR [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] PATH
 //
 // ADDR is host:port; the connection setup uses TCP on it and the data
 // path UDP on the same port. --via sends the data path through a relay
 // such as linkem (each side names the relay address that faces it).
+//
+// The receiver writes PATH.haul.part and renames it to PATH only once its
+// SHA-256 matches; PATH.haul beside it records the regions in place (each
+// checked against the sender's per-region SHA-256), so that a rerun of
+// both sides resumes, and a sender restarted within --wait resumes with
+// the same receiver.
 package main
 
 import (
@@ -35,8 +41,8 @@ func main() {
 }
 
 const usage = `usage:
-  haul recv --listen ADDR --out PATH [--via RELAY] [--json]
-  haul send --to ADDR [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--json] PATH`
+  haul recv --listen ADDR --out PATH [--via RELAY] [--wait D] [--json]
+  haul send --to ADDR [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--json] PATH`
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {

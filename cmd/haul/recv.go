@@ -8,94 +8,357 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/netip"
-	"os"
+	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/rvma/rvma/reliability"
 	"github.com/rvma/rvma/verbs/cm"
 )
 
-// state is what the receiver keeps beside the output (PATH.haul) so that
-// an interrupted transfer resumes: the offer it belongs to and the
-// regions complete so far.
-type state struct {
-	Size   int64  `json:"size"`
-	SHA256 string `json:"sha256"`
-	Region int64  `json:"region"`
-	Have   []byte `json:"have"`
+// errSenderGone marks a session that ended on the sender's side (it went
+// silent, or its connection setup failed): the receiver waits --wait for
+// it to come back and resume.
+var errSenderGone = errors.New("the sender is gone")
+
+// errNoSender is the end of that wait.
+var errNoSender = errors.New("no sender came back")
+
+// receiver is one haul recv: the listener's connection requests, the
+// output, and a session per sender that connects for it.
+type receiver struct {
+	o      *recvOpts
+	local  netip.AddrPort
+	ln     *cm.Listener
+	reqs   chan *cm.Request // from acceptLoop
+	done   chan struct{}
+	wg     sync.WaitGroup
+	accErr error // why acceptLoop stopped; read after reqs is closed
+	stdout io.Writer
+	stderr io.Writer
+	log    *slog.Logger
 }
 
-func statePath(out string) string { return out + ".haul" }
+func newLogger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.TimeKey && len(groups) == 0 {
+			return slog.Attr{}
+		}
+		return a
+	}}))
+}
 
-func loadState(out string, off *offer) []byte {
-	b, err := os.ReadFile(statePath(out))
+func receive(ctx context.Context, o *recvOpts, stdout, stderr io.Writer) error {
+	local, err := netip.ParseAddrPort(o.listen)
 	if err != nil {
-		return nil
+		return fmt.Errorf("--listen %q: want ip:port: %w", o.listen, err)
 	}
-	var st state
-	if json.Unmarshal(b, &st) != nil || st.Size != off.Size || st.SHA256 != off.SHA256 || st.Region != off.Region {
-		return nil // another file, or another layout: start over
-	}
-	return st.Have
-}
-
-func saveState(out string, off *offer, have []byte) error {
-	b := mustJSON(state{Size: off.Size, SHA256: off.SHA256, Region: off.Region, Have: have})
-	tmp := statePath(out) + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+	if err := checkOut(o.out); err != nil {
 		return err
 	}
-	return os.Rename(tmp, statePath(out))
+	r := &receiver{o: o, local: local, reqs: make(chan *cm.Request), done: make(chan struct{}),
+		stdout: stdout, stderr: stderr, log: newLogger(stderr)}
+	// What an earlier run left is checked before listening: a sender's
+	// dial does not wait for the hashing.
+	resume := loadResume(o.out, r.log)
+	if r.ln, err = cm.Listen(ctx, o.listen); err != nil {
+		if resume != nil {
+			resume.close()
+		}
+		return err
+	}
+	r.wg.Add(1)
+	go r.acceptLoop(ctx)
+	defer r.stop()
+	fmt.Fprintf(stderr, "haul: listening on %v\n", r.ln.Addr())
+	req, err := r.next(ctx, -1)
+	if err != nil {
+		if resume != nil {
+			resume.close()
+		}
+		return err
+	}
+	out, err := r.start(req, resume)
+	if err != nil {
+		return err
+	}
+	defer out.close() // after every session: each closes its device first
+	if o.stateHook != nil {
+		out.st.writeAt = o.stateHook(out.st.writeAt)
+	}
+	return r.serve(ctx, req, out)
 }
 
-func regions(size, region int64) int { return int((size + region - 1) / region) }
-
-func hasRegion(have []byte, i int) bool { return i/8 < len(have) && have[i/8]&(1<<(i%8)) != 0 }
-
-// openOutput creates or reopens the output at its full size. Space is
-// reserved up front, so a full disk is an error now rather than a crash
-// (SIGBUS) when a chunk lands in the mapping.
-func openOutput(out string, off *offer) (*os.File, []byte, error) {
-	have := loadState(out, off)
-	flags := os.O_RDWR | os.O_CREATE
-	if have == nil {
-		flags |= os.O_TRUNC
-	}
-	f, err := os.OpenFile(out, flags, 0o644)
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := f.Truncate(off.Size); err != nil {
-		f.Close()
-		return nil, nil, err
-	}
-	if off.Size > 0 {
-		if err := unix.Fallocate(int(f.Fd()), 0, 0, off.Size); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
-			f.Close()
-			if errors.Is(err, unix.ENOSPC) {
-				return nil, nil, fmt.Errorf("%s: no space for %d bytes (disk full)", out, off.Size)
-			}
-			return nil, nil, fmt.Errorf("%s: reserve %d bytes: %w", out, off.Size, err)
+// acceptLoop hands the listener's requests to the sessions, so that one
+// can arrive while a session runs (a restarted sender taking over).
+func (r *receiver) acceptLoop(ctx context.Context) {
+	defer r.wg.Done()
+	defer close(r.reqs)
+	for {
+		req, err := r.ln.Accept(ctx)
+		if err != nil {
+			r.accErr = err
+			return
+		}
+		select {
+		case r.reqs <- req:
+		case <-r.done:
+			req.Reject("the receiver is finishing")
+			return
 		}
 	}
-	if have == nil {
-		have = make([]byte, (regions(off.Size, off.Region)+7)/8)
+}
+
+func (r *receiver) stop() {
+	close(r.done)
+	r.ln.Close()
+	r.wg.Wait()
+}
+
+// next waits for the next request, at most wait (forever if negative).
+func (r *receiver) next(ctx context.Context, wait time.Duration) (*cm.Request, error) {
+	var timeout <-chan time.Time
+	if wait >= 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		timeout = t.C
 	}
-	return f, have, nil
+	select {
+	case req, ok := <-r.reqs:
+		if !ok {
+			return nil, r.accErr
+		}
+		return req, nil
+	case <-timeout:
+		return nil, errNoSender
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// parseOffer decodes and checks a sender's offer; it is untrusted input.
+func parseOffer(b []byte) (*offer, error) {
+	var off offer
+	if err := json.Unmarshal(b, &off); err != nil {
+		return nil, fmt.Errorf("malformed offer: %w", err)
+	}
+	if err := checkLayout(off.Size, off.Region); err != nil {
+		return nil, fmt.Errorf("bad offer: %w", err)
+	}
+	switch {
+	case !isHexHash(off.SHA256):
+		return nil, errors.New("bad offer: malformed sha256")
+	case !isHexHash(off.Manifest):
+		return nil, errors.New("bad offer: no region hashes (a haul older than this receiver?)")
+	case off.Paths < 0 || off.Paths > 16:
+		return nil, fmt.Errorf("bad offer: %d paths, at most 16", off.Paths)
+	case off.K < 1 || off.K > 128 || off.M < 0 || off.M > 128 || off.K+max(off.M, 8) > 256:
+		return nil, fmt.Errorf("bad offer: k %d, m %d", off.K, off.M)
+	}
+	return &off, nil
+}
+
+// start takes the first sender's offer and opens the output for it:
+// what an earlier run left if it is the same transfer, else a new one.
+func (r *receiver) start(req *cm.Request, resume *output) (*output, error) {
+	off, err := parseOffer(req.PrivateData())
+	if err != nil {
+		req.Reject(err.Error())
+		if resume != nil {
+			resume.close()
+		}
+		return nil, err
+	}
+	out := resume
+	if out != nil && !out.matches(off) {
+		r.log.Warn("the state file belongs to another transfer; starting over", "path", statePath(r.o.out))
+		out.close()
+		out = nil
+	}
+	if out == nil {
+		if out, err = createOutput(r.o.out, off, r.log); err != nil {
+			req.Reject(err.Error())
+			return nil, err
+		}
+	}
+	if err := out.mapFile(); err != nil {
+		req.Reject(err.Error())
+		out.close()
+		return nil, err
+	}
+	if had := countRegions(out.have(), out.regions()); had > 0 {
+		fmt.Fprintf(r.stderr, "haul: resuming %s: %d of %d regions already here\n", r.o.out, had, out.regions())
+	}
+	return out, nil
+}
+
+// serve runs sessions until the file is complete: after a sender is gone
+// it waits --wait for one to resume, and a sender of the same transfer
+// that connects during a session takes it over (the old one was
+// restarted).
+func (r *receiver) serve(ctx context.Context, req *cm.Request, out *output) error {
+	for {
+		next, err := r.session(ctx, req, out)
+		switch {
+		case next != nil:
+			fmt.Fprintf(r.stderr, "haul: a sender connected again; resuming with it\n")
+			req = next
+			continue
+		case err == nil:
+			return nil
+		case !errors.Is(err, errSenderGone):
+			return fmt.Errorf("%w; %s", err, out.kept())
+		}
+		r.log.Warn("waiting for the sender to resume", "err", err, "wait", r.o.wait)
+		gone := err
+		if req, err = r.resumer(ctx, out); err != nil {
+			return fmt.Errorf("%w, and %w; %s", gone, err, out.kept())
+		}
+	}
+}
+
+// resumer waits --wait for a sender of the same transfer, rejecting
+// others.
+func (r *receiver) resumer(ctx context.Context, out *output) (*cm.Request, error) {
+	deadline := time.Now().Add(r.o.wait)
+	for {
+		req, err := r.next(ctx, max(time.Until(deadline), 0))
+		if errors.Is(err, errNoSender) {
+			return nil, fmt.Errorf("%w within %v", err, r.o.wait)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if reason := r.sameTransfer(req, out); reason != "" {
+			req.Reject(reason)
+			continue
+		}
+		return req, nil
+	}
+}
+
+// sameTransfer says why req is not a sender of out's transfer ("" if it is).
+func (r *receiver) sameTransfer(req *cm.Request, out *output) string {
+	off, err := parseOffer(req.PrivateData())
+	if err != nil {
+		return err.Error()
+	}
+	if !out.matches(off) {
+		return fmt.Sprintf("busy: receiving another file into %s (%d bytes, sha256 %s, region %d)",
+			r.o.out, out.st.st.Size, out.st.st.SHA256, out.st.st.Region)
+	}
+	return ""
+}
+
+// session serves one sender. It returns nil once the file is in place
+// and verified, an error wrapping errSenderGone if the sender went away,
+// another error if the receiver cannot go on, or a request of a new
+// sender of the same transfer that takes over.
+func (r *receiver) session(ctx context.Context, req *cm.Request, out *output) (*cm.Request, error) {
+	// Each sender's offer: a resuming one may differ in paths and coding.
+	off, err := parseOffer(req.PrivateData())
+	if err != nil {
+		req.Reject(err.Error())
+		return nil, fmt.Errorf("%w: %v", errSenderGone, err)
+	}
+	o := r.o
+	paths := max(off.Paths, 1)
+	if len(o.vias) > 0 && len(o.vias) != paths {
+		req.Reject("receiver misconfigured")
+		return nil, fmt.Errorf("--via: %d relays, but the sender uses %d paths", len(o.vias), paths)
+	}
+	via, err := o.viaGID(0)
+	if err != nil {
+		req.Reject("receiver misconfigured")
+		return nil, err
+	}
+	cfg := o.relCfg(off.K, 0, max(off.M, 8), reliability.Auto, paths)
+	e, err := open(ctx, r.local, paths, cfg)
+	if err != nil {
+		req.Reject(err.Error())
+		return nil, err
+	}
+	// The device goes before the caller unmaps the output: closing it
+	// waits for its receive handlers, the only writers of the mapping.
+	defer e.close()
+	ans := answer{Have: out.have(), Hashes: out.needHashes()}
+	if err := req.Accept(ctx, e.qps[0], &cm.Config{PrivateData: mustJSON(ans), Via: via}); err != nil {
+		return nil, r.senderErr(ctx, err)
+	}
+	if err := r.acceptPaths(ctx, e, off); err != nil {
+		return nil, r.senderErr(ctx, err)
+	}
+	if e.conn, err = reliability.NewPaths(e.pd, e.qps, e.cq, cfg); err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	takeover := r.watch(sctx, cancel, out)
+	start := time.Now()
+	err = receiveRegions(sctx, e.conn, out, o.slots)
+	cancel(nil)
+	if next := <-takeover; next != nil {
+		return next, nil
+	}
+	if o.verbose {
+		fmt.Fprintf(r.stderr, "haul: device counters %+v\n", e.dev.Stats())
+	}
+	if err != nil {
+		if !errors.Is(err, errSenderGone) {
+			r.tell(ctx, e.conn, verdict{Error: err.Error()})
+		}
+		return nil, err
+	}
+	return nil, r.conclude(ctx, e.conn, out, time.Since(start))
+}
+
+// senderErr classifies a failed connection setup: the sender's doing
+// unless the receiver is stopping.
+func (r *receiver) senderErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return err
+	}
+	return fmt.Errorf("%w: %w", errSenderGone, err)
+}
+
+// watch hands over to a sender of the same transfer that connects while
+// a session runs: a restarted sender, while this session's is gone and
+// not yet timed out. It cancels the session then and sends the request
+// on the channel it returns (nil if none came before ctx ended).
+func (r *receiver) watch(ctx context.Context, cancel context.CancelCauseFunc, out *output) <-chan *cm.Request {
+	ch := make(chan *cm.Request, 1)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				ch <- nil
+				return
+			case req, ok := <-r.reqs:
+				if !ok {
+					ch <- nil
+					return
+				}
+				if reason := r.sameTransfer(req, out); reason != "" {
+					req.Reject(reason)
+					continue
+				}
+				cancel(errSenderGone)
+				ch <- req
+				return
+			}
+		}
+	}()
+	return ch
 }
 
 // acceptPaths accepts the sender's further paths, each onto the QP of
 // its index.
-func acceptPaths(ctx context.Context, ln *cm.Listener, e *endpoint, off *offer, o *common) error {
+func (r *receiver) acceptPaths(ctx context.Context, e *endpoint, off *offer) error {
 	done := make([]bool, len(e.qps))
 	done[0] = true
 	for left := len(e.qps) - 1; left > 0; {
-		actx, cancel := context.WithTimeout(ctx, o.peerT)
-		req, err := ln.Accept(actx)
-		cancel()
+		req, err := r.next(ctx, r.o.peerT)
 		if err != nil {
 			return fmt.Errorf("the sender's further paths did not arrive: %w", err)
 		}
@@ -104,7 +367,7 @@ func acceptPaths(ctx context.Context, ln *cm.Listener, e *endpoint, off *offer, 
 			req.Reject("not a path of this transfer")
 			continue
 		}
-		via, err := o.viaGID(h.Path)
+		via, err := r.o.viaGID(h.Path)
 		if err != nil {
 			req.Reject("receiver misconfigured")
 			return err
@@ -118,126 +381,50 @@ func acceptPaths(ctx context.Context, ln *cm.Listener, e *endpoint, off *offer, 
 	return nil
 }
 
-func receive(ctx context.Context, o *recvOpts, stdout, stderr io.Writer) error {
-	local, err := netip.ParseAddrPort(o.listen)
-	if err != nil {
-		return fmt.Errorf("--listen %q: want ip:port: %w", o.listen, err)
-	}
-	ln, err := cm.Listen(ctx, o.listen)
-	if err != nil {
-		return err
-	}
-	defer ln.Close()
-	fmt.Fprintf(stderr, "haul: listening on %v\n", ln.Addr())
-	req, err := ln.Accept(ctx)
-	if err != nil {
-		return err
-	}
-	var off offer
-	if err := json.Unmarshal(req.PrivateData(), &off); err != nil || off.Size < 0 || off.Region < 4096 {
-		req.Reject("malformed offer")
-		return fmt.Errorf("malformed offer from the sender: %q", req.PrivateData())
-	}
-	f, have, err := openOutput(o.out, &off)
-	if err != nil {
-		req.Reject(err.Error())
-		return err
-	}
-	defer f.Close()
-	n := regions(off.Size, off.Region)
-	had := 0
-	for i := 0; i < n; i++ {
-		if hasRegion(have, i) {
-			had++
+// conclude verifies the complete file, tells the sender, and on success
+// gives the file its name.
+func (r *receiver) conclude(ctx context.Context, c *reliability.Conn, out *output, elapsed time.Duration) error {
+	sum, verr := out.verify()
+	v := verdict{SHA256: sum, OK: verr == nil}
+	if verr == nil {
+		if err := out.finish(); err != nil {
+			verr = fmt.Errorf("verified, but %w", err)
+			v.OK = false
 		}
 	}
-	if had > 0 {
-		fmt.Fprintf(stderr, "haul: resuming %s: %d of %d regions already here\n", o.out, had, n)
+	if verr != nil {
+		v.Error = verr.Error()
 	}
-	paths := max(off.Paths, 1)
-	if paths > 16 {
-		req.Reject("too many paths")
-		return fmt.Errorf("the sender offers %d paths, at most 16", paths)
-	}
-	via, err := o.viaGID(0)
-	if err != nil {
-		req.Reject("receiver misconfigured")
-		return err
-	}
-	if len(o.vias) > 0 && len(o.vias) != paths {
-		req.Reject("receiver misconfigured")
-		return fmt.Errorf("--via: %d relays, but the sender uses %d paths", len(o.vias), paths)
-	}
-	cfg := o.relCfg(off.K, 0, max(off.M, 8), reliability.Auto, paths)
-	e, err := open(ctx, local, paths, cfg)
-	if err != nil {
-		req.Reject(err.Error())
-		return err
-	}
-	defer e.close()
-	if err := req.Accept(ctx, e.qps[0], &cm.Config{PrivateData: mustJSON(answer{Have: have}), Via: via}); err != nil {
-		return err
-	}
-	if err := acceptPaths(ctx, ln, e, &off, &o.common); err != nil {
-		return err
-	}
-	if e.conn, err = reliability.NewPaths(e.pd, e.qps, e.cq, cfg); err != nil {
-		return err
-	}
-	var mm []byte
-	if off.Size > 0 {
-		if mm, err = unix.Mmap(int(f.Fd()), 0, int(off.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
-			return fmt.Errorf("map %s: %w", o.out, err)
-		}
-		defer unix.Munmap(mm)
-	}
-	start := time.Now()
-	recvErr := receiveRegions(ctx, e.conn, mm, &off, have, o.out, o.slots)
-	if recvErr == nil && off.Size > 0 {
-		recvErr = unix.Msync(mm, unix.MS_SYNC)
-	}
-	elapsed := time.Since(start)
-	if o.verbose {
-		fmt.Fprintf(stderr, "haul: device counters %+v\n", e.dev.Stats())
-	}
-	if recvErr != nil {
-		kept := 0
-		for i := 0; i < n; i++ {
-			if hasRegion(have, i) {
-				kept++
-			}
-		}
-		return fmt.Errorf("%w; %d of %d regions are kept in %s (run again to resume)", recvErr, kept, n, o.out)
-	}
-	// The mapping is the file's page cache: hashing it reads what is on disk.
-	sum := sha256Hex(mm)
-	v := verdict{SHA256: sum, OK: sum == off.SHA256}
-	if !v.OK {
-		v.Error = "sha256 mismatch"
-	}
-	if v.OK {
-		os.Remove(statePath(o.out))
-	}
-	// Tell the sender; its receive for the verdict was its first Post.
-	s, err := e.conn.Send(ctx, mustJSON(v), nil)
-	if err == nil {
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err = s.Wait(wctx)
-		cancel()
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "haul: could not tell the sender the verdict: %v\n", err)
-	}
-	gbps := float64(off.Size) * 8 / elapsed.Seconds() / 1e9
-	if o.json {
-		fmt.Fprintf(stdout, "%s\n", mustJSON(map[string]any{"bytes": off.Size, "seconds": elapsed.Seconds(), "gbps": gbps, "sha256": sum, "ok": v.OK}))
+	r.tell(ctx, c, v)
+	size := out.st.st.Size
+	gbps := float64(size) * 8 / elapsed.Seconds() / 1e9
+	if r.o.json {
+		fmt.Fprintf(r.stdout, "%s\n", mustJSON(map[string]any{"bytes": size, "seconds": elapsed.Seconds(), "gbps": gbps, "sha256": sum, "ok": v.OK}))
 	} else {
-		fmt.Fprintf(stdout, "haul: received %s (%d bytes) in %.3fs, %.3f Gbit/s; sha256 %s %s\n", o.out, off.Size, elapsed.Seconds(), gbps, sum, okWord(v.OK))
+		fmt.Fprintf(r.stdout, "haul: received %s (%d bytes) in %.3fs, %.3f Gbit/s; sha256 %s %s\n", r.o.out, size, elapsed.Seconds(), gbps, sum, okWord(v.OK))
 	}
-	if !v.OK {
-		return fmt.Errorf("%s: %s", o.out, v.Error)
+	if verr != nil {
+		return fmt.Errorf("%s: %w", r.o.out, verr)
 	}
 	return nil
+}
+
+// tell sends the sender the verdict (its first Post), waiting a while
+// for it to arrive: the sender stops at once on an error rather than
+// timing out.
+func (r *receiver) tell(ctx context.Context, c *reliability.Conn, v verdict) {
+	if len(v.Error) > verdictSize/2 {
+		v.Error = v.Error[:verdictSize/2] + "..."
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(r.o.peerT, 10*time.Second))
+	defer cancel()
+	s, err := c.Send(ctx, mustJSON(v), nil)
+	if err == nil {
+		_, err = s.Wait(ctx)
+	}
+	if err != nil {
+		fmt.Fprintf(r.stderr, "haul: could not tell the sender the verdict: %v\n", err)
+	}
 }
 
 func okWord(ok bool) string {
@@ -247,40 +434,79 @@ func okWord(ok bool) string {
 	return "MISMATCH"
 }
 
-// receiveRegions posts every missing region in order (as many at once as
-// the connection has slots) and records each as it completes.
-func receiveRegions(ctx context.Context, c *reliability.Conn, mm []byte, off *offer, have []byte, out string, slots int) error {
-	n := regions(off.Size, off.Region)
-	var pending []*reliability.Recv
-	var idx []int
-	next := 0
+// receiveRegions posts the sender's region hashes if they are still
+// needed, then every missing region in order (as many at once as the
+// connection has slots), and records each as it completes and checks out.
+// A region that does not match its hash stays missing: the run ends with
+// an error and the next one fetches it again.
+func receiveRegions(ctx context.Context, c *reliability.Conn, out *output, slots int) error {
+	n := out.regions()
+	type posted struct {
+		r   *reliability.Recv
+		idx int // -1: the region hashes
+		buf []byte
+	}
+	var pending []posted
+	if out.needHashes() {
+		buf := make([]byte, n*hashLen)
+		rv, err := c.Post(ctx, buf)
+		if err != nil {
+			return sessionErr(ctx, err)
+		}
+		pending = append(pending, posted{rv, -1, buf})
+	}
+	next, bad := 0, 0
 	for {
-		for next < n && hasRegion(have, next) {
+		for next < n && hasRegion(out.have(), next) {
 			next++
 		}
 		if next < n && len(pending) < slots {
-			lo := int64(next) * off.Region
-			hi := min(lo+off.Region, off.Size)
-			r, err := c.Post(ctx, mm[lo:hi])
+			rv, err := c.Post(ctx, out.span(next))
 			if err != nil {
-				return err
+				return sessionErr(ctx, err)
 			}
-			pending, idx = append(pending, r), append(idx, next)
+			pending = append(pending, posted{rv, next, nil})
 			next++
 			continue
 		}
 		if len(pending) == 0 {
-			return nil
+			break
 		}
-		if err := pending[0].Wait(ctx); err != nil {
+		p := pending[0]
+		pending = pending[1:]
+		if err := p.r.Wait(ctx); err != nil {
+			return sessionErr(ctx, err)
+		}
+		if p.idx < 0 {
+			if err := out.setHashes(p.buf); err != nil {
+				return err
+			}
+			continue
+		}
+		ok, err := out.complete(p.idx)
+		if err != nil {
 			return err
 		}
-		have[idx[0]/8] |= 1 << (idx[0] % 8)
-		if err := saveState(out, off, have); err != nil {
-			return fmt.Errorf("save progress: %w", err)
+		if !ok {
+			bad++
 		}
-		pending, idx = pending[1:], idx[1:]
 	}
+	if bad > 0 {
+		return fmt.Errorf("%d regions arrived corrupted (their SHA-256 differs from the sender's); the next run fetches them again", bad)
+	}
+	return nil
+}
+
+// sessionErr classifies an error of the connection: the peer silent, or
+// the session cancelled by a sender taking over, is the sender's doing.
+func sessionErr(ctx context.Context, err error) error {
+	switch {
+	case errors.Is(context.Cause(ctx), errSenderGone) || errors.Is(err, reliability.ErrPeer):
+		return fmt.Errorf("%w: %w", errSenderGone, err)
+	case ctx.Err() != nil:
+		return fmt.Errorf("receiver interrupted: %w", err)
+	}
+	return err
 }
 
 func sha256Hex(b []byte) string {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -63,7 +65,11 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 		}
 		defer unix.Munmap(mm)
 	}
-	sha := sha256Hex(mm)
+	region, err := pickRegion(o.region, size)
+	if err != nil {
+		return err
+	}
+	sha, hashes := hashFile(mm, region)
 	local, err := localFor(o.to)
 	if err != nil {
 		return fmt.Errorf("peer %s unreachable: %w", o.to, err)
@@ -74,8 +80,8 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer e.close()
-	region := o.region
-	off := offer{Name: filepath.Base(o.path), Size: size, SHA256: sha, Region: region, K: o.k, M: max(o.m, 8)}
+	off := offer{Name: filepath.Base(o.path), Size: size, SHA256: sha, Region: region, Manifest: sha256Hex(hashes),
+		K: o.k, M: max(o.m, 8)}
 	if o.paths > 1 {
 		off.Paths = o.paths
 	}
@@ -93,7 +99,11 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 		res, err := cm.Dial(dctx, o.to, e.qps[i], &cm.Config{PrivateData: pd, Via: via})
 		cancel()
 		if err != nil {
-			if i > 0 {
+			var rej *cm.RejectError
+			switch {
+			case errors.As(err, &rej):
+				return fmt.Errorf("the receiver at %s refused: %s", o.to, rej.Reason)
+			case i > 0:
 				return fmt.Errorf("peer %s: path %d: %w", o.to, i, err)
 			}
 			return fmt.Errorf("peer %s unreachable: %w", o.to, err)
@@ -115,6 +125,12 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 	}
 	if err := c.Ready(ctx); err != nil {
 		return err
+	}
+	if ans.Hashes && len(hashes) > 0 {
+		// The receiver's first posted buffer: it checks each region with them.
+		if _, err := c.Send(ctx, hashes, nil); err != nil {
+			return err
+		}
 	}
 
 	n := regions(size, region)
@@ -147,8 +163,17 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 	defer tick.Stop()
 	done, doneBytes := 0, int64(0)
 	repaired := 0
+	early := vr.Done() // a verdict before the end: the receiver stopped
 	for done < len(sends) {
 		select {
+		case <-early:
+			var v verdict
+			if json.Unmarshal(bytes.TrimRight(vbuf, "\x00"), &v) == nil && v.OK {
+				early = nil // it has everything; the last completions are on their way
+				continue
+			}
+			prog.end()
+			return fmt.Errorf("after %d of %d bytes, the receiver stopped: %s", doneBytes+rep.Resumed, size, v.Error)
 		case <-sends[done].Done():
 			r, err := sends[done].Wait(ctx)
 			if err != nil {
@@ -261,4 +286,39 @@ func summarise(rep *report, results []reliability.SendResult, c *reliability.Con
 		}
 		rep.Predicted = c.Predict(todo, r.Chunk, r.K, m).Seconds()
 	}
+}
+
+// pickRegion is --region, or by default 16 MiB, larger for files that
+// would need more than maxRegions of them.
+func pickRegion(flag, size int64) (int64, error) {
+	if flag != 0 {
+		if n := regions(size, flag); n > maxRegions {
+			return 0, fmt.Errorf("--region %d: %d regions, at most %d: use a larger --region", flag, n, maxRegions)
+		}
+		return flag, nil
+	}
+	const mib = 1 << 20
+	r := max(16*mib, (size+maxRegions-1)/maxRegions)
+	r = (r + mib - 1) / mib * mib
+	if r > maxRegion {
+		return 0, fmt.Errorf("a file of %d bytes is too large: at most %d regions of %d bytes", size, maxRegions, int64(maxRegion))
+	}
+	return r, nil
+}
+
+// hashFile returns the SHA-256 of b and of each of its regions (back to
+// back), the two computed side by side.
+func hashFile(b []byte, region int64) (string, []byte) {
+	var sum string
+	var wg sync.WaitGroup
+	wg.Go(func() { sum = sha256Hex(b) })
+	n := regions(int64(len(b)), region)
+	hashes := make([]byte, 0, n*hashLen)
+	for i := range n {
+		lo := int64(i) * region
+		h := sha256.Sum256(b[lo:min(lo+region, int64(len(b)))])
+		hashes = append(hashes, h[:]...)
+	}
+	wg.Wait()
+	return sum, hashes
 }

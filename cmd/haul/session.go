@@ -32,6 +32,10 @@ type recvOpts struct {
 	common
 	listen string
 	out    string
+	wait   time.Duration // for a sender to resume after the last went silent
+	// stateHook, set by tests, wraps the state file's writes (to fail as
+	// a full disk would).
+	stateHook func(writeAt) writeAt
 }
 
 type sendOpts struct {
@@ -99,12 +103,16 @@ func parseRecv(args []string, stderr io.Writer) (*recvOpts, error) {
 	fs.SetOutput(stderr)
 	chunk, rate, via := commonFlags(fs, &o.common)
 	fs.StringVar(&o.listen, "listen", "", "host:port to listen on (TCP for setup, UDP for data; more paths take further ports)")
-	fs.StringVar(&o.out, "out", "", "file to write")
+	fs.StringVar(&o.out, "out", "", "file to write (it appears once complete and verified; until then PATH.haul.part and the state file PATH.haul)")
+	fs.DurationVar(&o.wait, "wait", defaultWait, "when the sender goes silent, wait this long for it to be restarted and resume (0: give up at once)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if o.listen == "" || o.out == "" || fs.NArg() != 0 {
 		return nil, errors.New("recv needs --listen ADDR and --out PATH, and no other arguments")
+	}
+	if o.wait < 0 {
+		return nil, fmt.Errorf("--wait %v: want a duration of 0 or more", o.wait)
 	}
 	return o, o.finish(*chunk, *rate, *via, 0)
 }
@@ -119,7 +127,7 @@ func parseSend(args []string, stderr io.Writer) (*sendOpts, error) {
 	scheme := fs.String("scheme", "auto", "loss repair: auto (the model chooses), sr (selective repeat) or ec (erasure coding)")
 	fs.IntVar(&o.k, "k", 32, "EC data chunks per stripe")
 	fs.IntVar(&o.m, "m", 0, "EC parity chunks per stripe (default: the model picks 1, 2, 4 or 8)")
-	region := fs.String("region", "16MiB", "bytes per message (the unit of pipelining and of resume)")
+	region := fs.String("region", "", "bytes per message, the unit of pipelining and of resume (default 16MiB, more for files over 64GiB: at most 4096 regions)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -134,8 +142,10 @@ func parseSend(args []string, stderr io.Writer) (*sendOpts, error) {
 	if o.k < 1 || o.k > 128 || o.m < 0 || o.m > 128 || o.k+o.m > 256 {
 		return nil, fmt.Errorf("--k %d --m %d: want 1 <= k <= 128, 0 <= m <= 128, k+m <= 256", o.k, o.m)
 	}
-	if o.region, err = units.ParseSize(*region); err != nil || o.region < 4096 {
-		return nil, fmt.Errorf("--region %q: want at least 4096 bytes", *region)
+	if *region != "" {
+		if o.region, err = units.ParseSize(*region); err != nil || o.region < minRegion || o.region > maxRegion {
+			return nil, fmt.Errorf("--region %q: want %d bytes to 4GiB", *region, minRegion)
+		}
 	}
 	if o.paths < 1 || o.paths > 16 {
 		return nil, fmt.Errorf("--paths %d: want 1..16", o.paths)
@@ -149,9 +159,13 @@ type offer struct {
 	Size   int64  `json:"size"`
 	SHA256 string `json:"sha256"`
 	Region int64  `json:"region"`
-	K      int    `json:"k"`
-	M      int    `json:"m"`
-	Paths  int    `json:"paths,omitempty"` // further paths dial after this one with a pathHello
+	// Manifest is the SHA-256 of the regions' SHA-256s, back to back: the
+	// receiver checks the hashes it is sent (the first message when it
+	// asks for them) against it, and each region against its hash.
+	Manifest string `json:"manifest"`
+	K        int    `json:"k"`
+	M        int    `json:"m"`
+	Paths    int    `json:"paths,omitempty"` // further paths dial after this one with a pathHello
 }
 
 // pathHello is the private data of path i > 0.
@@ -160,12 +174,15 @@ type pathHello struct {
 	SHA256 string `json:"sha256"`
 }
 
-// answer is the receiver's reply: the regions it already has.
+// answer is the receiver's reply: the regions it already has, and
+// whether it needs the region hashes (then the sender's first message).
 type answer struct {
-	Have []byte `json:"have"` // bitmap of complete regions
+	Have   []byte `json:"have"` // bitmap of complete, verified regions
+	Hashes bool   `json:"hashes,omitempty"`
 }
 
-// verdict is the receiver's last message: did the file check out.
+// verdict is the receiver's last message: did the file check out, or why
+// it stopped before the end (the sender stops then rather than time out).
 type verdict struct {
 	OK     bool   `json:"ok"`
 	SHA256 string `json:"sha256"`
@@ -173,6 +190,9 @@ type verdict struct {
 }
 
 const verdictSize = 512
+
+// defaultWait is how long a receiver waits for a sender to resume.
+const defaultWait = 2 * time.Minute
 
 // endpoint is one side's device, QPs (one per path) and reliability
 // connection.

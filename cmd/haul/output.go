@@ -1,0 +1,311 @@
+package main
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// output is the receiver's side of a transfer: the partial file
+// (PATH.haul.part, mapped), its state file, and the final name it is
+// renamed to once its SHA-256 checks out. Nothing is written to PATH
+// itself before then, so PATH never looks complete when it is not.
+type output struct {
+	path string
+	f    *os.File
+	mm   []byte
+	st   *stateFile
+	log  *slog.Logger
+}
+
+// checkOut checks --out before anything waits for a sender: its directory
+// exists and is writable, and PATH is not a directory or a special file.
+func checkOut(out string) error {
+	dir := filepath.Dir(out)
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("--out %s: %w", out, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("--out %s: %s is not a directory", out, dir)
+	}
+	if err := unix.Access(dir, unix.W_OK|unix.X_OK); err != nil {
+		return fmt.Errorf("--out %s: cannot create files in %s: %w", out, dir, err)
+	}
+	for _, p := range []string{out, partPath(out), statePath(out)} {
+		fi, err := os.Lstat(p)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+		case err != nil:
+			return fmt.Errorf("--out %s: %w", out, err)
+		case fi.IsDir():
+			return fmt.Errorf("--out %s: %s is a directory", out, p)
+		case !fi.Mode().IsRegular():
+			return fmt.Errorf("--out %s: %s exists and is not a regular file", out, p)
+		}
+	}
+	return nil
+}
+
+// loadResume opens what an earlier run left, if it is usable: the state
+// file, valid, and the partial file of its size. The regions it claims are
+// hashed again against the sender's region hashes, so that a partial file
+// changed since (a bad disk, a stray write, a crash before the page cache
+// reached the disk) is repaired by the sender rather than trusted. It
+// returns nil, with a warning, when there is nothing to resume.
+func loadResume(out string, log *slog.Logger) *output {
+	b, err := os.ReadFile(statePath(out))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		log.Warn("cannot read the state file; starting over", "path", statePath(out), "err", err)
+		return nil
+	}
+	st, slot, err := decodeState(b)
+	if err != nil {
+		log.Warn("discarding the state file; starting over", "path", statePath(out), "err", err)
+		return nil
+	}
+	f, err := os.OpenFile(partPath(out), os.O_RDWR, 0)
+	if err != nil {
+		log.Warn("the partial output is gone; starting over", "err", err)
+		return nil
+	}
+	if fi, err := f.Stat(); err != nil || fi.Size() != st.Size {
+		f.Close()
+		log.Warn("the partial output is not of the transfer's size; starting over", "path", partPath(out), "want", st.Size)
+		return nil
+	}
+	sf, err := openState(statePath(out), st, slot)
+	if err != nil {
+		f.Close()
+		log.Warn("cannot reopen the state file; starting over", "err", err)
+		return nil
+	}
+	o := &output{path: out, f: f, st: sf, log: log}
+	if bad := o.verifyHave(); bad > 0 {
+		log.Warn("regions of the partial output do not match their hashes; they will be fetched again", "regions", bad)
+		if err := o.st.save(); err != nil {
+			o.close()
+			log.Warn("starting over", "err", err)
+			return nil
+		}
+	}
+	return o
+}
+
+// verifyHave hashes each region the state claims, from the file, and
+// clears those that do not match; it returns how many it cleared.
+func (o *output) verifyHave() int {
+	s := &o.st.st
+	bad := 0
+	buf := make([]byte, 1<<20)
+	for i := range regions(s.Size, s.Region) {
+		if !hasRegion(s.Have, i) {
+			continue
+		}
+		lo := int64(i) * s.Region
+		h := sha256.New()
+		_, err := io.CopyBuffer(h, io.NewSectionReader(o.f, lo, min(s.Region, s.Size-lo)), buf)
+		if err != nil || !bytes.Equal(h.Sum(nil), s.Hashes[i*hashLen:(i+1)*hashLen]) {
+			clearRegion(s.Have, i)
+			bad++
+		}
+	}
+	return bad
+}
+
+// matches says whether the output belongs to the transfer off offers.
+func (o *output) matches(off *offer) bool {
+	s := &o.st.st
+	return s.Size == off.Size && s.SHA256 == off.SHA256 && s.Region == off.Region && s.Manifest == off.Manifest
+}
+
+// createOutput starts the transfer off offers from nothing: the partial
+// file with its space reserved, then the state file.
+func createOutput(out string, off *offer, log *slog.Logger) (*output, error) {
+	f, err := os.OpenFile(partPath(out), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := reserve(f, off.Size, log); err != nil {
+		f.Close()
+		os.Remove(partPath(out))
+		return nil, err
+	}
+	n := regions(off.Size, off.Region)
+	st := state{Version: stateVersion, Size: off.Size, SHA256: off.SHA256, Region: off.Region, Manifest: off.Manifest,
+		Have: make([]byte, (n+7)/8)}
+	if n == 0 {
+		st.Hashes = nil // an empty file has no regions and nothing to send about them
+	}
+	sf, err := createState(statePath(out), st)
+	if err != nil {
+		f.Close()
+		os.Remove(partPath(out))
+		os.Remove(statePath(out))
+		if errors.Is(err, unix.ENOSPC) {
+			return nil, fmt.Errorf("not enough space for the state file on %s: %w", filepath.Dir(out), err)
+		}
+		return nil, err
+	}
+	return &output{path: out, f: f, st: sf, log: log}, nil
+}
+
+// reserve allocates the file's blocks up front, so that a full disk is an
+// error now rather than a SIGBUS when a chunk lands in the mapping.
+func reserve(f *os.File, size int64, log *slog.Logger) error {
+	if size == 0 {
+		return nil
+	}
+	err := unix.Fallocate(int(f.Fd()), 0, 0, size)
+	if err == nil {
+		return nil
+	}
+	dir := filepath.Dir(f.Name())
+	if errors.Is(err, unix.ENOSPC) {
+		return fmt.Errorf("not enough space for %d bytes on %s: %w", size, dir, err)
+	}
+	if !errors.Is(err, unix.EOPNOTSUPP) {
+		return fmt.Errorf("reserve %d bytes for %s: %w", size, f.Name(), err)
+	}
+	// No fallocate here: check the free space at least.
+	var fs unix.Statfs_t
+	if unix.Fstatfs(int(f.Fd()), &fs) == nil && int64(fs.Bavail)*int64(fs.Bsize) < size {
+		return fmt.Errorf("not enough space for %d bytes on %s: %d free", size, dir, int64(fs.Bavail)*int64(fs.Bsize))
+	}
+	log.Warn("the file system cannot reserve space; a disk that fills during the transfer will stop it", "dir", dir)
+	return f.Truncate(size)
+}
+
+// mapFile maps the partial file for the chunks to land in.
+func (o *output) mapFile() error {
+	if o.mm != nil || o.st.st.Size == 0 {
+		return nil
+	}
+	mm, err := unix.Mmap(int(o.f.Fd()), 0, int(o.st.st.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("map %s: %w", o.f.Name(), err)
+	}
+	o.mm = mm
+	return nil
+}
+
+func (o *output) regions() int { return regions(o.st.st.Size, o.st.st.Region) }
+
+// span is region i's bytes in the mapping.
+func (o *output) span(i int) []byte {
+	s := &o.st.st
+	lo := int64(i) * s.Region
+	return o.mm[lo:min(lo+s.Region, s.Size)]
+}
+
+func (o *output) have() []byte { return o.st.st.Have }
+
+// needHashes says whether the sender must send its region hashes first.
+func (o *output) needHashes() bool { return o.regions() > 0 && len(o.st.st.Hashes) == 0 }
+
+// setHashes takes the sender's region hashes, checked against the offer's
+// manifest, and records them.
+func (o *output) setHashes(h []byte) error {
+	if len(h) != o.regions()*hashLen || sha256Hex(h) != o.st.st.Manifest {
+		return errors.New("the sender's region hashes do not match its offer")
+	}
+	o.st.st.Hashes = bytes.Clone(h)
+	if err := o.st.save(); err != nil {
+		o.st.st.Hashes = nil // as on disk
+		return err
+	}
+	return nil
+}
+
+// complete records region i if its bytes match the sender's hash, and
+// says whether they did.
+func (o *output) complete(i int) (bool, error) {
+	s := &o.st.st
+	sum := sha256.Sum256(o.span(i))
+	if !bytes.Equal(sum[:], s.Hashes[i*hashLen:(i+1)*hashLen]) {
+		o.log.Warn("a region arrived corrupted; it will be fetched again", "region", i)
+		return false, nil
+	}
+	setRegion(s.Have, i)
+	if err := o.st.save(); err != nil {
+		clearRegion(s.Have, i) // as on disk, for the count of what is kept
+		return true, err
+	}
+	return true, nil
+}
+
+// verify hashes the whole file. On a mismatch, the regions that differ
+// from the sender's hashes lose their mark, so that the next run fetches
+// them again; if none does, the sender's hashes disagree with its
+// SHA-256 (the file changed while it was read) and the next run starts
+// over.
+func (o *output) verify() (string, error) {
+	sum := sha256Hex(o.mm)
+	if sum == o.st.st.SHA256 {
+		return sum, nil
+	}
+	s := &o.st.st
+	bad := 0
+	for i := range o.regions() {
+		h := sha256.Sum256(o.span(i))
+		if !bytes.Equal(h[:], s.Hashes[i*hashLen:(i+1)*hashLen]) {
+			clearRegion(s.Have, i)
+			bad++
+		}
+	}
+	if bad == 0 {
+		clear(s.Have)
+	}
+	if err := o.st.save(); err != nil {
+		return sum, fmt.Errorf("sha256 mismatch, and %w", err)
+	}
+	if bad == 0 {
+		return sum, errors.New("sha256 mismatch though every region matches the sender's region hashes (did the file change while it was sent?); the next run starts over")
+	}
+	return sum, fmt.Errorf("sha256 mismatch: %d regions differ from the sender's; the next run fetches them again", bad)
+}
+
+// finish syncs the verified file, gives it its final name and removes
+// the state file.
+func (o *output) finish() error {
+	if o.mm != nil {
+		if err := unix.Msync(o.mm, unix.MS_SYNC); err != nil {
+			return fmt.Errorf("sync %s: %w", o.f.Name(), err)
+		}
+	}
+	if err := o.f.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", o.f.Name(), err)
+	}
+	if err := os.Rename(partPath(o.path), o.path); err != nil {
+		return err
+	}
+	o.st.close()
+	return os.Remove(statePath(o.path))
+}
+
+// close unmaps and closes the files (but keeps them). Every device that
+// could write into the mapping must be closed before.
+func (o *output) close() {
+	if o.mm != nil {
+		unix.Munmap(o.mm)
+		o.mm = nil
+	}
+	o.f.Close()
+	o.st.close()
+}
+
+// kept says what a failed run leaves for the next.
+func (o *output) kept() string {
+	n := o.regions()
+	return fmt.Sprintf("%d of %d regions are kept in %s (run again to resume)", countRegions(o.have(), n), n, partPath(o.path))
+}

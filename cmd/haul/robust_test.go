@@ -1,0 +1,620 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/internal/linkem"
+)
+
+// syncBuffer is a buffer that a test reads while a run writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// proc is a run of haul in the test process.
+type proc struct {
+	stdout, stderr syncBuffer
+	done           chan error
+}
+
+func start(ctx context.Context, args ...string) *proc {
+	return startRecvHook(ctx, nil, args...)
+}
+
+// startRecvHook runs haul; a recv gets hook as its state file hook.
+func startRecvHook(ctx context.Context, hook func(writeAt) writeAt, args ...string) *proc {
+	p := &proc{done: make(chan error, 1)}
+	go func() {
+		if hook == nil {
+			p.done <- run(ctx, args, &p.stdout, &p.stderr)
+			return
+		}
+		o, err := parseRecv(args[1:], &p.stderr)
+		if err == nil {
+			o.stateHook = hook
+			err = receive(ctx, o, &p.stdout, &p.stderr)
+		}
+		p.done <- err
+	}()
+	return p
+}
+
+func (p *proc) wait(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-p.done:
+		return err
+	case <-time.After(2 * time.Minute):
+		t.Fatal("haul did not end")
+		return nil
+	}
+}
+
+// haveRegions is how many regions the state file beside out marks as in
+// place (-1 if it does not decode).
+func haveRegions(t *testing.T, out string) int {
+	b, err := os.ReadFile(statePath(out))
+	if err != nil {
+		return -1
+	}
+	st, _, err := decodeState(b)
+	if err != nil {
+		return -1
+	}
+	return countRegions(st.Have, regions(st.Size, st.Region))
+}
+
+func waitRegions(t *testing.T, out string, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool { return haveRegions(t, out) >= n }, 30*time.Second, 2*time.Millisecond)
+}
+
+type fixture struct {
+	dir, in, out string
+	want         []byte
+	addr         string
+	l            *linkem.Link
+}
+
+// newFixture makes an 8 MiB file and a 10 MB/s link (8 regions of 1 MiB,
+// about 0.1 s each).
+func newFixture(t *testing.T) *fixture {
+	f := &fixture{dir: t.TempDir()}
+	f.in, f.out = filepath.Join(f.dir, "in"), filepath.Join(f.dir, "out")
+	f.want = writeRandom(t, f.in, 8<<20)
+	var err error
+	f.l, err = linkem.Start(linkem.Config{Rate: 10e6})
+	require.NoError(t, err)
+	t.Cleanup(func() { f.l.Close() })
+	f.addr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	return f
+}
+
+func (f *fixture) recvArgs(extra ...string) []string {
+	return append([]string{"recv", "--listen", f.addr, "--out", f.out, "--via", f.l.AddrB().String()}, extra...)
+}
+
+func (f *fixture) sender(ctx context.Context, extra ...string) *proc {
+	args := append([]string{"send", "--to", f.addr, "--via", f.l.AddrA().String(), "--rate", "80mbit", "--region", "1MiB", "--json"}, extra...)
+	return start(ctx, append(args, f.in)...)
+}
+
+// requireDone checks a successful pair of runs: the output is the input,
+// nothing else is left, and the sender's report.
+func (f *fixture) requireDone(t *testing.T, s, r *proc) report {
+	t.Helper()
+	serr, rerr := s.wait(t), r.wait(t)
+	require.NoError(t, serr, s.stderr.String())
+	require.NoError(t, rerr, r.stderr.String())
+	got, err := os.ReadFile(f.out)
+	require.NoError(t, err)
+	require.Equal(t, sha256.Sum256(f.want), sha256.Sum256(got))
+	for _, p := range []string{statePath(f.out), partPath(f.out)} {
+		_, err := os.Stat(p)
+		require.ErrorIs(t, err, os.ErrNotExist)
+	}
+	var rep report
+	require.NoError(t, json.Unmarshal([]byte(s.stdout.String()), &rep), s.stdout.String())
+	require.True(t, rep.OK)
+	return rep
+}
+
+// rerun runs both sides again and checks the file arrives.
+func (f *fixture) rerun(t *testing.T) report {
+	ctx := context.Background()
+	r := start(ctx, f.recvArgs()...)
+	waitListening(t, f.addr)
+	return f.requireDone(t, f.sender(ctx), r)
+}
+
+// Every way the receiver can stop mid-transfer keeps the partial output
+// under its temporary name with a state file that resumes it, says so,
+// and tells a live sender why; the next run completes the file.
+func TestStopKeepsState(t *testing.T) {
+	enospc := &os.PathError{Op: "write", Path: "state", Err: syscall.ENOSPC}
+	for _, tc := range []struct {
+		name     string
+		recvArgs []string
+		hook     func(writeAt) writeAt
+		stop     func(killSender, stopRecv func())
+		recvErr  []string
+		sendErr  string
+	}{
+		{name: "sender gone", recvArgs: []string{"--peer-timeout", "300ms", "--wait", "0"},
+			stop:    func(killSender, _ func()) { killSender() },
+			recvErr: []string{"the sender is gone", "nothing heard for", "no sender came back within 0s"}},
+		{name: "interrupted", stop: func(_, stopRecv func()) { stopRecv() },
+			recvErr: []string{"receiver interrupted: context canceled"}, sendErr: "the receiver stopped: receiver interrupted"},
+		{name: "disk full", hook: failAfter(4, enospc), stop: func(_, _ func()) {},
+			recvErr: []string{"save progress to", "no space left on device"}, sendErr: "the receiver stopped: save progress"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			rctx, stopRecv := context.WithCancel(context.Background())
+			defer stopRecv()
+			r := startRecvHook(rctx, tc.hook, f.recvArgs(tc.recvArgs...)...)
+			waitListening(t, f.addr)
+			sctx, killSender := context.WithCancel(context.Background())
+			defer killSender()
+			s := f.sender(sctx)
+			waitRegions(t, f.out, 2)
+			tc.stop(killSender, stopRecv)
+			rerr := r.wait(t)
+			for _, want := range tc.recvErr {
+				require.ErrorContains(t, rerr, want)
+			}
+			require.ErrorContains(t, rerr, "regions are kept in "+partPath(f.out)+" (run again to resume)")
+			serr := s.wait(t)
+			if tc.sendErr != "" {
+				require.ErrorContains(t, serr, tc.sendErr)
+			}
+			_, err := os.Stat(f.out)
+			require.ErrorIs(t, err, os.ErrNotExist, "the output appears only when complete")
+			require.GreaterOrEqual(t, haveRegions(t, f.out), 2)
+			require.Contains(t, rerr.Error(), fmt.Sprintf("%d of 8 regions", haveRegions(t, f.out)), "the count kept is the count on disk")
+
+			rep := f.rerun(t)
+			require.Greater(t, rep.Resumed, int64(0))
+		})
+	}
+}
+
+// failAfter lets n state writes through, then fails every write with err.
+func failAfter(n int, err error) func(writeAt) writeAt {
+	var count atomic.Int32
+	return func(w writeAt) writeAt {
+		return func(b []byte, off int64) (int, error) {
+			if count.Add(1) > int32(n) {
+				return 0, err
+			}
+			return w(b, off)
+		}
+	}
+}
+
+// --out is checked before the receiver waits for a sender.
+func TestCheckOut(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "sub"), 0o755))
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "x.haul.part"), 0o755))
+	// A directory this process cannot write: by its mode for a user, a
+	// read-only mount for root (whom modes do not stop).
+	ro := filepath.Join(dir, "ro")
+	require.NoError(t, os.Mkdir(ro, 0o555))
+	roOK := os.Geteuid() != 0
+	if !roOK {
+		if err := syscall.Mount("tmpfs", ro, "tmpfs", syscall.MS_RDONLY, "size=1m"); err == nil {
+			roOK = true
+			defer syscall.Unmount(ro, 0)
+		}
+	}
+	for _, tc := range []struct {
+		name, out, want string
+		ro              bool
+	}{
+		{"no such directory", filepath.Join(dir, "nope", "out"), "no such file or directory", false},
+		{"parent is a file", filepath.Join(file, "out"), "not a directory", false},
+		{"out is a directory", filepath.Join(dir, "sub"), "is a directory", false},
+		{"partial is a directory", filepath.Join(dir, "x"), "x.haul.part is a directory", false},
+		{"out is special", "/dev/null", "is not a regular file", false},
+		{"directory not writable", filepath.Join(ro, "out"), "cannot create files in", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.ro && !roOK {
+				t.Skip("root, and no read-only tmpfs could be mounted: no directory it cannot write")
+			}
+			// Nothing connects: the error comes before any wait.
+			err := run(context.Background(), []string{"recv", "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--out", tc.out}, io.Discard, io.Discard)
+			require.ErrorContains(t, err, "--out")
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+// A state file that is not what it should be (older versions', a bitmap
+// of the wrong length, garbage, cut short) is discarded with a warning and
+// the transfer starts over.
+func TestBadStateFile(t *testing.T) {
+	good := encodeState(t, 8<<20, 1<<20)
+	for _, tc := range []struct {
+		name  string
+		state []byte
+	}{
+		{"empty bitmap, old format", []byte(`{"size":8388608,"sha256":"x","region":1048576,"have":""}`)},
+		{"garbage", []byte("\x00\x01garbage")},
+		{"cut short", good[:len(good)/2+100]},
+		{"both slots spoiled", bytes.ReplaceAll(good, []byte(`"version":2`), []byte(`"version":3`))},
+		{"wrong transfer", encodeState(t, 8<<20, 2<<20)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			require.NoError(t, os.WriteFile(statePath(f.out), tc.state, 0o644))
+			require.NoError(t, os.WriteFile(partPath(f.out), make([]byte, 8<<20), 0o644))
+			ctx := context.Background()
+			r := start(ctx, f.recvArgs()...)
+			waitListening(t, f.addr)
+			rep := f.requireDone(t, f.sender(ctx), r)
+			require.Zero(t, rep.Resumed)
+			require.Regexp(t, "discarding the state file|belongs to another transfer", r.stderr.String())
+		})
+	}
+}
+
+// encodeState is a valid state file of a transfer of size bytes, with
+// nothing in place.
+func encodeState(t *testing.T, size, region int64) []byte {
+	st, _ := sampleState(size, region, 0)
+	slot := slotSize(regions(size, region))
+	st.Seq = 1
+	return append(bytes.Repeat([]byte{' '}, slot), encodeSlot(st, slot)...)
+}
+
+// sampleState is a valid state of random-looking hashes with the first
+// have regions in place.
+func sampleState(size, region int64, have int) (*state, []byte) {
+	n := regions(size, region)
+	hashes := make([]byte, n*hashLen)
+	for i := range hashes {
+		hashes[i] = byte(i * 7)
+	}
+	st := &state{Version: stateVersion, Size: size, SHA256: strings.Repeat("ab", hashLen), Region: region,
+		Manifest: sha256Hex(hashes), Hashes: hashes, Have: make([]byte, (n+7)/8)}
+	for i := range have {
+		setRegion(st.Have, i)
+	}
+	return st, hashes
+}
+
+// decodeState checks every field, and falls back to the other slot when
+// the newer is spoiled.
+func TestDecodeState(t *testing.T) {
+	const size, region = 10<<20 + 5, 1 << 20 // 11 regions: the bitmap's last byte is partial
+	slot := slotSize(regions(size, region))
+	file := func(mod func(*state)) []byte {
+		st, _ := sampleState(size, region, 3)
+		st.Seq = 1
+		mod(st)
+		return append(bytes.Repeat([]byte{' '}, slot), encodeSlot(st, slot)...)
+	}
+	for _, tc := range []struct {
+		name string
+		mod  func(*state)
+		want string
+	}{
+		{"valid", func(*state) {}, ""},
+		{"empty bitmap", func(s *state) { s.Have = nil }, "bitmap of 0 bytes for 11 regions"},
+		{"long bitmap", func(s *state) { s.Have = make([]byte, 3) }, "bitmap of 3 bytes"},
+		{"bits past the end", func(s *state) { s.Have[1] |= 0x80 }, "past the end"},
+		{"negative size", func(s *state) { s.Size = -1 }, "size -1"},
+		{"tiny region", func(s *state) { s.Region = 1 }, "region 1"},
+		{"too many regions", func(s *state) { s.Region = 4096; s.Size = 4096 * (maxRegions + 1) }, "regions of 4096 bytes"},
+		{"bad sha256", func(s *state) { s.SHA256 = "zz" }, "malformed sha256"},
+		{"hashes of another file", func(s *state) { s.Hashes[0]++ }, "do not match their manifest"},
+		{"hashes cut short", func(s *state) { s.Hashes = s.Hashes[:32] }, "32 bytes of region hashes"},
+		{"regions without hashes", func(s *state) { s.Hashes = nil }, "no region hashes"},
+		{"version", func(s *state) { s.Version = 1 }, "version 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, gotSlot, err := decodeState(file(tc.mod))
+			if tc.want != "" {
+				require.ErrorIs(t, err, errState)
+				require.ErrorContains(t, err, tc.want)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, slot, gotSlot)
+			require.Equal(t, 3, countRegions(st.Have, 11))
+		})
+	}
+	t.Run("torn newer slot", func(t *testing.T) {
+		old, _ := sampleState(size, region, 3)
+		old.Seq = 4
+		newer := *old
+		newer.Seq = 5
+		b := append(encodeSlot(old, slot), encodeSlot(&newer, slot)...)
+		st, _, err := decodeState(b)
+		require.NoError(t, err)
+		require.Equal(t, uint64(5), st.Seq)
+		b[slot+10] ^= 1 // spoils the newer slot's checksum
+		st, _, err = decodeState(b)
+		require.NoError(t, err)
+		require.Equal(t, uint64(4), st.Seq)
+	})
+	for _, b := range [][]byte{nil, make([]byte, 1024), make([]byte, 1000), bytes.Repeat([]byte{' '}, 4096)} {
+		_, _, err := decodeState(b)
+		require.ErrorIs(t, err, errState)
+	}
+}
+
+// The state decoder never panics, and what it accepts is consistent: the
+// bitmap covers exactly the regions, the hashes match the manifest, and
+// it encodes back to itself.
+func FuzzState(f *testing.F) {
+	for _, c := range []struct {
+		size, region int64
+		have         int
+	}{{0, 4096, 0}, {1, 4096, 1}, {10<<20 + 5, 1 << 20, 3}, {8 << 20, 1 << 20, 8}} {
+		st, _ := sampleState(c.size, c.region, c.have)
+		slot := slotSize(regions(c.size, c.region))
+		st.Seq = 2
+		f.Add(append(encodeSlot(st, slot), bytes.Repeat([]byte{' '}, slot)...))
+	}
+	f.Add([]byte(`{"size":8388608,"have":""}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		st, slot, err := decodeState(b)
+		if err != nil {
+			require.ErrorIs(t, err, errState)
+			return
+		}
+		n := regions(st.Size, st.Region)
+		require.Len(t, st.Have, (n+7)/8)
+		require.LessOrEqual(t, countRegions(st.Have, n+8), n)
+		if len(st.Hashes) > 0 {
+			require.Len(t, st.Hashes, n*hashLen)
+			require.Equal(t, st.Manifest, sha256Hex(st.Hashes))
+		}
+		again, err := decodeSlot(encodeSlot(st, slot))
+		require.NoError(t, err)
+		require.Equal(t, st, again)
+	})
+}
+
+// Bytes of the partial output changed between runs (a bad disk, a stray
+// write): the rerun finds the regions that no longer match the sender's
+// hashes, fetches them again, and the file arrives intact.
+func TestRepairCorruptPartial(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	r := start(ctx, f.recvArgs("--peer-timeout", "300ms", "--wait", "0")...)
+	waitListening(t, f.addr)
+	sctx, kill := context.WithCancel(ctx)
+	s := f.sender(sctx)
+	waitRegions(t, f.out, 3)
+	kill()
+	require.Error(t, s.wait(t))
+	require.ErrorContains(t, r.wait(t), "run again to resume")
+	have := haveRegions(t, f.out)
+
+	p, err := os.OpenFile(partPath(f.out), os.O_RDWR, 0)
+	require.NoError(t, err)
+	_, err = p.WriteAt([]byte("corrupted"), 1<<20+12345) // region 1, in place
+	require.NoError(t, err)
+	require.NoError(t, p.Close())
+
+	r = start(ctx, f.recvArgs()...)
+	waitListening(t, f.addr)
+	rep := f.requireDone(t, f.sender(ctx), r)
+	require.Equal(t, int64(have-1)<<20, rep.Resumed, "all but the corrupted region were kept")
+	require.Contains(t, r.stderr.String(), "do not match their hashes")
+}
+
+// A complete file whose SHA-256 does not match: the regions that differ
+// from the sender's hashes lose their mark (the next run fetches them);
+// if none does, the next run starts over rather than fail forever.
+func TestVerifyClearsBadRegions(t *testing.T) {
+	const size, region = 3<<20 + 7, 1 << 20
+	data := bytes.Repeat([]byte("haul"), size/4+1)[:size]
+	for _, tc := range []struct {
+		name    string
+		corrupt int // region to change on disk; -1 none, but a wrong whole-file sha
+		want    string
+		left    int // regions still marked after
+	}{
+		{"one region bad", 2, "1 regions differ", 3},
+		{"hashes disagree with the sha", -1, "the next run starts over", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "out")
+			sha, hashes := hashFile(data, region)
+			if tc.corrupt < 0 {
+				sha = strings.Repeat("0", 2*hashLen)
+			}
+			off := &offer{Size: size, SHA256: sha, Region: region, Manifest: sha256Hex(hashes), K: 32}
+			o, err := createOutput(out, off, newLogger(io.Discard))
+			require.NoError(t, err)
+			defer o.close()
+			require.NoError(t, o.mapFile())
+			require.NoError(t, o.setHashes(hashes))
+			copy(o.mm, data)
+			for i := range o.regions() {
+				ok, err := o.complete(i)
+				require.NoError(t, err)
+				require.True(t, ok)
+			}
+			if tc.corrupt >= 0 {
+				o.mm[tc.corrupt*region+5] ^= 0xff
+			}
+			_, err = o.verify()
+			require.ErrorContains(t, err, tc.want)
+			require.Equal(t, tc.left, haveRegions(t, out))
+		})
+	}
+}
+
+// A region that arrives not matching its hash is not marked, and the run
+// says the next one fetches it again.
+func TestCorruptRegionNotKept(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "out")
+	data := bytes.Repeat([]byte{7}, 2<<20)
+	sha, hashes := hashFile(data, 1<<20)
+	o, err := createOutput(out, &offer{Size: 2 << 20, SHA256: sha, Region: 1 << 20, Manifest: sha256Hex(hashes), K: 32}, newLogger(io.Discard))
+	require.NoError(t, err)
+	defer o.close()
+	require.NoError(t, o.mapFile())
+	require.ErrorContains(t, o.setHashes(hashes[1:]), "do not match its offer")
+	require.NoError(t, o.setHashes(hashes))
+	copy(o.mm, data)
+	o.mm[100] = 8
+	ok, err := o.complete(0)
+	require.NoError(t, err)
+	require.False(t, ok)
+	ok, err = o.complete(1)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, 1, haveRegions(t, out))
+}
+
+// A sender killed mid-transfer and restarted through the same running
+// linkem finishes the same receiver's transfer: after the receiver found
+// it gone (it waits --wait for it), or before (the new one takes over).
+func TestResumeSameReceiver(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		recvArgs  []string
+		afterKill func(t *testing.T, r *proc)
+		says      string
+	}{
+		{"after the timeout", []string{"--peer-timeout", "300ms", "--wait", "1m"}, func(t *testing.T, r *proc) {
+			require.Eventually(t, func() bool { return strings.Contains(r.stderr.String(), "waiting for the sender to resume") },
+				30*time.Second, 5*time.Millisecond)
+		}, "waiting for the sender to resume"},
+		{"takeover", nil, func(*testing.T, *proc) {}, "a sender connected again"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			ctx := context.Background()
+			r := start(ctx, f.recvArgs(tc.recvArgs...)...)
+			waitListening(t, f.addr)
+			sctx, kill := context.WithCancel(ctx)
+			s := f.sender(sctx)
+			waitRegions(t, f.out, 3)
+			kill()
+			require.Error(t, s.wait(t))
+			tc.afterKill(t, r)
+			// A new sender, on a new port, through the same linkem.
+			rep := f.requireDone(t, f.sender(ctx), r)
+			require.GreaterOrEqual(t, rep.Resumed, int64(3<<20))
+			require.Contains(t, r.stderr.String(), tc.says)
+			_, ba := f.l.Stats()
+			require.GreaterOrEqual(t, ba.NewPeers, uint64(1), "linkem learned the receiver")
+			ab, _ := f.l.Stats()
+			require.Equal(t, uint64(2), ab.NewPeers, "linkem learned the new sender")
+		})
+	}
+}
+
+// A receiver whose sender does not come back within --wait gives up and
+// says what it kept.
+func TestWaitExpires(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	r := start(ctx, f.recvArgs("--peer-timeout", "300ms", "--wait", "200ms")...)
+	waitListening(t, f.addr)
+	sctx, kill := context.WithCancel(ctx)
+	s := f.sender(sctx)
+	waitRegions(t, f.out, 1)
+	kill()
+	require.Error(t, s.wait(t))
+	err := r.wait(t)
+	require.ErrorIs(t, err, errSenderGone)
+	require.ErrorIs(t, err, errNoSender)
+	require.ErrorContains(t, err, "within 200ms")
+	require.ErrorContains(t, err, "run again to resume")
+}
+
+// A disk that fills during the transfer (another writer takes the rest
+// of a small tmpfs) does not stop it: its space was reserved.
+func TestDiskFillsMidTransfer(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs")
+	}
+	f := newFixture(t)
+	mnt := filepath.Join(f.dir, "tiny")
+	require.NoError(t, os.Mkdir(mnt, 0o755))
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=12m"); err != nil {
+		t.Skipf("cannot mount tmpfs: %v", err)
+	}
+	defer syscall.Unmount(mnt, 0)
+	f.out = filepath.Join(mnt, "out")
+	ctx := context.Background()
+	r := start(ctx, f.recvArgs()...)
+	waitListening(t, f.addr)
+	s := f.sender(ctx)
+	waitRegions(t, f.out, 2)
+	filler, err := os.Create(filepath.Join(mnt, "filler"))
+	require.NoError(t, err)
+	chunk := make([]byte, 64<<10)
+	for {
+		if _, err := filler.Write(chunk); err != nil {
+			require.ErrorIs(t, err, syscall.ENOSPC)
+			break
+		}
+	}
+	require.NoError(t, filler.Close())
+	f.requireDone(t, s, r)
+}
+
+// The sender picks a region size that keeps a large file within
+// maxRegions, and refuses an explicit one that does not.
+func TestPickRegion(t *testing.T) {
+	for _, tc := range []struct {
+		flag, size, want int64
+		err              string
+	}{
+		{0, 100, 16 << 20, ""},
+		{0, 64 << 30, 16 << 20, ""},
+		{0, 64<<30 + 1, 17 << 20, ""},
+		{1 << 20, 4 << 30, 1 << 20, ""},
+		{1 << 20, 4<<30 + 1, 0, "4097 regions, at most 4096: use a larger --region"},
+		{0, 1 << 50, 0, "too large"},
+	} {
+		got, err := pickRegion(tc.flag, tc.size)
+		if tc.err != "" {
+			require.ErrorContains(t, err, tc.err)
+			continue
+		}
+		require.NoError(t, err)
+		require.Equal(t, tc.want, got, "flag %d size %d", tc.flag, tc.size)
+		require.LessOrEqual(t, regions(tc.size, got), maxRegions)
+	}
+}
