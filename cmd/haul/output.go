@@ -91,6 +91,9 @@ func loadResume(out string, log *slog.Logger) *output {
 		return nil
 	}
 	o := &output{path: out, f: f, st: sf, log: log}
+	if k := countRegions(st.Have, regions(st.Size, st.Region)); k > 0 {
+		log.Info("checking the regions an earlier run kept", "regions", k, "path", partPath(out))
+	}
 	if bad := o.verifyHave(); bad > 0 {
 		log.Warn("regions of the partial output do not match their hashes; they will be fetched again", "regions", bad)
 		if err := o.st.save(); err != nil {

@@ -176,6 +176,14 @@ func (r *receiver) start(req *cm.Request, resume *output) (*output, error) {
 		out.close()
 		out = nil
 	}
+	if out != nil {
+		// Reserved when it was created, unless it was copied sparse since.
+		if err := reserve(out.f, off.Size, r.log); err != nil {
+			req.Reject(err.Error())
+			out.close()
+			return nil, err
+		}
+	}
 	if out == nil {
 		if out, err = createOutput(r.o.out, off, r.log); err != nil {
 			req.Reject(err.Error())

@@ -123,7 +123,7 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := c.Ready(ctx); err != nil {
+	if err := ready(ctx, c, vr, o.peerT); err != nil {
 		return err
 	}
 	if ans.Hashes && len(hashes) > 0 {
@@ -321,4 +321,29 @@ func hashFile(b []byte, region int64) (string, []byte) {
 	}
 	wg.Wait()
 	return sum, hashes
+}
+
+// ready waits for the first round trip, or for the verdict: a receiver
+// with nothing to fetch (an empty file, all of it there) may have
+// concluded and gone before a ping was answered.
+func ready(ctx context.Context, c *reliability.Conn, vr *reliability.Recv, timeout time.Duration) error {
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-vr.Done():
+			cancel()
+		case <-rctx.Done():
+		}
+	}()
+	err := c.Ready(rctx)
+	select {
+	case <-vr.Done():
+		return nil
+	default:
+	}
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("no answer from the receiver: %w", err)
+	}
+	return err
 }

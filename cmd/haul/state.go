@@ -178,6 +178,9 @@ func decodeSlot(b []byte) (*state, error) {
 	if d.More() {
 		return nil, fmt.Errorf("%w: data after the state", errState)
 	}
+	if len(st.Hashes) == 0 {
+		st.Hashes = nil // "" and absent are one: not received yet
+	}
 	if err := st.validate(); err != nil {
 		return nil, err
 	}
