@@ -183,7 +183,7 @@ func TestResume(t *testing.T) {
 	defer l.Close()
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	ctx := context.Background()
-	rc := runAsync(ctx, "recv", "--listen", addr, "--out", out, "--via", l.AddrB().String(), "--peer-timeout", "500ms", "--wait", "0")
+	rc := runAsync(ctx, "recv", "--listen", addr, "--out", out, "--via", l.AddrB().String(), "--peer-timeout", silentPeer, "--wait", "0")
 	waitListening(t, addr)
 	sctx, kill := context.WithCancel(ctx)
 	sc := runAsync(sctx, "send", "--to", addr, "--via", l.AddrA().String(), "--rate", "80mbit", "--region", "1MiB", in)

@@ -69,7 +69,7 @@ func loadResume(out string, log *slog.Logger) *output {
 		log.Warn("cannot read the state file; starting over", "path", statePath(out), "err", err)
 		return nil
 	}
-	st, slot, err := decodeState(b)
+	st, err := decodeState(b)
 	if err != nil {
 		log.Warn("discarding the state file; starting over", "path", statePath(out), "err", err)
 		return nil
@@ -84,7 +84,7 @@ func loadResume(out string, log *slog.Logger) *output {
 		log.Warn("the partial output is not of the transfer's size; starting over", "path", partPath(out), "want", st.Size)
 		return nil
 	}
-	sf, err := openState(statePath(out), st, slot)
+	sf, err := openState(statePath(out), st)
 	if err != nil {
 		f.Close()
 		log.Warn("cannot reopen the state file; starting over", "err", err)
@@ -147,9 +147,6 @@ func createOutput(out string, off *offer, log *slog.Logger) (*output, error) {
 	n := regions(off.Size, off.Region)
 	st := state{Version: stateVersion, Size: off.Size, SHA256: off.SHA256, Region: off.Region, Manifest: off.Manifest,
 		Have: make([]byte, (n+7)/8)}
-	if n == 0 {
-		st.Hashes = nil // an empty file has no regions and nothing to send about them
-	}
 	sf, err := createState(statePath(out), st)
 	if err != nil {
 		f.Close()
@@ -214,7 +211,7 @@ func (o *output) span(i int) []byte {
 func (o *output) have() []byte { return o.st.st.Have }
 
 // needHashes says whether the sender must send its region hashes first.
-func (o *output) needHashes() bool { return o.regions() > 0 && len(o.st.st.Hashes) == 0 }
+func (o *output) needHashes() bool { return o.regions() > 0 && !o.st.st.Hashed }
 
 // setHashes takes the sender's region hashes, checked against the offer's
 // manifest, and records them.
@@ -222,12 +219,7 @@ func (o *output) setHashes(h []byte) error {
 	if len(h) != o.regions()*hashLen || sha256Hex(h) != o.st.st.Manifest {
 		return errors.New("the sender's region hashes do not match its offer")
 	}
-	o.st.st.Hashes = bytes.Clone(h)
-	if err := o.st.save(); err != nil {
-		o.st.st.Hashes = nil // as on disk
-		return err
-	}
-	return nil
+	return o.st.saveHashes(h)
 }
 
 // complete records region i if its bytes match the sender's hash, and

@@ -39,6 +39,11 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// silentPeer is the receiver's --peer-timeout where a test waits for it
+// to find the sender gone: long enough that a loaded machine (the race
+// detector, shared cores) does not make a live sender look gone.
+const silentPeer = "2s"
+
 // proc is a run of haul in the test process.
 type proc struct {
 	stdout, stderr syncBuffer
@@ -85,16 +90,28 @@ func haveRegions(t *testing.T, out string) int {
 	if err != nil {
 		return -1
 	}
-	st, _, err := decodeState(b)
+	st, err := decodeState(b)
 	if err != nil {
 		return -1
 	}
 	return countRegions(st.Have, regions(st.Size, st.Region))
 }
 
-func waitRegions(t *testing.T, out string, n int) {
+// waitRegions waits until the state file marks n regions; ps are the
+// runs whose stderr to show if it does not happen.
+func waitRegions(t *testing.T, out string, n int, ps ...*proc) {
 	t.Helper()
-	require.Eventually(t, func() bool { return haveRegions(t, out) >= n }, 30*time.Second, 2*time.Millisecond)
+	deadline := time.Now().Add(30 * time.Second)
+	for haveRegions(t, out) < n {
+		if time.Now().After(deadline) {
+			var logs []string
+			for _, p := range ps {
+				logs = append(logs, p.stderr.String())
+			}
+			t.Fatalf("%d regions never arrived; the runs said:\n%s", n, strings.Join(logs, "\n---\n"))
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 type fixture struct {
@@ -168,7 +185,7 @@ func TestStopKeepsState(t *testing.T) {
 		recvErr  []string
 		sendErr  string
 	}{
-		{name: "sender gone", recvArgs: []string{"--peer-timeout", "300ms", "--wait", "0"},
+		{name: "sender gone", recvArgs: []string{"--peer-timeout", silentPeer, "--wait", "0"},
 			stop:    func(killSender, _ func()) { killSender() },
 			recvErr: []string{"the sender is gone", "nothing heard for", "no sender came back within 0s"}},
 		{name: "interrupted", stop: func(_, stopRecv func()) { stopRecv() },
@@ -185,7 +202,7 @@ func TestStopKeepsState(t *testing.T) {
 			sctx, killSender := context.WithCancel(context.Background())
 			defer killSender()
 			s := f.sender(sctx)
-			waitRegions(t, f.out, 2)
+			waitRegions(t, f.out, 2, r, s)
 			tc.stop(killSender, stopRecv)
 			rerr := r.wait(t)
 			for _, want := range tc.recvErr {
@@ -265,16 +282,16 @@ func TestCheckOut(t *testing.T) {
 // of the wrong length, garbage, cut short) is discarded with a warning and
 // the transfer starts over.
 func TestBadStateFile(t *testing.T) {
-	good := encodeState(t, 8<<20, 1<<20)
+	good := stateFileFor(8<<20, 1<<20)
 	for _, tc := range []struct {
 		name  string
 		state []byte
 	}{
 		{"empty bitmap, old format", []byte(`{"size":8388608,"sha256":"x","region":1048576,"have":""}`)},
 		{"garbage", []byte("\x00\x01garbage")},
-		{"cut short", good[:len(good)/2+100]},
+		{"cut short", good[:len(good)-1]},
 		{"both slots spoiled", bytes.ReplaceAll(good, []byte(`"version":2`), []byte(`"version":3`))},
-		{"wrong transfer", encodeState(t, 8<<20, 2<<20)},
+		{"wrong transfer", stateFileFor(8<<20, 2<<20)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
@@ -290,88 +307,95 @@ func TestBadStateFile(t *testing.T) {
 	}
 }
 
-// encodeState is a valid state file of a transfer of size bytes, with
-// nothing in place.
-func encodeState(t *testing.T, size, region int64) []byte {
-	st, _ := sampleState(size, region, 0)
-	slot := slotSize(regions(size, region))
+// stateFileFor is a valid state file of a transfer of size bytes, with
+// its hashes in and nothing in place.
+func stateFileFor(size, region int64) []byte {
+	st := sampleState(size, region, 0)
 	st.Seq = 1
-	return append(bytes.Repeat([]byte{' '}, slot), encodeSlot(st, slot)...)
+	return encodeState(st)
 }
 
-// sampleState is a valid state of random-looking hashes with the first
+// sampleState is a valid state with made-up region hashes and the first
 // have regions in place.
-func sampleState(size, region int64, have int) (*state, []byte) {
+func sampleState(size, region int64, have int) *state {
 	n := regions(size, region)
 	hashes := make([]byte, n*hashLen)
 	for i := range hashes {
 		hashes[i] = byte(i * 7)
 	}
 	st := &state{Version: stateVersion, Size: size, SHA256: strings.Repeat("ab", hashLen), Region: region,
-		Manifest: sha256Hex(hashes), Hashes: hashes, Have: make([]byte, (n+7)/8)}
+		Manifest: sha256Hex(hashes), Hashed: true, Hashes: hashes, Have: make([]byte, (n+7)/8)}
 	for i := range have {
 		setRegion(st.Have, i)
 	}
-	return st, hashes
+	return st
 }
 
 // decodeState checks every field, and falls back to the other slot when
 // the newer is spoiled.
 func TestDecodeState(t *testing.T) {
 	const size, region = 10<<20 + 5, 1 << 20 // 11 regions: the bitmap's last byte is partial
-	slot := slotSize(regions(size, region))
-	file := func(mod func(*state)) []byte {
-		st, _ := sampleState(size, region, 3)
-		st.Seq = 1
-		mod(st)
-		return append(bytes.Repeat([]byte{' '}, slot), encodeSlot(st, slot)...)
-	}
 	for _, tc := range []struct {
 		name string
 		mod  func(*state)
+		edit func([]byte) []byte // the encoded file
 		want string
 	}{
-		{"valid", func(*state) {}, ""},
-		{"empty bitmap", func(s *state) { s.Have = nil }, "bitmap of 0 bytes for 11 regions"},
-		{"long bitmap", func(s *state) { s.Have = make([]byte, 3) }, "bitmap of 3 bytes"},
-		{"bits past the end", func(s *state) { s.Have[1] |= 0x80 }, "past the end"},
-		{"negative size", func(s *state) { s.Size = -1 }, "size -1"},
-		{"tiny region", func(s *state) { s.Region = 1 }, "region 1"},
-		{"too many regions", func(s *state) { s.Region = 4096; s.Size = 4096 * (maxRegions + 1) }, "regions of 4096 bytes"},
-		{"bad sha256", func(s *state) { s.SHA256 = "zz" }, "malformed sha256"},
-		{"hashes of another file", func(s *state) { s.Hashes[0]++ }, "do not match their manifest"},
-		{"hashes cut short", func(s *state) { s.Hashes = s.Hashes[:32] }, "32 bytes of region hashes"},
-		{"regions without hashes", func(s *state) { s.Hashes = nil }, "no region hashes"},
-		{"version", func(s *state) { s.Version = 1 }, "version 1"},
+		{name: "valid"},
+		{name: "empty bitmap", mod: func(s *state) { s.Have = nil }, want: "bitmap of 0 bytes for 11 regions"},
+		{name: "long bitmap", mod: func(s *state) { s.Have = make([]byte, 3) }, want: "bitmap of 3 bytes"},
+		{name: "bits past the end", mod: func(s *state) { s.Have[1] |= 0x80 }, want: "past the end"},
+		{name: "negative size", mod: func(s *state) { s.Size = -1 }, want: "size -1"},
+		{name: "tiny region", mod: func(s *state) { s.Region = 1 }, want: "region 1"},
+		{name: "too many regions", mod: func(s *state) { s.Region = 4096; s.Size = 4096 * (maxRegions + 1) }, want: "regions of 4096 bytes"},
+		{name: "bad sha256", mod: func(s *state) { s.SHA256 = "zz" }, want: "malformed sha256"},
+		{name: "regions without hashes", mod: func(s *state) { s.Hashed = false }, want: "no region hashes"},
+		{name: "version", mod: func(s *state) { s.Version = 1 }, want: "version 1"},
+		{name: "hashes of another file", edit: func(b []byte) []byte { b[hashesAt]++; return b }, want: "do not match their manifest"},
+		{name: "hashes cut short", edit: func(b []byte) []byte { return b[:len(b)-hashLen] }, want: "want 4448 for 11 regions"},
+		{name: "file cut short", edit: func(b []byte) []byte { return b[:slotSize] }, want: "shorter than its two slots"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			st, gotSlot, err := decodeState(file(tc.mod))
+			st := sampleState(size, region, 3)
+			st.Seq = 1
+			b := encodeState(st)
+			if tc.mod != nil {
+				tc.mod(st)
+				copy(b[slotSize:], encodeSlot(st)) // seq 1's slot
+			}
+			if tc.edit != nil {
+				b = tc.edit(b)
+			}
+			got, err := decodeState(b)
 			if tc.want != "" {
 				require.ErrorIs(t, err, errState)
 				require.ErrorContains(t, err, tc.want)
 				return
 			}
 			require.NoError(t, err)
-			require.Equal(t, slot, gotSlot)
-			require.Equal(t, 3, countRegions(st.Have, 11))
+			require.Equal(t, st, got)
+			require.Equal(t, 3, countRegions(got.Have, 11))
 		})
 	}
 	t.Run("torn newer slot", func(t *testing.T) {
-		old, _ := sampleState(size, region, 3)
-		old.Seq = 4
-		newer := *old
-		newer.Seq = 5
-		b := append(encodeSlot(old, slot), encodeSlot(&newer, slot)...)
-		st, _, err := decodeState(b)
+		st := sampleState(size, region, 3)
+		st.Seq = 4
+		b := encodeState(st)
+		st.Seq = 5
+		setRegion(st.Have, 3)
+		copy(b[slotSize:], encodeSlot(st))
+		got, err := decodeState(b)
 		require.NoError(t, err)
-		require.Equal(t, uint64(5), st.Seq)
-		b[slot+10] ^= 1 // spoils the newer slot's checksum
-		st, _, err = decodeState(b)
+		require.Equal(t, uint64(5), got.Seq)
+		require.Equal(t, 4, countRegions(got.Have, 11))
+		b[slotSize+10] ^= 1 // spoils the newer slot's checksum
+		got, err = decodeState(b)
 		require.NoError(t, err)
-		require.Equal(t, uint64(4), st.Seq)
+		require.Equal(t, uint64(4), got.Seq)
+		require.Equal(t, 3, countRegions(got.Have, 11))
 	})
-	for _, b := range [][]byte{nil, make([]byte, 1024), make([]byte, 1000), bytes.Repeat([]byte{' '}, 4096)} {
-		_, _, err := decodeState(b)
+	for _, b := range [][]byte{nil, make([]byte, hashesAt), bytes.Repeat([]byte{' '}, hashesAt+hashLen)} {
+		_, err := decodeState(b)
 		require.ErrorIs(t, err, errState)
 	}
 }
@@ -386,40 +410,47 @@ func FuzzState(f *testing.F) {
 		size, region int64
 		have         int
 	}{{0, 4096, 0}, {1, 4096, 1}, {10<<20 + 5, 1 << 20, 3}, {8 << 20, 1 << 20, 8}} {
-		st, _ := sampleState(c.size, c.region, c.have)
-		slot := slotSize(regions(c.size, c.region))
+		st := sampleState(c.size, c.region, c.have)
 		st.Seq = 2
-		f.Add(append(encodeSlot(st, slot), bytes.Repeat([]byte{' '}, slot)...))
+		f.Add(encodeState(st))
 		f.Add(mustJSON(st))
 	}
 	f.Add([]byte(`{"size":8388608,"have":""}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		st, slot, err := decodeState(b)
-		checkDecoded(t, st, slot, err)
+		st, err := decodeState(b)
+		if err != nil {
+			require.ErrorIs(t, err, errState)
+		} else {
+			checkDecoded(t, st)
+			again, err := decodeState(encodeState(st))
+			require.NoError(t, err)
+			require.Equal(t, st, again)
+		}
 		j := fmt.Appendf(bytes.Clone(b), "\n%s\n", sha256Hex(b))
 		if st, err := decodeSlot(j); err == nil {
-			checkDecoded(t, st, slotSize(regions(st.Size, st.Region)), nil)
+			checkDecoded(t, st)
+			again, err := decodeSlot(encodeSlot(st))
+			require.NoError(t, err)
+			require.Equal(t, st, again)
 		} else {
 			require.ErrorIs(t, err, errState)
 		}
 	})
 }
 
-func checkDecoded(t *testing.T, st *state, slot int, err error) {
-	if err != nil {
-		require.ErrorIs(t, err, errState)
-		return
-	}
+// checkDecoded checks what the decoder accepted.
+func checkDecoded(t *testing.T, st *state) {
 	n := regions(st.Size, st.Region)
 	require.Len(t, st.Have, (n+7)/8)
 	require.LessOrEqual(t, countRegions(st.Have, n+8), n)
-	if len(st.Hashes) > 0 {
+	if !st.Hashed {
+		require.Zero(t, countRegions(st.Have, n))
+	}
+	if st.Hashes != nil {
+		require.True(t, st.Hashed)
 		require.Len(t, st.Hashes, n*hashLen)
 		require.Equal(t, st.Manifest, sha256Hex(st.Hashes))
 	}
-	again, err := decodeSlot(encodeSlot(st, slot))
-	require.NoError(t, err)
-	require.Equal(t, st, again)
 }
 
 // Bytes of the partial output changed between runs (a bad disk, a stray
@@ -428,14 +459,15 @@ func checkDecoded(t *testing.T, st *state, slot int, err error) {
 func TestRepairCorruptPartial(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	r := start(ctx, f.recvArgs("--peer-timeout", "300ms", "--wait", "0")...)
+	rctx, stopRecv := context.WithCancel(ctx)
+	defer stopRecv()
+	r := start(rctx, f.recvArgs()...)
 	waitListening(t, f.addr)
-	sctx, kill := context.WithCancel(ctx)
-	s := f.sender(sctx)
-	waitRegions(t, f.out, 3)
-	kill()
-	require.Error(t, s.wait(t))
+	s := f.sender(ctx)
+	waitRegions(t, f.out, 3, r, s)
+	stopRecv()
 	require.ErrorContains(t, r.wait(t), "run again to resume")
+	require.Error(t, s.wait(t))
 	have := haveRegions(t, f.out)
 
 	p, err := os.OpenFile(partPath(f.out), os.O_RDWR, 0)
@@ -527,7 +559,7 @@ func TestResumeSameReceiver(t *testing.T) {
 		afterKill func(t *testing.T, r *proc)
 		says      string
 	}{
-		{"after the timeout", []string{"--peer-timeout", "300ms", "--wait", "1m"}, func(t *testing.T, r *proc) {
+		{"after the timeout", []string{"--peer-timeout", silentPeer, "--wait", "1m"}, func(t *testing.T, r *proc) {
 			require.Eventually(t, func() bool { return strings.Contains(r.stderr.String(), "waiting for the sender to resume") },
 				30*time.Second, 5*time.Millisecond)
 		}, "waiting for the sender to resume"},
@@ -540,7 +572,7 @@ func TestResumeSameReceiver(t *testing.T) {
 			waitListening(t, f.addr)
 			sctx, kill := context.WithCancel(ctx)
 			s := f.sender(sctx)
-			waitRegions(t, f.out, 3)
+			waitRegions(t, f.out, 3, r, s)
 			kill()
 			require.Error(t, s.wait(t))
 			tc.afterKill(t, r)
@@ -561,11 +593,11 @@ func TestResumeSameReceiver(t *testing.T) {
 func TestWaitExpires(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	r := start(ctx, f.recvArgs("--peer-timeout", "300ms", "--wait", "200ms")...)
+	r := start(ctx, f.recvArgs("--peer-timeout", silentPeer, "--wait", "200ms")...)
 	waitListening(t, f.addr)
 	sctx, kill := context.WithCancel(ctx)
 	s := f.sender(sctx)
-	waitRegions(t, f.out, 1)
+	waitRegions(t, f.out, 1, r, s)
 	kill()
 	require.Error(t, s.wait(t))
 	err := r.wait(t)
@@ -593,7 +625,7 @@ func TestDiskFillsMidTransfer(t *testing.T) {
 	r := start(ctx, f.recvArgs()...)
 	waitListening(t, f.addr)
 	s := f.sender(ctx)
-	waitRegions(t, f.out, 2)
+	waitRegions(t, f.out, 2, r, s)
 	filler, err := os.Create(filepath.Join(mnt, "filler"))
 	require.NoError(t, err)
 	chunk := make([]byte, 64<<10)

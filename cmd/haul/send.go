@@ -167,10 +167,13 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 	for done < len(sends) {
 		select {
 		case <-early:
+			early = nil
 			var v verdict
+			if vr.Wait(ctx) != nil {
+				continue // the connection failed: so do the sends, with the reason
+			}
 			if json.Unmarshal(bytes.TrimRight(vbuf, "\x00"), &v) == nil && v.OK {
-				early = nil // it has everything; the last completions are on their way
-				continue
+				continue // it has everything; the last completions are on their way
 			}
 			prog.end()
 			return fmt.Errorf("after %d of %d bytes, the receiver stopped: %s", doneBytes+rep.Resumed, size, v.Error)

@@ -6,23 +6,23 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"os"
-	"strings"
 )
 
 // The state file (PATH.haul) is what the receiver keeps beside the partial
 // output (PATH.haul.part) so that an interrupted transfer resumes: the
-// offer it belongs to, the sender's per-region hashes and the regions in
-// place so far.
+// offer it belongs to, the regions in place so far, and the sender's
+// per-region hashes that each region was checked against.
 //
-// It is written in place into space reserved when it is created, so that
+// It is written in place into space allocated when it is created, so that
 // saving progress cannot fail for want of space once the transfer has
-// started: two slots of equal size, written in turn, each a JSON object, a
-// newline, the SHA-256 of the JSON in hex, a newline and spaces up to the
-// slot's end. A torn write spoils one slot; the other keeps the state
-// before it. The file is untrusted input all the same: decodeState checks
-// every field.
+// started. Two slots of slotSize bytes come first, written in turn, each a
+// JSON object, a newline, the SHA-256 of the JSON in hex, a newline and
+// spaces to the slot's end: a torn write spoils one slot, and the other
+// keeps the state before it. The region hashes follow, 32 bytes each,
+// written once (before the slot that says they are there) and checked
+// against the manifest. The file is untrusted input all the same:
+// decodeState checks every field.
 
 const (
 	stateVersion = 2
@@ -32,8 +32,11 @@ const (
 	maxRegions = 4096
 	minRegion  = 4096
 	maxRegion  = 4 << 30 // the reliability layer's message limit is near
-	maxSlot    = 1 << 20 // far above what maxRegions needs (about 180 KiB)
 	hashLen    = sha256.Size
+	// slotSize holds the largest state: a bitmap of maxRegions bits is
+	// 684 bytes in base64, the rest some 300.
+	slotSize = 2048
+	hashesAt = 2 * slotSize
 )
 
 // errState marks a state file that cannot be used.
@@ -45,9 +48,10 @@ type state struct {
 	Size     int64  `json:"size"`
 	SHA256   string `json:"sha256"`
 	Region   int64  `json:"region"`
-	Manifest string `json:"manifest"`         // SHA-256 of Hashes, as the offer says
-	Hashes   []byte `json:"hashes,omitempty"` // each region's SHA-256, once the sender sent them
-	Have     []byte `json:"have"`             // bitmap of regions in place and verified
+	Manifest string `json:"manifest"` // SHA-256 of Hashes, as the offer says
+	Hashed   bool   `json:"hashed"`   // the region hashes are in the file
+	Have     []byte `json:"have"`     // bitmap of regions in place and verified
+	Hashes   []byte `json:"-"`        // each region's SHA-256, once Hashed
 }
 
 func statePath(out string) string { return out + ".haul" }
@@ -97,8 +101,8 @@ func checkLayout(size, region int64) error {
 	return nil
 }
 
-// validate checks every field against the others.
-func (st *state) validate() error {
+// validateSlot checks the fields a slot holds against each other.
+func (st *state) validateSlot() error {
 	if st.Version != stateVersion {
 		return fmt.Errorf("%w: version %d, want %d", errState, st.Version, stateVersion)
 	}
@@ -115,43 +119,24 @@ func (st *state) validate() error {
 	if n%8 != 0 && st.Have[n/8]>>(n%8) != 0 {
 		return fmt.Errorf("%w: bitmap marks regions past the end", errState)
 	}
-	if len(st.Hashes) == 0 {
-		if countRegions(st.Have, n) != 0 {
-			return fmt.Errorf("%w: regions marked in place but no region hashes", errState)
-		}
-		return nil
-	}
-	if len(st.Hashes) != n*hashLen {
-		return fmt.Errorf("%w: %d bytes of region hashes for %d regions", errState, len(st.Hashes), n)
-	}
-	if sha256Hex(st.Hashes) != st.Manifest {
-		return fmt.Errorf("%w: the region hashes do not match their manifest", errState)
+	if !st.Hashed && countRegions(st.Have, n) != 0 {
+		return fmt.Errorf("%w: regions marked in place but no region hashes", errState)
 	}
 	return nil
 }
 
-// slotSize is the slot size of a transfer of n regions: room for the
-// largest state it can have, in whole 512-byte blocks.
-func slotSize(n int) int {
-	big := state{Version: stateVersion, Seq: math.MaxUint64, Size: math.MaxInt64, Region: math.MaxInt64,
-		SHA256: strings.Repeat("0", 2*hashLen), Manifest: strings.Repeat("0", 2*hashLen),
-		Hashes: make([]byte, n*hashLen), Have: make([]byte, (n+7)/8)}
-	need := len(mustJSON(big)) + 2*hashLen + 2
-	return (need + 511) / 512 * 512
-}
-
-// encodeSlot renders st as one slot of size bytes.
-func encodeSlot(st *state, size int) []byte {
+// encodeSlot renders st as one slot.
+func encodeSlot(st *state) []byte {
 	j := mustJSON(st)
-	b := make([]byte, 0, size)
+	b := make([]byte, 0, slotSize)
 	b = append(b, j...)
 	b = append(b, '\n')
 	b = append(b, sha256Hex(j)...)
 	b = append(b, '\n')
-	if len(b) > size {
-		panic(fmt.Sprintf("haul: state of %d bytes in a slot of %d", len(b), size))
+	if len(b) > slotSize {
+		panic(fmt.Sprintf("haul: state of %d bytes in a slot of %d", len(b), slotSize))
 	}
-	return append(b, bytes.Repeat([]byte{' '}, size-len(b))...)
+	return append(b, bytes.Repeat([]byte{' '}, slotSize-len(b))...)
 }
 
 // decodeSlot parses and validates one slot.
@@ -178,41 +163,57 @@ func decodeSlot(b []byte) (*state, error) {
 	if d.More() {
 		return nil, fmt.Errorf("%w: data after the state", errState)
 	}
-	if len(st.Hashes) == 0 {
-		st.Hashes = nil // "" and absent are one: not received yet
-	}
-	if err := st.validate(); err != nil {
+	if err := st.validateSlot(); err != nil {
 		return nil, err
 	}
 	return &st, nil
 }
 
-// decodeState reads a state file's contents: the newer of its valid
-// slots, and the slot size.
-func decodeState(b []byte) (*state, int, error) {
-	if len(b) == 0 || len(b)%1024 != 0 || len(b) > 2*maxSlot {
-		return nil, 0, fmt.Errorf("%w: %d bytes, want two slots of whole 512-byte blocks", errState, len(b))
+// encodeState renders a whole state file: st in the slot its sequence
+// number picks, the other blank, and the region hashes (zeros until
+// they are in).
+func encodeState(st *state) []byte {
+	b := bytes.Repeat([]byte{' '}, hashesAt)
+	copy(b[int(st.Seq%2)*slotSize:], encodeSlot(st))
+	h := make([]byte, regions(st.Size, st.Region)*hashLen)
+	if st.Hashed {
+		copy(h, st.Hashes)
 	}
-	slot := len(b) / 2
-	var best *state
+	return append(b, h...)
+}
+
+// decodeState reads a state file's contents: the newer of its valid
+// slots, with the region hashes.
+func decodeState(b []byte) (*state, error) {
+	if len(b) < hashesAt {
+		return nil, fmt.Errorf("%w: %d bytes, shorter than its two slots", errState, len(b))
+	}
+	var st *state
 	var errs []error
 	for i := range 2 {
-		st, err := decodeSlot(b[i*slot : (i+1)*slot])
+		s, err := decodeSlot(b[i*slotSize : (i+1)*slotSize])
 		if err != nil {
 			errs = append(errs, fmt.Errorf("slot %d: %w", i, err))
 			continue
 		}
-		if best == nil || st.Seq > best.Seq {
-			best = st
+		if st == nil || s.Seq > st.Seq {
+			st = s
 		}
 	}
-	if best == nil {
-		return nil, 0, errors.Join(errs...)
+	if st == nil {
+		return nil, errors.Join(errs...)
 	}
-	if slot != slotSize(regions(best.Size, best.Region)) {
-		return nil, 0, fmt.Errorf("%w: slots of %d bytes, want %d", errState, slot, slotSize(regions(best.Size, best.Region)))
+	n := regions(st.Size, st.Region)
+	if len(b) != hashesAt+n*hashLen {
+		return nil, fmt.Errorf("%w: %d bytes, want %d for %d regions", errState, len(b), hashesAt+n*hashLen, n)
 	}
-	return best, slot, nil
+	if st.Hashed {
+		st.Hashes = bytes.Clone(b[hashesAt:])
+		if sha256Hex(st.Hashes) != st.Manifest {
+			return nil, fmt.Errorf("%w: the region hashes do not match their manifest", errState)
+		}
+	}
+	return st, nil
 }
 
 type writeAt func(b []byte, off int64) (int, error)
@@ -220,39 +221,32 @@ type writeAt func(b []byte, off int64) (int, error)
 // stateFile is an open state file.
 type stateFile struct {
 	f       *os.File
-	slot    int
 	st      state
 	writeAt writeAt // f.WriteAt, but for tests
 }
 
-// createState writes a new state file for st, both slots (the second
-// blank), so that its blocks are allocated before the transfer starts.
+// createState writes a new state file for st, whole (the hashes' place
+// too), so that its blocks are allocated before the transfer starts.
 func createState(path string, st state) (*stateFile, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	st.Seq = 0
-	s := &stateFile{f: f, slot: slotSize(regions(st.Size, st.Region)), st: st, writeAt: f.WriteAt}
-	blank := bytes.Repeat([]byte{' '}, s.slot)
-	if _, err := f.WriteAt(blank, 0); err != nil {
+	st.Seq = 1
+	if _, err := f.WriteAt(encodeState(&st), 0); err != nil {
 		f.Close()
 		return nil, err
 	}
-	if err := s.save(); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return s, nil
+	return &stateFile{f: f, st: st, writeAt: f.WriteAt}, nil
 }
 
 // openState opens an existing state file that decoded as st.
-func openState(path string, st *state, slot int) (*stateFile, error) {
+func openState(path string, st *state) (*stateFile, error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		return nil, err
 	}
-	return &stateFile{f: f, slot: slot, st: *st, writeAt: f.WriteAt}, nil
+	return &stateFile{f: f, st: *st, writeAt: f.WriteAt}, nil
 }
 
 // save writes the state into the older slot. After a failed write the
@@ -261,11 +255,24 @@ func openState(path string, st *state, slot int) (*stateFile, error) {
 func (s *stateFile) save() error {
 	next := s.st
 	next.Seq++
-	b := encodeSlot(&next, s.slot)
-	if _, err := s.writeAt(b, int64(next.Seq%2)*int64(s.slot)); err != nil {
+	if _, err := s.writeAt(encodeSlot(&next), int64(next.Seq%2)*slotSize); err != nil {
 		return fmt.Errorf("save progress to %s: %w", s.f.Name(), err)
 	}
 	s.st.Seq = next.Seq
+	return nil
+}
+
+// saveHashes writes the region hashes in their place, then a slot that
+// says they are there.
+func (s *stateFile) saveHashes(h []byte) error {
+	if _, err := s.writeAt(h, hashesAt); err != nil {
+		return fmt.Errorf("save the region hashes to %s: %w", s.f.Name(), err)
+	}
+	s.st.Hashes, s.st.Hashed = bytes.Clone(h), true
+	if err := s.save(); err != nil {
+		s.st.Hashes, s.st.Hashed = nil, false // as on disk
+		return err
+	}
 	return nil
 }
 
