@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -393,6 +394,20 @@ func TestDecodeState(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, uint64(4), got.Seq)
 		require.Equal(t, 3, countRegions(got.Have, 11))
+	})
+	t.Run("slot of the wrong parity", func(t *testing.T) {
+		st := sampleState(size, region, 3)
+		st.Seq = 2
+		b := encodeState(st)
+		copy(b[slotSize:], b[:slotSize])
+		copy(b, bytes.Repeat([]byte{' '}, slotSize))
+		_, err := decodeState(b)
+		require.ErrorContains(t, err, "sequence number 2 in slot 1")
+	})
+	t.Run("the largest state fits a slot", func(t *testing.T) {
+		st := &state{Version: stateVersion, Seq: math.MaxUint64, Size: math.MaxInt64, Region: math.MaxInt64, Hashed: true,
+			SHA256: strings.Repeat("f", 2*hashLen), Manifest: strings.Repeat("f", 2*hashLen), Have: bytes.Repeat([]byte{0xff}, maxRegions/8)}
+		require.NotPanics(t, func() { encodeSlot(st) })
 	})
 	for _, b := range [][]byte{nil, make([]byte, hashesAt), bytes.Repeat([]byte{' '}, hashesAt+hashLen)} {
 		_, err := decodeState(b)

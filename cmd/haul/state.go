@@ -192,6 +192,10 @@ func decodeState(b []byte) (*state, error) {
 	var errs []error
 	for i := range 2 {
 		s, err := decodeSlot(b[i*slotSize : (i+1)*slotSize])
+		if err == nil && s.Seq%2 != uint64(i) {
+			// save writes seq n into slot n%2: the other is the older.
+			err = fmt.Errorf("%w: sequence number %d in slot %d", errState, s.Seq, i)
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("slot %d: %w", i, err))
 			continue
