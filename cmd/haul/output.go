@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -59,61 +60,70 @@ func checkOut(out string) error {
 // hashed again against the sender's region hashes, so that a partial file
 // changed since (a bad disk, a stray write, a crash before the page cache
 // reached the disk) is repaired by the sender rather than trusted. It
-// returns nil, with a warning, when there is nothing to resume.
-func loadResume(out string, log *slog.Logger) *output {
+// returns nil, with a warning, when there is nothing to resume, and an
+// error only if ctx ends meanwhile.
+func loadResume(ctx context.Context, out string, log *slog.Logger) (*output, error) {
 	b, err := os.ReadFile(statePath(out))
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		return nil, nil
 	}
 	if err != nil {
 		log.Warn("cannot read the state file; starting over", "path", statePath(out), "err", err)
-		return nil
+		return nil, nil
 	}
 	st, err := decodeState(b)
 	if err != nil {
 		log.Warn("discarding the state file; starting over", "path", statePath(out), "err", err)
-		return nil
+		return nil, nil
 	}
 	f, err := os.OpenFile(partPath(out), os.O_RDWR, 0)
 	if err != nil {
 		log.Warn("the partial output is gone; starting over", "err", err)
-		return nil
+		return nil, nil
 	}
 	if fi, err := f.Stat(); err != nil || fi.Size() != st.Size {
 		f.Close()
 		log.Warn("the partial output is not of the transfer's size; starting over", "path", partPath(out), "want", st.Size)
-		return nil
+		return nil, nil
 	}
 	sf, err := openState(statePath(out), st)
 	if err != nil {
 		f.Close()
 		log.Warn("cannot reopen the state file; starting over", "err", err)
-		return nil
+		return nil, nil
 	}
 	o := &output{path: out, f: f, st: sf, log: log}
 	if k := countRegions(st.Have, regions(st.Size, st.Region)); k > 0 {
 		log.Info("checking the regions an earlier run kept", "regions", k, "path", partPath(out))
 	}
-	if bad := o.verifyHave(); bad > 0 {
+	bad, err := o.verifyHave(ctx)
+	if err != nil {
+		o.close()
+		return nil, err
+	}
+	if bad > 0 {
 		log.Warn("regions of the partial output do not match their hashes; they will be fetched again", "regions", bad)
 		if err := o.st.save(); err != nil {
 			o.close()
 			log.Warn("starting over", "err", err)
-			return nil
+			return nil, nil
 		}
 	}
-	return o
+	return o, nil
 }
 
 // verifyHave hashes each region the state claims, from the file, and
 // clears those that do not match; it returns how many it cleared.
-func (o *output) verifyHave() int {
+func (o *output) verifyHave(ctx context.Context) (int, error) {
 	s := &o.st.st
 	bad := 0
 	buf := make([]byte, 1<<20)
 	for i := range regions(s.Size, s.Region) {
 		if !hasRegion(s.Have, i) {
 			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return bad, err
 		}
 		lo := int64(i) * s.Region
 		h := sha256.New()
@@ -123,7 +133,7 @@ func (o *output) verifyHave() int {
 			bad++
 		}
 	}
-	return bad
+	return bad, nil
 }
 
 // matches says whether the output belongs to the transfer off offers.

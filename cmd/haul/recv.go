@@ -61,7 +61,10 @@ func receive(ctx context.Context, o *recvOpts, stdout, stderr io.Writer) error {
 		stdout: stdout, stderr: stderr, log: newLogger(stderr)}
 	// What an earlier run left is checked before listening: a sender's
 	// dial does not wait for the hashing.
-	resume := loadResume(o.out, r.log)
+	resume, err := loadResume(ctx, o.out, r.log)
+	if err != nil {
+		return err
+	}
 	if r.ln, err = cm.Listen(ctx, o.listen); err != nil {
 		if resume != nil {
 			resume.close()
