@@ -7,29 +7,30 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/rvma/rvma/internal/progress"
 	"github.com/rvma/rvma/verbs"
 )
 
 func atomicAdd(p *uint64, v uint64) uint64 { return atomic.AddUint64(p, v) }
 
 // Active messages carry what the target must compute: accumulates,
-// fetch-and-op and compare-and-swap on other than 8-byte integers, and
-// packed strided puts. The target's progress engine applies them in
+// fetch-and-op and compare-and-swap other than the NIC's (see
+// nicAtomicOK), packed strided puts, and the credit requests of notified
+// windows (see notifytx.go). The target's progress engine applies them in
 // arrival order, each element atomically, and replies; the reply is the
 // operation's completion.
 const (
 	amAcc    = 1 // accumulate, optionally fetching the old values
 	amCAS    = 2 // compare-and-swap of one element
 	amPacked = 3 // a packed strided put, unpacked at the target
+	amCredit = 4 // when is the buffer of epoch off posted (per-origin notified windows)?
 
 	amHdrLen = 40
 
-	amOK         = 0
-	amBounds     = 1
-	amNoWin      = 2
-	amBadType    = 3
-	amMisaligned = 4
-	amRefused    = 5
+	amOK      = 0
+	amBounds  = 1
+	amNoWin   = 2
+	amBadType = 3
 )
 
 type amHdr struct {
@@ -77,27 +78,48 @@ func decodeAM(b []byte) (amHdr, []byte, bool) {
 }
 
 type amCall struct {
+	id     uint64
 	req    *Request
 	result []byte
+	after  func(error) // if set, runs once the call finished, outside the engine's lock
+	free   bool        // not an operation of the window: flushes do not wait for it
 }
 
 // am sends an active message to target and returns the request its reply
 // completes.
 func (w *Win) am(ctx context.Context, name string, target int, h amHdr, result []byte, data ...[]byte) (*Request, error) {
+	return w.amCall(ctx, name, target, h, &amCall{result: result}, data...)
+}
+
+// amCall is am for a prepared call. Accumulates (and fetch-and-op and
+// compare-and-swap sent this way) count in w.amOut until their reply.
+func (w *Win) amCall(ctx context.Context, name string, target int, h amHdr, call *amCall, data ...[]byte) (*Request, error) {
 	c := w.c
-	op, _ := w.track(0, target)
-	req := &Request{op: op, name: name, rank: target}
+	var kind []int
+	if h.kind == amAcc || h.kind == amCAS {
+		kind = w.amOut
+	}
+	var op *progress.Op
+	if call.free {
+		op, _ = c.eng.Start(0, nil)
+	} else {
+		op, _ = w.trackAs(0, target, kind)
+	}
+	call.req = &Request{op: op, name: name, rank: target}
 	c.eng.Locked(func() {
 		c.msg.nextAM++
-		h.id = c.msg.nextAM
-		c.msg.am[h.id] = &amCall{req: req, result: result}
+		call.id = c.msg.nextAM
+		c.msg.am[call.id] = call
 	})
-	h.win = w.id
-	id := h.id
+	h.id, h.win = call.id, w.id
+	// fail runs under the engine's lock; call.after must not.
 	fail := func(err error) {
-		if call := c.msg.am[id]; call != nil {
-			delete(c.msg.am, id)
+		if c.msg.am[call.id] == call {
+			delete(c.msg.am, call.id)
 			c.eng.FinishLocked(op, err)
+			if call.after != nil {
+				go call.after(err)
+			}
 		}
 	}
 	_, err := c.sendMsg(ctx, target, kindAM, 0, h.encode(data...), func(err error) {
@@ -109,10 +131,11 @@ func (w *Win) am(ctx context.Context, name string, target int, h amHdr, result [
 		c.eng.Locked(func() { fail(err) })
 		return nil, opErr(name, target, err)
 	}
-	return req, nil
+	return call.req, nil
 }
 
-// handleAM runs an active message at the target (in the poller).
+// handleAM runs an active message at the target (in the poller) and
+// replies, except to a credit request that must wait for a buffer.
 func (c *Comm) handleAM(src int, b []byte) {
 	h, data, ok := decodeAM(b)
 	if !ok {
@@ -122,18 +145,30 @@ func (c *Comm) handleAM(src int, b []byte) {
 	c.winMu.Lock()
 	w := c.wins[h.win]
 	c.winMu.Unlock()
-	status, result := byte(amOK), []byte(nil)
+	status, result := byte(amNoWin), []byte(nil)
 	switch {
 	case w == nil:
-		status = amNoWin
+	case h.kind == amCredit && w.notify == nil:
+		status = amBadType
+	case h.kind == amCredit:
+		var now bool
+		if now, result = w.notify.creditRequest(src, h.id, h.off); !now {
+			return // grant answers it
+		}
+		status = amOK
 	default:
 		status, result = w.apply(src, &h, data)
 	}
+	c.replyAM(src, h.id, status, result)
+}
+
+// replyAM answers active message id of rank dst.
+func (c *Comm) replyAM(dst int, id uint64, status byte, result []byte) {
 	reply := make([]byte, 16, 16+len(result))
-	binary.LittleEndian.PutUint64(reply, h.id)
+	binary.LittleEndian.PutUint64(reply, id)
 	reply[8] = status
 	reply = append(reply, result...)
-	c.sendMsg(context.Background(), src, kindAMReply, 0, reply, nil)
+	c.sendMsg(context.Background(), dst, kindAMReply, 0, reply, nil)
 }
 
 // apply executes an active message from rank src on the local window
@@ -142,25 +177,12 @@ func (w *Win) apply(src int, h *amHdr, data []byte) (byte, []byte) {
 	mem := w.mem
 	switch h.kind {
 	case amPacked:
+		// Puts into notified windows never travel packed: the mailbox
+		// counts them in order with the others (see putWRs).
 		l := h.layout
-		if l.Count < 0 || l.Block < 0 || l.Size() != len(data) || !fits(h.off, l.Extent(), len(mem)) {
+		ext, ok := l.checkedExtent()
+		if w.notify != nil || !ok || l.Size() != len(data) || !fits(h.off, ext, len(mem)) {
 			return amBounds, nil
-		}
-		if n := w.notify; n != nil {
-			// A notified window places and counts through its mailboxes,
-			// block by block, exactly as if each block were a put.
-			box := mailboxOf(w.id, src)
-			if n.mode == notifyAggregate {
-				box = mailboxOf(w.id, -1)
-			}
-			for i := range l.Count {
-				m := verbs.MailboxWrite{Mailbox: box, Offset: h.off + uint64(i*l.Stride), MsgLen: uint32(l.Block),
-					First: true, Last: true, Payload: data[i*l.Block : (i+1)*l.Block], Transport: verbs.RC}
-				if w.c.target.HandleMailboxWrite(&m) != verbs.MailboxAccepted {
-					return amRefused, nil
-				}
-			}
-			return amOK, nil
 		}
 		for i := range l.Count {
 			o := int(h.off) + i*l.Stride
@@ -190,7 +212,11 @@ func (w *Win) apply(src int, h *amHdr, data []byte) (byte, []byte) {
 		}
 		region := mem[h.off : int(h.off)+n]
 		if uintptr(unsafe.Pointer(&region[0]))%uintptr(sz) != 0 {
-			return amMisaligned, nil
+			// Elements not aligned to their size cannot take the CPU's
+			// atomics; every atomic on them comes here (origins send no
+			// NIC atomic to them), so a lock makes them atomic.
+			w.unalignedMu.Lock()
+			defer w.unalignedMu.Unlock()
 		}
 		if h.kind == amCAS {
 			cmp, swp := loadElem(data[:sz]), loadElem(data[sz:])
@@ -236,13 +262,13 @@ func (c *Comm) handleAMReply(b []byte) {
 		return
 	}
 	id, status, result := binary.LittleEndian.Uint64(b), b[8], b[16:]
+	var call *amCall
+	var err error
 	c.eng.Locked(func() {
-		call := c.msg.am[id]
-		if call == nil {
+		if call = c.msg.am[id]; call == nil {
 			return
 		}
 		delete(c.msg.am, id)
-		var err error
 		switch status {
 		case amOK:
 			copy(call.result, result)
@@ -250,15 +276,14 @@ func (c *Comm) handleAMReply(b []byte) {
 			err = fmt.Errorf("%w (checked at the target)", ErrOutOfBounds)
 		case amNoWin:
 			err = fmt.Errorf("%w: the target has no such window", ErrClosed)
-		case amRefused:
-			err = fmt.Errorf("%w: the target's mailbox refused a block (no buffer posted, or past its end)", ErrSync)
-		case amMisaligned:
-			err = fmt.Errorf("%w: target memory not aligned to the element size", ErrDatatype)
 		default:
-			err = ErrDatatype
+			err = fmt.Errorf("%w: refused by the target", ErrDatatype)
 		}
 		c.eng.FinishLocked(call.req.op, err)
 	})
+	if call != nil && call.after != nil {
+		call.after(err)
+	}
 }
 
 // putPacked sends a strided put with small target blocks as one message
@@ -341,7 +366,7 @@ func (w *Win) RfetchAndOp(ctx context.Context, origin, result []byte, dt Datatyp
 		if err != nil {
 			return nil, err
 		}
-		if off%8 == 0 {
+		if w.nicAtomicOK(target, off) {
 			add := binary.LittleEndian.Uint64(origin)
 			if op == NoOp {
 				add = 0
@@ -373,11 +398,27 @@ func (w *Win) RcompareAndSwap(ctx context.Context, origin, compare, result []byt
 	if err != nil {
 		return nil, err
 	}
-	if sz == 8 && off%8 == 0 {
+	if sz == 8 && w.nicAtomicOK(target, off) {
 		return w.nicAtomic(ctx, name, target, verbs.OpCompareSwap, w.remote[target].addr+uint64(off), w.remote[target].rkey,
 			binary.LittleEndian.Uint64(compare), binary.LittleEndian.Uint64(origin), result)
 	}
 	return w.am(ctx, name, target, amHdr{kind: amCAS, dt: dt, off: uint64(off)}, result, compare, origin)
+}
+
+// nicAtomicOK reports whether an 8-byte atomic at byte offset off of
+// target's window may be the NIC's: the word is aligned in the target's
+// memory (else only the target's progress engine can apply it atomically),
+// and no accumulate active message to target is in flight, which the NIC
+// atomic would overtake (MPI orders all accumulate functions from one
+// origin to one target; the active messages apply in order, later).
+func (w *Win) nicAtomicOK(target, off int) bool {
+	rw := &w.remote[target]
+	if (rw.addr+uint64(off))%8 != 0 || (uint64(rw.misalign)+uint64(off))%8 != 0 {
+		return false
+	}
+	ok := false
+	w.c.eng.Locked(func() { ok = w.amOut[target] == 0 })
+	return ok
 }
 
 // nicAtomic posts a verbs atomic whose previous value lands in result.
@@ -391,5 +432,5 @@ func (w *Win) nicAtomic(ctx context.Context, name string, target int, opc verbs.
 		return nil, opErr(name, target, err)
 	}
 	return w.postOps(name, qp, target, []verbs.SendWR{{Opcode: opc, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{sge},
-		RemoteAddr: raddr, RKey: rkey, CompareAdd: cmpAdd, Swap: swap}})
+		RemoteAddr: raddr, RKey: rkey, CompareAdd: cmpAdd, Swap: swap}}, nil)
 }

@@ -17,21 +17,60 @@ func (c *Comm) collTag() uint32 {
 // Barrier returns once every rank has entered it (dissemination: log2(size)
 // rounds of one message each).
 func (c *Comm) Barrier(ctx context.Context) error {
+	_, err := c.disseminate(ctx, "barrier", noRank)
+	return err
+}
+
+const noRank = math.MaxUint32
+
+// agree is a barrier that also spreads failure: each rank passes the
+// error its part of a collective call ended with, and every rank learns
+// whether any failed. It returns nil if none did or only this rank did (the
+// caller has its own error), else ErrRemote naming the lowest failed rank,
+// so that no rank waits for one that left the call early.
+func (c *Comm) agree(ctx context.Context, op string, mine error) error {
+	low := uint32(noRank)
+	if mine != nil {
+		low = uint32(c.rank)
+	}
+	low, err := c.disseminate(ctx, op, low)
+	switch {
+	case err != nil:
+		return err
+	case low == noRank || int(low) == c.rank:
+		return nil
+	}
+	return opErr(op, int(low), ErrRemote)
+}
+
+// disseminate runs a dissemination barrier whose messages carry the lowest
+// value seen, and returns the lowest value of all ranks: after round k a
+// rank has heard, directly or not, from the 2^k ranks before it.
+func (c *Comm) disseminate(ctx context.Context, op string, low uint32) (_ uint32, err error) {
+	defer func() {
+		if err != nil || low != noRank {
+			c.troubled.Store(true)
+		}
+	}()
 	tag := c.collTag()
 	for k, round := 1, uint32(0); k < c.size; k, round = k*2, round+1 {
 		to, from := (c.rank+k)%c.size, (c.rank-k+c.size)%c.size
-		op, err := c.sendMsg(ctx, to, kindMsg, tag|round, nil, nil)
+		sent, err := c.sendMsg(ctx, to, kindMsg, tag|round, binary.LittleEndian.AppendUint32(nil, low), nil)
 		if err != nil {
-			return opErr("barrier", to, err)
+			return 0, opErr(op, to, err)
 		}
-		if _, err := c.recvMsg(ctx, from, tag|round); err != nil {
-			return opErr("barrier", from, err)
+		m, err := c.recvMsg(ctx, from, tag|round)
+		if err != nil {
+			return 0, opErr(op, from, err)
 		}
-		if err := op.Wait(ctx); err != nil {
-			return opErr("barrier", to, err)
+		if len(m) == 4 {
+			low = min(low, binary.LittleEndian.Uint32(m))
+		}
+		if err := sent.Wait(ctx); err != nil {
+			return 0, opErr(op, to, err)
 		}
 	}
-	return nil
+	return low, nil
 }
 
 // Bcast copies root's buf into every rank's buf (binomial tree). All ranks

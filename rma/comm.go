@@ -85,6 +85,10 @@ type Config struct {
 	MTU int
 	// Timeout bounds bootstrap and each connection set-up. Default 60s.
 	Timeout time.Duration
+	// CloseTimeout bounds how long Close waits for the other ranks once an
+	// operation of this communicator has failed (a failed rank may never
+	// come). Default 2s.
+	CloseTimeout time.Duration
 	// Connect holds the QP attributes of every connection. Default: verbs'
 	// defaults.
 	Connect verbs.ConnectConfig
@@ -184,6 +188,9 @@ func (c *Config) withDefaults() Config {
 	if d.Timeout <= 0 {
 		d.Timeout = 60 * time.Second
 	}
+	if d.CloseTimeout <= 0 {
+		d.CloseTimeout = 2 * time.Second
+	}
 	if d.Logger == nil {
 		d.Logger = slog.Default()
 	}
@@ -262,6 +269,7 @@ type Comm struct {
 	nextWin uint32
 	collSeq atomic.Uint32 // collective sequence number; collectives are called in order
 
+	troubled  atomic.Bool // an operation or connection failed (see Close)
 	closeOnce sync.Once
 	done      chan struct{}
 	acceptWG  sync.WaitGroup
@@ -506,7 +514,7 @@ func newComm(ctx context.Context, rank, size int, store kvs.Store, ownStore bool
 	}
 	c.reg.pd = c.pd
 	c.msg.init()
-	c.eng = progress.New(c.cq, progress.Config{OnRecv: c.onRecv, Background: true, Err: errOf})
+	c.eng = progress.New(c.cq, progress.Config{OnRecv: c.onRecv, Background: true, Err: c.errOf})
 	c.target = mailbox.NewTarget(dev, nil)
 	c.shmGID = -1
 	if cfg.Provider == "auto" && cfg.Host != "" {
@@ -545,14 +553,24 @@ func newComm(ctx context.Context, rank, size int, store kvs.Store, ownStore bool
 
 // Close ends the communicator. It is collective: it waits (bounded by
 // ctx) until every rank has called it, so that no rank tears down a
-// connection another still uses; then it frees everything.
+// connection another still uses; then it frees everything. Once an
+// operation of the communicator has failed, it waits at most
+// Config.CloseTimeout: the ranks that failed may never come.
 func (c *Comm) Close(ctx context.Context) error {
 	if c.closed() {
 		return ErrClosed
 	}
 	var err error
 	if c.size > 1 {
-		err = c.Barrier(ctx)
+		if c.troubled.Load() {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, c.cfg.CloseTimeout)
+			defer cancel()
+		}
+		if err = c.Barrier(ctx); err != nil {
+			err = opErr("close", -1, fmt.Errorf("the other ranks did not all close: %w", err))
+			c.cfg.Logger.Warn("rma: closing without every rank", "rank", c.rank, "err", err)
+		}
 	}
 	c.teardown()
 	return err

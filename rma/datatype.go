@@ -140,9 +140,20 @@ func arith[T number](op Op, a, b T) T {
 // element atomically (a compare-and-swap loop), so that accumulates from
 // several origins, and the verbs engine's own atomics on 8-byte elements,
 // never interleave within an element. If old is not nil it receives the
-// previous values. mem must be aligned to the element size.
+// previous values. Memory not aligned to the element size is updated with
+// plain loads and stores: the caller makes that atomic (a lock).
 func applyAtomic(op Op, dt Datatype, mem, origin, old []byte) {
 	sz := dt.Size()
+	if !aligned(mem, sz) {
+		for i := 0; i+sz <= len(origin); i += sz {
+			o := loadElem(mem[i : i+sz])
+			if old != nil {
+				storeElem(old[i:i+sz], o)
+			}
+			storeElem(mem[i:i+sz], combine(op, dt, o, loadElem(origin[i:i+sz])))
+		}
+		return
+	}
 	for i := 0; i+sz <= len(origin); i += sz {
 		p := unsafe.Pointer(&mem[i])
 		if sz == 4 {
@@ -173,9 +184,19 @@ func applyAtomic(op Op, dt Datatype, mem, origin, old []byte) {
 	}
 }
 
+func aligned(mem []byte, sz int) bool { return uintptr(unsafe.Pointer(&mem[0]))%uintptr(sz) == 0 }
+
 // compareSwap atomically replaces the element at mem with swap if it
-// equals cmp, and returns the previous value.
+// equals cmp, and returns the previous value (with plain loads and stores
+// if mem is not aligned, as applyAtomic).
 func compareSwap(dt Datatype, mem []byte, cmp, swap uint64) uint64 {
+	if sz := dt.Size(); !aligned(mem, sz) {
+		o := loadElem(mem[:sz])
+		if o == cmp&(1<<(8*sz)-1) {
+			storeElem(mem[:sz], swap)
+		}
+		return o
+	}
 	p := unsafe.Pointer(&mem[0])
 	if dt.Size() == 4 {
 		w := (*uint32)(p)

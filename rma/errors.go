@@ -24,6 +24,10 @@ var (
 	ErrPeer = errors.New("rma: peer failed")
 	// ErrClosed: the communicator or window was closed.
 	ErrClosed = errors.New("rma: closed")
+	// ErrRemote: a collective call (Fence, Free, window creation, the
+	// exposure epoch of Wait) failed on another rank, named by the
+	// OpError; this rank's part succeeded.
+	ErrRemote = errors.New("rma: failed on another rank")
 	// ErrBootstrap: the environment describes no usable job.
 	ErrBootstrap = errors.New("rma: bootstrap failed")
 )

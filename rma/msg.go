@@ -277,6 +277,7 @@ func (c *Comm) recvMsg(ctx context.Context, src int, tag uint32) ([]byte, error)
 	})
 	if err == nil && broken {
 		err = fmt.Errorf("%w: its connection failed", ErrPeer)
+		c.troubled.Store(true)
 	}
 	if err != nil {
 		return nil, opErr("receive", src, err)

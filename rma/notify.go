@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 
 	"github.com/rvma/rvma/mailbox"
 )
@@ -51,8 +52,11 @@ type notifyState struct {
 	mode  uint8
 	cfg   NotifyConfig
 	boxes []*mailbox.Window
-	epoch uint64
 	snaps [][]byte // most recent last
+
+	mu      sync.Mutex        // guards epoch (which origins' credit requests read in the poller) and credits
+	epoch   uint64            // epochs completed and waited for
+	credits map[int]creditReq // per origin: a credit request waiting for a buffer
 }
 
 func newNotify(w *Win, cfg NotifyConfig) (*notifyState, error) {
@@ -62,7 +66,7 @@ func newNotify(w *Win, cfg NotifyConfig) (*notifyState, error) {
 	if cfg.Depth < 1 || cfg.Depth > 64 || cfg.History < 0 {
 		return nil, fmt.Errorf("%w: notify depth %d, history %d", ErrSync, cfg.Depth, cfg.History)
 	}
-	n := &notifyState{w: w, cfg: cfg}
+	n := &notifyState{w: w, cfg: cfg, credits: map[int]creditReq{}}
 	mcfg := mailbox.Config{Count: cfg.Count, Placement: mailbox.Steered, History: 1}
 	init := func(origin, expect int) error {
 		if expect < 1 {
@@ -145,7 +149,11 @@ func (w *Win) WaitEpoch(ctx context.Context) (uint64, error) {
 			return 0, opErr("wait_epoch", -1, err)
 		}
 	}
+	n.mu.Lock()
 	n.epoch++
+	epoch := n.epoch
+	n.mu.Unlock()
+	n.grant(false)
 	if n.cfg.History > 0 {
 		var s []byte
 		if len(n.snaps) == n.cfg.History {
@@ -157,7 +165,7 @@ func (w *Win) WaitEpoch(ctx context.Context) (uint64, error) {
 		n.quiesce(0, func() { copy(s, w.mem) })
 		n.snaps = append(n.snaps, s)
 	}
-	return n.epoch, nil
+	return epoch, nil
 }
 
 // TestEpoch reports, without blocking, whether the next epoch is complete;
@@ -182,6 +190,8 @@ func (w *Win) Epoch() uint64 {
 	if w.notify == nil {
 		return 0
 	}
+	w.notify.mu.Lock()
+	defer w.notify.mu.Unlock()
 	return w.notify.epoch
 }
 
@@ -196,7 +206,12 @@ func (w *Win) AbandonEpoch() error {
 	if err != nil {
 		return err
 	}
-	return n.abandon()
+	if err := n.abandon(); err != nil {
+		return err
+	}
+	n.grant(true)
+	w.resetTx()
+	return nil
 }
 
 func (n *notifyState) abandon() error {
@@ -244,6 +259,11 @@ func (w *Win) Rewind(k int) (uint64, error) {
 	snap := n.snaps[len(n.snaps)-k]
 	n.quiesce(0, func() { copy(w.mem, snap) })
 	n.snaps = n.snaps[:len(n.snaps)-k+1]
+	n.mu.Lock()
 	n.epoch -= uint64(k - 1)
-	return n.epoch, nil
+	epoch := n.epoch
+	n.mu.Unlock()
+	n.grant(true)
+	w.resetTx()
+	return epoch, nil
 }

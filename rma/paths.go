@@ -143,70 +143,10 @@ func peerErr(err error) error {
 
 // spreads reports whether a transfer of n bytes towards target, whose
 // layouts are both contiguous, may go over the paths. Puts into notified
-// windows are decided further by epochOrder.
+// windows are decided further by putPerOrigin (which keeps each piece in
+// its epoch).
 func (w *Win) spreads(target, n int, ol, tl Layout) bool {
 	return w.c.cfg.Paths > 1 && target != w.c.rank && n >= w.c.splitFrom() && ol.Contiguous() && tl.Contiguous()
-}
-
-// epochOrder keeps a put of n bytes into target's notified window in the
-// epoch it belongs to when operations travel over several paths. The
-// target counts each put (each piece of a split one) into the buffer its
-// first byte finds open, and RC's ordering no longer separates the epochs.
-// So: a put is split only into a per-origin window that counts bytes, and
-// only if it ends within the epoch it starts in; a put that crosses the
-// expectation (counted whole into its epoch, which it closes) goes unsplit
-// behind everything in flight, and so does, when paths are involved, a
-// put that starts a new epoch. Within an epoch, puts pipeline: the epoch
-// cannot close before its last byte, since its puts add up to exactly the
-// expectation until the one that crosses it. It
-// returns whether to split, with w.epochMu held: the caller posts the put
-// and then unlocks, so that the positions are those of posting order.
-func (w *Win) epochOrder(ctx context.Context, target, n int, spread bool) (bool, error) {
-	w.epochMu.Lock()
-	spread, err := w.epochOrderLocked(ctx, target, n, spread)
-	if err != nil {
-		w.epochMu.Unlock()
-	}
-	return spread, err
-}
-
-func (w *Win) epochOrderLocked(ctx context.Context, target, n int, spread bool) (bool, error) {
-	rw := &w.remote[target]
-	if rw.notify != notifyPerOrigin || rw.countOps || rw.expect <= 0 {
-		// No epoch boundary known here: keep RC's order for every put.
-		return false, w.drainIfBridging(ctx, target)
-	}
-	acc := &w.epochAcc[target]
-	if *acc >= rw.expect {
-		// This put starts the next epoch: everything of the last one
-		// must have arrived first if any of it, or this, takes a path.
-		*acc = 0
-		if spread || w.bridging(target) {
-			if err := w.Flush(ctx, target); err != nil {
-				return false, err
-			}
-		}
-	}
-	if *acc+n > rw.expect {
-		// This put crosses the expectation: the target counts it whole
-		// into this epoch, which it closes. Unsplit, and behind every
-		// earlier put of the epoch, or it would close the epoch early.
-		spread = false
-		if err := w.drainIfBridging(ctx, target); err != nil {
-			return false, err
-		}
-	}
-	*acc += n
-	return spread, nil
-}
-
-// drainIfBridging waits for target's operations when some travel outside
-// the RC connection, so that a put on it cannot overtake them.
-func (w *Win) drainIfBridging(ctx context.Context, target int) error {
-	if !w.bridging(target) {
-		return nil
-	}
-	return w.Flush(ctx, target)
 }
 
 // splitFrom is the smallest transfer split over the paths.

@@ -494,26 +494,6 @@ func FuzzDecodeAM(f *testing.F) {
 	})
 }
 
-// A plain put asks for no completion; if it fails at the target (here the
-// target's notified window expects nothing from rank 0), the failure
-// surfaces at the next flush, naming the rank.
-func TestUnsignalledPutFailsAtFlush(t *testing.T) {
-	comms := newWorld(t, 2, nil)
-	ctx := context.Background()
-	wins := make([]*Win, 2)
-	each(t, comms, func(ctx context.Context, c *Comm) error {
-		var err error
-		wins[c.Rank()], err = c.Allocate(ctx, 16, &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{c.Rank(): 8}}})
-		return err
-	})
-	require.NoError(t, wins[0].Put(ctx, u64(7), 1, 0))
-	err := wins[0].Flush(ctx, 1)
-	var oe *OpError
-	require.ErrorAs(t, err, &oe)
-	require.Equal(t, 1, oe.Rank)
-	require.Zero(t, i64(wins[1].Bytes()), "a refused put wrote into the window")
-}
-
 // A peer that disappears: operations towards it fail within the
 // retransmission bound with ErrPeer, naming the rank; nothing hangs.
 func TestDeadPeer(t *testing.T) {

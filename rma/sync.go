@@ -1,6 +1,7 @@
 package rma
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -19,18 +20,19 @@ const (
 // Fence ends the current fence epoch and starts the next: every operation
 // this rank started on the window has completed at its target, and every
 // rank has entered the fence, before it returns. Pass ModeNoSucceed when
-// no epoch follows; the other assertions are accepted as hints.
+// no epoch follows; the other assertions are accepted as hints. If an
+// operation failed on any rank, Fence fails on every rank: with that
+// operation's error where it failed, ErrRemote elsewhere.
 func (w *Win) Fence(ctx context.Context, assert int) error {
-	if err := w.FlushAll(ctx); err != nil {
-		return opErr("fence", -1, err)
-	}
-	if err := w.c.Barrier(ctx); err != nil {
-		return opErr("fence", -1, err)
-	}
+	err := w.FlushAll(ctx)
+	aerr := w.c.agree(ctx, "fence", err)
 	w.mu.Lock()
 	w.fence = assert&ModeNoSucceed == 0
 	w.mu.Unlock()
-	return nil
+	if err != nil {
+		return opErr("fence", -1, err)
+	}
+	return aerr
 }
 
 func checkGroup(c *Comm, op string, group []int) error {
@@ -60,15 +62,19 @@ func (w *Win) Post(ctx context.Context, group []int, assert int) error {
 	}
 	w.postGroup = append([]int{}, group...) // non-nil: an empty group is an open epoch
 	w.mu.Unlock()
+	// Every origin hears of the epoch, even when one cannot, so that only
+	// that one waits in vain.
 	var reqs []*Request
+	var first error
 	for _, r := range group {
 		op, err := w.c.sendMsg(ctx, r, kindMsg, w.syncTag(syncPost), nil, nil)
 		if err != nil {
-			return opErr("post", r, err)
+			first = cmp.Or(first, opErr("post", r, err))
+			continue
 		}
 		reqs = append(reqs, &Request{op: op, name: "post", rank: r})
 	}
-	return WaitAll(ctx, reqs...)
+	return cmp.Or(first, WaitAll(ctx, reqs...))
 }
 
 // Start starts an access epoch to the targets in group; it waits until
@@ -97,6 +103,12 @@ func (w *Win) Start(ctx context.Context, group []int, assert int) error {
 // Complete ends the access epoch: it tells each target, in a message
 // ordered after this rank's operations on the same connection (so it
 // needs no extra round trip), and waits until the operations completed.
+// Gets, and operations that travel outside the connection (over the
+// paths, or long-haul), are not ordered before the message: when some
+// are in flight towards a target, they complete first. Each target hears
+// of the end of the epoch even if an operation towards it failed (its
+// Wait then fails with ErrRemote), so no target waits for this rank in
+// vain.
 func (w *Win) Complete(ctx context.Context) error {
 	w.mu.Lock()
 	group := w.startGroup
@@ -106,33 +118,43 @@ func (w *Win) Complete(ctx context.Context) error {
 		return opErr("complete", -1, fmt.Errorf("%w: complete without start", ErrSync))
 	}
 	var reqs []*Request
+	var first error
 	for _, r := range group {
-		// Operations outside the RC connection are not ordered before
-		// the message: wait for them first.
-		if w.bridging(r) {
+		failed := []byte{0}
+		if w.unordered(r) {
 			if err := w.Flush(ctx, r); err != nil {
-				return opErr("complete", r, err)
+				first, failed[0] = cmp.Or(first, opErr("complete", r, err)), 1
 			}
 		}
-		op, err := w.c.sendMsg(ctx, r, kindMsg, w.syncTag(syncComplete), nil, nil)
+		op, err := w.c.sendMsg(ctx, r, kindMsg, w.syncTag(syncComplete), failed, nil)
 		if err != nil {
-			return opErr("complete", r, err)
+			first = cmp.Or(first, opErr("complete", r, err))
+			continue
 		}
 		reqs = append(reqs, &Request{op: op, name: "complete", rank: r})
 	}
-	if err := WaitAll(ctx, reqs...); err != nil {
-		return err
+	for _, req := range reqs {
+		first = cmp.Or(first, req.Wait(ctx))
 	}
 	for _, r := range group {
-		if err := w.Flush(ctx, r); err != nil {
-			return err
-		}
+		first = cmp.Or(first, w.Flush(ctx, r))
 	}
-	return nil
+	return first
+}
+
+// unordered reports whether operations towards target are in flight that
+// a message on the RC connection would not follow: READs (the target may
+// read its memory for them after it handled the message) and operations
+// bridged from other connections.
+func (w *Win) unordered(target int) bool {
+	n := 0
+	w.c.eng.Locked(func() { n = w.reads[target] + w.bridged[target] })
+	return n > 0
 }
 
 // Wait ends the exposure epoch: it returns once every origin of the
-// posted group has completed its access epoch.
+// posted group has completed its access epoch (ErrRemote if an origin's
+// operations failed).
 func (w *Win) Wait(ctx context.Context) error {
 	w.mu.Lock()
 	group := w.postGroup
@@ -140,15 +162,20 @@ func (w *Win) Wait(ctx context.Context) error {
 	if group == nil {
 		return opErr("wait", -1, fmt.Errorf("%w: wait without post", ErrSync))
 	}
+	var first error
 	for _, r := range group {
-		if _, err := w.c.recvMsg(ctx, r, w.syncTag(syncComplete)); err != nil {
+		m, err := w.c.recvMsg(ctx, r, w.syncTag(syncComplete))
+		if err != nil {
 			return opErr("wait", r, err)
+		}
+		if len(m) > 0 && m[0] != 0 {
+			first = cmp.Or(first, opErr("wait", r, ErrRemote))
 		}
 	}
 	w.mu.Lock()
 	w.postGroup = nil
 	w.mu.Unlock()
-	return nil
+	return first
 }
 
 // Test is Wait without blocking: it reports whether the exposure epoch
@@ -163,6 +190,7 @@ func (w *Win) Test() (bool, error) {
 	w.c.eng.Progress()
 	tag := w.syncTag(syncComplete)
 	all := true
+	var first error
 	w.c.eng.Locked(func() {
 		for _, r := range group {
 			if len(w.c.msg.inbox[inboxKey{r, tag}]) == 0 {
@@ -172,7 +200,11 @@ func (w *Win) Test() (bool, error) {
 		}
 		for _, r := range group {
 			k := inboxKey{r, tag}
-			if q := w.c.msg.inbox[k]; len(q) == 1 {
+			q := w.c.msg.inbox[k]
+			if m := q[0]; len(m) > 0 && m[0] != 0 {
+				first = cmp.Or(first, opErr("test", r, ErrRemote))
+			}
+			if len(q) == 1 {
 				delete(w.c.msg.inbox, k)
 			} else {
 				w.c.msg.inbox[k] = q[1:]
@@ -184,7 +216,7 @@ func (w *Win) Test() (bool, error) {
 		w.postGroup = nil
 		w.mu.Unlock()
 	}
-	return all, nil
+	return all, first
 }
 
 // The lock word of every rank's window: the exclusive bit, or the number
@@ -278,16 +310,14 @@ func (w *Win) Unlock(ctx context.Context, target int) error {
 	if lt == 0 {
 		return opErr("unlock", target, fmt.Errorf("%w: not locked", ErrSync))
 	}
-	if err := w.Flush(ctx, target); err != nil {
-		return err
-	}
-	if err := w.release1(ctx, lt, target); err != nil {
-		return err
-	}
+	// The lock is released even when an operation failed: others wait
+	// for it.
+	err := w.Flush(ctx, target)
+	err = cmp.Or(err, w.release1(ctx, lt, target))
 	w.mu.Lock()
 	delete(w.locks, target)
 	w.mu.Unlock()
-	return nil
+	return err
 }
 
 func (w *Win) release1(ctx context.Context, lt LockType, target int) error {
@@ -329,16 +359,12 @@ func (w *Win) UnlockAll(ctx context.Context) error {
 		return opErr("unlock_all", -1, fmt.Errorf("%w: not locked", ErrSync))
 	}
 	w.mu.Unlock()
-	if err := w.FlushAll(ctx); err != nil {
-		return err
-	}
+	err := w.FlushAll(ctx)
 	for r := range w.c.size {
-		if err := w.release1(ctx, LockShared, r); err != nil {
-			return err
-		}
+		err = cmp.Or(err, w.release1(ctx, LockShared, r))
 	}
 	w.mu.Lock()
 	w.lockAll = false
 	w.mu.Unlock()
-	return nil
+	return err
 }

@@ -3,7 +3,12 @@ package rma
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"maps"
+	"math"
+	"math/bits"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -50,7 +55,29 @@ func (l Layout) norm(n int) (Layout, error) {
 	if l.Count < 0 || l.Block < 0 || (l.Count > 1 && l.Stride < l.Block) {
 		return l, fmt.Errorf("%w: layout %+v overlaps itself or is negative", ErrDatatype, l)
 	}
+	if _, ok := l.checkedExtent(); !ok {
+		return l, fmt.Errorf("%w: layout %+v spans more than the address space", ErrDatatype, l)
+	}
 	return l, nil
+}
+
+// checkedExtent is Extent for layouts from anywhere (a peer's message
+// included): false if it is negative or overflows. With Stride >= Block
+// (as norm requires) the extent bounds the size, so Size cannot overflow
+// either.
+func (l Layout) checkedExtent() (int, bool) {
+	if l.Count < 0 || l.Block < 0 || (l.Count > 1 && l.Stride < l.Block) {
+		return 0, false
+	}
+	if l.Count == 0 {
+		return 0, true
+	}
+	hi, lo := bits.Mul64(uint64(l.Count-1), uint64(l.Stride))
+	sum, carry := bits.Add64(lo, uint64(l.Block), 0)
+	if hi != 0 || carry != 0 || sum > math.MaxInt {
+		return 0, false
+	}
+	return int(sum), true
 }
 
 // remoteWin is what an origin knows of a target's window.
@@ -63,10 +90,60 @@ type remoteWin struct {
 	lockKey  uint32
 	notify   uint8 // 0 plain, 1 aggregate mailbox, 2 per-origin mailboxes
 	countOps bool  // the target counts puts, not bytes
+	misalign uint8 // the window's first byte's address modulo 8 in the target's memory
+	depth    uint8 // notified windows: epochs the target posts ahead
 	expect   int   // per-origin windows: what the target expects of this rank per epoch
 }
 
-const remoteWinLen = 8 + 4 + 8 + 4 + 8 + 4 + 1
+// A window's description, as every rank publishes it at creation: the
+// fields of remoteWin, then 12 bytes (rank, expectation) per origin of a
+// per-origin notified window. A rank whose part of the creation failed
+// publishes descFailed instead, so that the others fail too rather than
+// wait for it.
+const (
+	remoteWinLen = 8 + 4 + 8 + 4 + 8 + 4 + 1 + 1 + 1
+	descFailed   = 0xff
+)
+
+func (rw *remoteWin) encode(expectFrom map[int]int) []byte {
+	b := make([]byte, remoteWinLen, remoteWinLen+12*len(expectFrom))
+	binary.LittleEndian.PutUint64(b[0:], rw.addr)
+	binary.LittleEndian.PutUint32(b[8:], rw.rkey)
+	binary.LittleEndian.PutUint64(b[12:], rw.size)
+	binary.LittleEndian.PutUint32(b[20:], rw.unit)
+	binary.LittleEndian.PutUint64(b[24:], rw.lockAddr)
+	binary.LittleEndian.PutUint32(b[32:], rw.lockKey)
+	b[36] = rw.notify
+	if rw.countOps {
+		b[36] |= notifyOps
+	}
+	b[37], b[38] = rw.misalign, rw.depth
+	for _, o := range slices.Sorted(maps.Keys(expectFrom)) {
+		b = binary.LittleEndian.AppendUint32(b, uint32(o))
+		b = binary.LittleEndian.AppendUint64(b, uint64(expectFrom[o]))
+	}
+	return b
+}
+
+// decodeWin reads rank r's window description as rank me sees it.
+func decodeWin(b []byte, r, me int) (remoteWin, error) {
+	if len(b) == 1 && b[0] == descFailed {
+		return remoteWin{}, opErr("create window", r, fmt.Errorf("%w: its part of the window could not be created", ErrRemote))
+	}
+	if len(b) < remoteWinLen || (len(b)-remoteWinLen)%12 != 0 {
+		return remoteWin{}, opErr("create window", r, fmt.Errorf("%w: bad window description", ErrDatatype))
+	}
+	rw := remoteWin{addr: binary.LittleEndian.Uint64(b[0:]), rkey: binary.LittleEndian.Uint32(b[8:]),
+		size: binary.LittleEndian.Uint64(b[12:]), unit: binary.LittleEndian.Uint32(b[20:]),
+		lockAddr: binary.LittleEndian.Uint64(b[24:]), lockKey: binary.LittleEndian.Uint32(b[32:]),
+		notify: b[36] &^ notifyOps, countOps: b[36]&notifyOps != 0, misalign: b[37] % 8, depth: b[38]}
+	for e := b[remoteWinLen:]; len(e) > 0; e = e[12:] {
+		if int(binary.LittleEndian.Uint32(e)) == me {
+			rw.expect = int(min(binary.LittleEndian.Uint64(e[4:]), math.MaxInt32))
+		}
+	}
+	return rw, nil
+}
 
 // LockType is MPI's lock type.
 type LockType uint8
@@ -107,18 +184,27 @@ type Win struct {
 	locks      map[int]LockType
 	lockAll    bool
 
-	out     []int // operations in flight per target; guarded by the engine's lock
+	// Per target, guarded by the engine's lock: operations in flight, the
+	// first failure since the last flush (reported by it), operations
+	// completing outside the RC connection (see bridge), READs in flight
+	// (not ordered before a later message: see Complete), and accumulate
+	// active messages in flight (a NIC atomic must not overtake them).
+	out     []int
 	outN    int
-	failed  []error // the first failure per target since its last flush; guarded likewise
-	bridged []int   // operations in flight outside the RC connection per target (see bridge); guarded likewise
+	failed  []error
+	bridged []int
+	reads   []int
+	amOut   []int
 
 	unsigMu sync.Mutex
 	unsig   []int // unsignalled puts per target since the last flush marker
 
-	// Notified windows over paths: where this rank's puts stand in the
-	// target's epoch (bytes put into it so far), kept in posting order.
-	epochMu  sync.Mutex
-	epochAcc []int
+	unalignedMu sync.Mutex // makes atomics on unaligned elements of this rank's memory atomic (see apply)
+
+	// Per-origin notified windows: where this rank's puts stand in each
+	// target's epochs, and the puts waiting for the target to post a
+	// buffer (see txState).
+	tx []txState
 
 	notify *notifyState
 	freed  bool
@@ -131,29 +217,34 @@ type Win struct {
 // shared-memory windows are. Prefer it to Create for windows that peers
 // access. The memory is valid until Free. It is collective.
 func (c *Comm) Allocate(ctx context.Context, size int, cfg *WinConfig) (*Win, error) {
-	if size < 0 {
-		return nil, opErr("allocate", -1, fmt.Errorf("%w: size %d", ErrOutOfBounds, size))
+	var mr *verbs.MR
+	var mem []byte
+	var err error
+	switch {
+	case size < 0:
+		err = fmt.Errorf("%w: size %d", ErrOutOfBounds, size)
+	case size > 0:
+		if mr, err = c.pd.AllocMR(size, verbs.AccessAll); err == nil {
+			mem = mr.Bytes()
+		}
 	}
-	if size == 0 {
-		return c.create(ctx, nil, nil, cfg)
-	}
-	mr, err := c.pd.AllocMR(size, verbs.AccessAll)
-	if err != nil {
-		return nil, opErr("allocate", -1, err)
-	}
-	return c.create(ctx, mr.Bytes(), mr, cfg)
+	return c.create(ctx, mem, mr, cfg, err)
 }
 
 // Create creates a window over the caller's memory, which the window
-// shares with the caller (MPI's unified model). It is collective. Atomic
-// operations need the memory 8-byte aligned (Allocate's always is).
+// shares with the caller (MPI's unified model). It is collective.
+// Atomics on elements not aligned to their size are applied by the
+// target's progress engine rather than the NIC (Allocate's memory is
+// always aligned).
 func (c *Comm) Create(ctx context.Context, mem []byte, cfg *WinConfig) (*Win, error) {
-	return c.create(ctx, mem, nil, cfg)
+	return c.create(ctx, mem, nil, cfg, nil)
 }
 
 // create makes a window over mem, registered already as mr when the
-// library allocated it (else registered here).
-func (c *Comm) create(ctx context.Context, mem []byte, mr *verbs.MR, cfg *WinConfig) (*Win, error) {
+// library allocated it (else registered here). A failure on any rank
+// fails the call on every rank: each publishes its description, or that
+// its part failed, in the one collective step.
+func (c *Comm) create(ctx context.Context, mem []byte, mr *verbs.MR, cfg *WinConfig, early error) (*Win, error) {
 	var conf WinConfig
 	if cfg != nil {
 		conf = *cfg
@@ -161,90 +252,79 @@ func (c *Comm) create(ctx context.Context, mem []byte, mr *verbs.MR, cfg *WinCon
 	if conf.DispUnit == 0 {
 		conf.DispUnit = 1
 	}
-	if conf.DispUnit < 0 {
-		if mr != nil {
-			mr.Deregister()
-		}
-		return nil, opErr("create window", -1, fmt.Errorf("%w: disp unit %d", ErrDatatype, conf.DispUnit))
-	}
 	c.winMu.Lock()
 	c.nextWin++
 	id := c.nextWin
 	c.winMu.Unlock()
-	w := &Win{c: c, id: id, mem: mem, unit: conf.DispUnit, locks: map[int]LockType{},
-		out: make([]int, c.size), bridged: make([]int, c.size), epochAcc: make([]int, c.size), unsig: make([]int, c.size), failed: make([]error, c.size), mr: mr}
-	var err error
-	if len(mem) > 0 && mr == nil {
-		if w.mr, err = c.pd.RegisterMR(mem, verbs.AccessAll); err != nil {
-			return nil, opErr("create window", -1, err)
-		}
+	w := &Win{c: c, id: id, mem: mem, unit: conf.DispUnit, locks: map[int]LockType{}, mr: mr,
+		out: make([]int, c.size), bridged: make([]int, c.size), reads: make([]int, c.size), amOut: make([]int, c.size),
+		unsig: make([]int, c.size), failed: make([]error, c.size), tx: make([]txState, c.size)}
+	me, local := remoteWin{}, early
+	if local == nil {
+		me, local = w.setup(conf)
 	}
-	if w.mr != nil {
-		c.reg.addWin(w.mr)
-	}
-	// The lock words are device memory too: on shm, peers' lock atomics
-	// are then CPU atomics on them.
-	if w.lockMR, err = c.pd.AllocMR(8*(1+c.size), verbs.AccessAll); err != nil {
-		w.release()
-		return nil, opErr("create window", -1, err)
-	}
-	w.lockMem = unsafe.Slice((*uint64)(unsafe.Pointer(&w.lockMR.Bytes()[0])), 1+c.size)
-	var mode uint8
-	if conf.Notify != nil {
-		if w.notify, err = newNotify(w, *conf.Notify); err != nil {
-			w.release()
-			return nil, opErr("create window", -1, err)
-		}
-		mode = w.notify.mode
-		if conf.Notify.Count == mailbox.CountOps {
-			mode |= notifyOps
-		}
-	}
-	c.winMu.Lock()
-	c.wins[id] = w
-	c.winMu.Unlock()
-
-	var me [remoteWinLen]byte
-	if w.mr != nil {
-		binary.LittleEndian.PutUint64(me[0:], w.mr.Addr())
-		binary.LittleEndian.PutUint32(me[8:], w.mr.RKey())
-	}
-	binary.LittleEndian.PutUint64(me[12:], uint64(len(mem)))
-	binary.LittleEndian.PutUint32(me[20:], uint32(w.unit))
-	binary.LittleEndian.PutUint64(me[24:], w.lockMR.Addr())
-	binary.LittleEndian.PutUint32(me[32:], w.lockMR.RKey())
-	me[36] = mode
-	desc := me[:]
-	if conf.Notify != nil && len(conf.Notify.ExpectFrom) > 0 {
-		// What each origin is expected to put per epoch, so that an
-		// origin knows where its epochs end (see spreads).
-		for o, e := range conf.Notify.ExpectFrom {
-			desc = binary.LittleEndian.AppendUint32(desc, uint32(o))
-			desc = binary.LittleEndian.AppendUint64(desc, uint64(e))
+	desc := []byte{descFailed}
+	if local == nil {
+		desc = me.encode(nil)
+		if conf.Notify != nil {
+			desc = me.encode(conf.Notify.ExpectFrom)
 		}
 	}
 	all, err := c.Allgather(ctx, desc)
+	if err == nil && local != nil {
+		err = opErr("create window", -1, local)
+	}
 	if err != nil {
 		w.release()
 		return nil, err
 	}
 	w.remote = make([]remoteWin, c.size)
 	for r, b := range all {
-		if len(b) < remoteWinLen || (len(b)-remoteWinLen)%12 != 0 {
+		if w.remote[r], err = decodeWin(b, r, c.rank); err != nil {
 			w.release()
-			return nil, opErr("create window", r, fmt.Errorf("%w: bad window description", ErrDatatype))
+			return nil, err
 		}
-		expect := 0
-		for e := b[remoteWinLen:]; len(e) > 0; e = e[12:] {
-			if int(binary.LittleEndian.Uint32(e)) == c.rank {
-				expect = int(binary.LittleEndian.Uint64(e[4:]))
-			}
-		}
-		w.remote[r] = remoteWin{addr: binary.LittleEndian.Uint64(b[0:]), rkey: binary.LittleEndian.Uint32(b[8:]),
-			size: binary.LittleEndian.Uint64(b[12:]), unit: binary.LittleEndian.Uint32(b[20:]),
-			lockAddr: binary.LittleEndian.Uint64(b[24:]), lockKey: binary.LittleEndian.Uint32(b[32:]), notify: b[36] &^ notifyOps, countOps: b[36]&notifyOps != 0, expect: expect}
+		w.tx[r].init(w.remote[r].depth)
 	}
 	return w, nil
+}
+
+// setup registers the window's memory and lock words and creates its
+// mailboxes, and returns what describes it to the other ranks.
+func (w *Win) setup(conf WinConfig) (remoteWin, error) {
+	c := w.c
+	var me remoteWin
+	if conf.DispUnit < 0 || conf.DispUnit > math.MaxUint32 {
+		return me, fmt.Errorf("%w: disp unit %d, want 1..2^32-1", ErrDatatype, conf.DispUnit)
+	}
+	var err error
+	if len(w.mem) > 0 && w.mr == nil {
+		if w.mr, err = c.pd.RegisterMR(w.mem, verbs.AccessAll); err != nil {
+			return me, err
+		}
+	}
+	if w.mr != nil {
+		c.reg.addWin(w.mr)
+		me.addr, me.rkey = w.mr.Addr(), w.mr.RKey()
+		me.misalign = uint8(uintptr(unsafe.Pointer(&w.mem[0])) % 8)
+	}
+	// The lock words are device memory too: on shm, peers' lock atomics
+	// are then CPU atomics on them.
+	if w.lockMR, err = c.pd.AllocMR(8*(1+c.size), verbs.AccessAll); err != nil {
+		return me, err
+	}
+	w.lockMem = unsafe.Slice((*uint64)(unsafe.Pointer(&w.lockMR.Bytes()[0])), 1+c.size)
+	me.size, me.unit, me.lockAddr, me.lockKey = uint64(len(w.mem)), uint32(w.unit), w.lockMR.Addr(), w.lockMR.RKey()
+	if conf.Notify != nil {
+		if w.notify, err = newNotify(w, *conf.Notify); err != nil {
+			return me, err
+		}
+		me.notify, me.countOps, me.depth = w.notify.mode, conf.Notify.Count == mailbox.CountOps, uint8(w.notify.cfg.Depth)
+	}
+	c.winMu.Lock()
+	c.wins[w.id] = w
+	c.winMu.Unlock()
+	return me, nil
 }
 
 // Bytes returns the window's local memory. Memory from Allocate is
@@ -252,16 +332,16 @@ func (c *Comm) create(ctx context.Context, mem []byte, mr *verbs.MR, cfg *WinCon
 func (w *Win) Bytes() []byte { return w.mem }
 
 // Free frees the window. It is collective: it waits for this rank's
-// operations and for every rank to stop using the window.
+// operations and for every rank to stop using the window. The window is
+// freed on every rank even when an operation failed; the failure is
+// returned on every rank (ErrRemote on those where it did not happen).
 func (w *Win) Free(ctx context.Context) error {
-	if err := w.FlushAll(ctx); err != nil {
-		return err
-	}
-	if err := w.c.Barrier(ctx); err != nil {
-		return err
+	err := w.FlushAll(ctx)
+	if aerr := w.c.agree(ctx, "free", err); aerr != nil && err == nil {
+		err = aerr
 	}
 	w.release()
-	return nil
+	return err
 }
 
 func (w *Win) release() {
@@ -271,6 +351,9 @@ func (w *Win) release() {
 		return
 	}
 	w.freed = true
+	if w.remote != nil {
+		w.resetTx()
+	}
 	w.c.winMu.Lock()
 	delete(w.c.wins, w.id)
 	w.c.winMu.Unlock()
@@ -297,7 +380,9 @@ func (w *Win) access(op string, target int, notified bool) error {
 		return opErr(op, target, ErrClosed)
 	}
 	if notified && w.notifyTarget(target) {
-		return nil // a notified window's mailboxes are always open
+		// A notified window's mailboxes are always open, but a per-origin
+		// window has none for an origin it does not expect.
+		return w.checkExpect(op, target)
 	}
 	if w.fence || w.lockAll || w.locks[target] != 0 {
 		return nil
@@ -316,21 +401,49 @@ func (w *Win) notifyTarget(target int) bool { return w.remote[target].notify != 
 // returns the byte offset.
 func (w *Win) span(op string, target, disp, extent int) (int, error) {
 	rw := &w.remote[target]
-	off := disp * int(rw.unit)
-	if disp < 0 || extent < 0 || uint64(off)+uint64(extent) > rw.size {
-		return 0, opErr(op, target, fmt.Errorf("%w: bytes [%d, %d) of a %d-byte window", ErrOutOfBounds, off, off+extent, rw.size))
+	off, ok := byteSpan(disp, int(rw.unit), extent, rw.size)
+	if !ok {
+		return 0, opErr(op, target, fmt.Errorf("%w: %d bytes at displacement %d (unit %d) of a %d-byte window",
+			ErrOutOfBounds, extent, disp, rw.unit, rw.size))
 	}
 	return off, nil
 }
 
+// byteSpan returns disp*unit if [disp*unit, +extent) lies within size
+// bytes. No step can overflow: a displacement whose byte offset does not
+// fit in 64 bits is simply out of bounds.
+func byteSpan(disp, unit, extent int, size uint64) (int, bool) {
+	if disp < 0 || unit < 0 || extent < 0 {
+		return 0, false
+	}
+	hi, off := bits.Mul64(uint64(disp), uint64(unit))
+	if hi != 0 || off > size || uint64(extent) > size-off {
+		return 0, false
+	}
+	return int(off), true
+}
+
 // track registers an operation of n work requests to target; it counts
 // in w.out until it finishes.
-func (w *Win) track(n, target int) (*progress.Op, uint64) {
-	w.c.eng.Locked(func() { w.out[target]++; w.outN++ })
+func (w *Win) track(n, target int) (*progress.Op, uint64) { return w.trackAs(n, target, nil) }
+
+// trackAs is track that also raises kind[target] (w.reads, w.amOut) while
+// the operation is in flight.
+func (w *Win) trackAs(n, target int, kind []int) (*progress.Op, uint64) {
+	w.c.eng.Locked(func() {
+		w.out[target]++
+		w.outN++
+		if kind != nil {
+			kind[target]++
+		}
+	})
 	return w.c.eng.Start(n, func(err error) {
 		w.out[target]--
 		w.outN--
-		if err != nil && w.failed[target] == nil {
+		if kind != nil {
+			kind[target]--
+		}
+		if err != nil && w.failed[target] == nil && !errors.Is(err, errDropped) {
 			w.failed[target] = err // reported by the next flush towards target
 		}
 	})
@@ -431,32 +544,47 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 		w.c.eng.Finish(op, nil)
 		return &Request{op: op, name: name, rank: target}, nil
 	}
-	if w.remote[target].notify != 0 && w.c.longHaul(target) {
+	rw := &w.remote[target]
+	switch {
+	case rw.notify != 0 && w.c.longHaul(target):
 		// Every notified put towards a long-haul peer takes this way, so
 		// that the peer assigns them to epochs in the order they start.
 		return w.haulPut(ctx, name, origin, ol, target, off, tl)
-	}
-	spread := w.spreads(target, tl.Size(), ol, tl)
-	if w.remote[target].notify != 0 && w.c.cfg.Paths > 1 {
-		var err error
-		if spread, err = w.epochOrder(ctx, target, tl.Size(), spread); err != nil {
+	case rw.notify == notifyPerOrigin:
+		return w.putPerOrigin(ctx, origin, ol, target, off, tl, signal)
+	case rw.notify != 0:
+		// An aggregate window: this origin cannot know where epochs end,
+		// so its puts keep RC's order, behind any split over the paths.
+		if err := w.waitBridged(ctx, target); err != nil {
 			return nil, opErr(name, target, err)
 		}
-		defer w.epochMu.Unlock()
-	}
-	if !tl.Contiguous() && tl.Block < smallBlock {
+	case !tl.Contiguous() && tl.Block < smallBlock:
 		return w.putPacked(ctx, origin, ol, target, off, tl)
-	}
-	if spread {
+	case w.spreads(target, tl.Size(), ol, tl):
 		return w.spread(ctx, name, target, origin[:ol.Size()], off, false)
 	}
 	qp, err := w.c.conn(ctx, target)
 	if err != nil {
 		return nil, err
 	}
+	wrs, err := w.putWRs(origin, ol, target, off, tl)
+	if err != nil {
+		return nil, opErr(name, target, err)
+	}
+	if !signal {
+		return nil, w.postUnsignalled(qp, target, wrs)
+	}
+	return w.postOps(name, qp, target, wrs, nil)
+}
+
+// putWRs makes the work requests of a put: one per run of consecutive
+// target bytes, of up to maxSGE origin pieces, except that a window that
+// counts puts gets exactly one per run (it counts each run as one put), a
+// longer run then travelling from a copy. Into a notified window every
+// request is a mailbox write; the target's mailbox counts them in the
+// order they arrive.
+func (w *Win) putWRs(origin []byte, ol Layout, target, off int, tl Layout) ([]verbs.SendWR, error) {
 	rw := &w.remote[target]
-	// Group the pieces into work requests: consecutive target bytes share
-	// one, up to maxSGE pieces.
 	type piece struct {
 		dst  int
 		srcs [][]byte
@@ -465,7 +593,7 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 	next := -1 // the target offset where the last request ends
 	segments(ol, tl, func(s seg) {
 		dst, src := off+s.t, origin[s.o:s.o+s.n]
-		if n := len(pieces); n > 0 && len(pieces[n-1].srcs) < maxSGE && next == dst {
+		if n := len(pieces); n > 0 && (len(pieces[n-1].srcs) < maxSGE || rw.countOps) && next == dst {
 			pieces[n-1].srcs = append(pieces[n-1].srcs, src)
 		} else {
 			pieces = append(pieces, piece{dst: dst, srcs: [][]byte{src}})
@@ -484,6 +612,9 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 		} else {
 			wr.Opcode, wr.RemoteAddr, wr.RKey = verbs.OpWrite, rw.addr+uint64(p.dst), rw.rkey
 		}
+		if len(p.srcs) > maxSGE {
+			p.srcs = [][]byte{slices.Concat(p.srcs...)}
+		}
 		for _, src := range p.srcs {
 			if inline {
 				wr.Inline = append(wr.Inline, src...)
@@ -491,7 +622,7 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 			}
 			sge, err := w.c.reg.sge(src)
 			if err != nil {
-				return nil, opErr(name, target, err)
+				return nil, err
 			}
 			wr.SGL = append(wr.SGL, sge)
 		}
@@ -499,10 +630,7 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 			wr.Flags |= verbs.FlagInline
 		}
 	}
-	if !signal {
-		return nil, w.postUnsignalled(qp, target, wrs)
-	}
-	return w.postOps(name, qp, target, wrs)
+	return wrs, nil
 }
 
 // postUnsignalled posts puts that produce no completion; they count in
@@ -539,7 +667,7 @@ func (w *Win) marker(ctx context.Context, target int) error {
 	}
 	rw := &w.remote[target]
 	if _, err := w.postOps("flush", qp, target, []verbs.SendWR{{Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
-		RemoteAddr: rw.lockAddr, RKey: rw.lockKey}}); err != nil {
+		RemoteAddr: rw.lockAddr, RKey: rw.lockKey}}, nil); err != nil {
 		return err
 	}
 	w.unsig[target] = 0
@@ -549,9 +677,10 @@ func (w *Win) marker(ctx context.Context, target int) error {
 // inlineMax is the largest put sent inline (the QPs' MaxInline default).
 const inlineMax = 256
 
-// postOps posts wrs as one tracked operation.
-func (w *Win) postOps(name string, qp *verbs.QP, target int, wrs []verbs.SendWR) (*Request, error) {
-	op, base := w.track(len(wrs), target)
+// postOps posts wrs as one tracked operation (counted in kind too, if not
+// nil: see trackAs).
+func (w *Win) postOps(name string, qp *verbs.QP, target int, wrs []verbs.SendWR, kind []int) (*Request, error) {
+	op, base := w.trackAs(len(wrs), target, kind)
 	for i := range wrs {
 		wrs[i].ID = base + uint64(i)
 	}
@@ -617,7 +746,7 @@ func (w *Win) RgetLayout(ctx context.Context, origin []byte, ol Layout, target, 
 		w.c.eng.Finish(op, nil)
 		return &Request{op: op, name: name, rank: target}, nil
 	}
-	return w.postOps(name, qp, target, wrs)
+	return w.postOps(name, qp, target, wrs, w.reads)
 }
 
 // mailboxAddr is the mailbox this rank puts into at target's notified
@@ -704,7 +833,8 @@ func (w *Win) Sync() {
 // mailbox package's sentinels, and the failures of a peer that stopped
 // answering (retries or receiver-not-ready retries exhausted, the
 // connection flushed) to ErrPeer.
-func errOf(wc *verbs.WorkCompletion) error {
+func (c *Comm) errOf(wc *verbs.WorkCompletion) error {
+	c.troubled.Store(true)
 	switch wc.Status {
 	case verbs.StatusRetryExceeded, verbs.StatusFlushed:
 		return fmt.Errorf("%w: %w", ErrPeer, wc.Err())

@@ -1,0 +1,372 @@
+package rma
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/rvma/rvma/internal/progress"
+	"github.com/rvma/rvma/verbs"
+)
+
+// Puts into a per-origin notified window (NotifyConfig.ExpectFrom) are
+// counted by the target's mailbox for this origin, epoch after epoch, and
+// a put lands in the epoch whose buffer its first byte finds open. The
+// origin knows what the target expects of it per epoch, so it knows which
+// epoch each of its puts lands in, and whether the target has posted that
+// epoch's buffer yet: Depth epochs are posted from the start, and one more
+// each time the target's WaitEpoch consumes one. A put for an epoch whose
+// buffer is not posted waits at the origin, in order behind the puts
+// before it, and the origin asks the target to say when the buffer is
+// there (a credit request the target answers at once or from WaitEpoch).
+// Such puts never reach the network early, where they would stall every
+// later message between the pair (RC delivers in order, and a receiver
+// not ready holds the whole connection).
+
+// errDropped finishes puts that waited for a buffer when Rewind or
+// AbandonEpoch dropped them; flushes do not report it.
+var errDropped = errors.New("rma: put dropped by a rewind before it was sent")
+
+// txState is this rank's position in one target's per-origin mailbox.
+type txState struct {
+	mu      sync.Mutex // held from deciding a put's epoch to posting it, so epochs follow posting order
+	synced  bool       // false after a rewind, until the target's answer says where it stands
+	epoch   uint64     // the epoch the next put lands in, from 1
+	acc     int        // bytes (or puts) of that epoch counted so far
+	granted uint64     // the target has posted buffers for the epochs up to here
+	queue   []txWR     // puts waiting for their epoch's buffer, in posting order
+	ask     *amCall    // the credit request in flight, if any
+}
+
+// txWR is one queued work request and what it counts.
+type txWR struct {
+	wr    verbs.SendWR
+	units int
+	op    *progress.Op
+}
+
+func (t *txState) init(depth uint8) {
+	t.synced, t.epoch, t.acc, t.granted = true, 1, 0, uint64(depth)
+}
+
+// step returns the epoch that a put counting units lands in after a put
+// ending at (epoch, acc), and the position after it: a put that finds its
+// epoch complete starts the next one; one that crosses the expectation
+// counts whole into its epoch, which it closes.
+func step(epoch uint64, acc, units, expect int) (uint64, int) {
+	if acc >= expect {
+		epoch, acc = epoch+1, 0
+	}
+	return epoch, acc + units
+}
+
+// fits reports whether puts of the given units can all be posted now: no
+// put waits before them, and each lands in a posted buffer. It returns
+// the position after them.
+func (t *txState) fits(units []int, expect int) (bool, uint64, int) {
+	if !t.synced || len(t.queue) > 0 {
+		return false, 0, 0
+	}
+	e, a := t.epoch, t.acc
+	for _, u := range units {
+		if e, a = step(e, a, u, expect); e > t.granted {
+			return false, 0, 0
+		}
+	}
+	return true, e, a
+}
+
+// units is what each work request of a put counts at the target.
+func (w *Win) units(target int, wrs []verbs.SendWR) []int {
+	u := make([]int, len(wrs))
+	for i := range wrs {
+		u[i] = 1
+		if !w.remote[target].countOps {
+			u[i] = wrLen(&wrs[i])
+		}
+	}
+	return u
+}
+
+func wrLen(wr *verbs.SendWR) int {
+	n := len(wr.Inline)
+	for _, s := range wr.SGL {
+		n += int(s.Length)
+	}
+	return n
+}
+
+// putPerOrigin sends a put into target's per-origin notified window: over
+// the paths when it may be split, else on the RC connection, now if its
+// epochs' buffers are posted, else queued until they are.
+func (w *Win) putPerOrigin(ctx context.Context, origin []byte, ol Layout, target, off int, tl Layout, signal bool) (*Request, error) {
+	const name = "put"
+	rw := &w.remote[target]
+	qp, err := w.c.conn(ctx, target)
+	if err != nil {
+		return nil, err
+	}
+	spread := !rw.countOps && w.spreads(target, tl.Size(), ol, tl)
+	if spread {
+		if _, err := w.c.pathConn(ctx, target); err != nil {
+			return nil, err
+		}
+	}
+	wrs, err := w.putWRs(origin, ol, target, off, tl)
+	if err != nil {
+		return nil, opErr(name, target, err)
+	}
+	units := w.units(target, wrs)
+	tx := &w.tx[target]
+	for {
+		tx.mu.Lock()
+		ok, e, a := tx.fits(units, rw.expect)
+		newEpoch := tx.acc >= rw.expect
+		whole := ok && !newEpoch && a <= rw.expect // within the current epoch, closing nothing
+		if spread && ok && a <= rw.expect {
+			if newEpoch && w.pending(target) {
+				// A piece of a split put could overtake the last
+				// epoch's puts and be counted into it.
+				tx.mu.Unlock()
+				if err := w.Flush(ctx, target); err != nil {
+					return nil, err
+				}
+				continue
+			}
+			req, err := w.spread(ctx, name, target, origin[:ol.Size()], off, false)
+			if err == nil {
+				tx.epoch, tx.acc = e, a
+				w.prefetch(tx, target)
+			}
+			tx.mu.Unlock()
+			return req, err
+		}
+		if !whole && w.bridging(target) {
+			// Puts split over the paths are not ordered before this one,
+			// which starts or closes an epoch, or waits.
+			tx.mu.Unlock()
+			if err := w.waitBridged(ctx, target); err != nil {
+				return nil, opErr(name, target, err)
+			}
+			continue
+		}
+		req, err := w.txSubmit(tx, qp, target, wrs, units, signal, ok, e, a)
+		tx.mu.Unlock()
+		return req, err
+	}
+}
+
+// pending reports whether operations towards target are in flight or
+// unflushed.
+func (w *Win) pending(target int) bool {
+	n := 0
+	w.c.eng.Locked(func() { n = w.out[target] })
+	w.unsigMu.Lock()
+	n += w.unsig[target]
+	w.unsigMu.Unlock()
+	return n > 0
+}
+
+// waitBridged waits until no operation towards target travels outside
+// the RC connection.
+func (w *Win) waitBridged(ctx context.Context, target int) error {
+	return w.c.eng.Wait(ctx, func() bool { return w.bridged[target] == 0 })
+}
+
+// txSubmit posts a put's work requests (tx.mu held): as any put when they
+// fit (ok, ending at epoch e, acc a), else as one tracked operation whose
+// requests are posted as their buffers are posted.
+func (w *Win) txSubmit(tx *txState, qp *verbs.QP, target int, wrs []verbs.SendWR, units []int, signal, ok bool, e uint64, a int) (*Request, error) {
+	if ok {
+		tx.epoch, tx.acc = e, a
+		w.prefetch(tx, target)
+		if !signal {
+			return nil, w.postUnsignalled(qp, target, wrs)
+		}
+		return w.postOps("put", qp, target, wrs, nil)
+	}
+	op, base := w.track(len(wrs), target)
+	for i := range wrs {
+		wrs[i].ID, wrs[i].Flags = base+uint64(i), wrs[i].Flags|verbs.FlagSignaled
+		tx.queue = append(tx.queue, txWR{wr: wrs[i], units: units[i], op: op})
+	}
+	w.txDrain(tx, target)
+	return &Request{op: op, name: "put", rank: target}, nil
+}
+
+// txDrain posts the queued puts whose buffers are posted and asks for
+// credit for the rest (tx.mu held). It may run in the poller.
+func (w *Win) txDrain(tx *txState, target int) {
+	if !tx.synced {
+		w.askCredit(tx, target, 0)
+		return
+	}
+	expect := w.remote[target].expect
+	n, e, a := 0, tx.epoch, tx.acc
+	for ; n < len(tx.queue); n++ {
+		ne, na := step(e, a, tx.queue[n].units, expect)
+		if ne > tx.granted {
+			break
+		}
+		e, a = ne, na
+	}
+	if n > 0 {
+		batch := make([]verbs.SendWR, n)
+		for i := range n {
+			batch[i] = tx.queue[i].wr
+		}
+		k, err := 0, error(nil)
+		p := w.c.peers[target]
+		p.mu.Lock()
+		qp := p.qp
+		p.mu.Unlock()
+		if qp == nil {
+			err = ErrClosed
+		} else {
+			k, err = w.c.post(qp, batch)
+		}
+		for i := k; i < n; i++ {
+			w.c.eng.Posted(tx.queue[i].op, tx.queue[i].wr.ID, 1, 0, opErr("put", target, err))
+		}
+		tx.epoch, tx.acc = e, a
+		tx.queue = append(tx.queue[:0:0], tx.queue[n:]...)
+	}
+	if len(tx.queue) > 0 {
+		want, _ := step(tx.epoch, tx.acc, tx.queue[0].units, expect)
+		w.askCredit(tx, target, want)
+		return
+	}
+	w.prefetch(tx, target)
+}
+
+// prefetch asks target for more buffers while half of those granted are
+// still ahead, so that an origin in step with its target rarely waits
+// (tx.mu held).
+func (w *Win) prefetch(tx *txState, target int) {
+	if tx.synced && tx.ask == nil && tx.epoch+uint64(w.remote[target].depth)/2 >= tx.granted {
+		w.askCredit(tx, target, tx.granted+1)
+	}
+}
+
+// askCredit asks target to answer once the buffer of epoch want is
+// posted (want 0: at once, with where it stands), unless a request is in
+// flight already (tx.mu held). The request is no operation of the window:
+// an origin that stops putting leaves it unanswered, and flushes must not
+// wait for it.
+func (w *Win) askCredit(tx *txState, target int, want uint64) {
+	if tx.ask != nil {
+		return
+	}
+	var call *amCall
+	call = &amCall{result: make([]byte, 8), free: true, after: func(err error) {
+		tx.mu.Lock()
+		defer tx.mu.Unlock()
+		if tx.ask != call {
+			return // dropped by a rewind
+		}
+		tx.ask = nil
+		if err != nil {
+			w.txFail(tx, target, err)
+			return
+		}
+		consumed := binary.LittleEndian.Uint64(call.result)
+		depth := uint64(w.remote[target].depth)
+		if !tx.synced {
+			tx.synced, tx.epoch, tx.acc, tx.granted = true, consumed+1, 0, consumed+depth
+		} else {
+			tx.granted = max(tx.granted, consumed+depth)
+		}
+		w.txDrain(tx, target)
+	}}
+	tx.ask = call
+	if _, err := w.amCall(context.Background(), "put", target, amHdr{kind: amCredit, off: want}, call); err != nil {
+		tx.ask = nil
+		w.txFail(tx, target, err)
+	}
+}
+
+// txFail fails every queued put (tx.mu held).
+func (w *Win) txFail(tx *txState, target int, err error) {
+	for _, q := range tx.queue {
+		w.c.eng.Posted(q.op, q.wr.ID, 1, 0, opErr("put", target, err))
+	}
+	tx.queue = nil
+}
+
+// resetTx forgets where this rank's puts stand in every target's epochs
+// (after Rewind or AbandonEpoch, which every rank calls before origins
+// redo their puts, and when the window is freed): queued puts are
+// dropped, and the next put first asks the target where it stands.
+func (w *Win) resetTx() {
+	for t := range w.tx {
+		rw := &w.remote[t]
+		if rw.notify != notifyPerOrigin || rw.expect == 0 {
+			continue
+		}
+		tx := &w.tx[t]
+		tx.mu.Lock()
+		for _, q := range tx.queue {
+			w.c.eng.Posted(q.op, q.wr.ID, 1, 0, errDropped)
+		}
+		tx.queue = nil
+		if call := tx.ask; call != nil {
+			tx.ask = nil
+			w.c.eng.Locked(func() {
+				if w.c.msg.am[call.id] == call {
+					delete(w.c.msg.am, call.id)
+					w.c.eng.FinishLocked(call.req.op, nil)
+				}
+			})
+		}
+		tx.synced = false
+		tx.mu.Unlock()
+	}
+}
+
+// creditRequest answers an origin's credit request at the target (in the
+// poller): at once if the buffer of epoch want is posted, else when
+// WaitEpoch posts it (see grant).
+func (n *notifyState) creditRequest(src int, id, want uint64) (reply bool, result []byte) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if want <= n.epoch+uint64(n.cfg.Depth) {
+		return true, binary.LittleEndian.AppendUint64(nil, n.epoch)
+	}
+	n.credits[src] = creditReq{id: id, want: want}
+	return false, nil
+}
+
+type creditReq struct{ id, want uint64 }
+
+// grant answers the credit requests that the buffers now posted satisfy
+// (all of them after a rewind: the origins then ask again).
+func (n *notifyState) grant(all bool) {
+	type answer struct {
+		src int
+		id  uint64
+	}
+	var answers []answer
+	n.mu.Lock()
+	for src, r := range n.credits {
+		if all || r.want <= n.epoch+uint64(n.cfg.Depth) {
+			answers = append(answers, answer{src, r.id})
+			delete(n.credits, src)
+		}
+	}
+	consumed := n.epoch
+	n.mu.Unlock()
+	for _, a := range answers {
+		n.w.c.replyAM(a.src, a.id, amOK, binary.LittleEndian.AppendUint64(nil, consumed))
+	}
+}
+
+// checkExpect is what access refuses for a per-origin window that does not
+// expect this rank.
+func (w *Win) checkExpect(op string, target int) error {
+	if rw := &w.remote[target]; rw.notify == notifyPerOrigin && rw.expect == 0 {
+		return opErr(op, target, fmt.Errorf("%w: rank %d is not in the target's NotifyConfig.ExpectFrom", ErrNoEpoch, w.c.rank))
+	}
+	return nil
+}
