@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/rvma/rvma/internal/kvs"
+	"github.com/rvma/rvma/internal/launch"
 	"github.com/rvma/rvma/internal/pmi"
 	"github.com/rvma/rvma/internal/progress"
 	"github.com/rvma/rvma/mailbox"
@@ -318,6 +319,11 @@ func Init(ctx context.Context, cfg *Config) (*Comm, error) {
 	if err := conf.check(); err != nil {
 		return nil, err
 	}
+	// A rank started with SIGINT ignored ("&" in a script) would not stop
+	// on its launcher's SIGINT.
+	if err := launch.ResetSignals(); err != nil {
+		conf.Logger.Warn("rma: cannot reset ignored signals", "err", err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, conf.Timeout)
 	defer cancel()
 	rank, size, store, srv, err := bootstrap(ctx)
@@ -382,6 +388,9 @@ func bootstrap(ctx context.Context) (rank, size int, store kvs.Store, srv *kvs.S
 		if err != nil {
 			return 0, 0, nil, nil, fmt.Errorf("%w: %w", ErrBootstrap, err)
 		}
+		// End with rvmarun, even when started through a wrapper, which
+		// rvmarun's parent-death signal does not reach past.
+		launch.Watch(context.Background(), addr, nil)
 		return r, s, cl, nil, nil
 	}
 	// 2. Hydra's PMI-1.

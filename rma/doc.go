@@ -23,14 +23,17 @@
 //
 // Create (over caller memory) and Allocate are collective. Put and Get are
 // RDMA WRITEs and READs into the target's registered memory, one per
-// contiguous run of target bytes (Layout describes strided data; runs of
-// under 64 bytes travel packed, as one message the target unpacks).
-// Accumulate, GetAccumulate, FetchAndOp and CompareAndSwap are active
-// messages that the target's progress engine applies element by element
-// with atomic instructions, except FetchAndOp (sum, no-op) and
-// CompareAndSwap on 8-byte elements, which use the NIC's atomics; the two
-// kinds are atomic with respect to each other. Accumulates from one origin
-// to one target apply in issue order (MPI's default ordering).
+// contiguous run of target bytes (Layout describes strided data; into a
+// plain window, runs of under 64 bytes travel packed, as one message the
+// target unpacks). Accumulate, GetAccumulate, FetchAndOp and
+// CompareAndSwap are active messages that the target's progress engine
+// applies element by element with atomic instructions (elements not
+// aligned to their size under a lock: they are accepted, as MPICH does),
+// except FetchAndOp (sum, no-op) and CompareAndSwap on aligned 8-byte
+// elements, which use the NIC's atomics while no accumulate message to
+// that target is in flight; the two kinds are atomic with respect to each
+// other. All accumulate functions from one origin to one target apply in
+// issue order (MPI's default ordering), whichever engine applies them.
 // Request-returning variants (Rput, Rget, Raccumulate, ...) complete
 // individually; the others complete at the next synchronisation.
 //
@@ -38,12 +41,20 @@
 // Fence (assertions accepted; ModeNoSucceed ends the epochs), Post, Start,
 // Complete, Wait and Test (Complete's message to each target travels
 // behind the origin's operations on the same connection, so it costs no
-// extra round trip), Lock and Unlock (shared or exclusive, taken with the
+// extra round trip; gets in flight complete before it, as a READ may read
+// the target's memory again when a response is lost), Lock and Unlock (shared or exclusive, taken with the
 // NIC's atomics on a lock word in the target's memory: passive target, the
 // target does nothing), LockAll, UnlockAll, Flush, FlushAll, FlushLocal,
 // FlushLocalAll and Sync. Memory is unified: a window's memory is the
 // caller's, and bytes placed by remote operations are visible once the
 // operation is complete by one of these calls.
+//
+// A failure never leaves other ranks waiting: Fence, Free and window
+// creation fail on every rank when they fail on one (ErrRemote, naming it,
+// where the failure did not happen); Complete always tells its targets
+// (whose Wait then fails with ErrRemote); Unlock releases the lock even
+// when an operation failed; and Close, once an operation failed, waits for
+// the other ranks at most Config.CloseTimeout.
 //
 // # Multipath
 //
@@ -51,7 +62,8 @@
 // two ranks has several paths, one local address each, after Virtuoso:
 // contiguous puts and gets of at least Config.Multipath.Small (64 KiB)
 // are split over the paths by a multipath.Conn in proportion to their
-// measured capacity, and a path that fails hands its share to the others
+// capacity (probed when the connection is dialed, then measured), and a
+// path that fails hands its undelivered share to the others
 // (a put into a notified window cannot be re-sent, as part of it may have
 // been counted: it fails instead). Everything else uses the first path's
 // RC connection. Comm.Paths reports each path's state. Split operations
@@ -90,8 +102,11 @@
 //   - CompareAndSwap compares floating-point elements bit for bit.
 //   - Every blocking call takes a context; errors are *OpError values
 //     naming the operation and the rank, wrapping the sentinels below
-//     (ErrOutOfBounds, ErrNoEpoch, ErrDatatype, ErrPeer, ...), and an
-//     access outside the target's window is refused before anything moves.
+//     (ErrOutOfBounds, ErrNoEpoch, ErrDatatype, ErrPeer, ...). What the
+//     origin can check is refused at the call, before anything moves: an
+//     access outside the target's window (whatever the displacement: no
+//     arithmetic overflows), a layout that overlaps itself or overflows,
+//     a put into a per-origin window that does not expect this rank.
 //
 // # Concurrency and ownership
 //

@@ -23,13 +23,23 @@ type NotifyConfig struct {
 	Expect int
 	// ExpectFrom gives the expectation per origin rank instead; each origin
 	// has its own mailbox, so an origin that runs an epoch ahead is never
-	// counted into the current one. Origins not listed must not put.
+	// counted into the current one. A put from an origin not listed is
+	// refused at the call (ErrNoEpoch). An origin may run any number of
+	// epochs ahead: puts for an epoch whose buffer the target has not
+	// posted yet wait at the origin (Put returns at once) and leave when
+	// the target's WaitEpoch posts it, so they never hold back the pair's
+	// other traffic.
 	ExpectFrom map[int]int
 	// Count is what is counted: mailbox.CountBytes (default) or
-	// mailbox.CountOps.
+	// mailbox.CountOps, where each contiguous run of target bytes of a put
+	// counts as one (a contiguous put counts one, a strided one a block).
 	Count mailbox.Count
 	// Depth is how many epochs are posted ahead, so that puts of the next
 	// epoch never wait for the target to repost. Default 2, range 1..64.
+	// With Expect (one aggregate mailbox), a put for an epoch beyond them
+	// waits in the network until the target reposts, holding back what
+	// the origin sends the target after it: keep origins within Depth
+	// epochs, or use ExpectFrom.
 	Depth int
 	// History is how many completed epochs are kept, as copies of the
 	// window's memory taken when WaitEpoch returns, for Rewind. Default 0
@@ -200,7 +210,8 @@ func (w *Win) Epoch() uint64 {
 // dropped and the counts reset, so that the epoch can be redone from
 // scratch. Bytes already placed in the window's memory stay (Rewind
 // restores them from a snapshot). Call it when no origin is putting into
-// the window.
+// the window. As Rewind, it also resets this rank's standing as an origin
+// of the window (see Rewind).
 func (w *Win) AbandonEpoch() error {
 	n, err := w.notifyState("abandon_epoch")
 	if err != nil {
@@ -245,6 +256,13 @@ var ErrNotRetained = errors.New("rma: epoch not retained")
 // the epoch the window is now at. Call it when no origin is putting into
 // the window (after the ranks agreed to rewind, and a barrier); origins
 // then redo their puts from that epoch on.
+//
+// Every rank rewinds (or abandons) its part of the window in that
+// protocol, so Rewind also resets where this rank stands as an origin in
+// the other ranks' per-origin mailboxes: its next put there first asks
+// the target which epoch it is at (one round trip), and puts of its own
+// still waiting for a target's buffer are dropped (their requests fail;
+// flushes do not report them). Flush before rewinding what must arrive.
 func (w *Win) Rewind(k int) (uint64, error) {
 	n, err := w.notifyState("rewind")
 	if err != nil {

@@ -90,16 +90,8 @@ func (c *Comm) pathConn(ctx context.Context, r int) (*multipath.Conn, error) {
 	addr, err := c.store.Get(ctx, fmt.Sprintf("rvma-mp-%d", r))
 	if err == nil {
 		cfg := c.cfg.Multipath
-		var mc *multipath.Conn
-		if mc, err = multipath.Dial(ctx, c.pd, addr, &cfg); err == nil {
-			// Capacities before the first split, so that it is already
-			// proportional (one 512 KiB write per path).
-			if err = mc.Probe(ctx); err != nil {
-				mc.Close()
-			} else {
-				p.mp = mc
-			}
-		}
+		// Dial probes every path, so the first split is proportional.
+		p.mp, err = multipath.Dial(ctx, c.pd, addr, &cfg)
 	}
 	if err != nil {
 		return nil, opErr("connect", r, fmt.Errorf("%w: paths: %w", ErrPeer, err))

@@ -401,7 +401,13 @@ func TestRewind(t *testing.T) {
 			}
 		}
 		// Rewind 2: back to the snapshot of epoch 3 again (the history
-		// now holds epochs 3 and 4).
+		// now holds epochs 3 and 4), once no origin is putting.
+		if err := w.FlushAll(ctx); err != nil {
+			return err
+		}
+		if err := c.Barrier(ctx); err != nil {
+			return err
+		}
 		if e, err := w.Rewind(2); err != nil || e != 3 || w.Bytes()[16] != 3*16 {
 			return fmt.Errorf("rewind(2): epoch %d, %v, memory %v", e, err, w.Bytes())
 		}
@@ -543,4 +549,47 @@ func TestUDPMTU(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// Once an operation failed, Close does not wait for ranks that may never
+// come longer than Config.CloseTimeout, and says so.
+func TestCloseBoundedAfterFailure(t *testing.T) {
+	comms, err := NewWorld(context.Background(), 3, &Config{Provider: "loop", CloseTimeout: 100 * time.Millisecond,
+		Connect: verbs.ConnectConfig{Timeout: time.Millisecond, RetryCount: 2}})
+	require.NoError(t, err)
+	wins := make([]*Win, 3)
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		var err error
+		if wins[c.Rank()], err = c.Allocate(ctx, 64, nil); err != nil {
+			return err
+		}
+		return wins[c.Rank()].Fence(ctx, 0)
+	})
+	comms[2].teardown() // rank 2 dies
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	errs := make(chan error, 2)
+	t0 := time.Now()
+	for r := range 2 {
+		go func() {
+			w := wins[r]
+			if err := w.Put(ctx, u64(1), 2, 0); err != nil {
+				errs <- err
+				return
+			}
+			if err := w.Flush(ctx, 2); !errors.Is(err, ErrPeer) {
+				errs <- fmt.Errorf("flush to the dead rank: %v, want ErrPeer", err)
+				return
+			}
+			errs <- comms[r].Close(ctx)
+		}()
+	}
+	for range 2 {
+		err := <-errs
+		require.Error(t, err)
+		var oe *OpError
+		require.ErrorAs(t, err, &oe)
+		require.Equal(t, "close", oe.Op, "%v", err)
+	}
+	require.Less(t, time.Since(t0), 30*time.Second, "Close waited as if for a rank that is gone")
 }

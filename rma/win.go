@@ -417,7 +417,7 @@ func byteSpan(disp, unit, extent int, size uint64) (int, bool) {
 		return 0, false
 	}
 	hi, off := bits.Mul64(uint64(disp), uint64(unit))
-	if hi != 0 || off > size || uint64(extent) > size-off {
+	if hi != 0 || off > size || off > math.MaxInt || uint64(extent) > size-off {
 		return 0, false
 	}
 	return int(off), true

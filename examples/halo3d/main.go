@@ -92,10 +92,16 @@ func main() {
 		defer pprof.StopCPUProfile()
 	}
 	ok, err := run(ctx, comm, o)
-	if cerr := comm.Close(ctx); err == nil {
-		err = cerr
-	}
 	if err != nil {
+		// Said before Close, which waits for the other ranks: one that
+		// failed may never come.
+		fmt.Fprintln(os.Stderr, "halo3d:", err)
+		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+		comm.Close(cctx)
+		ccancel()
+		os.Exit(2)
+	}
+	if err := comm.Close(ctx); err != nil {
 		fail(err)
 	}
 	if !ok {
