@@ -5,7 +5,7 @@ FUZZTIME    ?= 20s
 # package:FuzzTarget pairs run by fuzz-short
 FUZZ_TARGETS = ./internal/psn:FuzzDiff ./internal/wire:FuzzParse ./verbs/cm:FuzzMessage ./internal/pmi:FuzzParse ./rma:FuzzDecodeAM ./rma:FuzzDecodeWin ./internal/sdrwire:FuzzParse ./internal/shmfab:FuzzRing ./internal/shmbox:FuzzOpen ./cmd/haul:FuzzState
 
-.PHONY: all build test bench fuzz-short lint demo demo-verbs demo-haul perf perf-shm perf-rma perf-haul perf-haul-paths clean
+.PHONY: all build test soak bench fuzz-short lint demo demo-verbs demo-haul perf perf-shm perf-rma perf-haul perf-haul-paths clean
 
 all: build
 
@@ -16,6 +16,11 @@ build:
 test:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 14m ./...
+
+# The rma conformance suite with many seeds, and its lossy variants at
+# every size (tens of minutes).
+soak:
+	RVMA_CONFORM_ROUNDS=$${RVMA_CONFORM_ROUNDS:-20} $(GO) test -race -count=1 -timeout 2h -run TestConformance ./rma/
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./...
