@@ -627,7 +627,17 @@ func notifiedEpochs(ctx context.Context, c *Comm, seed uint64, count mailbox.Cou
 	}
 	fill := func(o, e int) byte { return byte(1 + 37*o + 11*e) }
 	errc := make(chan error, 1)
+	// An origin that fails stops this rank's waits too, and its error is
+	// the one reported.
+	octx := ctx
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	fail := func(err error) error {
+		stop()
+		return err
+	}
 	go func() {
+		ctx := octx
 		// The origin: every epoch to every other rank at once, then
 		// (maybe) a message to each.
 		for e := range epochs {
@@ -635,7 +645,7 @@ func notifiedEpochs(ctx context.Context, c *Comm, seed uint64, count mailbox.Cou
 				t := (me + k) % n
 				for _, p := range plans[me][e] {
 					if err := p.do(ctx, w, t, fill(me, e)); err != nil {
-						errc <- fmt.Errorf("epoch %d put %+v to rank %d: %w", e+1, p, t, err)
+						errc <- fail(fmt.Errorf("epoch %d put %+v to rank %d: %w", e+1, p, t, err))
 						return
 					}
 				}
@@ -644,25 +654,35 @@ func notifiedEpochs(ctx context.Context, c *Comm, seed uint64, count mailbox.Cou
 		if message {
 			for k := 1; k < n; k++ {
 				if err := c.Send(ctx, (me+k)%n, 7, []byte("after the puts")); err != nil {
-					errc <- err
+					errc <- fail(err)
 					return
 				}
 			}
 		}
-		errc <- w.FlushAll(ctx)
+		if err := w.FlushAll(ctx); err != nil {
+			errc <- fail(err)
+			return
+		}
+		errc <- nil
 	}()
+	originErr := func(err error) error {
+		if ctx.Err() != nil && octx.Err() == nil {
+			return <-errc
+		}
+		return err
+	}
 	if message {
 		// Before consuming any epoch: the origins ran ahead of the depth.
 		for k := 1; k < n; k++ {
 			if m, err := c.Recv(ctx, (me+k)%n, 7); err != nil || string(m) != "after the puts" {
-				return fmt.Errorf("message from rank %d behind its puts: %q, %v", (me+k)%n, m, err)
+				return originErr(fmt.Errorf("message from rank %d behind its puts: %q, %v", (me+k)%n, m, err))
 			}
 		}
 	}
 	for e := range epochs {
 		got, err := w.WaitEpoch(ctx)
 		if err != nil {
-			return fmt.Errorf("epoch %d: %w", e+1, err)
+			return originErr(fmt.Errorf("epoch %d: %w", e+1, err))
 		}
 		if got != uint64(e+1) {
 			return fmt.Errorf("epoch %d completed as %d", e+1, got)
@@ -682,6 +702,7 @@ func notifiedEpochs(ctx context.Context, c *Comm, seed uint64, count mailbox.Cou
 	if err := <-errc; err != nil {
 		return err
 	}
+	ctx = octx
 	if _, done, err := w.TestEpoch(); err != nil || done {
 		return fmt.Errorf("an epoch beyond the last completed (done %v, err %v): puts counted twice", done, err)
 	}
