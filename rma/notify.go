@@ -64,8 +64,9 @@ type notifyState struct {
 	boxes []*mailbox.Window
 	snaps [][]byte // most recent last
 
-	mu      sync.Mutex        // guards epoch (which origins' credit requests read in the poller) and credits
+	mu      sync.Mutex        // guards epoch, total (which origins' credit requests read in the poller) and credits
 	epoch   uint64            // epochs completed and waited for
+	total   uint64            // epochs consumed ever, as added to the origins' credit words (rewinds do not lower it)
 	credits map[int]creditReq // per origin: a credit request waiting for a buffer
 }
 
@@ -159,11 +160,7 @@ func (w *Win) WaitEpoch(ctx context.Context) (uint64, error) {
 			return 0, opErr("wait_epoch", -1, err)
 		}
 	}
-	n.mu.Lock()
-	n.epoch++
-	epoch := n.epoch
-	n.mu.Unlock()
-	n.grant(false)
+	epoch := n.consumed()
 	if n.cfg.History > 0 {
 		var s []byte
 		if len(n.snaps) == n.cfg.History {

@@ -6,6 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rvma/rvma/internal/progress"
 	"github.com/rvma/rvma/verbs"
@@ -19,11 +23,20 @@ import (
 // epoch's buffer yet: Depth epochs are posted from the start, and one more
 // each time the target's WaitEpoch consumes one. A put for an epoch whose
 // buffer is not posted waits at the origin, in order behind the puts
-// before it, and the origin asks the target to say when the buffer is
-// there (a credit request the target answers at once or from WaitEpoch).
-// Such puts never reach the network early, where they would stall every
-// later message between the pair (RC delivers in order, and a receiver
-// not ready holds the whole connection).
+// before it; such puts never reach the network early, where they would
+// stall every later message between the pair (RC delivers in order, and a
+// receiver not ready holds the whole connection).
+//
+// The origin learns what the target consumed without a message of its
+// own in the common case: the target counts the epochs it consumed (a
+// count that only grows, rewinds included) and writes the count into a
+// credit word of the window in the origin's memory, with an RDMA WRITE
+// (one unsignalled work request; a store on shm); the origin reads the
+// word. An
+// origin that finds no posted buffer asks, with a credit request the
+// target answers at once or from WaitEpoch; the answer also says where the
+// target's epochs stand against the count, which is how an origin resumes
+// after a rewind (epochs go back, the count does not).
 
 // errDropped finishes puts that waited for a buffer when Rewind or
 // AbandonEpoch dropped them; flushes do not report it.
@@ -38,6 +51,9 @@ type txState struct {
 	granted uint64     // the target has posted buffers for the epochs up to here
 	queue   []txWR     // puts waiting for their epoch's buffer, in posting order
 	ask     *amCall    // the credit request in flight, if any
+	// The target's epoch was base when its credit word read word0: the
+	// word's growth since then is epochs consumed.
+	base, word0 uint64
 }
 
 // txWR is one queued work request and what it counts.
@@ -49,6 +65,70 @@ type txWR struct {
 
 func (t *txState) init(depth uint8) {
 	t.synced, t.epoch, t.acc, t.granted = true, 1, 0, uint64(depth)
+}
+
+// words is registered memory of 8-byte words that peers write with RDMA
+// WRITEs and this rank reads with atomic loads: device memory where the
+// device shares memory (so that same-host peers write it directly),
+// else memory outside the Go heap (the race detector would take the
+// NIC's copy into a word for an unsynchronised Go write; an aligned word
+// is written whole, as by a real NIC).
+type words struct {
+	w    []uint64
+	mr   *verbs.MR
+	mmap []byte
+}
+
+func (ws *words) alloc(c *Comm, n int) error {
+	var err error
+	if c.sharesMemory() {
+		if ws.mr, err = c.pd.AllocMR(8*n, verbs.AccessAll); err != nil {
+			return err
+		}
+	} else {
+		if ws.mmap, err = unix.Mmap(-1, 0, 8*n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE); err != nil {
+			return fmt.Errorf("rma: credit words: %w", err)
+		}
+		if ws.mr, err = c.pd.RegisterMR(ws.mmap, verbs.AccessAll); err != nil {
+			unix.Munmap(ws.mmap)
+			ws.mmap = nil
+			return err
+		}
+	}
+	ws.w = unsafe.Slice((*uint64)(unsafe.Pointer(&ws.mr.Bytes()[0])), n)
+	return nil
+}
+
+func (ws *words) free() {
+	if ws.mr != nil {
+		ws.mr.Deregister()
+	}
+	if ws.mmap != nil {
+		unix.Munmap(ws.mmap)
+	}
+	*ws = words{}
+}
+
+// sharesMemory reports whether some port of the device is shm.
+func (c *Comm) sharesMemory() bool {
+	for i := range c.dev.GIDs() {
+		if c.dev.Provider(i) == "shm" {
+			return true
+		}
+	}
+	return false
+}
+
+// refresh raises what tx knows is granted from the credit word (tx.mu
+// held).
+func (w *Win) refresh(tx *txState, target int) {
+	if !tx.synced {
+		return
+	}
+	word := atomic.LoadUint64(&w.credits.w[target])
+	if word >= tx.word0 {
+		tx.granted = max(tx.granted, tx.base+(word-tx.word0)+uint64(w.remote[target].depth))
+	}
 }
 
 // step returns the epoch that a put counting units lands in after a put
@@ -122,6 +202,7 @@ func (w *Win) putPerOrigin(ctx context.Context, origin []byte, ol Layout, target
 	tx := &w.tx[target]
 	for {
 		tx.mu.Lock()
+		w.refresh(tx, target)
 		ok, e, a := tx.fits(units, rw.expect)
 		newEpoch := tx.acc >= rw.expect
 		whole := ok && !newEpoch && a <= rw.expect // within the current epoch, closing nothing
@@ -138,7 +219,6 @@ func (w *Win) putPerOrigin(ctx context.Context, origin []byte, ol Layout, target
 			req, err := w.spread(ctx, name, target, origin[:ol.Size()], off, false)
 			if err == nil {
 				tx.epoch, tx.acc = e, a
-				w.prefetch(tx, target)
 			}
 			tx.mu.Unlock()
 			return req, err
@@ -181,7 +261,6 @@ func (w *Win) waitBridged(ctx context.Context, target int) error {
 func (w *Win) txSubmit(tx *txState, qp *verbs.QP, target int, wrs []verbs.SendWR, units []int, signal, ok bool, e uint64, a int) (*Request, error) {
 	if ok {
 		tx.epoch, tx.acc = e, a
-		w.prefetch(tx, target)
 		if !signal {
 			return nil, w.postUnsignalled(qp, target, wrs)
 		}
@@ -203,6 +282,7 @@ func (w *Win) txDrain(tx *txState, target int) {
 		w.askCredit(tx, target, 0)
 		return
 	}
+	w.refresh(tx, target)
 	expect := w.remote[target].expect
 	n, e, a := 0, tx.epoch, tx.acc
 	for ; n < len(tx.queue); n++ {
@@ -236,31 +316,19 @@ func (w *Win) txDrain(tx *txState, target int) {
 	if len(tx.queue) > 0 {
 		want, _ := step(tx.epoch, tx.acc, tx.queue[0].units, expect)
 		w.askCredit(tx, target, want)
-		return
-	}
-	w.prefetch(tx, target)
-}
-
-// prefetch asks target for more buffers while half of those granted are
-// still ahead, so that an origin in step with its target rarely waits
-// (tx.mu held).
-func (w *Win) prefetch(tx *txState, target int) {
-	if tx.synced && tx.ask == nil && tx.epoch+uint64(w.remote[target].depth)/2 >= tx.granted {
-		w.askCredit(tx, target, tx.granted+1)
 	}
 }
 
 // askCredit asks target to answer once the buffer of epoch want is
 // posted (want 0: at once, with where it stands), unless a request is in
-// flight already (tx.mu held). The request is no operation of the window:
-// an origin that stops putting leaves it unanswered, and flushes must not
-// wait for it.
+// flight already (tx.mu held). The request is no operation of the window
+// (flushes wait for the puts, not for it).
 func (w *Win) askCredit(tx *txState, target int, want uint64) {
 	if tx.ask != nil {
 		return
 	}
 	var call *amCall
-	call = &amCall{result: make([]byte, 8), free: true, after: func(err error) {
+	call = &amCall{result: make([]byte, 16), free: true, after: func(err error) {
 		tx.mu.Lock()
 		defer tx.mu.Unlock()
 		if tx.ask != call {
@@ -271,10 +339,11 @@ func (w *Win) askCredit(tx *txState, target int, want uint64) {
 			w.txFail(tx, target, err)
 			return
 		}
-		consumed := binary.LittleEndian.Uint64(call.result)
+		consumed, total := binary.LittleEndian.Uint64(call.result), binary.LittleEndian.Uint64(call.result[8:])
 		depth := uint64(w.remote[target].depth)
 		if !tx.synced {
 			tx.synced, tx.epoch, tx.acc, tx.granted = true, consumed+1, 0, consumed+depth
+			tx.base, tx.word0 = consumed, total
 		} else {
 			tx.granted = max(tx.granted, consumed+depth)
 		}
@@ -332,13 +401,62 @@ func (n *notifyState) creditRequest(src int, id, want uint64) (reply bool, resul
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if want <= n.epoch+uint64(n.cfg.Depth) {
-		return true, binary.LittleEndian.AppendUint64(nil, n.epoch)
+		return true, n.standing()
 	}
 	n.credits[src] = creditReq{id: id, want: want}
 	return false, nil
 }
 
 type creditReq struct{ id, want uint64 }
+
+// standing is a credit answer: the epochs consumed, and the credit words'
+// count at the same time (n.mu held).
+func (n *notifyState) standing() []byte {
+	return binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, n.epoch), n.total)
+}
+
+// consumed records one more epoch consumed (in WaitEpoch), writes the new
+// count into each expected origin's credit word, and answers the credit
+// requests it satisfies.
+func (n *notifyState) consumed() uint64 {
+	n.mu.Lock()
+	n.epoch++
+	n.total++
+	epoch, total := n.epoch, n.total
+	n.mu.Unlock()
+	if n.mode == notifyPerOrigin {
+		for o := range n.cfg.ExpectFrom {
+			n.w.credit(o, total)
+		}
+	}
+	n.grant(false)
+	return epoch
+}
+
+// credit writes count into origin o's credit word of the window: an
+// unsignalled 8-byte WRITE (on shm a store, unordered so that it neither
+// waits for this rank's puts in flight nor holds later ones back: the
+// count only grows), nothing if no connection to o
+// exists yet (an origin that has not put has its Depth epochs still).
+func (w *Win) credit(o int, count uint64) {
+	c := w.c
+	if o == c.rank {
+		atomic.StoreUint64(&w.credits.w[o], count)
+		return
+	}
+	p := c.peers[o]
+	p.mu.Lock()
+	qp := p.qp
+	p.mu.Unlock()
+	if qp == nil {
+		return
+	}
+	rw := &w.remote[o]
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], count)
+	c.post(qp, []verbs.SendWR{{Opcode: verbs.OpWrite, Flags: verbs.FlagInline | verbs.FlagUnordered, Inline: b[:],
+		RemoteAddr: rw.credAddr + uint64(8*c.rank), RKey: rw.credKey}})
+}
 
 // grant answers the credit requests that the buffers now posted satisfy
 // (all of them after a rewind: the origins then ask again).
@@ -355,10 +473,10 @@ func (n *notifyState) grant(all bool) {
 			delete(n.credits, src)
 		}
 	}
-	consumed := n.epoch
+	standing := n.standing()
 	n.mu.Unlock()
 	for _, a := range answers {
-		n.w.c.replyAM(a.src, a.id, amOK, binary.LittleEndian.AppendUint64(nil, consumed))
+		n.w.c.replyAM(a.src, a.id, amOK, standing)
 	}
 }
 

@@ -88,6 +88,8 @@ type remoteWin struct {
 	unit     uint32
 	lockAddr uint64
 	lockKey  uint32
+	credAddr uint64 // notified windows: the target's credit words, one per origin (notifytx.go)
+	credKey  uint32
 	notify   uint8 // 0 plain, 1 aggregate mailbox, 2 per-origin mailboxes
 	countOps bool  // the target counts puts, not bytes
 	misalign uint8 // the window's first byte's address modulo 8 in the target's memory
@@ -101,7 +103,7 @@ type remoteWin struct {
 // publishes descFailed instead, so that the others fail too rather than
 // wait for it.
 const (
-	remoteWinLen = 8 + 4 + 8 + 4 + 8 + 4 + 1 + 1 + 1
+	remoteWinLen = 8 + 4 + 8 + 4 + 8 + 4 + 8 + 4 + 1 + 1 + 1
 	descFailed   = 0xff
 )
 
@@ -113,11 +115,13 @@ func (rw *remoteWin) encode(expectFrom map[int]int) []byte {
 	binary.LittleEndian.PutUint32(b[20:], rw.unit)
 	binary.LittleEndian.PutUint64(b[24:], rw.lockAddr)
 	binary.LittleEndian.PutUint32(b[32:], rw.lockKey)
-	b[36] = rw.notify
+	binary.LittleEndian.PutUint64(b[36:], rw.credAddr)
+	binary.LittleEndian.PutUint32(b[44:], rw.credKey)
+	b[48] = rw.notify
 	if rw.countOps {
-		b[36] |= notifyOps
+		b[48] |= notifyOps
 	}
-	b[37], b[38] = rw.misalign, rw.depth
+	b[49], b[50] = rw.misalign, rw.depth
 	for _, o := range slices.Sorted(maps.Keys(expectFrom)) {
 		b = binary.LittleEndian.AppendUint32(b, uint32(o))
 		b = binary.LittleEndian.AppendUint64(b, uint64(expectFrom[o]))
@@ -136,7 +140,8 @@ func decodeWin(b []byte, r, me int) (remoteWin, error) {
 	rw := remoteWin{addr: binary.LittleEndian.Uint64(b[0:]), rkey: binary.LittleEndian.Uint32(b[8:]),
 		size: binary.LittleEndian.Uint64(b[12:]), unit: binary.LittleEndian.Uint32(b[20:]),
 		lockAddr: binary.LittleEndian.Uint64(b[24:]), lockKey: binary.LittleEndian.Uint32(b[32:]),
-		notify: b[36] &^ notifyOps, countOps: b[36]&notifyOps != 0, misalign: b[37] % 8, depth: b[38]}
+		credAddr: binary.LittleEndian.Uint64(b[36:]), credKey: binary.LittleEndian.Uint32(b[44:]),
+		notify: b[48] &^ notifyOps, countOps: b[48]&notifyOps != 0, misalign: b[49] % 8, depth: b[50]}
 	for e := b[remoteWinLen:]; len(e) > 0; e = e[12:] {
 		if int(binary.LittleEndian.Uint32(e)) == me {
 			rw.expect = int(min(binary.LittleEndian.Uint64(e[4:]), math.MaxInt32))
@@ -176,6 +181,7 @@ type Win struct {
 
 	lockMem []uint64 // this rank's lock word, then one result slot per target
 	lockMR  *verbs.MR
+	credits words // notified windows: a credit word per target (notifytx.go)
 
 	mu         sync.Mutex // guards the epoch state below
 	fence      bool
@@ -320,6 +326,10 @@ func (w *Win) setup(conf WinConfig) (remoteWin, error) {
 			return me, err
 		}
 		me.notify, me.countOps, me.depth = w.notify.mode, conf.Notify.Count == mailbox.CountOps, uint8(w.notify.cfg.Depth)
+		if err = w.credits.alloc(c, c.size); err != nil {
+			return me, err
+		}
+		me.credAddr, me.credKey = w.credits.mr.Addr(), w.credits.mr.RKey()
 	}
 	c.winMu.Lock()
 	c.wins[w.id] = w
@@ -367,6 +377,7 @@ func (w *Win) release() {
 	if w.lockMR != nil {
 		w.lockMR.Deregister()
 	}
+	w.credits.free()
 }
 
 // access checks that an operation may go to target now; w.mu is not held.

@@ -565,6 +565,9 @@ func (qp *QP) validateSend(wr *SendWR) error {
 			return fmt.Errorf("verbs: QP %d: %w: inline data %d bytes, max %d", qp.num, ErrInvalidWR, len(wr.Inline), qp.cfg.MaxInline)
 		}
 	}
+	if wr.Flags&FlagUnordered != 0 && wr.Opcode != OpWrite {
+		return fmt.Errorf("verbs: QP %d: %w: only a WRITE may be unordered", qp.num, ErrInvalidWR)
+	}
 	if wr.Opcode.isAtomic() {
 		if len(wr.SGL) != 1 || wr.SGL[0].Length != 8 {
 			return fmt.Errorf("verbs: QP %d: %w: an atomic needs one 8-byte SGE", qp.num, ErrInvalidWR)
@@ -656,7 +659,7 @@ func (qp *QP) direct(w *sendWQE) {
 		w.pulled = qp.typ == RC && w.length >= pullMin && len(w.segs) == 1 && w.flags&FlagInline == 0 && mem.CanPull()
 		return
 	}
-	if qp.req.pending != 0 {
+	if qp.req.pending != 0 && w.flags&FlagUnordered == 0 {
 		return
 	}
 	switch w.op {

@@ -165,6 +165,12 @@ const (
 	// FlagFence makes the request wait until earlier READs and atomics
 	// have completed.
 	FlagFence
+	// FlagUnordered lets a WRITE take effect before the requests posted
+	// earlier on its QP: on shared memory it is executed at once when the
+	// target memory allows, even while earlier requests are in flight
+	// (and does not hold later ones back). For data whose order does not
+	// matter, such as a counter that only grows. Not part of ibverbs.
+	FlagUnordered
 )
 
 // SGE is a scatter/gather element: Length bytes at Addr inside the memory
