@@ -635,3 +635,34 @@ func BenchmarkSHMDirectWrite(b *testing.B) {
 		b.Fatal("the writes did not go direct")
 	}
 }
+
+// An unordered WRITE is executed at once on shared memory even behind a
+// request still in flight, and the flag is refused on anything but a
+// WRITE.
+func TestUnorderedWrite(t *testing.T) {
+	a, b := verbstest.Pair(t, verbstest.SHMAlloc(), verbstest.PairConfig{})
+	// A SEND with no receive posted stays pending (receiver not ready).
+	a.Post(t, verbs.SendWR{ID: 1, Opcode: verbs.OpSend, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{a.MR.SGE(0, 64)}})
+	d0 := a.Dev.Stats().Direct
+	binary.LittleEndian.PutUint64(a.Buf[100:], 77)
+	binary.LittleEndian.PutUint64(a.Buf[108:], 88)
+	a.Post(t, verbs.SendWR{ID: 2, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled | verbs.FlagUnordered,
+		SGL: []verbs.SGE{a.MR.SGE(100, 8)}, RemoteAddr: b.MR.Addr() + 256, RKey: b.MR.RKey()})
+	require.Equal(t, d0+1, a.Dev.Stats().Direct, "the unordered WRITE went direct behind the SEND")
+	require.Equal(t, uint64(77), binary.LittleEndian.Uint64(b.Buf[256:]), "placed before PostSend returned")
+	a.Post(t, verbs.SendWR{ID: 3, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
+		SGL: []verbs.SGE{a.MR.SGE(108, 8)}, RemoteAddr: b.MR.Addr() + 264, RKey: b.MR.RKey()})
+	require.Equal(t, d0+1, a.Dev.Stats().Direct, "an ordinary WRITE waits behind the SEND")
+	b.PostRecv(t, 1, 0, 64)
+	for id := range uint64(3) {
+		wc := a.Wait(t)
+		require.Equal(t, verbs.StatusSuccess, wc.Status)
+		require.Equal(t, id+1, wc.WRID, "completions stay in order")
+	}
+	b.Wait(t)
+	require.Equal(t, uint64(88), binary.LittleEndian.Uint64(b.Buf[264:]))
+
+	_, err := a.QP.PostSend([]verbs.SendWR{{ID: 4, Opcode: verbs.OpRead, Flags: verbs.FlagUnordered,
+		SGL: []verbs.SGE{a.MR.SGE(0, 8)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()}})
+	require.ErrorIs(t, err, verbs.ErrInvalidWR)
+}
