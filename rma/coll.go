@@ -112,65 +112,101 @@ func (c *Comm) Bcast(ctx context.Context, root int, buf []byte) error {
 	return WaitAll(ctx, reqs...)
 }
 
-// Allgather returns every rank's contribution, indexed by rank.
-// Contributions may differ in length.
-func (c *Comm) Allgather(ctx context.Context, mine []byte) ([][]byte, error) {
+// Allgather returns every rank's contribution, indexed by rank, the same
+// on every rank. Contributions may differ in length.
+//
+// No rank funnels the others: each takes ceil(log2 size) rounds of one
+// message sent and one received, so it connects to O(log size) peers,
+// and to the same ones as Barrier's (rank ± 2^k), which Fence and window
+// creation then reuse. With a power-of-two size, recursive doubling: round
+// k swaps the 2^k blocks gathered so far with rank XOR 2^k (one partner a
+// round). Otherwise Bruck's algorithm, as a dissemination: round k sends
+// the min(2^k, size-2^k) blocks gathered so far to rank+2^k and receives
+// as many from rank-2^k. This is MPICH's choice for short contributions;
+// its ring, better for long ones, would take size-1 rounds, and choosing
+// by length would need an agreement first, since each rank knows only its
+// own length: Allgather's callers (window descriptions, Allreduce) pass
+// tens of bytes.
+func (c *Comm) Allgather(ctx context.Context, mine []byte) (_ [][]byte, err error) {
 	tag := c.collTag()
 	out := make([][]byte, c.size)
-	out[c.rank] = append([]byte(nil), mine...)
-	if c.size == 1 {
-		return out, nil
-	}
-	// Gather at rank 0, which then broadcasts the concatenation.
-	var all []byte
-	if c.rank != 0 {
-		op, err := c.sendMsg(ctx, 0, kindMsg, tag, mine, nil)
+	out[c.rank] = append([]byte{}, mine...)
+	defer func() {
 		if err != nil {
-			return nil, opErr("allgather", 0, err)
+			c.troubled.Store(true) // peers may never come: bound Close
 		}
-		if err := op.Wait(ctx); err != nil {
-			return nil, opErr("allgather", 0, err)
+	}()
+	pow2 := c.size&(c.size-1) == 0
+	for d, round := 1, uint32(0); d < c.size; d, round = d*2, round+1 {
+		if pow2 {
+			// Both partners hold aligned groups of d ranks.
+			peer := c.rank ^ d
+			err = c.swapBlocks(ctx, tag|round, peer, c.blocks(c.rank&^(d-1), d, 1), peer, c.blocks(peer&^(d-1), d, 1), out)
+		} else {
+			// A rank holds itself and the ranks before it.
+			n := min(d, c.size-d)
+			to, from := (c.rank+d)%c.size, (c.rank-d+c.size)%c.size
+			err = c.swapBlocks(ctx, tag|round, to, c.blocks(c.rank, n, -1), from, c.blocks(from, n, -1), out)
 		}
-	} else {
-		for r := 1; r < c.size; r++ {
-			m, err := c.recvMsg(ctx, r, tag)
-			if err != nil {
-				return nil, opErr("allgather", r, err)
-			}
-			out[r] = m
-		}
-		for _, m := range out {
-			all = binary.LittleEndian.AppendUint32(all, uint32(len(m)))
-			all = append(all, m...)
-		}
-	}
-	// Broadcast the length first, then the bytes.
-	var n [8]byte
-	binary.LittleEndian.PutUint64(n[:], uint64(len(all)))
-	if err := c.Bcast(ctx, 0, n[:]); err != nil {
-		return nil, err
-	}
-	if c.rank != 0 {
-		all = make([]byte, binary.LittleEndian.Uint64(n[:]))
-	}
-	if err := c.Bcast(ctx, 0, all); err != nil {
-		return nil, err
-	}
-	if c.rank != 0 {
-		for r := range c.size {
-			if len(all) < 4 {
-				return nil, opErr("allgather", 0, fmt.Errorf("%w: short gather", ErrDatatype))
-			}
-			l := int(binary.LittleEndian.Uint32(all))
-			all = all[4:]
-			if l > len(all) {
-				return nil, opErr("allgather", 0, fmt.Errorf("%w: short gather", ErrDatatype))
-			}
-			out[r] = all[:l:l]
-			all = all[l:]
+		if err != nil {
+			return nil, err
 		}
 	}
 	return out, nil
+}
+
+// blocks lists n ranks from first on, step apart, modulo size.
+func (c *Comm) blocks(first, n, step int) []int {
+	rs := make([]int, n)
+	for i := range rs {
+		rs[i] = ((first+i*step)%c.size + c.size) % c.size
+	}
+	return rs
+}
+
+// swapBlocks is one round of Allgather: it sends the contributions of
+// ranks send to dst and stores those of ranks recv, received from src.
+// It waits for its send even when the receive failed, so that no Op
+// outlives the call (unless ctx has ended: the Op then finishes on its
+// own and only returns its staging buffers).
+func (c *Comm) swapBlocks(ctx context.Context, tag uint32, dst int, send []int, src int, recv []int, out [][]byte) error {
+	var msg []byte
+	for _, r := range send {
+		msg = binary.LittleEndian.AppendUint32(msg, uint32(len(out[r])))
+		msg = append(msg, out[r]...)
+	}
+	sent, err := c.sendMsg(ctx, dst, kindMsg, tag, msg, nil)
+	if err != nil {
+		return opErr("allgather", dst, err)
+	}
+	m, err := c.recvMsg(ctx, src, tag)
+	if err == nil {
+		err = decodeBlocks(m, recv, out)
+	}
+	if err != nil {
+		sent.Wait(ctx)
+		return opErr("allgather", src, err)
+	}
+	if err := sent.Wait(ctx); err != nil {
+		return opErr("allgather", dst, err)
+	}
+	return nil
+}
+
+// decodeBlocks stores the length-prefixed contributions of ranks that m
+// holds, in order, into out. They alias m, which belongs to the caller.
+func decodeBlocks(m []byte, ranks []int, out [][]byte) error {
+	for _, r := range ranks {
+		if len(m) < 4 || uint64(binary.LittleEndian.Uint32(m)) > uint64(len(m)-4) {
+			return fmt.Errorf("%w: allgather message short at rank %d's block", ErrDatatype, r)
+		}
+		l := int(binary.LittleEndian.Uint32(m))
+		out[r], m = m[4:4+l:4+l], m[4+l:]
+	}
+	if len(m) != 0 {
+		return fmt.Errorf("%w: allgather message has %d bytes too many", ErrDatatype, len(m))
+	}
+	return nil
 }
 
 // ReduceOp is the reduction of Allreduce.
