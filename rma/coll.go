@@ -115,18 +115,19 @@ func (c *Comm) Bcast(ctx context.Context, root int, buf []byte) error {
 // Allgather returns every rank's contribution, indexed by rank, the same
 // on every rank. Contributions may differ in length.
 //
-// No rank funnels the others: each takes ceil(log2 size) rounds of one
-// message sent and one received, so it connects to O(log size) peers,
-// and to the same ones as Barrier's (rank ± 2^k), which Fence and window
-// creation then reuse. With a power-of-two size, recursive doubling: round
-// k swaps the 2^k blocks gathered so far with rank XOR 2^k (one partner a
-// round). Otherwise Bruck's algorithm, as a dissemination: round k sends
-// the min(2^k, size-2^k) blocks gathered so far to rank+2^k and receives
-// as many from rank-2^k. This is MPICH's choice for short contributions;
-// its ring, better for long ones, would take size-1 rounds, and choosing
-// by length would need an agreement first, since each rank knows only its
-// own length: Allgather's callers (window descriptions, Allreduce) pass
-// tens of bytes.
+// No rank funnels the others (gathering at rank 0 connected it to every
+// rank and swamped it at scale): each rank takes ceil(log2 size) rounds of
+// one message sent and one received, so it connects to O(log size) peers,
+// a subset of Barrier's (rank ± 2^k), which Fence, Free and Close connect
+// anyway. With a power-of-two size, recursive doubling: round k swaps the
+// 2^k blocks gathered so far with rank XOR 2^k, one partner a round.
+// Otherwise Bruck's algorithm in its dissemination form: round k sends the
+// min(2^k, size-2^k) blocks gathered so far to rank+2^k and receives as
+// many from rank-2^k (blocks are stored by rank: no final rotation).
+// These are MPICH's choices for short contributions, and Allgather's
+// callers (window descriptions, Allreduce) pass tens of bytes. The ring
+// MPICH takes for long ones would cost size-1 rounds here, and picking by
+// length would need an agreement first, as each rank knows only its own.
 func (c *Comm) Allgather(ctx context.Context, mine []byte) (_ [][]byte, err error) {
 	tag := c.collTag()
 	out := make([][]byte, c.size)
@@ -232,7 +233,7 @@ func (c *Comm) AllreduceFloat64(ctx context.Context, op ReduceOp, vals []float64
 }
 
 // allreduce gathers every rank's values (as 8-byte words) and reduces
-// them locally in rank order.
+// them locally in rank order, whatever order Allgather received them in.
 func allreduce[T int64 | float64](ctx context.Context, c *Comm, op ReduceOp, vals []T, enc func(T) uint64, dec func(uint64) T) error {
 	b := make([]byte, 8*len(vals))
 	for i, v := range vals {
