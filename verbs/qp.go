@@ -52,9 +52,18 @@ type ConnectConfig struct {
 	// MTU caps the path MTU; the path MTU is the smallest of this, the local
 	// port's and the remote's. Default: no cap.
 	MTU int
-	// Timeout is how long an RC requester waits for an acknowledgement
-	// before it retransmits. Default 20ms, range 100µs..10s.
+	// Timeout is the shortest time an RC requester waits for an
+	// acknowledgement before it retransmits, and the wait before a round
+	// trip has been measured. The wait is the larger of this and
+	// SRTT + 4·RTTVAR of measured round trips (RFC 6298), doubled after
+	// each timeout that brings no progress, up to MaxTimeout. Default
+	// 20ms, range 100µs..10s.
 	Timeout time.Duration
+	// MaxTimeout caps the retransmission timeout and its backoff. With
+	// the defaults, a peer that answers nothing fails a request after
+	// about 5 s (20 ms doubled over 7 retries). Default 2s, range
+	// Timeout..60s.
+	MaxTimeout time.Duration
 	// RetryCount is how many times an RC requester retransmits after a
 	// timeout before it fails with StatusRetryExceeded. Default 7, range
 	// 0..7 (set NoRetry for zero: the field's zero value means default).
@@ -123,6 +132,7 @@ type QP struct {
 
 type connAttrs struct {
 	timeout     time.Duration
+	maxTimeout  time.Duration
 	retryCount  int
 	rnrRetry    int
 	rnrCode     uint8
@@ -326,8 +336,9 @@ func (qp *QP) detachLocked() {
 }
 
 // ReadyToSend moves the QP from ReadyToReceive to ReadyToSend, where sends
-// may be posted. cfg's requester attributes (Timeout, RetryCount, RNRRetry,
-// MaxRdAtomic, Window) apply; nil keeps those given to ReadyToReceive.
+// may be posted. cfg's requester attributes (Timeout, MaxTimeout,
+// RetryCount, RNRRetry, MaxRdAtomic, Window) apply; nil keeps those given
+// to ReadyToReceive.
 func (qp *QP) ReadyToSend(cfg *ConnectConfig) error {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
@@ -346,6 +357,7 @@ func (qp *QP) ReadyToSend(cfg *ConnectConfig) error {
 		qp.conn = c
 	}
 	qp.req.start(qp.startPSN)
+	qp.req.rto.init(qp.conn.timeout, qp.conn.maxTimeout)
 	qp.state = StateReadyToSend
 	return nil
 }
@@ -434,10 +446,13 @@ func resolveConnect(cfg *ConnectConfig) (connAttrs, error) {
 	if cfg != nil {
 		c = *cfg
 	}
-	a := connAttrs{timeout: c.Timeout, retryCount: c.RetryCount, rnrRetry: c.RNRRetry,
+	a := connAttrs{timeout: c.Timeout, maxTimeout: c.MaxTimeout, retryCount: c.RetryCount, rnrRetry: c.RNRRetry,
 		maxRdAtomic: c.MaxRdAtomic, window: c.Window}
 	if a.timeout == 0 {
 		a.timeout = 20 * time.Millisecond
+	}
+	if a.maxTimeout == 0 {
+		a.maxTimeout = max(2*time.Second, a.timeout)
 	}
 	switch a.retryCount {
 	case 0:
@@ -461,7 +476,8 @@ func resolveConnect(cfg *ConnectConfig) (connAttrs, error) {
 	if rnr == 0 {
 		rnr = time.Millisecond
 	}
-	if a.timeout < 100*time.Microsecond || a.timeout > 10*time.Second || a.retryCount < 0 || a.retryCount > 7 ||
+	if a.timeout < 100*time.Microsecond || a.timeout > 10*time.Second || a.maxTimeout < a.timeout || a.maxTimeout > time.Minute ||
+		a.retryCount < 0 || a.retryCount > 7 ||
 		a.rnrRetry < 0 || a.rnrRetry > 7 || a.maxRdAtomic < 1 || a.maxRdAtomic > 256 ||
 		a.window < 4 || a.window > 8192 || rnr < 0 {
 		return a, fmt.Errorf("verbs: connect: %w: %+v", ErrInvalidArgument, c)

@@ -87,6 +87,7 @@ type requester struct {
 
 	retries      int
 	rnrRetries   int
+	rto          rtoEstimator
 	lastProgress time.Time
 	rnrUntil     time.Time
 	rewound      bool // a sequence NAK already rewound to rewoundTo
@@ -206,6 +207,9 @@ func (qp *QP) progressSend(now time.Time, ob *outbox) {
 		if r.txPSN == r.unacked && r.maxSent == r.unacked {
 			r.lastProgress = now // the flight starts now
 		}
+		if psn.Diff(p, r.maxSent) >= 0 {
+			r.rto.sent(p, now) // first transmission: may be timed
+		}
 		switch {
 		case w.op == OpRead:
 			n := min(w.npsn-r.txOff, int(room))
@@ -248,7 +252,7 @@ func (qp *QP) progressSend(now time.Time, ob *outbox) {
 		}
 	}
 	if qp.typ == RC && r.inFlight() {
-		qp.armTimer(r.lastProgress.Add(qp.conn.timeout))
+		qp.armTimer(r.lastProgress.Add(r.rto.rto()))
 	}
 }
 
@@ -267,6 +271,7 @@ func (qp *QP) completeDone() {
 // goBack rewinds transmission to PSN p (go-back-N).
 func (qp *QP) goBack(p uint32) {
 	r := &qp.req
+	r.rto.resent(p)
 	for seq := r.headSeq; seq < r.tailSeq; seq++ {
 		w := r.at(seq)
 		if w.contains(p) {
@@ -289,12 +294,13 @@ func (qp *QP) checkTimers(now time.Time, ob *outbox) {
 		r.rnrUntil = time.Time{}
 		r.lastProgress = now
 	} else if r.inFlight() {
-		deadline := r.lastProgress.Add(qp.conn.timeout)
+		deadline := r.lastProgress.Add(r.rto.rto())
 		if now.Before(deadline) {
 			qp.armTimer(deadline)
 			return
 		}
 		r.retries++
+		r.rto.timedOut(now)
 		qp.dev.stats.timeouts.Add(1)
 		qp.timeouts.Add(1)
 		if r.retries > qp.conn.retryCount {
@@ -359,6 +365,7 @@ func (qp *QP) progressTo(u uint32, now time.Time) {
 		w.acked = true // requests before u are done (READs only reach here complete)
 	}
 	qp.onAcked(int(psn.Diff(u, r.unacked)))
+	r.rto.acked(u, now)
 	r.unacked = u
 	r.retries, r.rnrRetries = 0, 0
 	r.lastProgress = now
