@@ -5,7 +5,7 @@ FUZZTIME    ?= 20s
 # package:FuzzTarget pairs run by fuzz-short
 FUZZ_TARGETS = ./internal/psn:FuzzDiff ./internal/wire:FuzzParse ./verbs/cm:FuzzMessage ./internal/pmi:FuzzParse ./rma:FuzzDecodeAM ./rma:FuzzDecodeWin ./internal/sdrwire:FuzzParse ./internal/shmfab:FuzzRing ./internal/shmbox:FuzzOpen ./cmd/haul:FuzzState
 
-.PHONY: all build test soak bench fuzz-short lint demo demo-verbs demo-haul perf perf-shm perf-rma perf-haul perf-haul-paths clean
+.PHONY: all build test soak perf-mem bench fuzz-short lint demo demo-verbs demo-haul perf perf-shm perf-rma perf-haul perf-haul-paths clean
 
 all: build
 
@@ -21,6 +21,10 @@ test:
 # every size (tens of minutes).
 soak:
 	RVMA_CONFORM_ROUNDS=$${RVMA_CONFORM_ROUNDS:-20} $(GO) test -race -count=1 -timeout 2h -run TestConformance ./rma/
+
+# What one connected peer costs a rank (resident memory), udp and shm.
+perf-mem:
+	RVMA_MEMPEER=1 $(GO) test -count=1 -run TestMemoryPerPeer -v ./rma/
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./...

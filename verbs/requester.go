@@ -60,7 +60,8 @@ func (w *sendWQE) contains(p uint32) bool {
 // long-haul paths use UC with the reliability package's selective repeat
 // and erasure coding instead.
 type requester struct {
-	ring       []sendWQE
+	ring       []sendWQE // grows to max slots (see push)
+	max        int
 	headSeq    uint64 // oldest incomplete request
 	tailSeq    uint64 // next free slot
 	txSeq      uint64 // request being transmitted
@@ -94,16 +95,19 @@ type requester struct {
 	rewoundTo    uint32
 }
 
+// initialSendRing is how many send-queue slots a QP starts with; the ring
+// doubles when it fills, up to QPConfig.MaxSendWR, and each slot's gather
+// list and inline copy grow with use. A QP preallocated to a depth of
+// 4096 with 32 SGEs and 256 inline bytes per slot cost 5 MiB before its
+// first post: that was most of what each connected peer cost a rank.
+const initialSendRing = 64
+
 func (r *requester) init(cfg *QPConfig) {
-	if r.ring == nil {
-		r.ring = make([]sendWQE, cfg.MaxSendWR)
-		for i := range r.ring {
-			r.ring[i].segs = make([][]byte, 0, cfg.MaxSendSGE+1)
-			r.ring[i].inline = make([]byte, 0, cfg.MaxInline)
-		}
-	}
 	ring := r.ring
-	*r = requester{ring: ring}
+	if ring == nil {
+		ring = make([]sendWQE, min(cfg.MaxSendWR, initialSendRing))
+	}
+	*r = requester{ring: ring, max: cfg.MaxSendWR}
 }
 
 func (r *requester) start(p uint32) {
@@ -111,9 +115,18 @@ func (r *requester) start(p uint32) {
 }
 
 func (r *requester) at(seq uint64) *sendWQE { return &r.ring[seq%uint64(len(r.ring))] }
-func (r *requester) full() bool             { return r.tailSeq-r.headSeq == uint64(len(r.ring)) }
+func (r *requester) full() bool             { return r.tailSeq-r.headSeq == uint64(r.max) }
 
+// push takes the next slot, growing the ring if it is full (the queue may
+// still hold up to r.max).
 func (r *requester) push() *sendWQE {
+	if r.tailSeq-r.headSeq == uint64(len(r.ring)) {
+		ring := make([]sendWQE, min(2*len(r.ring), r.max))
+		for seq := r.headSeq; seq < r.tailSeq; seq++ {
+			ring[seq%uint64(len(ring))] = *r.at(seq)
+		}
+		r.ring = ring
+	}
 	w := r.at(r.tailSeq)
 	r.tailSeq++
 	return w
@@ -571,7 +584,7 @@ func (qp *QP) dataPacket(w *sendWQE, idx int) *wire.Packet {
 func (qp *QP) wantAck(p uint32, last, signaled bool, idx int) bool {
 	r := &qp.req
 	ask := (idx+1)%qp.conn.ackEvery == 0 ||
-		last && (signaled || r.tailSeq-r.headSeq >= uint64(len(r.ring)/2) ||
+		last && (signaled || r.tailSeq-r.headSeq >= uint64(r.max/2) ||
 			psn.Diff(p, r.lastAckReq) >= int32(qp.conn.ackEvery))
 	if ask {
 		r.lastAckReq = p

@@ -38,7 +38,7 @@ func FuzzRing(f *testing.F) {
 		atomic.StoreUint64(u64(p.mem, s+offTail), tail)
 		atomic.StoreUint64(u64(p.mem, s+offHead), head)
 		atomic.StoreUint64(u64(p.mem, s+offOwner), uint64(os.Getpid())<<32|1)
-		atomic.StoreUint32(u32(p.mem, offActive), 1)
+		atomic.StoreUint64(u64(p.mem, offActive), 1)
 		for range 64 {
 			if p.Progress() == 0 {
 				break
@@ -47,7 +47,7 @@ func FuzzRing(f *testing.F) {
 		p.rmu.Lock()
 		h, tl := atomic.LoadUint64(u64(p.mem, s+offHead)), atomic.LoadUint64(u64(p.mem, s+offTail))
 		atomic.StoreUint64(u64(p.mem, s+offOwner), 0)
-		atomic.StoreUint32(u32(p.mem, offActive), 0)
+		atomic.StoreUint64(u64(p.mem, offActive), 0)
 		p.rmu.Unlock()
 		if h != tl {
 			t.Fatalf("ring not drained: head %d tail %d", h, tl)

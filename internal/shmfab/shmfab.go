@@ -33,9 +33,13 @@ const (
 	MaxMTU = RingBytes / 4
 
 	// Rings is the number of senders a port accepts at once (one ring
-	// each); RingBytes is each ring's size.
-	Rings     = 32
-	RingBytes = 4 << 20
+	// each); RingBytes is each ring's size. A ring's pages are touched
+	// only as its sender writes, so memory follows use: up to RingBytes
+	// per peer that sends packets, against a segment of Rings·RingBytes
+	// of address space. (32 rings of 4 MiB refused the 33rd rank of a
+	// host and cost 4 MiB a peer.)
+	Rings     = 256
+	RingBytes = 1 << 20
 
 	// Regions is how many memory regions a port exports for direct access
 	// (see Export); more stay reachable through packets.
@@ -47,7 +51,7 @@ const (
 	// (see ShareBox); more are reached through packets.
 	Boxes = 1024
 
-	magic       = 0x52564d4153484d32 // "RVMASHM2"
+	magic       = 0x52564d4153484d33 // "RVMASHM3": the layout's version
 	hdrBytes    = 4096
 	slotBytes   = 256 // per ring: producer line, consumer line, busy word
 	regionBytes = 64
@@ -72,7 +76,7 @@ const (
 	offDoorbell = 64  // futex word: bumped by a sender that found the owner asleep
 	offSleeping = 128 // the owner is (about to be) blocked on the doorbell
 	offImpaired = 192 // faults are injected: peers use packets only
-	offActive   = 256 // bit i: ring i is claimed (the receiver scans only those)
+	offActive   = 256 // Rings bits, in 64-bit words: bit i is set while ring i is claimed (the receiver scans only those)
 )
 
 // Ring slot offsets (from the slot's start).
@@ -360,7 +364,7 @@ func (p *Port) claim(pe *peer) bool {
 		// The receiver reset head and tail when it freed the ring.
 		pe.head = atomic.LoadUint64(u64(pe.mem, slot(i)+offHead))
 		atomic.StoreUint64(o, p.tok)
-		atomic.OrUint32(u32(pe.mem, offActive), 1<<i)
+		atomic.OrUint64(activeWord(pe.mem, i), activeBit(i))
 		pe.ring = i
 		return true
 	}
@@ -481,31 +485,54 @@ func (p *Port) receive() {
 	}
 }
 
-// pending reports whether any ring holds data.
-func (p *Port) pending() bool {
-	for act := atomic.LoadUint32(u32(p.mem, offActive)); act != 0; act &= act - 1 {
-		i := bits.TrailingZeros32(act)
-		s := slot(i)
-		if atomic.LoadUint64(u64(p.mem, s+offOwner)) == 0 {
-			continue
-		}
-		if atomic.LoadUint64(u64(p.mem, s+offHead)) != atomic.LoadUint64(u64(p.mem, s+offTail)) {
-			return true
+// activeWord is the word of the active mask holding ring i's bit.
+func activeWord(mem []byte, i int) *uint64 { return u64(mem, offActive+8*(i/64)) }
+
+func activeBit(i int) uint64 { return 1 << (i % 64) }
+
+// active calls f for each claimed ring, in order, until f returns false.
+func (p *Port) active(f func(i int) bool) {
+	for w := range Rings / 64 {
+		for act := atomic.LoadUint64(u64(p.mem, offActive+8*w)); act != 0; act &= act - 1 {
+			if !f(64*w + bits.TrailingZeros64(act)) {
+				return
+			}
 		}
 	}
-	return false
+}
+
+// pending reports whether any ring holds data.
+func (p *Port) pending() bool {
+	found := false
+	p.active(func(i int) bool {
+		s := slot(i)
+		if atomic.LoadUint64(u64(p.mem, s+offOwner)) == 0 {
+			return true
+		}
+		found = atomic.LoadUint64(u64(p.mem, s+offHead)) != atomic.LoadUint64(u64(p.mem, s+offTail))
+		return !found
+	})
+	return found
 }
 
 // drain hands what the rings hold to the handler, up to a batch per ring,
 // and returns how many packets it handled; p.rmu is held.
 func (p *Port) drain() int {
 	handled := 0
-	for act := atomic.LoadUint32(u32(p.mem, offActive)); act != 0; act &= act - 1 {
-		i := bits.TrailingZeros32(act)
+	p.active(func(i int) bool {
+		p.drainRing(i, &handled)
+		return true
+	})
+	return handled
+}
+
+// drainRing drains ring i (see drain).
+func (p *Port) drainRing(i int, handled *int) {
+	{
 		s := slot(i)
 		owner := atomic.LoadUint64(u64(p.mem, s+offOwner))
 		if owner == 0 || owner&claiming != 0 {
-			continue
+			return
 		}
 		headp, tailp := u64(p.mem, s+offHead), u64(p.mem, s+offTail)
 		head, tail := atomic.LoadUint64(headp), atomic.LoadUint64(tailp)
@@ -513,15 +540,15 @@ func (p *Port) drain() int {
 			if owner&retired != 0 && atomic.CompareAndSwapUint64(u64(p.mem, s+offOwner), owner, 0) {
 				p.inactive(i) // drained: free
 			}
-			continue
+			return
 		}
 		kernelOrder.Load()
 		if head-tail > RingBytes || head < tail {
 			// A sender wrote nonsense: discard what it wrote.
 			p.malformed.Add(1)
 			atomic.StoreUint64(tailp, head)
-			handled++
-			continue
+			*handled++
+			return
 		}
 		var a [16]byte
 		copy(a[:], p.mem[s+offSrc:])
@@ -561,7 +588,7 @@ func (p *Port) drain() int {
 			tail += need
 		}
 		if len(p.rx) > 0 {
-			handled += len(p.rx)
+			*handled += len(p.rx)
 			p.received.Add(uint64(len(p.rx)))
 			p.hmu.Lock()
 			h := p.handler
@@ -576,7 +603,6 @@ func (p *Port) drain() int {
 		// Only now may the sender reuse the space: the payloads aliased it.
 		atomic.StoreUint64(tailp, tail)
 	}
-	return handled
 }
 
 // reap frees the rings of senders whose process is gone.
@@ -604,9 +630,9 @@ func (p *Port) reap() {
 // inactive clears ring i's bit in the active mask after its slot was
 // freed; if a sender claimed it again meanwhile, the bit is set again.
 func (p *Port) inactive(i int) {
-	m := u32(p.mem, offActive)
-	atomic.AndUint32(m, ^uint32(1<<i))
+	m := activeWord(p.mem, i)
+	atomic.AndUint64(m, ^activeBit(i))
 	if atomic.LoadUint64(u64(p.mem, slot(i)+offOwner)) != 0 {
-		atomic.OrUint32(m, 1<<i)
+		atomic.OrUint64(m, activeBit(i))
 	}
 }
