@@ -23,12 +23,15 @@ const (
 	// starting one rank holds for a moment (the pipes' write ends, exec's
 	// status pipe, /dev/null).
 	fdsBase = 32
-	// memBase and memPerPeer estimate a rank's memory; it grows with the
-	// job, as a rank keeps buffers for every peer. Measured as the drop
-	// of MemAvailable while putwin ran under rvmarun: 35 MiB a rank at 16
-	// ranks, 46 MiB at 32.
+	// memBase and memPerPeer estimate a rank's memory: what a rank needs
+	// whatever the job, and what each peer it connects to adds (send
+	// queues and shm rings grow with use). Measured as the drop of
+	// MemAvailable while halo3d ran under rvmarun at 128 ranks: 11 MiB a
+	// rank over udp, 9 over shm (a rank of it connects to about 10
+	// peers); a rank that connects to every other still needs some 48 KiB
+	// a peer at rest, up to 1 MiB for a shm peer that floods it.
 	memBase    = 16 << 20
-	memPerPeer = 1 << 20
+	memPerPeer = 64 << 10
 	// maxRanks caps n in rankMem, so that its product cannot overflow:
 	// a rank of a job that large is still taken to need 1 PiB.
 	maxRanks = 1 << 30

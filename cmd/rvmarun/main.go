@@ -54,7 +54,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	paths := fs.Int("paths", 1, "paths per connection between two ranks (1..64): large puts and gets are split over them")
 	grace := fs.Duration("grace", 3*time.Second, "how long ranks get to exit after SIGTERM before SIGKILL")
 	tag := fs.Bool("tag-output", true, "prefix every output line with the rank")
-	memPerRank := fs.Int("mem-per-rank", 0, "MiB of memory a rank needs, checked against what the host has before any rank starts (0: an estimate, 16 MiB and 1 MiB per rank of the job)")
+	memPerRank := fs.Int("mem-per-rank", 0, "MiB of memory a rank needs, checked against what the host has before any rank starts (0: an estimate, 16 MiB and 64 KiB per rank of the job)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: rvmarun -n N [flags] prog [args...]\n")
 		fs.PrintDefaults()

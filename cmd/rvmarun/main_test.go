@@ -334,7 +334,7 @@ func TestFitFDs(t *testing.T) {
 func TestFitMem(t *testing.T) {
 	const mib = 1 << 20
 	require.Equal(t, uint64(16*mib), rankMem(1, 0))
-	require.Equal(t, uint64(47*mib), rankMem(32, 0))
+	require.Equal(t, uint64(16*mib+31*64<<10), rankMem(32, 0))
 	require.Equal(t, uint64(100*mib), rankMem(32, 100))
 	for _, tc := range []struct {
 		n       int

@@ -57,8 +57,9 @@ func run() error {
 		return fmt.Errorf("fence window holds %q, want %q", got, msg(left))
 	}
 
-	// RVMA style: the window expects len(msg) bytes per epoch.
-	nwin, err := comm.Allocate(ctx, 64, &rma.WinConfig{Notify: &rma.NotifyConfig{Expect: len(msg(me))}})
+	// RVMA style: the window expects the left neighbour's message per
+	// epoch (its length, which is not this rank's from rank 100 on).
+	nwin, err := comm.Allocate(ctx, 64, &rma.WinConfig{Notify: &rma.NotifyConfig{Expect: len(msg(left))}})
 	if err != nil {
 		return err
 	}
