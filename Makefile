@@ -5,7 +5,7 @@ FUZZTIME    ?= 20s
 # package:FuzzTarget pairs run by fuzz-short
 FUZZ_TARGETS = ./internal/psn:FuzzDiff ./internal/wire:FuzzParse ./verbs/cm:FuzzMessage ./internal/pmi:FuzzParse ./rma:FuzzDecodeAM ./rma:FuzzDecodeWin ./internal/sdrwire:FuzzParse ./internal/shmfab:FuzzRing ./internal/shmbox:FuzzOpen ./cmd/haul:FuzzState
 
-.PHONY: all build test soak perf-mem bench fuzz-short lint demo demo-verbs demo-haul perf perf-shm perf-rma perf-haul perf-haul-paths clean
+.PHONY: all build test soak perf-mem perf-scale bench fuzz-short lint demo demo-verbs demo-haul perf perf-shm perf-rma perf-haul perf-haul-paths clean
 
 all: build
 
@@ -25,6 +25,16 @@ soak:
 # What one connected peer costs a rank (resident memory), udp and shm.
 perf-mem:
 	RVMA_MEMPEER=1 $(GO) test -count=1 -run TestMemoryPerPeer -v ./rma/
+
+# Jobs of many ranks: 1024 as goroutines of one process, 256 processes of
+# putwin and halo3d under rvmarun on each provider.
+perf-scale:
+	RVMA_RANKS=1024 $(GO) test -count=1 -timeout 20m -run TestManyRanks -v ./rma/
+	$(GO) build -o bin/rvmarun ./cmd/rvmarun
+	$(GO) build -o bin/putwin ./examples/putwin
+	$(GO) build -o bin/halo3d ./examples/halo3d
+	for p in udp shm auto; do time bin/rvmarun -n 256 --provider $$p bin/putwin | tail -1; done
+	for p in udp shm auto; do time bin/rvmarun -n 256 --provider $$p bin/halo3d -n 8 --iters 20 --warmup 2 --serial=false; done
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./...

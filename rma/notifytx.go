@@ -369,7 +369,7 @@ func (w *Win) txFail(tx *txState, target int, err error) {
 // redo their puts, and when the window is freed): queued puts are
 // dropped, and the next put first asks the target where it stands.
 func (w *Win) resetTx() {
-	for t := range w.tx {
+	for t := range w.tx { // none unless a target has per-origin mailboxes
 		rw := &w.remote[t]
 		if rw.notify != notifyPerOrigin || rw.expect == 0 {
 			continue

@@ -264,7 +264,7 @@ func (c *Comm) create(ctx context.Context, mem []byte, mr *verbs.MR, cfg *WinCon
 	c.winMu.Unlock()
 	w := &Win{c: c, id: id, mem: mem, unit: conf.DispUnit, locks: map[int]LockType{}, mr: mr,
 		out: make([]int, c.size), bridged: make([]int, c.size), reads: make([]int, c.size), amOut: make([]int, c.size),
-		unsig: make([]int, c.size), failed: make([]error, c.size), tx: make([]txState, c.size)}
+		unsig: make([]int, c.size), failed: make([]error, c.size)}
 	me, local := remoteWin{}, early
 	if local == nil {
 		me, local = w.setup(conf)
@@ -290,6 +290,11 @@ func (c *Comm) create(ctx context.Context, mem []byte, mr *verbs.MR, cfg *WinCon
 			w.release()
 			return nil, err
 		}
+		if w.remote[r].notify == notifyPerOrigin && w.tx == nil {
+			w.tx = make([]txState, c.size) // only windows with per-origin mailboxes need them
+		}
+	}
+	for r := range w.tx {
 		w.tx[r].init(w.remote[r].depth)
 	}
 	return w, nil

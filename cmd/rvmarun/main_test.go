@@ -519,3 +519,23 @@ func TestNohupKeepsHangupsAway(t *testing.T) {
 	require.Equal(t, 2, strings.Count(out.String(), "got-int"), out.String())
 	require.NotContains(t, out.String(), "got-hup")
 }
+
+// Jobs past the sizes that failed before (every job of 40 ranks or more:
+// rank 0's connections to all, a fixed retransmission timeout, 32 shm
+// rings a host, putwin's 101st rank) finish, on each provider, with every
+// rank's line.
+func TestManyRankJob(t *testing.T) {
+	n := 104
+	if testing.Short() {
+		n = 40
+	}
+	for _, prov := range []string{"udp", "shm", "auto"} {
+		t.Run(prov, func(t *testing.T) {
+			out, stderr, code := runJob(t, "-n", fmt.Sprint(n), "--provider", prov, filepath.Join(bins, "putwin"))
+			require.Zero(t, code, stderr)
+			for r := range n {
+				require.Contains(t, out, fmt.Sprintf("[%d] rank %d of %d got \"hello from rank %02d\"", r, r, n, (r+n-1)%n))
+			}
+		})
+	}
+}
