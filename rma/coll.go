@@ -1,8 +1,10 @@
 package rma
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 )
@@ -15,7 +17,9 @@ func (c *Comm) collTag() uint32 {
 }
 
 // Barrier returns once every rank has entered it (dissemination: log2(size)
-// rounds of one message each).
+// rounds of one message each). If a rank died (its connection failed), it
+// fails on every rank with ErrPeer naming the lowest dead rank, in bounded
+// time, rather than waiting for it.
 func (c *Comm) Barrier(ctx context.Context) error {
 	_, err := c.disseminate(ctx, "barrier", noRank)
 	return err
@@ -27,7 +31,8 @@ const noRank = math.MaxUint32
 // error its part of a collective call ended with, and every rank learns
 // whether any failed. It returns nil if none did or only this rank did (the
 // caller has its own error), else ErrRemote naming the lowest failed rank,
-// so that no rank waits for one that left the call early.
+// so that no rank waits for one that left the call early (ErrPeer, as
+// Barrier, if a rank died).
 func (c *Comm) agree(ctx context.Context, op string, mine error) error {
 	low := uint32(noRank)
 	if mine != nil {
@@ -45,30 +50,62 @@ func (c *Comm) agree(ctx context.Context, op string, mine error) error {
 
 // disseminate runs a dissemination barrier whose messages carry the lowest
 // value seen, and returns the lowest value of all ranks: after round k a
-// rank has heard, directly or not, from the 2^k ranks before it.
+// rank has heard, directly or not, from the 2^k ranks before it. Messages
+// also carry the lowest rank found dead: a rank whose partner of a round
+// is dead (a send or receive fails with ErrPeer) goes on with the next
+// rounds and tells the rest, so every rank finishes and fails with
+// ErrPeer naming it instead of waiting for a message that never comes.
 func (c *Comm) disseminate(ctx context.Context, op string, low uint32) (_ uint32, err error) {
+	dead := uint32(noRank)
 	defer func() {
 		if err != nil || low != noRank {
 			c.troubled.Store(true)
 		}
 	}()
+	var peerErr error // the first failure of a partner, for the error
+	lost := func(r int, e error) error {
+		if !errors.Is(e, ErrPeer) || ctx.Err() != nil {
+			return opErr(op, r, e) // not a dead peer: this rank's own wait ended
+		}
+		dead = min(dead, uint32(r))
+		peerErr = cmp.Or(peerErr, e)
+		return nil
+	}
 	tag := c.collTag()
+	var msg [8]byte
 	for k, round := 1, uint32(0); k < c.size; k, round = k*2, round+1 {
 		to, from := (c.rank+k)%c.size, (c.rank-k+c.size)%c.size
-		sent, err := c.sendMsg(ctx, to, kindMsg, tag|round, binary.LittleEndian.AppendUint32(nil, low), nil)
+		binary.LittleEndian.PutUint32(msg[:], low)
+		binary.LittleEndian.PutUint32(msg[4:], dead)
+		sent, err := c.sendMsg(ctx, to, kindMsg, tag|round, msg[:], nil)
 		if err != nil {
-			return 0, opErr(op, to, err)
+			if err := lost(to, err); err != nil {
+				return 0, err
+			}
 		}
 		m, err := c.recvMsg(ctx, from, tag|round)
-		if err != nil {
-			return 0, opErr(op, from, err)
-		}
-		if len(m) == 4 {
+		switch {
+		case err != nil:
+			if err := lost(from, err); err != nil {
+				return 0, err
+			}
+		case len(m) == 8:
 			low = min(low, binary.LittleEndian.Uint32(m))
+			dead = min(dead, binary.LittleEndian.Uint32(m[4:]))
 		}
-		if err := sent.Wait(ctx); err != nil {
-			return 0, opErr(op, to, err)
+		if sent != nil {
+			if err := sent.Wait(ctx); err != nil {
+				if err := lost(to, err); err != nil {
+					return 0, err
+				}
+			}
 		}
+	}
+	if dead != noRank {
+		if peerErr == nil {
+			peerErr = ErrPeer
+		}
+		return 0, opErr(op, int(dead), fmt.Errorf("%w: rank %d failed (%w)", ErrPeer, dead, peerErr))
 	}
 	return low, nil
 }

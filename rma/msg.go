@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/rvma/rvma/internal/progress"
 	"github.com/rvma/rvma/internal/spin"
@@ -30,6 +31,7 @@ const (
 	kindMsg      = 1 // point-to-point and collective data, matched by (source, tag)
 	kindAM       = 2 // an active message for a window (accumulate, fetch-op, strided put)
 	kindAMReply  = 3 // its reply
+	kindPing     = 4 // a liveness probe from a rank waiting for a message: ignored
 	userTagLimit = 1 << 30
 )
 
@@ -255,17 +257,23 @@ func (c *Comm) onRecv(wc *verbs.WorkCompletion) {
 	}
 }
 
-// recvMsg waits for the next message from src with tag.
+// probeEvery is how long recvMsg waits for a peer before it probes it: a
+// receiver alone never learns that its sender died (nothing it sends can
+// fail), so after a while it sends something that can.
+const probeEvery = time.Second
+
+// recvMsg waits for the next message from src with tag. While it waits it
+// probes src every probeEvery with a ping, so that a dead peer fails the
+// connection (RC gives up after its retransmission timeouts) and the wait
+// with ErrPeer, in bounded time.
 func (c *Comm) recvMsg(ctx context.Context, src int, tag uint32) ([]byte, error) {
 	k := inboxKey{src, tag}
 	var got []byte
-	broken := false
-	err := c.eng.Wait(ctx, func() bool {
+	broken, probe := false, false
+	take := func() bool {
 		q := c.msg.inbox[k]
 		if len(q) == 0 {
-			// Nothing more can come over a broken connection.
-			broken = c.broken(src)
-			return broken
+			return false
 		}
 		got = q[0]
 		if len(q) == 1 {
@@ -274,12 +282,45 @@ func (c *Comm) recvMsg(ctx context.Context, src int, tag uint32) ([]byte, error)
 			c.msg.inbox[k] = q[1:]
 		}
 		return true
-	})
-	if err == nil && broken {
+	}
+	var err error
+	var timer *time.Timer
+	deadline := time.Now().Add(probeEvery)
+	for {
+		err = c.eng.Wait(ctx, func() bool {
+			if take() {
+				return true
+			}
+			// Nothing more can come over a broken connection.
+			broken = c.broken(src)
+			probe = !broken && time.Now().After(deadline)
+			if timer == nil && !broken {
+				timer = time.AfterFunc(probeEvery, c.eng.Wake) // re-evaluate when a probe is due
+			}
+			return broken || probe
+		})
+		if err != nil || !probe || got != nil {
+			break
+		}
+		probe, deadline = false, time.Now().Add(probeEvery)
+		timer.Reset(probeEvery)
+		if src != c.rank {
+			if _, perr := c.sendMsg(ctx, src, kindPing, 0, nil, nil); perr != nil {
+				err = fmt.Errorf("%w: %w", ErrPeer, perr)
+				break
+			}
+		}
+	}
+	if timer != nil {
+		timer.Stop()
+	}
+	if err == nil && broken && got == nil {
 		err = fmt.Errorf("%w: its connection failed", ErrPeer)
-		c.troubled.Store(true)
 	}
 	if err != nil {
+		if errors.Is(err, ErrPeer) {
+			c.troubled.Store(true)
+		}
 		return nil, opErr("receive", src, err)
 	}
 	return got, nil

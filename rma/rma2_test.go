@@ -593,3 +593,52 @@ func TestCloseBoundedAfterFailure(t *testing.T) {
 	}
 	require.Less(t, time.Since(t0), 30*time.Second, "Close waited as if for a rank that is gone")
 }
+
+// A rank that dies fails every other rank's barrier and fence, not only
+// its neighbours', with ErrPeer naming it, in bounded time: ranks waiting
+// for it probe it, ranks that cannot reach it say so in the rounds left.
+func TestDeadRankFailsEveryone(t *testing.T) {
+	const n, dead = 6, 3
+	comms, err := NewWorld(context.Background(), n, &Config{Provider: "loop", CloseTimeout: 100 * time.Millisecond,
+		Connect: verbs.ConnectConfig{Timeout: time.Millisecond, MaxTimeout: 20 * time.Millisecond}})
+	require.NoError(t, err)
+	wins := make([]*Win, n)
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		var err error
+		wins[c.Rank()], err = c.Allocate(ctx, 64, nil)
+		if err != nil {
+			return err
+		}
+		return wins[c.Rank()].Fence(ctx, 0)
+	})
+	comms[dead].teardown()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, call := range []struct {
+		name string
+		f    func(c *Comm) error
+	}{
+		{"barrier", func(c *Comm) error { return c.Barrier(ctx) }},
+		{"fence", func(c *Comm) error { return wins[c.Rank()].Fence(ctx, 0) }},
+	} {
+		errs := make(chan error, n)
+		for r, c := range comms {
+			if r != dead {
+				go func() { errs <- call.f(c) }()
+			}
+		}
+		for range n - 1 {
+			err := <-errs
+			require.ErrorIs(t, err, ErrPeer, call.name)
+			var oe *OpError
+			require.ErrorAs(t, err, &oe)
+			require.Equal(t, dead, oe.Rank, "%s: %v", call.name, err)
+		}
+		require.NoError(t, ctx.Err(), "%s waited for the dead rank until the deadline", call.name)
+	}
+	for r, c := range comms {
+		if r != dead {
+			c.Close(ctx)
+		}
+	}
+}
