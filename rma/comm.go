@@ -37,6 +37,7 @@ const (
 	EnvAddr       = "RVMA_ADDR"       // local IP address for the UDP provider; default 127.0.0.1
 	EnvMTU        = "RVMA_MTU"        // UDP provider's MTU (payload bytes per packet); default the provider's
 	EnvPaths      = "RVMA_PATHS"      // paths (local addresses) per connection; default 1
+	EnvRCTimeout  = "RVMA_RC_TIMEOUT" // Config.Connect.Timeout, a duration ("50ms"); default verbs' (20ms)
 )
 
 // Config configures Init and NewWorld. The zero value means defaults.
@@ -90,8 +91,11 @@ type Config struct {
 	// operation of this communicator has failed (a failed rank may never
 	// come). Default 2s.
 	CloseTimeout time.Duration
-	// Connect holds the QP attributes of every connection. Default: verbs'
-	// defaults.
+	// Connect holds the QP attributes of every connection: among them the
+	// RC retransmission timeout's floor (Timeout, default 20ms, or
+	// RVMA_RC_TIMEOUT; rvmarun --rc-timeout), its cap (MaxTimeout, 2s) and
+	// the retries (7), which bound how long a dead peer takes to fail
+	// operations (about 5 s). Default: verbs' defaults.
 	Connect verbs.ConnectConfig
 	// Logger receives diagnostics. Default slog.Default().
 	Logger *slog.Logger
@@ -178,6 +182,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if d.Paths == 0 {
 		d.Paths, _ = strconv.Atoi(os.Getenv(EnvPaths))
+	}
+	if d.Connect.Timeout == 0 {
+		d.Connect.Timeout, _ = time.ParseDuration(os.Getenv(EnvRCTimeout))
 	}
 	if d.Paths == 0 {
 		d.Paths = 1

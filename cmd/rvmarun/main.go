@@ -54,6 +54,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	paths := fs.Int("paths", 1, "paths per connection between two ranks (1..64): large puts and gets are split over them")
 	grace := fs.Duration("grace", 3*time.Second, "how long ranks get to exit after SIGTERM before SIGKILL")
 	tag := fs.Bool("tag-output", true, "prefix every output line with the rank")
+	rcTimeout := fs.Duration("rc-timeout", 0, "the ranks' RC retransmission timeout floor (rma.Config.Connect.Timeout; 0: the library's default, 20ms, adapted to measured round trips)")
 	memPerRank := fs.Int("mem-per-rank", 0, "MiB of memory a rank needs, checked against what the host has before any rank starts (0: an estimate, 16 MiB and 64 KiB per rank of the job)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: rvmarun -n N [flags] prog [args...]\n")
@@ -122,6 +123,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			rma.EnvProvider+"="+*provider, rma.EnvAddr+"="+*addr,
 			rma.EnvPaths+"="+strconv.Itoa(*paths),
 			launch.EnvPID+"="+strconv.Itoa(os.Getpid()))
+		if *rcTimeout > 0 {
+			cmd.Env = append(cmd.Env, rma.EnvRCTimeout+"="+rcTimeout.String())
+		}
 		if _, set := os.LookupEnv(spin.EnvSpin); !set && *n > runtime.NumCPU() {
 			// More ranks than cores: a spinning rank holds the core its
 			// peer needs, so waits block at once (measured on halo3d, 4
