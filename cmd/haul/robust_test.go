@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -20,25 +19,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rvma/rvma/internal/linkem"
+
+	"github.com/rvma/rvma/internal/testutil"
 )
-
-// syncBuffer is a buffer that a test reads while a run writes it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // silentPeer is the receiver's --peer-timeout where a test waits for it
 // to find the sender gone: long enough that a loaded machine (the race
@@ -47,7 +30,7 @@ const silentPeer = "2s"
 
 // proc is a run of haul in the test process.
 type proc struct {
-	stdout, stderr syncBuffer
+	stdout, stderr testutil.SyncBuffer
 	done           chan error
 }
 

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +20,8 @@ import (
 	"github.com/rvma/rvma/internal/kvs"
 	"github.com/rvma/rvma/internal/launch"
 	"github.com/rvma/rvma/rma"
+
+	"github.com/rvma/rvma/internal/testutil"
 )
 
 // bins holds the example programs, built once for the launcher tests.
@@ -240,7 +241,7 @@ func TestSignalForwarded(t *testing.T) {
 	// other before it has handled the forwarded SIGINT.
 	cmd := exec.Command(filepath.Join(bins, "rvmarun"), "-n", "2", "sh", "-c",
 		`trap 'echo got-int; exit 5' INT; trap '' TERM; echo ready; while :; do sleep 0.05; done`)
-	var out syncBuffer
+	var out testutil.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(t, cmd.Start())
 	require.Eventually(t, func() bool { return strings.Count(out.String(), "ready") == 2 }, 20*time.Second, 10*time.Millisecond)
@@ -258,25 +259,6 @@ func TestSignalForwarded(t *testing.T) {
 	}
 	require.Contains(t, out.String(), "[0] got-int")
 	require.Contains(t, out.String(), "[1] got-int")
-}
-
-// syncBuffer is a bytes.Buffer that a process's output copier and the
-// test may use at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // Bad flags are refused with what is wrong, before any rank starts.
@@ -358,24 +340,13 @@ func TestFitMem(t *testing.T) {
 	}
 }
 
-// exited reports whether a process is gone or a zombie (an orphan's new
-// parent may never reap it).
-func exited(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	i := bytes.LastIndexByte(b, ')')
-	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X'
-}
-
 // rvmarunCmd starts the built rvmarun with the test binary as the rank
 // program, playing role, and returns it with its output.
-func rvmarunCmd(t *testing.T, role string, args ...string) (*exec.Cmd, *syncBuffer) {
+func rvmarunCmd(t *testing.T, role string, args ...string) (*exec.Cmd, *testutil.SyncBuffer) {
 	t.Helper()
 	cmd := exec.Command(filepath.Join(bins, "rvmarun"), args...)
 	cmd.Env = append(os.Environ(), envRole+"="+role)
-	var out syncBuffer
+	var out testutil.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {
@@ -386,7 +357,7 @@ func rvmarunCmd(t *testing.T, role string, args ...string) (*exec.Cmd, *syncBuff
 }
 
 // readyRanks waits for n "ready PID PPID" lines and returns the pids.
-func readyRanks(t *testing.T, out *syncBuffer, n int) (pids, ppids []int) {
+func readyRanks(t *testing.T, out *testutil.SyncBuffer, n int) (pids, ppids []int) {
 	t.Helper()
 	require.Eventually(t, func() bool { return strings.Count(out.String(), "ready ") == n }, 60*time.Second, 10*time.Millisecond, out.String())
 	for _, l := range strings.Split(out.String(), "\n") {
@@ -416,7 +387,7 @@ func TestRanksDieWithLauncher(t *testing.T) {
 		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 		cmd.Wait()
 		for _, p := range pids {
-			require.Eventually(t, func() bool { return exited(p) }, 10*time.Second, 10*time.Millisecond, "rank pid %d outlived rvmarun", p)
+			require.Eventually(t, func() bool { return testutil.Exited(p) }, 10*time.Second, 10*time.Millisecond, "rank pid %d outlived rvmarun", p)
 		}
 	})
 	t.Run("wrapped", func(t *testing.T) {
@@ -436,7 +407,7 @@ func TestRanksDieWithLauncher(t *testing.T) {
 		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 		cmd.Wait()
 		for _, p := range all {
-			require.Eventually(t, func() bool { return exited(p) }, 10*time.Second, 10*time.Millisecond, "pid %d outlived rvmarun", p)
+			require.Eventually(t, func() bool { return testutil.Exited(p) }, 10*time.Second, 10*time.Millisecond, "pid %d outlived rvmarun", p)
 		}
 		for r := range 3 {
 			msg, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("rank-%d.err", r)))
@@ -448,10 +419,10 @@ func TestRanksDieWithLauncher(t *testing.T) {
 
 // underIgnored runs rvmarun through a shell that ignores sigs first, as
 // "rvmarun &" in a script does for SIGINT, and returns its output.
-func underIgnored(t *testing.T, sigs string, args ...string) (*exec.Cmd, *syncBuffer) {
+func underIgnored(t *testing.T, sigs string, args ...string) (*exec.Cmd, *testutil.SyncBuffer) {
 	t.Helper()
 	cmd := exec.Command("sh", append([]string{"-c", `trap '' ` + sigs + `; exec "$@"`, "sh", filepath.Join(bins, "rvmarun")}, args...)...)
-	var out syncBuffer
+	var out testutil.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/internal/testutil"
 )
 
 func TestServerClients(t *testing.T) {
@@ -329,29 +331,11 @@ func TestBarrierLeave(t *testing.T) {
 	wg.Wait()
 }
 
-// syncBuffer is a bytes.Buffer a logger and the test may use at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // A line over MaxLine disconnects its client with a logged reason, before
 // the server has read much more than MaxLine of it; lines within the
 // bound are served.
 func TestLineLimit(t *testing.T) {
-	var log syncBuffer
+	var log testutil.SyncBuffer
 	srv, err := ListenConfig("127.0.0.1:0", 1, &ServerConfig{MaxLine: 4096, Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	require.NoError(t, err)
 	defer srv.Close()
@@ -383,7 +367,7 @@ func TestLineLimit(t *testing.T) {
 // Connections over MaxConns are refused with a reason, logged; once one
 // closes, a new one is served.
 func TestConnLimit(t *testing.T) {
-	var log syncBuffer
+	var log testutil.SyncBuffer
 	srv, err := ListenConfig("127.0.0.1:0", 1, &ServerConfig{MaxConns: 2, Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	require.NoError(t, err)
 	defer srv.Close()

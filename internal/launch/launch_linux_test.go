@@ -2,7 +2,6 @@ package launch
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -22,6 +21,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rvma/rvma/internal/kvs"
+
+	"github.com/rvma/rvma/internal/testutil"
 )
 
 // envRole makes the test binary play a process of a test instead.
@@ -94,17 +95,6 @@ func ignoredBySelf(s syscall.Signal) string {
 	panic("no SigIgn")
 }
 
-// exited reports whether a process is gone or a zombie (an orphan's new
-// parent may never reap it).
-func exited(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	i := bytes.LastIndexByte(b, ')')
-	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X'
-}
-
 // goneRecorder is a WatchConfig.Gone that records its calls.
 type goneRecorder struct {
 	mu      sync.Mutex
@@ -167,7 +157,7 @@ func TestWatchRefused(t *testing.T) {
 			c.Close()
 		}
 	}()
-	var log syncBuffer
+	var log testutil.SyncBuffer
 	var g goneRecorder
 	Watch(context.Background(), ln.Addr().String(), &WatchConfig{Gone: g.gone, Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	require.Eventually(t, func() bool { return strings.Contains(log.String(), "refused the watch") }, 10*time.Second, time.Millisecond)
@@ -195,7 +185,7 @@ func TestWatchParent(t *testing.T) {
 
 	require.NoError(t, mid.Process.Kill())
 	mid.Wait()
-	require.Eventually(t, func() bool { return exited(pid) }, 10*time.Second, 10*time.Millisecond, "the leaf outlived its launcher")
+	require.Eventually(t, func() bool { return testutil.Exited(pid) }, 10*time.Second, 10*time.Millisecond, "the leaf outlived its launcher")
 	msg, err := os.ReadFile(errFile)
 	require.NoError(t, err)
 	require.Contains(t, string(msg), fmt.Sprintf("the launcher (pid %d) is gone", mid.Process.Pid))
@@ -232,22 +222,4 @@ func TestResetSignals(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("SIGINT did not end the rank")
 	}
-}
-
-// syncBuffer is a bytes.Buffer a logger and the test may use at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
