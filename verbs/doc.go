@@ -22,8 +22,10 @@
 // # Semantics
 //
 // RC is reliable: in order, exactly once, acknowledged, with go-back-N
-// retransmission after a sequence NAK or a timeout (ConnectConfig.Timeout,
-// RetryCount), receiver-not-ready NAKs for SENDs that find no receive
+// retransmission after a sequence NAK or a timeout (ConnectConfig.Timeout
+// as the floor of a timeout that follows measured round trips, RFC 6298
+// style, and doubles after each timeout up to MaxTimeout; RetryCount
+// retries), receiver-not-ready NAKs for SENDs that find no receive
 // posted (RNRRetry), duplicate READs re-executed and duplicate atomics
 // answered from a result cache so that no atomic executes twice. UC sends
 // without acknowledgement or retransmission: a message that loses a packet
