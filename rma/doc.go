@@ -54,7 +54,12 @@
 // where the failure did not happen); Complete always tells its targets
 // (whose Wait then fails with ErrRemote); Unlock releases the lock even
 // when an operation failed; and Close, once an operation failed, waits for
-// the other ranks at most Config.CloseTimeout.
+// the other ranks at most Config.CloseTimeout. A rank that dies fails
+// every rank's Barrier and Fence with ErrPeer naming it, not only its
+// neighbours': a rank waiting for a message probes the sender every
+// second, so a dead one breaks the connection within RC's retransmission
+// timeouts (about 5 s with the defaults, Config.Connect), and the
+// dissemination rounds pass the news on.
 //
 // # Multipath
 //
