@@ -46,19 +46,20 @@ func TestManyRanks(t *testing.T) {
 		if got, got2 := i64(w.Bytes()), i64(w.Bytes()[8:]); got != int64(left) || got2 != int64(right) {
 			return fmt.Errorf("fence window holds %d, %d; want %d, %d", got, got2, left, right)
 		}
-		// Two slots: an origin may run an epoch ahead (Depth 2).
-		nw, err := c.Allocate(ctx, 16, &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{left: 8}}})
+		// Three slots: with Depth 2, an origin may put epoch e+2 while
+		// this rank reads epoch e.
+		nw, err := c.Allocate(ctx, 24, &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{left: 8}}})
 		if err != nil {
 			return err
 		}
 		for e := 1; e <= 3; e++ {
-			if err := nw.Put(ctx, u64(uint64(1000*e+me)), right, 8*(e%2)); err != nil {
+			if err := nw.Put(ctx, u64(uint64(1000*e+me)), right, 8*(e%3)); err != nil {
 				return err
 			}
 			if _, err := nw.WaitEpoch(ctx); err != nil {
 				return err
 			}
-			if got := i64(nw.Bytes()[8*(e%2):]); got != int64(1000*e+left) {
+			if got := i64(nw.Bytes()[8*(e%3):]); got != int64(1000*e+left) {
 				return fmt.Errorf("epoch %d: %d, want %d", e, got, 1000*e+left)
 			}
 		}
