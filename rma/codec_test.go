@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/verbs"
 )
 
 func TestByteSpan(t *testing.T) {
@@ -132,13 +134,45 @@ func TestStep(t *testing.T) {
 	}
 	tx := &txState{}
 	tx.init(2)
-	ok, e, a := tx.fits([]int{8, 8, 8, 8}, 16) // epochs 1 and 2: posted
+	wrs := make([]verbs.SendWR, 5)
+	for i := range wrs {
+		wrs[i].Inline = make([]byte, 8)
+	}
+	ok, e, a := tx.fits(wrs[:4], countBytes, 16) // epochs 1 and 2: posted
 	require.True(t, ok)
 	require.Equal(t, uint64(2), e)
 	require.Equal(t, 16, a)
-	ok, _, _ = tx.fits([]int{8, 8, 8, 8, 8}, 16) // the fifth starts epoch 3
+	ok, _, _ = tx.fits(wrs, countBytes, 16) // the fifth starts epoch 3
 	require.False(t, ok)
+	ok, e, _ = tx.fits(wrs[:2], countPuts, 1) // counting puts: one epoch each
+	require.True(t, ok)
+	require.Equal(t, uint64(2), e)
 	tx.synced = false
-	ok, _, _ = tx.fits([]int{1}, 16)
+	ok, _, _ = tx.fits(wrs[:1], countBytes, 16)
 	require.False(t, ok, "an origin that does not know where it stands posts nothing")
+}
+
+// Allgather's messages come from peers: decoding never panics, and what it
+// accepts fills exactly the ranks it was asked for, inside the message.
+func FuzzDecodeBlocks(f *testing.F) {
+	f.Add([]byte{3, 0, 0, 0, 'a', 'b', 'c', 0, 0, 0, 0}, uint8(2))
+	f.Add([]byte{255, 255, 255, 255}, uint8(1))
+	f.Add([]byte{}, uint8(0))
+	f.Fuzz(func(t *testing.T, m []byte, n uint8) {
+		ranks := make([]int, n%16)
+		for i := range ranks {
+			ranks[i] = i
+		}
+		out := make([][]byte, len(ranks))
+		if err := decodeBlocks(m, ranks, out); err != nil {
+			require.ErrorIs(t, err, ErrDatatype)
+			return
+		}
+		total := 0
+		for _, b := range out {
+			require.NotNil(t, b)
+			total += 4 + len(b)
+		}
+		require.Equal(t, len(m), total, "every byte of the message is accounted for")
+	})
 }

@@ -277,7 +277,8 @@ type Comm struct {
 	nextWin uint32
 	collSeq atomic.Uint32 // collective sequence number; collectives are called in order
 
-	troubled  atomic.Bool // an operation or connection failed (see Close)
+	troubled  atomic.Bool   // an operation or connection failed (see Close)
+	ticks     atomic.Uint64 // probeEvery periods since the start (see wakeProbes)
 	closeOnce sync.Once
 	done      chan struct{}
 	acceptWG  sync.WaitGroup
@@ -531,6 +532,7 @@ func newComm(ctx context.Context, rank, size int, store kvs.Store, ownStore bool
 	c.reg.pd = c.pd
 	c.msg.init()
 	c.eng = progress.New(c.cq, progress.Config{OnRecv: c.onRecv, Background: true, Err: c.errOf})
+	go c.wakeProbes()
 	c.target = mailbox.NewTarget(dev, nil)
 	c.shmGID = -1
 	if cfg.Provider == "auto" && cfg.Host != "" {

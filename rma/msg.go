@@ -262,6 +262,23 @@ func (c *Comm) onRecv(wc *verbs.WorkCompletion) {
 // fail), so after a while it sends something that can.
 const probeEvery = time.Second
 
+// wakeProbes counts ticks of probeEvery and wakes the engine's waiters
+// at each, so that receives waiting for a silent peer notice that a probe
+// is due: one ticker a Comm rather than a timer a receive.
+func (c *Comm) wakeProbes() {
+	t := time.NewTicker(probeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			c.ticks.Add(1)
+			c.eng.Wake()
+		case <-c.done:
+			return
+		}
+	}
+}
+
 // recvMsg waits for the next message from src with tag. While it waits it
 // probes src every probeEvery with a ping, so that a dead peer fails the
 // connection (RC gives up after its retransmission timeouts) and the wait
@@ -284,8 +301,9 @@ func (c *Comm) recvMsg(ctx context.Context, src int, tag uint32) ([]byte, error)
 		return true
 	}
 	var err error
-	var timer *time.Timer
-	deadline := time.Now().Add(probeEvery)
+	// A probe is due once two ticks of wakeProbes have passed: between
+	// probeEvery and twice that, without reading the clock in the wait.
+	due := c.ticks.Load() + 2
 	for {
 		err = c.eng.Wait(ctx, func() bool {
 			if take() {
@@ -293,26 +311,19 @@ func (c *Comm) recvMsg(ctx context.Context, src int, tag uint32) ([]byte, error)
 			}
 			// Nothing more can come over a broken connection.
 			broken = c.broken(src)
-			probe = !broken && time.Now().After(deadline)
-			if timer == nil && !broken {
-				timer = time.AfterFunc(probeEvery, c.eng.Wake) // re-evaluate when a probe is due
-			}
+			probe = !broken && c.ticks.Load() >= due
 			return broken || probe
 		})
 		if err != nil || !probe || got != nil {
 			break
 		}
-		probe, deadline = false, time.Now().Add(probeEvery)
-		timer.Reset(probeEvery)
+		probe, due = false, c.ticks.Load()+2
 		if src != c.rank {
 			if _, perr := c.sendMsg(ctx, src, kindPing, 0, nil, nil); perr != nil {
 				err = fmt.Errorf("%w: %w", ErrPeer, perr)
 				break
 			}
 		}
-	}
-	if timer != nil {
-		timer.Stop()
 	}
 	if err == nil && broken && got == nil {
 		err = fmt.Errorf("%w: its connection failed", ErrPeer)

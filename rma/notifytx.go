@@ -32,11 +32,10 @@ import (
 // count that only grows, rewinds included) and writes the count into a
 // credit word of the window in the origin's memory, with an RDMA WRITE
 // (one unsignalled work request; a store on shm); the origin reads the
-// word. An
-// origin that finds no posted buffer asks, with a credit request the
-// target answers at once or from WaitEpoch; the answer also says where the
-// target's epochs stand against the count, which is how an origin resumes
-// after a rewind (epochs go back, the count does not).
+// word. An origin that finds no posted buffer asks, with a credit request
+// the target answers at once or from WaitEpoch; the answer also says where
+// the target's epochs stand against the count, which is how an origin
+// resumes after a rewind (epochs go back, the count does not).
 
 // errDropped finishes puts that waited for a buffer when Rewind or
 // AbandonEpoch dropped them; flushes do not report it.
@@ -142,40 +141,41 @@ func step(epoch uint64, acc, units, expect int) (uint64, int) {
 	return epoch, acc + units
 }
 
-// fits reports whether puts of the given units can all be posted now: no
-// put waits before them, and each lands in a posted buffer. It returns
-// the position after them.
-func (t *txState) fits(units []int, expect int) (bool, uint64, int) {
+// fits reports whether the work requests of a put, each counting
+// units(wr) at the target, can all be posted now: no put waits before
+// them, and each lands in a posted buffer. It returns the position after
+// them.
+func (t *txState) fits(wrs []verbs.SendWR, units func(*verbs.SendWR) int, expect int) (bool, uint64, int) {
 	if !t.synced || len(t.queue) > 0 {
 		return false, 0, 0
 	}
 	e, a := t.epoch, t.acc
-	for _, u := range units {
-		if e, a = step(e, a, u, expect); e > t.granted {
+	for i := range wrs {
+		if e, a = step(e, a, units(&wrs[i]), expect); e > t.granted {
 			return false, 0, 0
 		}
 	}
 	return true, e, a
 }
 
-// units is what each work request of a put counts at the target.
-func (w *Win) units(target int, wrs []verbs.SendWR) []int {
-	u := make([]int, len(wrs))
-	for i := range wrs {
-		u[i] = 1
-		if !w.remote[target].countOps {
-			u[i] = wrLen(&wrs[i])
-		}
-	}
-	return u
-}
+// countPuts and countBytes are what a work request counts at a target
+// that counts puts, or bytes.
+func countPuts(*verbs.SendWR) int { return 1 }
 
-func wrLen(wr *verbs.SendWR) int {
+func countBytes(wr *verbs.SendWR) int {
 	n := len(wr.Inline)
 	for _, s := range wr.SGL {
 		n += int(s.Length)
 	}
 	return n
+}
+
+// units is how target counts a work request.
+func (w *Win) units(target int) func(*verbs.SendWR) int {
+	if w.remote[target].countOps {
+		return countPuts
+	}
+	return countBytes
 }
 
 // putPerOrigin sends a put into target's per-origin notified window: over
@@ -198,12 +198,12 @@ func (w *Win) putPerOrigin(ctx context.Context, origin []byte, ol Layout, target
 	if err != nil {
 		return nil, opErr(name, target, err)
 	}
-	units := w.units(target, wrs)
+	units := w.units(target)
 	tx := &w.tx[target]
 	for {
 		tx.mu.Lock()
 		w.refresh(tx, target)
-		ok, e, a := tx.fits(units, rw.expect)
+		ok, e, a := tx.fits(wrs, units, rw.expect)
 		newEpoch := tx.acc >= rw.expect
 		whole := ok && !newEpoch && a <= rw.expect // within the current epoch, closing nothing
 		if spread && ok && a <= rw.expect {
@@ -258,7 +258,7 @@ func (w *Win) waitBridged(ctx context.Context, target int) error {
 // txSubmit posts a put's work requests (tx.mu held): as any put when they
 // fit (ok, ending at epoch e, acc a), else as one tracked operation whose
 // requests are posted as their buffers are posted.
-func (w *Win) txSubmit(tx *txState, qp *verbs.QP, target int, wrs []verbs.SendWR, units []int, signal, ok bool, e uint64, a int) (*Request, error) {
+func (w *Win) txSubmit(tx *txState, qp *verbs.QP, target int, wrs []verbs.SendWR, units func(*verbs.SendWR) int, signal, ok bool, e uint64, a int) (*Request, error) {
 	if ok {
 		tx.epoch, tx.acc = e, a
 		if !signal {
@@ -269,7 +269,7 @@ func (w *Win) txSubmit(tx *txState, qp *verbs.QP, target int, wrs []verbs.SendWR
 	op, base := w.track(len(wrs), target)
 	for i := range wrs {
 		wrs[i].ID, wrs[i].Flags = base+uint64(i), wrs[i].Flags|verbs.FlagSignaled
-		tx.queue = append(tx.queue, txWR{wr: wrs[i], units: units[i], op: op})
+		tx.queue = append(tx.queue, txWR{wr: wrs[i], units: units(&wrs[i]), op: op})
 	}
 	w.txDrain(tx, target)
 	return &Request{op: op, name: "put", rank: target}, nil

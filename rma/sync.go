@@ -142,6 +142,15 @@ func (w *Win) Complete(ctx context.Context) error {
 	return first
 }
 
+// completeErr is what origin r's complete message m says: ErrRemote if
+// an operation of its epoch failed.
+func completeErr(op string, r int, m []byte) error {
+	if len(m) > 0 && m[0] != 0 {
+		return opErr(op, r, ErrRemote)
+	}
+	return nil
+}
+
 // unordered reports whether operations towards target are in flight that
 // a message on the RC connection would not follow: READs (the target may
 // read its memory for them after it handled the message) and operations
@@ -168,9 +177,7 @@ func (w *Win) Wait(ctx context.Context) error {
 		if err != nil {
 			return opErr("wait", r, err)
 		}
-		if len(m) > 0 && m[0] != 0 {
-			first = cmp.Or(first, opErr("wait", r, ErrRemote))
-		}
+		first = cmp.Or(first, completeErr("wait", r, m))
 	}
 	w.mu.Lock()
 	w.postGroup = nil
@@ -201,9 +208,7 @@ func (w *Win) Test() (bool, error) {
 		for _, r := range group {
 			k := inboxKey{r, tag}
 			q := w.c.msg.inbox[k]
-			if m := q[0]; len(m) > 0 && m[0] != 0 {
-				first = cmp.Or(first, opErr("test", r, ErrRemote))
-			}
+			first = cmp.Or(first, completeErr("test", r, q[0]))
 			if len(q) == 1 {
 				delete(w.c.msg.inbox, k)
 			} else {

@@ -1,6 +1,7 @@
 package rma
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -52,11 +53,8 @@ func (l Layout) norm(n int) (Layout, error) {
 	if l == (Layout{}) {
 		return Layout{Count: 1, Block: n, Stride: n}, nil
 	}
-	if l.Count < 0 || l.Block < 0 || (l.Count > 1 && l.Stride < l.Block) {
-		return l, fmt.Errorf("%w: layout %+v overlaps itself or is negative", ErrDatatype, l)
-	}
 	if _, ok := l.checkedExtent(); !ok {
-		return l, fmt.Errorf("%w: layout %+v spans more than the address space", ErrDatatype, l)
+		return l, fmt.Errorf("%w: layout %+v is negative, overlaps itself or spans more than the address space", ErrDatatype, l)
 	}
 	return l, nil
 }
@@ -271,10 +269,11 @@ func (c *Comm) create(ctx context.Context, mem []byte, mr *verbs.MR, cfg *WinCon
 	}
 	desc := []byte{descFailed}
 	if local == nil {
-		desc = me.encode(nil)
+		var expectFrom map[int]int
 		if conf.Notify != nil {
-			desc = me.encode(conf.Notify.ExpectFrom)
+			expectFrom = conf.Notify.ExpectFrom
 		}
+		desc = me.encode(expectFrom)
 	}
 	all, err := c.Allgather(ctx, desc)
 	if err == nil && local != nil {
@@ -352,9 +351,7 @@ func (w *Win) Bytes() []byte { return w.mem }
 // returned on every rank (ErrRemote on those where it did not happen).
 func (w *Win) Free(ctx context.Context) error {
 	err := w.FlushAll(ctx)
-	if aerr := w.c.agree(ctx, "free", err); aerr != nil && err == nil {
-		err = aerr
-	}
+	err = cmp.Or(err, w.c.agree(ctx, "free", err))
 	w.release()
 	return err
 }
@@ -366,9 +363,7 @@ func (w *Win) release() {
 		return
 	}
 	w.freed = true
-	if w.remote != nil {
-		w.resetTx()
-	}
+	w.resetTx()
 	w.c.winMu.Lock()
 	delete(w.c.wins, w.id)
 	w.c.winMu.Unlock()
