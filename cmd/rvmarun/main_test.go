@@ -246,17 +246,8 @@ func TestSignalForwarded(t *testing.T) {
 	require.NoError(t, cmd.Start())
 	require.Eventually(t, func() bool { return strings.Count(out.String(), "ready") == 2 }, 20*time.Second, 10*time.Millisecond)
 	require.NoError(t, cmd.Process.Signal(os.Interrupt))
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		var ee *exec.ExitError
-		require.ErrorAs(t, err, &ee)
-		require.Equal(t, 5, ee.ExitCode(), out.String())
-	case <-time.After(20 * time.Second):
-		cmd.Process.Kill()
-		t.Fatalf("rvmarun did not stop: %s", out.String())
-	}
+	ee := testutil.ExitError(t, cmd, 20*time.Second, out.String)
+	require.Equal(t, 5, ee.ExitCode(), out.String())
 	require.Contains(t, out.String(), "[0] got-int")
 	require.Contains(t, out.String(), "[1] got-int")
 }
@@ -370,6 +361,17 @@ func readyRanks(t *testing.T, out *testutil.SyncBuffer, n int) (pids, ppids []in
 	return pids, ppids
 }
 
+// killLauncher kills rvmarun with SIGKILL and requires every process of
+// pids to be gone within 10 s.
+func killLauncher(t *testing.T, cmd *exec.Cmd, pids []int) {
+	t.Helper()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	cmd.Wait()
+	for _, p := range pids {
+		require.Eventually(t, func() bool { return testutil.Exited(p) }, 10*time.Second, 10*time.Millisecond, "pid %d outlived rvmarun", p)
+	}
+}
+
 // kill -9 of rvmarun ends every rank: directly started ones by their
 // parent-death signal, ones started through a wrapper (which that signal
 // ends, but not its child) by their launcher watch.
@@ -384,11 +386,7 @@ func TestRanksDieWithLauncher(t *testing.T) {
 		for _, pp := range ppids {
 			require.Equal(t, cmd.Process.Pid, pp, "a rank's parent is rvmarun")
 		}
-		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-		cmd.Wait()
-		for _, p := range pids {
-			require.Eventually(t, func() bool { return testutil.Exited(p) }, 10*time.Second, 10*time.Millisecond, "rank pid %d outlived rvmarun", p)
-		}
+		killLauncher(t, cmd, pids)
 	})
 	t.Run("wrapped", func(t *testing.T) {
 		// sh does not exec the rank (a command follows), so the rank's
@@ -404,11 +402,7 @@ func TestRanksDieWithLauncher(t *testing.T) {
 		for _, pp := range ppids {
 			require.NotEqual(t, cmd.Process.Pid, pp, "a rank's parent is its wrapper")
 		}
-		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-		cmd.Wait()
-		for _, p := range all {
-			require.Eventually(t, func() bool { return testutil.Exited(p) }, 10*time.Second, 10*time.Millisecond, "pid %d outlived rvmarun", p)
-		}
+		killLauncher(t, cmd, all)
 		for r := range 3 {
 			msg, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("rank-%d.err", r)))
 			require.NoError(t, err)
@@ -455,16 +449,8 @@ func TestSIGINTWhenStartedIgnored(t *testing.T) {
 	cmd, out := underIgnored(t, "INT", "-n", "2", "sh", "-c", "echo ready; exec sleep 60")
 	require.Eventually(t, func() bool { return strings.Count(out.String(), "ready") == 2 }, 20*time.Second, 10*time.Millisecond)
 	require.NoError(t, cmd.Process.Signal(os.Interrupt))
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		var ee *exec.ExitError
-		require.ErrorAs(t, err, &ee)
-		require.Equal(t, 128+int(syscall.SIGINT), ee.ExitCode(), out.String())
-	case <-time.After(20 * time.Second):
-		t.Fatalf("the job ran on after SIGINT: %s", out.String())
-	}
+	ee := testutil.ExitError(t, cmd, 20*time.Second, out.String)
+	require.Equal(t, 128+int(syscall.SIGINT), ee.ExitCode(), out.String())
 }
 
 // Under nohup (SIGHUP ignored at start) rvmarun does not forward SIGHUP:
@@ -477,16 +463,8 @@ func TestNohupKeepsHangupsAway(t *testing.T) {
 	require.Eventually(t, func() bool { return strings.Count(out.String(), "ready") == 2 }, 20*time.Second, 10*time.Millisecond)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGHUP))
 	require.NoError(t, cmd.Process.Signal(os.Interrupt))
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		var ee *exec.ExitError
-		require.ErrorAs(t, err, &ee)
-		require.Equal(t, 5, ee.ExitCode(), out.String())
-	case <-time.After(20 * time.Second):
-		t.Fatalf("rvmarun did not stop: %s", out.String())
-	}
+	ee := testutil.ExitError(t, cmd, 20*time.Second, out.String)
+	require.Equal(t, 5, ee.ExitCode(), out.String())
 	require.Equal(t, 2, strings.Count(out.String(), "got-int"), out.String())
 	require.NotContains(t, out.String(), "got-hup")
 }

@@ -211,15 +211,7 @@ func TestResetSignals(t *testing.T) {
 	require.True(t, sc.Scan())
 	require.Equal(t, "inherited-ignored=true now-ignored=false", sc.Text())
 	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		var ee *exec.ExitError
-		require.ErrorAs(t, err, &ee)
-		ws := ee.Sys().(syscall.WaitStatus)
-		require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGINT, "status %v", ws)
-	case <-time.After(10 * time.Second):
-		t.Fatal("SIGINT did not end the rank")
-	}
+	ee := testutil.ExitError(t, cmd, 10*time.Second, func() string { return "SIGINT did not end the rank" })
+	ws := ee.Sys().(syscall.WaitStatus)
+	require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGINT, "status %v", ws)
 }

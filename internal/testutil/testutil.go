@@ -1,13 +1,19 @@
 // Package testutil holds helpers that several packages' tests share: a
 // buffer that a process's output copier (or a logger) writes while a test
-// reads it, and a check that a process is gone. It is for tests only.
+// reads it, a check that a process is gone, and a bounded wait for a
+// process that must fail. It is for tests only.
 package testutil
 
 import (
 	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
 	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // SyncBuffer is a bytes.Buffer that may be written and read at once.
@@ -37,4 +43,25 @@ func Exited(pid int) bool {
 	}
 	i := bytes.LastIndexByte(b, ')')
 	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X'
+}
+
+// ExitError waits up to d for cmd, started, to end, and returns how it
+// ended, which must be an *exec.ExitError (a non-zero status or a
+// signal). A command still running after d is killed and fails the test,
+// with what describe returns.
+func ExitError(t testing.TB, cmd *exec.Cmd, d time.Duration, describe func() string) *exec.ExitError {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, describe())
+		return ee
+	case <-time.After(d):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("%v still ran after %v: %s", cmd.Args, d, describe())
+		return nil
+	}
 }
