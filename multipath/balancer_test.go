@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/verbs"
 )
 
 func sum(xs []int) int {
@@ -144,4 +146,19 @@ func TestAssignRefusesDownPaths(t *testing.T) {
 	require.Nil(t, c.assignLocked(100, false))
 	require.Nil(t, c.assignLocked(5, false))
 	require.Zero(t, c.paths[0].Outstanding)
+}
+
+// A path's QP backs off its retransmission timeout only to 4 × its floor,
+// so that a dead path fails over within about half a second.
+func TestConfigPathTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		in, floor, want time.Duration
+	}{
+		{0, 0, 80 * time.Millisecond},
+		{0, 50 * time.Millisecond, 200 * time.Millisecond},
+		{time.Second, 0, time.Second}, // set by the user: kept
+	} {
+		c := &Config{Connect: verbs.ConnectConfig{MaxTimeout: tc.in, Timeout: tc.floor}}
+		require.Equal(t, tc.want, c.defaults(2).Connect.MaxTimeout, "%+v", tc)
+	}
 }

@@ -1,6 +1,7 @@
 package multipath
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -27,7 +28,10 @@ type Config struct {
 	// (Balancer.Pick), so that mice are not stuck behind elephants.
 	// Default 64 KiB.
 	Small int
-	// Connect holds the attributes of every path's QP. Default: verbs'.
+	// Connect holds the attributes of every path's QP. Default: verbs',
+	// except MaxTimeout, 4 × Timeout (80 ms): a path that stops answering
+	// should hand its share to the others within about half a second,
+	// not after the seconds of backoff a lone connection waits out.
 	Connect verbs.ConnectConfig
 	// EWMA is the weight of a new capacity sample. Default 0.25, range
 	// (0, 1].
@@ -79,6 +83,9 @@ func (c *Config) defaults(gids int) Config {
 	}
 	if d.MaxChunk < d.MinChunk {
 		d.MaxChunk = max(4<<20, d.MinChunk)
+	}
+	if d.Connect.MaxTimeout == 0 {
+		d.Connect.MaxTimeout = 4 * cmp.Or(d.Connect.Timeout, 20*time.Millisecond)
 	}
 	if d.Revive == 0 {
 		d.Revive = time.Second

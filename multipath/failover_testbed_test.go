@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
-	"net/netip"
 	"os"
 	"strconv"
 	"testing"
@@ -48,42 +47,9 @@ func TestTestbedFailover(t *testing.T) {
 	b := testbed.New(t, testbed.Config{Paths: len(rates), Rates: tc})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	in := func(ns string, addr func(testbed.Path) netip.Addr) *side {
-		uri := "udp://"
-		for i, p := range b.Paths {
-			if i > 0 {
-				uri += ","
-			}
-			uri += netip.AddrPortFrom(addr(p), 0).String()
-		}
-		var s *side
-		require.NoError(t, b.In(ns, func() error { s = open(t, ctx, uri, size); return nil }))
-		return s
-	}
-	sa := in(b.NameA, func(p testbed.Path) netip.Addr { return p.A })
-	sb := in(b.NameB, func(p testbed.Path) netip.Addr { return p.B })
-	var ln *multipath.Listener
-	require.NoError(t, b.In(b.NameB, func() (err error) {
-		ln, err = multipath.Listen(ctx, sb.pd, netip.AddrPortFrom(b.Paths[0].B, 0).String(), nil)
-		return err
-	}))
-	defer ln.Close()
-	acc := make(chan *multipath.Conn, 1)
-	go func() {
-		c, _ := ln.Accept(ctx)
-		acc <- c
-	}()
-	var c *multipath.Conn
-	require.NoError(t, b.In(b.NameA, func() (err error) {
-		// Dial probes the paths: the first split is proportional. No
-		// background revival (its TCP dial would leave namespace A).
-		c, err = multipath.Dial(ctx, sa.pd, ln.Addr(), &multipath.Config{Revive: -1})
-		return err
-	}))
-	peer := <-acc
-	require.NotNil(t, peer)
-	defer c.Close()
-	defer peer.Close()
+	// Dial probes the paths: the first split is proportional. No
+	// background revival (its TCP dial would leave namespace A).
+	sa, sb, c := testbedPair(t, ctx, b, size, &multipath.Config{Revive: -1})
 	for i, p := range c.Paths() {
 		t.Logf("path %d: shaped to %.0f Mbit/s, probed %.0f Mbit/s", i, rates[i]/1e6, p.Capacity*8/1e6)
 	}

@@ -22,46 +22,10 @@ func TestShapedPaths(t *testing.T) {
 	b := testbed.New(t, testbed.Config{Paths: 2, Rates: []string{"100mbit", "300mbit"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	in := func(ns string, addrs ...netip.Addr) *side {
-		var s *side
-		uri := "udp://"
-		for i, a := range addrs {
-			if i > 0 {
-				uri += ","
-			}
-			uri += netip.AddrPortFrom(a, 0).String()
-		}
-		require.NoError(t, b.In(ns, func() error {
-			s = open(t, ctx, uri, 4<<20)
-			return nil
-		}))
-		return s
-	}
-	sa := in(b.NameA, b.Paths[0].A, b.Paths[1].A)
-	sb := in(b.NameB, b.Paths[0].B, b.Paths[1].B)
-	var ln *multipath.Listener
-	require.NoError(t, b.In(b.NameB, func() (err error) {
-		ln, err = multipath.Listen(ctx, sb.pd, netip.AddrPortFrom(b.Paths[0].B, 0).String(), nil)
-		return err
-	}))
-	defer ln.Close()
-	acc := make(chan *multipath.Conn, 1)
-	go func() {
-		c, _ := ln.Accept(ctx)
-		acc <- c
-	}()
-	var c *multipath.Conn
-	require.NoError(t, b.In(b.NameA, func() (err error) {
-		// Revive by hand: the connection manager's TCP dial must happen
-		// inside namespace A, which a background goroutine's is not.
-		c, err = multipath.Dial(ctx, sa.pd, ln.Addr(), &multipath.Config{Revive: -1,
-			Connect: verbs.ConnectConfig{Timeout: 200 * time.Millisecond, RetryCount: 2}})
-		return err
-	}))
-	peer := <-acc
-	require.NotNil(t, peer)
-	defer c.Close()
-	defer peer.Close()
+	// Revive by hand: the connection manager's TCP dial must happen
+	// inside namespace A, which a background goroutine's is not.
+	sa, sb, c := testbedPair(t, ctx, b, 4<<20, &multipath.Config{Revive: -1,
+		Connect: verbs.ConnectConfig{Timeout: 200 * time.Millisecond, RetryCount: 2}})
 
 	require.NoError(t, c.Probe(ctx))
 	p := c.Paths()
@@ -104,4 +68,47 @@ func TestShapedPaths(t *testing.T) {
 	require.NoError(t, req.Wait(ctx))
 	require.Greater(t, c.Paths()[1].Bytes, before)
 	t.Logf("path 1 revived, capacity %.0f Mbit/s", c.Paths()[1].Capacity*8/1e6)
+}
+
+// testbedPair opens a device of size bytes in each namespace of b, one
+// GID per path, and dials a Conn from A to B with cfg (inside namespace A,
+// as the connection manager's TCP dial must be). Both ends close with the
+// test.
+func testbedPair(t *testing.T, ctx context.Context, b *testbed.Bed, size int, cfg *multipath.Config) (sa, sb *side, c *multipath.Conn) {
+	in := func(ns string, addr func(testbed.Path) netip.Addr) *side {
+		uri := "udp://"
+		for i, p := range b.Paths {
+			if i > 0 {
+				uri += ","
+			}
+			uri += netip.AddrPortFrom(addr(p), 0).String()
+		}
+		var s *side
+		require.NoError(t, b.In(ns, func() error { s = open(t, ctx, uri, size); return nil }))
+		return s
+	}
+	sa = in(b.NameA, func(p testbed.Path) netip.Addr { return p.A })
+	sb = in(b.NameB, func(p testbed.Path) netip.Addr { return p.B })
+	var ln *multipath.Listener
+	require.NoError(t, b.In(b.NameB, func() (err error) {
+		ln, err = multipath.Listen(ctx, sb.pd, netip.AddrPortFrom(b.Paths[0].B, 0).String(), nil)
+		return err
+	}))
+	t.Cleanup(func() { ln.Close() })
+	acc := make(chan *multipath.Conn, 1)
+	go func() {
+		c, _ := ln.Accept(ctx)
+		acc <- c
+	}()
+	require.NoError(t, b.In(b.NameA, func() (err error) {
+		c, err = multipath.Dial(ctx, sa.pd, ln.Addr(), cfg)
+		return err
+	}))
+	peer := <-acc
+	require.NotNil(t, peer)
+	t.Cleanup(func() {
+		c.Close()
+		peer.Close()
+	})
+	return sa, sb, c
 }
