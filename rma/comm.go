@@ -536,12 +536,7 @@ func newComm(ctx context.Context, rank, size int, store kvs.Store, ownStore bool
 	c.target = mailbox.NewTarget(dev, nil)
 	c.shmGID = -1
 	if cfg.Provider == "auto" && cfg.Host != "" {
-		for i := range dev.GIDs() {
-			if dev.Provider(i) == "shm" {
-				c.shmGID = i
-				break
-			}
-		}
+		c.shmGID = shmPort(dev)
 	}
 	if size > 1 {
 		if c.shmGID >= 0 {
@@ -632,6 +627,16 @@ func (c *Comm) checkRank(op string, r int) error {
 		return opErr(op, r, fmt.Errorf("%w: %d ranks", ErrRank, c.size))
 	}
 	return nil
+}
+
+// shmPort is the GID index of the device's first shm port, or -1.
+func shmPort(dev *verbs.Device) int {
+	for i := range dev.GIDs() {
+		if dev.Provider(i) == "shm" {
+			return i
+		}
+	}
+	return -1
 }
 
 // newQP creates a QP for a connection to rank r. Its number maps to r

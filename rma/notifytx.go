@@ -80,7 +80,7 @@ type words struct {
 
 func (ws *words) alloc(c *Comm, n int) error {
 	var err error
-	if c.sharesMemory() {
+	if shmPort(c.dev) >= 0 { // AllocMR memory is shared
 		if ws.mr, err = c.pd.AllocMR(8*n, verbs.AccessAll); err != nil {
 			return err
 		}
@@ -106,16 +106,6 @@ func (ws *words) free() {
 		unix.Munmap(ws.mmap)
 	}
 	*ws = words{}
-}
-
-// sharesMemory reports whether some port of the device is shm.
-func (c *Comm) sharesMemory() bool {
-	for i := range c.dev.GIDs() {
-		if c.dev.Provider(i) == "shm" {
-			return true
-		}
-	}
-	return false
 }
 
 // refresh raises what tx knows is granted from the credit word (tx.mu
