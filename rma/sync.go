@@ -120,13 +120,13 @@ func (w *Win) Complete(ctx context.Context) error {
 	var reqs []*Request
 	var first error
 	for _, r := range group {
-		failed := []byte{0}
+		var failed [1]byte
 		if w.unordered(r) {
 			if err := w.Flush(ctx, r); err != nil {
 				first, failed[0] = cmp.Or(first, opErr("complete", r, err)), 1
 			}
 		}
-		op, err := w.c.sendMsg(ctx, r, kindMsg, w.syncTag(syncComplete), failed, nil)
+		op, err := w.c.sendMsg(ctx, r, kindMsg, w.syncTag(syncComplete), failed[:], nil)
 		if err != nil {
 			first = cmp.Or(first, opErr("complete", r, err))
 			continue

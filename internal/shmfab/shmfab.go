@@ -520,89 +520,89 @@ func (p *Port) pending() bool {
 func (p *Port) drain() int {
 	handled := 0
 	p.active(func(i int) bool {
-		p.drainRing(i, &handled)
+		handled += p.drainRing(i)
 		return true
 	})
 	return handled
 }
 
-// drainRing drains ring i (see drain).
-func (p *Port) drainRing(i int, handled *int) {
-	{
-		s := slot(i)
-		owner := atomic.LoadUint64(u64(p.mem, s+offOwner))
-		if owner == 0 || owner&claiming != 0 {
-			return
+// drainRing drains ring i (see drain) and returns how many packets it
+// handled.
+func (p *Port) drainRing(i int) int {
+	handled := 0
+	s := slot(i)
+	owner := atomic.LoadUint64(u64(p.mem, s+offOwner))
+	if owner == 0 || owner&claiming != 0 {
+		return 0
+	}
+	headp, tailp := u64(p.mem, s+offHead), u64(p.mem, s+offTail)
+	head, tail := atomic.LoadUint64(headp), atomic.LoadUint64(tailp)
+	if head == tail {
+		if owner&retired != 0 && atomic.CompareAndSwapUint64(u64(p.mem, s+offOwner), owner, 0) {
+			p.inactive(i) // drained: free
 		}
-		headp, tailp := u64(p.mem, s+offHead), u64(p.mem, s+offTail)
-		head, tail := atomic.LoadUint64(headp), atomic.LoadUint64(tailp)
-		if head == tail {
-			if owner&retired != 0 && atomic.CompareAndSwapUint64(u64(p.mem, s+offOwner), owner, 0) {
-				p.inactive(i) // drained: free
-			}
-			return
+		return 0
+	}
+	kernelOrder.Load()
+	if head-tail > RingBytes || head < tail {
+		// A sender wrote nonsense: discard what it wrote.
+		p.malformed.Add(1)
+		atomic.StoreUint64(tailp, head)
+		return 1
+	}
+	var a [16]byte
+	copy(a[:], p.mem[s+offSrc:])
+	src := netip.AddrPortFrom(netip.AddrFrom16(a), binary.BigEndian.Uint16(p.mem[s+offSrc+16:]))
+	data := p.mem[ring(i):][:RingBytes]
+	p.rx = p.rx[:0]
+	for tail != head && len(p.rx) < cap(p.rx) {
+		pos := tail % RingBytes
+		n := uint64(wrapMark)
+		if RingBytes-pos >= 4 {
+			n = uint64(binary.LittleEndian.Uint32(data[pos:]))
 		}
-		kernelOrder.Load()
-		if head-tail > RingBytes || head < tail {
-			// A sender wrote nonsense: discard what it wrote.
-			p.malformed.Add(1)
-			atomic.StoreUint64(tailp, head)
-			*handled++
-			return
-		}
-		var a [16]byte
-		copy(a[:], p.mem[s+offSrc:])
-		src := netip.AddrPortFrom(netip.AddrFrom16(a), binary.BigEndian.Uint16(p.mem[s+offSrc+16:]))
-		data := p.mem[ring(i):][:RingBytes]
-		p.rx = p.rx[:0]
-		for tail != head && len(p.rx) < cap(p.rx) {
-			pos := tail % RingBytes
-			n := uint64(wrapMark)
-			if RingBytes-pos >= 4 {
-				n = uint64(binary.LittleEndian.Uint32(data[pos:]))
-			}
-			if n == wrapMark {
-				if tail+RingBytes-pos > head {
-					// A wrap past what was written: garbage.
-					p.malformed.Add(1)
-					tail = head
-					break
-				}
-				tail += RingBytes - pos
-				continue
-			}
-			need := (4 + n + 7) &^ 7
-			if n == 0 || pos+need > RingBytes || tail+need > head {
+		if n == wrapMark {
+			if tail+RingBytes-pos > head {
+				// A wrap past what was written: garbage.
 				p.malformed.Add(1)
 				tail = head
 				break
 			}
-			pkt := wire.Get()
-			if err := wire.Parse(data[pos+4:pos+4+n], pkt); err != nil {
-				pkt.Release()
-				p.malformed.Add(1)
-			} else {
-				pkt.Src, pkt.Dst = src, p.addr
-				p.rx = append(p.rx, pkt)
-			}
-			tail += need
+			tail += RingBytes - pos
+			continue
 		}
-		if len(p.rx) > 0 {
-			*handled += len(p.rx)
-			p.received.Add(uint64(len(p.rx)))
-			p.hmu.Lock()
-			h := p.handler
-			p.hmu.Unlock()
-			if h != nil {
-				h.HandlePackets(p.rx)
-			}
-			for _, pkt := range p.rx {
-				pkt.Release()
-			}
+		need := (4 + n + 7) &^ 7
+		if n == 0 || pos+need > RingBytes || tail+need > head {
+			p.malformed.Add(1)
+			tail = head
+			break
 		}
-		// Only now may the sender reuse the space: the payloads aliased it.
-		atomic.StoreUint64(tailp, tail)
+		pkt := wire.Get()
+		if err := wire.Parse(data[pos+4:pos+4+n], pkt); err != nil {
+			pkt.Release()
+			p.malformed.Add(1)
+		} else {
+			pkt.Src, pkt.Dst = src, p.addr
+			p.rx = append(p.rx, pkt)
+		}
+		tail += need
 	}
+	if len(p.rx) > 0 {
+		handled = len(p.rx)
+		p.received.Add(uint64(len(p.rx)))
+		p.hmu.Lock()
+		h := p.handler
+		p.hmu.Unlock()
+		if h != nil {
+			h.HandlePackets(p.rx)
+		}
+		for _, pkt := range p.rx {
+			pkt.Release()
+		}
+	}
+	// Only now may the sender reuse the space: the payloads aliased it.
+	atomic.StoreUint64(tailp, tail)
+	return handled
 }
 
 // reap frees the rings of senders whose process is gone.
