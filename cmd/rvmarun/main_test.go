@@ -241,9 +241,7 @@ func TestSignalForwarded(t *testing.T) {
 	// other before it has handled the forwarded SIGINT.
 	cmd := exec.Command(filepath.Join(bins, "rvmarun"), "-n", "2", "sh", "-c",
 		`trap 'echo got-int; exit 5' INT; trap '' TERM; echo ready; while :; do sleep 0.05; done`)
-	var out testutil.SyncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	require.NoError(t, cmd.Start())
+	out := testutil.Start(t, cmd)
 	require.Eventually(t, func() bool { return strings.Count(out.String(), "ready") == 2 }, 20*time.Second, 10*time.Millisecond)
 	require.NoError(t, cmd.Process.Signal(os.Interrupt))
 	ee := testutil.ExitError(t, cmd, 20*time.Second, out.String)
@@ -337,14 +335,7 @@ func rvmarunCmd(t *testing.T, role string, args ...string) (*exec.Cmd, *testutil
 	t.Helper()
 	cmd := exec.Command(filepath.Join(bins, "rvmarun"), args...)
 	cmd.Env = append(os.Environ(), envRole+"="+role)
-	var out testutil.SyncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	return cmd, &out
+	return cmd, testutil.Start(t, cmd)
 }
 
 // readyRanks waits for n "ready PID PPID" lines and returns the pids.
@@ -416,14 +407,7 @@ func TestRanksDieWithLauncher(t *testing.T) {
 func underIgnored(t *testing.T, sigs string, args ...string) (*exec.Cmd, *testutil.SyncBuffer) {
 	t.Helper()
 	cmd := exec.Command("sh", append([]string{"-c", `trap '' ` + sigs + `; exec "$@"`, "sh", filepath.Join(bins, "rvmarun")}, args...)...)
-	var out testutil.SyncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	return cmd, &out
+	return cmd, testutil.Start(t, cmd)
 }
 
 // Ranks start with the default action for SIGINT, SIGTERM, SIGQUIT and

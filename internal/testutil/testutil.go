@@ -45,8 +45,8 @@ func Exited(pid int) bool {
 	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X'
 }
 
-// ExitError waits up to d for cmd, started, to end, and returns how it
-// ended, which must be an *exec.ExitError (a non-zero status or a
+// ExitError waits up to d for cmd, already started, to end, and returns
+// how it ended, which must be an *exec.ExitError (a non-zero status or a
 // signal). A command still running after d is killed and fails the test,
 // with what describe returns.
 func ExitError(t testing.TB, cmd *exec.Cmd, d time.Duration, describe func() string) *exec.ExitError {
@@ -64,4 +64,18 @@ func ExitError(t testing.TB, cmd *exec.Cmd, d time.Duration, describe func() str
 		t.Fatalf("%v still ran after %v: %s", cmd.Args, d, describe())
 		return nil
 	}
+}
+
+// Start starts cmd with its stdout and stderr in the returned buffer, and
+// kills it when the test ends if it still runs.
+func Start(t testing.TB, cmd *exec.Cmd) *SyncBuffer {
+	t.Helper()
+	var out SyncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	return &out
 }
