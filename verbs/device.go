@@ -451,6 +451,14 @@ func (h *portHandler) HandlePackets(pkts []*wire.Packet) {
 			d.drop(&d.stats.badPort)
 		default:
 			qp.receive(p, now, &h.out)
+			if h.out.memory {
+				// READ responses point into registered memory. Send them
+				// before a later packet of the batch completes a receive:
+				// once the application sees that completion it may write
+				// the memory (a target's Wait returns when the origin's
+				// message arrives, and a retransmitted READ may precede it).
+				h.out.flush(d.ports[h.gid])
+			}
 		}
 	}
 	for _, qp := range h.out.touched {
@@ -471,6 +479,7 @@ func (d *Device) drop(reason *atomic.Uint64) {
 type outbox struct {
 	pkts    []*wire.Packet
 	touched []*QP // QPs with a coalesced ACK pending
+	memory  bool  // some packet's payload is registered memory, not a copy
 }
 
 var outboxPool = sync.Pool{New: func() any { return &outbox{pkts: make([]*wire.Packet, 0, 64)} }}
@@ -482,4 +491,5 @@ func (o *outbox) flush(p fabric.Port) {
 	p.Send(o.pkts)
 	clear(o.pkts)
 	o.pkts = o.pkts[:0]
+	o.memory = false
 }

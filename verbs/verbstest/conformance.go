@@ -25,6 +25,7 @@ func Run(t *testing.T, env Env) {
 		{"ScatterGather", testScatterGather},
 		{"Inline", testInline},
 		{"Ordering", testOrdering},
+		{"ReadThenSend", testReadThenSend},
 		{"Unsignaled", testUnsignaled},
 		{"RemoteAccessViolations", testRemoteAccessViolations},
 		{"LocalErrors", testLocalErrors},
@@ -214,6 +215,38 @@ func testOrdering(t *testing.T, env Env) {
 		require.Equal(t, uint64(i), binary.LittleEndian.Uint64(b.Buf[8*i:]), "sends arrive in order")
 	}
 	require.Equal(t, uint64(n-1), binary.LittleEndian.Uint64(b.Buf[60000:]))
+}
+
+// testReadThenSend: a READ and then a SEND on one QP, and the responder
+// overwrites the region read as soon as the SEND's receive completes. The
+// READ returns the bytes from before: a responder reads the memory for its
+// responses before a later request of the same QP completes (with packets
+// handled in batches, the responses must not wait for the batch's end).
+func testReadThenSend(t *testing.T, env Env) {
+	a, b := Pair(t, env, PairConfig{Connect: verbs.ConnectConfig{MTU: 1024}})
+	const size = 8 << 10
+	want := make([]byte, size)
+	for i := range 100 {
+		fill(b.Buf[:size], uint64(i))
+		copy(want, b.Buf[:size])
+		b.PostRecv(t, uint64(i), size, 8)
+		// One post, so that both requests travel (and arrive) together.
+		n, err := a.QP.PostSend([]verbs.SendWR{
+			{ID: 1, Opcode: verbs.OpRead, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{a.MR.SGE(0, size)},
+				RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()},
+			{ID: 2, Opcode: verbs.OpSend, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{a.MR.SGE(size, 8)}}})
+		require.NoError(t, err)
+		require.Equal(t, 2, n)
+		wc := b.Wait(t)
+		require.Equal(t, verbs.StatusSuccess, wc.Status)
+		for j := range size {
+			b.Buf[j] = 0xEE
+		}
+		for _, wc := range a.WaitN(t, 2) {
+			require.Equal(t, verbs.StatusSuccess, wc.Status)
+		}
+		require.Equal(t, want, a.Buf[:size], "round %d: the READ returned bytes written after the SEND completed", i)
+	}
 }
 
 func testUnsignaled(t *testing.T, env Env) {
