@@ -428,6 +428,9 @@ func (n *notifyState) consumed() uint64 {
 // waits for this rank's puts in flight nor holds later ones back: the
 // count only grows), nothing if no connection to o
 // exists yet (an origin that has not put has its Depth epochs still).
+// It counts among the window's unsignalled writes, so that Free's flush
+// waits for it: o deregisters its credit words once Free agrees, and a
+// write arriving after that would break the connection.
 func (w *Win) credit(o int, count uint64) {
 	c := w.c
 	if o == c.rank {
@@ -444,7 +447,9 @@ func (w *Win) credit(o int, count uint64) {
 	rw := &w.remote[o]
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], count)
-	c.post(qp, []verbs.SendWR{{Opcode: verbs.OpWrite, Flags: verbs.FlagInline | verbs.FlagUnordered, Inline: b[:],
+	// An error here is the connection's, and the next operation on it
+	// reports it.
+	_ = w.postUnsignalled(qp, o, []verbs.SendWR{{Opcode: verbs.OpWrite, Flags: verbs.FlagInline | verbs.FlagUnordered, Inline: b[:],
 		RemoteAddr: rw.credAddr + uint64(8*c.rank), RKey: rw.credKey}})
 }
 
