@@ -297,7 +297,7 @@ type Listener struct {
 
 // Listen accepts connections on a TCP address for the connection manager.
 func Listen(ctx context.Context, pd *verbs.PD, address string, cfg *Config) (*Listener, error) {
-	ln, err := cm.Listen(ctx, address)
+	ln, err := cm.Listen(ctx, address, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -544,7 +544,7 @@ func newComm(ctx context.Context, rank, size int, store kvs.Store, ownStore bool
 				return nil, err
 			}
 		}
-		if c.ln, err = cm.Listen(ctx, cfg.cmAddr()); err != nil {
+		if c.ln, err = cm.Listen(ctx, cfg.cmAddr(), nil); err != nil {
 			return nil, err
 		}
 		if err = store.Put(ctx, fmt.Sprintf("rvma-cm-%d", rank), c.ln.Addr().String()); err != nil {

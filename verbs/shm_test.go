@@ -379,7 +379,7 @@ type children struct {
 // parent makes in pd.
 func startChildren(t *testing.T, pd *verbs.PD, fabric, role string, n int, env func(i int) []string) *children {
 	ctx := context.Background()
-	ln, err := cm.Listen(ctx, "127.0.0.1:0")
+	ln, err := cm.Listen(ctx, "127.0.0.1:0", nil)
 	require.NoError(t, err)
 	defer ln.Close()
 	ch := &children{pd: pd}

@@ -65,7 +65,7 @@ func receive(ctx context.Context, o *recvOpts, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if r.ln, err = cm.Listen(ctx, o.listen); err != nil {
+	if r.ln, err = cm.Listen(ctx, o.listen, nil); err != nil {
 		if resume != nil {
 			resume.close()
 		}

@@ -180,7 +180,7 @@ func client(ctx context.Context, o *options) (*Result, error) {
 		addr = a
 	}
 	if addr == "" {
-		ln, err := cm.Listen(ctx, "127.0.0.1:0")
+		ln, err := cm.Listen(ctx, "127.0.0.1:0", nil)
 		if err != nil {
 			return nil, err
 		}
@@ -255,7 +255,7 @@ func client(ctx context.Context, o *options) (*Result, error) {
 }
 
 func serve(ctx context.Context, o *options, log io.Writer) error {
-	ln, err := cm.Listen(ctx, o.server)
+	ln, err := cm.Listen(ctx, o.server, nil)
 	if err != nil {
 		return err
 	}

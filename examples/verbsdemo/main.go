@@ -88,7 +88,7 @@ func run(uri string, size int) error {
 
 	// Connect through the connection manager on a loopback TCP port.
 	t0 := time.Now()
-	ln, err := cm.Listen(ctx, "127.0.0.1:0")
+	ln, err := cm.Listen(ctx, "127.0.0.1:0", nil)
 	if err != nil {
 		return err
 	}

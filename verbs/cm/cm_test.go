@@ -25,12 +25,16 @@ func TestMessageRoundTrip(t *testing.T) {
 		{"REP IPv4 UC", message{typ: msgREP, ep: ep4, qpType: verbs.UC, private: []byte{}}},
 		{"RTU", message{typ: msgRTU}},
 		{"REJ", message{typ: msgREJ, reason: "no thanks"}},
+		{"REQ authenticated", message{typ: msgREQ, flags: flagAuth, nonce: [16]byte{1, 2, 3}, ep: ep, qpType: verbs.RC, private: []byte("hi"), mac: bytes.Repeat([]byte{7}, macLen)}},
+		{"RTU authenticated", message{typ: msgRTU, flags: flagAuth, mac: bytes.Repeat([]byte{9}, macLen)}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			b := appendMessage(nil, &c.m)
 			got, err := readMessage(bytes.NewReader(b))
 			require.NoError(t, err)
+			require.Equal(t, b, got.raw)
+			got.raw = nil
 			if got.private == nil && c.m.private != nil {
 				got.private = []byte{}
 			}
@@ -49,9 +53,12 @@ func TestMalformed(t *testing.T) {
 		"bad magic":       append([]byte("XVCM"), good[4:]...),
 		"bad version":     append(append([]byte{}, good[:4]...), append([]byte{9}, good[5:]...)...),
 		"truncated":       good[:len(good)-3],
-		"unknown type":    {'R', 'V', 'C', 'M', 1, 99, 0, 0},
-		"RTU with body":   {'R', 'V', 'C', 'M', 1, msgRTU, 0, 1, 0},
-		"oversized body":  {'R', 'V', 'C', 'M', 1, msgREQ, 0xFF, 0xFF},
+		"unknown type":    {'R', 'V', 'C', 'M', version, 99, 0, 0},
+		"RTU with body":   {'R', 'V', 'C', 'M', version, msgRTU, 0, 2, 0, 0},
+		"RTU short MAC":   {'R', 'V', 'C', 'M', version, msgRTU, 0, 2, flagAuth, 0},
+		"unknown flags":   {'R', 'V', 'C', 'M', version, msgRTU, 0, 1, 2},
+		"oversized body":  {'R', 'V', 'C', 'M', version, msgREQ, 0xFF, 0xFF},
+		"old version":     {'R', 'V', 'C', 'M', 1, msgRTU, 0, 0},
 		"zero QPN":        appendMessage(nil, &message{typ: msgREQ, ep: verbs.Endpoint{GID: netip.MustParseAddrPort("127.0.0.1:1"), MTU: 1024}, qpType: verbs.RC}),
 		"bad QP type":     appendMessage(nil, &message{typ: msgREQ, ep: verbs.Endpoint{GID: netip.MustParseAddrPort("127.0.0.1:1"), QPN: 3, MTU: 1024}, qpType: 9}),
 		"tiny MTU":        appendMessage(nil, &message{typ: msgREQ, ep: verbs.Endpoint{GID: netip.MustParseAddrPort("127.0.0.1:1"), QPN: 3, MTU: 10}, qpType: verbs.RC}),
@@ -69,6 +76,8 @@ func FuzzMessage(f *testing.F) {
 	f.Add(appendMessage(nil, &message{typ: msgREQ, ep: verbs.Endpoint{GID: netip.MustParseAddrPort("127.0.0.1:1"), QPN: 5, MTU: 1024, Secret: 7}, qpType: verbs.RC, private: []byte("x")}))
 	f.Add(appendMessage(nil, &message{typ: msgREJ, reason: "r"}))
 	f.Add(appendMessage(nil, &message{typ: msgRTU}))
+	f.Add(seal([]byte("0123456789abcdef"), labelRTU, &message{typ: msgRTU}))
+	f.Add(seal([]byte("0123456789abcdef"), labelREQ, &message{typ: msgREQ, ep: verbs.Endpoint{GID: netip.MustParseAddrPort("127.0.0.1:1"), QPN: 5, MTU: 1024}, qpType: verbs.UC}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := readMessage(bytes.NewReader(b))
 		if err != nil {
@@ -104,7 +113,7 @@ func TestDialAccept(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	da, db := openPair(t)
-	l, err := Listen(ctx, "127.0.0.1:0")
+	l, err := Listen(ctx, "127.0.0.1:0", nil)
 	require.NoError(t, err)
 	defer l.Close()
 	server := newQP(t, db, verbs.RC)
@@ -136,7 +145,7 @@ func TestReject(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	da, db := openPair(t)
-	l, err := Listen(ctx, "127.0.0.1:0")
+	l, err := Listen(ctx, "127.0.0.1:0", nil)
 	require.NoError(t, err)
 	defer l.Close()
 	go func() {
@@ -163,7 +172,7 @@ func TestGarbageRequestIsSkipped(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	da, db := openPair(t)
-	l, err := Listen(ctx, "127.0.0.1:0")
+	l, err := Listen(ctx, "127.0.0.1:0", nil)
 	require.NoError(t, err)
 	defer l.Close()
 	c, err := net.Dial("tcp", l.Addr().String())
@@ -183,7 +192,7 @@ func TestGarbageRequestIsSkipped(t *testing.T) {
 
 func TestContextCancel(t *testing.T) {
 	da, _ := openPair(t)
-	l, err := Listen(context.Background(), "127.0.0.1:0")
+	l, err := Listen(context.Background(), "127.0.0.1:0", nil)
 	require.NoError(t, err)
 	defer l.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -193,7 +202,7 @@ func TestContextCancel(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel2()
-	l2, _ := Listen(context.Background(), "127.0.0.1:0")
+	l2, _ := Listen(context.Background(), "127.0.0.1:0", nil)
 	_, err = l2.Accept(ctx2)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 }
@@ -204,7 +213,7 @@ func TestOneSidedMTUCap(t *testing.T) {
 	for _, tc := range []struct{ dial, accept, want int }{{1024, 0, 1024}, {0, 2048, 2048}, {4096, 1024, 1024}} {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		da, db := openPair(t)
-		l, err := Listen(ctx, "127.0.0.1:0")
+		l, err := Listen(ctx, "127.0.0.1:0", nil)
 		require.NoError(t, err)
 		server, client := newQP(t, db, verbs.RC), newQP(t, da, verbs.RC)
 		done := make(chan error, 1)
