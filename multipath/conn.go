@@ -59,6 +59,9 @@ type Config struct {
 	// are split equally until completions have measured the paths. The
 	// accepting side never probes on its own at connection time.
 	NoProbe bool
+	// Key authenticates every path's connection handshake (cm.Config.Key):
+	// the dialer and the listener must hold the same. Default none.
+	Key []byte
 }
 
 func (c *Config) defaults(gids int) Config {
@@ -246,7 +249,7 @@ func Dial(ctx context.Context, pd *verbs.PD, address string, cfg *Config) (*Conn
 		qp, err := c.newQP(i)
 		if err == nil {
 			var res *cm.Result
-			res, err = cm.Dial(ctx, address, qp, &cm.Config{Connect: &conf.Connect, PrivateData: hello(id, i, conf.Paths, c.probeRef())})
+			res, err = cm.Dial(ctx, address, qp, &cm.Config{Connect: &conf.Connect, PrivateData: hello(id, i, conf.Paths, c.probeRef()), Key: conf.Key})
 			if err == nil && len(res.PrivateData) == len(c.peerProbe) {
 				copy(c.peerProbe[:], res.PrivateData)
 			}
@@ -297,7 +300,11 @@ type Listener struct {
 
 // Listen accepts connections on a TCP address for the connection manager.
 func Listen(ctx context.Context, pd *verbs.PD, address string, cfg *Config) (*Listener, error) {
-	ln, err := cm.Listen(ctx, address, nil)
+	var key []byte
+	if cfg != nil {
+		key = cfg.Key
+	}
+	ln, err := cm.Listen(ctx, address, &cm.ListenerConfig{Key: key})
 	if err != nil {
 		return nil, err
 	}

@@ -155,7 +155,7 @@ func (c *Conn) Revive(ctx context.Context, i int) error {
 	if err != nil {
 		return fmt.Errorf("multipath: revive path %d: %w", i, err)
 	}
-	if _, err := cm.Dial(ctx, c.addr, qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: hello(c.id, i, c.cfg.Paths, c.probeRef())}); err != nil {
+	if _, err := cm.Dial(ctx, c.addr, qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: hello(c.id, i, c.cfg.Paths, c.probeRef()), Key: c.cfg.Key}); err != nil {
 		qp.Destroy()
 		return fmt.Errorf("multipath: revive path %d: %w", i, err)
 	}

@@ -233,6 +233,7 @@ type Comm struct {
 	store      kvs.Store
 	ownStore   bool
 	kvServer   *kvs.Server
+	key        []byte // the job's: authenticates the rendezvous and every connection handshake
 
 	dev    *verbs.Device
 	pd     *verbs.PD
@@ -334,7 +335,7 @@ func Init(ctx context.Context, cfg *Config) (*Comm, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, conf.Timeout)
 	defer cancel()
-	rank, size, store, srv, err := bootstrap(ctx)
+	b, err := bootstrap(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -345,21 +346,20 @@ func Init(ctx context.Context, cfg *Config) (*Comm, error) {
 		dev, err = verbs.Open(ctx, conf.deviceURI(""), &verbs.DeviceConfig{Logger: conf.Logger})
 	}
 	if err != nil {
-		store.Close()
-		if srv != nil {
-			srv.Close()
+		b.store.Close()
+		if b.srv != nil {
+			b.srv.Close()
 		}
 		return nil, fmt.Errorf("%w: %w", ErrBootstrap, err)
 	}
-	c, err := newComm(ctx, rank, size, store, true, dev, conf)
+	c, err := newComm(ctx, b, dev, conf)
 	if err != nil {
 		dev.Close()
-		if srv != nil {
-			srv.Close()
+		if b.srv != nil {
+			b.srv.Close()
 		}
 		return nil, err
 	}
-	c.kvServer = srv
 	return c, nil
 }
 
@@ -375,7 +375,20 @@ func envInt(name string) (int, bool, error) {
 	return v, true, nil
 }
 
-func bootstrap(ctx context.Context) (rank, size int, store kvs.Store, srv *kvs.Server, err error) {
+// boot is what a rank learns from its launcher: its place in the job, the
+// rendezvous (and whether this process owns it, and serves it), and the
+// job's key, which every connection of the control plane is authenticated
+// with.
+type boot struct {
+	rank, size int
+	store      kvs.Store
+	own        bool        // store is this rank's to close
+	srv        *kvs.Server // Slurm's rank 0 serves the rendezvous
+	key        []byte
+}
+
+func bootstrap(ctx context.Context) (boot, error) {
+	fail := func(err error) (boot, error) { return boot{}, err }
 	check := func(rank, size int, src string) error {
 		if size < 1 || rank < 0 || rank >= size {
 			return fmt.Errorf("%w: %s gives rank %d of %d", ErrBootstrap, src, rank, size)
@@ -386,54 +399,98 @@ func bootstrap(ctx context.Context) (rank, size int, store kvs.Store, srv *kvs.S
 	if r, ok, err := envInt(EnvRank); ok || err != nil {
 		s, _, err2 := envInt(EnvSize)
 		if err = errors.Join(err, err2, check(r, s, "RVMA_RANK/RVMA_SIZE")); err != nil {
-			return 0, 0, nil, nil, err
+			return fail(err)
 		}
 		addr := os.Getenv(EnvKVS)
 		if addr == "" {
-			return 0, 0, nil, nil, fmt.Errorf("%w: RVMA_RANK is set but RVMA_KVS is not", ErrBootstrap)
+			return fail(fmt.Errorf("%w: RVMA_RANK is set but RVMA_KVS is not", ErrBootstrap))
 		}
-		cl, err := kvs.Dial(ctx, addr)
+		key, err := launch.KeyFromEnv()
 		if err != nil {
-			return 0, 0, nil, nil, fmt.Errorf("%w: %w", ErrBootstrap, err)
+			return fail(fmt.Errorf("%w: %w", ErrBootstrap, err))
+		}
+		cl, err := kvs.Dial(ctx, addr, key)
+		if err != nil {
+			return fail(fmt.Errorf("%w: %w", ErrBootstrap, err))
 		}
 		// End with rvmarun, even when started through a wrapper, which
 		// rvmarun's parent-death signal does not reach past.
-		launch.Watch(context.Background(), addr, nil)
-		return r, s, cl, nil, nil
+		launch.Watch(context.Background(), addr, &launch.WatchConfig{Key: key})
+		return boot{rank: r, size: s, store: cl, own: true, key: key}, nil
 	}
 	// 2. Hydra's PMI-1.
 	if cl, ok, err := pmi.FromEnv(); ok {
 		if err != nil {
-			return 0, 0, nil, nil, fmt.Errorf("%w: %w", ErrBootstrap, err)
+			return fail(fmt.Errorf("%w: %w", ErrBootstrap, err))
 		}
-		return cl.Rank(), cl.Size(), cl, nil, nil
+		key, err := pmiKey(ctx, cl)
+		if err != nil {
+			cl.Close()
+			return fail(fmt.Errorf("%w: %w", ErrBootstrap, err))
+		}
+		return boot{rank: cl.Rank(), size: cl.Size(), store: cl, own: true, key: key}, nil
 	}
 	// 3. Slurm.
 	if r, ok, err := envInt("SLURM_PROCID"); ok || err != nil {
 		s, _, err2 := envInt("SLURM_NTASKS")
 		if err = errors.Join(err, err2, check(r, s, "SLURM_PROCID/SLURM_NTASKS")); err != nil {
-			return 0, 0, nil, nil, err
+			return fail(err)
 		}
 		addr := os.Getenv(EnvRendezvous)
 		if addr == "" {
-			return 0, 0, nil, nil, fmt.Errorf("%w: a Slurm job needs %s=host:port (rank 0 serves the rendezvous there)", ErrBootstrap, EnvRendezvous)
+			return fail(fmt.Errorf("%w: a Slurm job needs %s=host:port (rank 0 serves the rendezvous there)", ErrBootstrap, EnvRendezvous))
 		}
+		// Slurm passes no secret: the job's key comes from a file the
+		// user made (RVMA_KEY_FILE), or RVMA_KEY.
+		key, err := launch.KeyFromEnv()
+		if err != nil {
+			return fail(fmt.Errorf("%w: a Slurm job: %w", ErrBootstrap, err))
+		}
+		var srv *kvs.Server
 		if r == 0 {
-			if srv, err = kvs.Listen(addr, s); err != nil {
-				return 0, 0, nil, nil, fmt.Errorf("%w: %w", ErrBootstrap, err)
+			if srv, err = kvs.ListenConfig(addr, s, &kvs.ServerConfig{Key: key}); err != nil {
+				return fail(fmt.Errorf("%w: %w", ErrBootstrap, err))
 			}
 		}
-		cl, err := kvs.Dial(ctx, addr)
+		cl, err := kvs.Dial(ctx, addr, key)
 		if err != nil {
 			if srv != nil {
 				srv.Close()
 			}
-			return 0, 0, nil, nil, fmt.Errorf("%w: %w", ErrBootstrap, err)
+			return fail(fmt.Errorf("%w: %w", ErrBootstrap, err))
 		}
-		return r, s, cl, srv, nil
+		return boot{rank: r, size: s, store: cl, own: true, srv: srv, key: key}, nil
 	}
 	// 4. Singleton.
-	return 0, 1, kvs.NewMem(1), nil, nil
+	return boot{rank: 0, size: 1, store: kvs.NewMem(1), own: true, key: launch.NewKey()}, nil
+}
+
+// pmiKey is the job's key under Hydra: RVMA_KEY or RVMA_KEY_FILE if set,
+// else one that rank 0 makes and publishes through PMI, whose key-value
+// space Hydra serves to the job's processes only (over the descriptors
+// it gave them).
+func pmiKey(ctx context.Context, cl *pmi.Client) ([]byte, error) {
+	key, err := launch.KeyFromEnv()
+	if !errors.Is(err, launch.ErrNoKey) {
+		return key, err
+	}
+	if cl.Rank() == 0 {
+		key = launch.NewKey()
+		if err := cl.Put(ctx, "rvma-key", launch.EncodeKey(key)); err != nil {
+			return nil, err
+		}
+	}
+	if err := cl.Barrier(ctx); err != nil {
+		return nil, err
+	}
+	if cl.Rank() == 0 {
+		return key, nil
+	}
+	s, err := cl.Get(ctx, "rvma-key")
+	if err != nil {
+		return nil, err
+	}
+	return launch.DecodeKey(s)
 }
 
 // NewWorld starts size ranks in this process, as goroutines' communicators
@@ -463,6 +520,7 @@ func NewWorld(ctx context.Context, size int, cfg *Config) ([]*Comm, error) {
 	rand.Read(id[:])
 	fabric := "loop://world-" + hex.EncodeToString(id[:])
 	store := kvs.NewMem(size)
+	key := launch.NewKey()
 	comms := make([]*Comm, size)
 	errs := make([]error, size)
 	var wg sync.WaitGroup
@@ -484,7 +542,7 @@ func NewWorld(ctx context.Context, size int, cfg *Config) ([]*Comm, error) {
 			if conf.Hosts != nil {
 				rc.Host = conf.Hosts[r]
 			}
-			comms[r], errs[r] = newComm(ctx, r, size, store, false, dev, rc)
+			comms[r], errs[r] = newComm(ctx, boot{rank: r, size: size, store: store, key: key}, dev, rc)
 			if errs[r] != nil {
 				dev.Close()
 			}
@@ -502,8 +560,9 @@ func NewWorld(ctx context.Context, size int, cfg *Config) ([]*Comm, error) {
 	return comms, nil
 }
 
-func newComm(ctx context.Context, rank, size int, store kvs.Store, ownStore bool, dev *verbs.Device, cfg Config) (_ *Comm, err error) {
-	c := &Comm{rank: rank, size: size, cfg: cfg, store: store, ownStore: ownStore, dev: dev,
+func newComm(ctx context.Context, b boot, dev *verbs.Device, cfg Config) (_ *Comm, err error) {
+	rank, size, store := b.rank, b.size, b.store
+	c := &Comm{rank: rank, size: size, cfg: cfg, store: store, ownStore: b.own, kvServer: b.srv, key: b.key, dev: dev,
 		byQPN: map[uint32]int{}, wins: map[uint32]*Win{}, done: make(chan struct{}), haulHalf: map[int]*haulPeer{}}
 	c.bg, c.bgStop = context.WithCancel(context.Background())
 	c.peers = make([]*peer, size)
@@ -544,7 +603,7 @@ func newComm(ctx context.Context, rank, size int, store kvs.Store, ownStore bool
 				return nil, err
 			}
 		}
-		if c.ln, err = cm.Listen(ctx, cfg.cmAddr(), nil); err != nil {
+		if c.ln, err = cm.Listen(ctx, cfg.cmAddr(), &cm.ListenerConfig{Key: c.key}); err != nil {
 			return nil, err
 		}
 		if err = store.Put(ctx, fmt.Sprintf("rvma-cm-%d", rank), c.ln.Addr().String()); err != nil {
@@ -790,7 +849,7 @@ func (c *Comm) dial(ctx context.Context, r int) (*verbs.QP, error) {
 	}
 	var me [4]byte
 	binary.BigEndian.PutUint32(me[:], uint32(c.rank))
-	if _, err := cm.Dial(ctx, addr, qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: me[:]}); err != nil {
+	if _, err := cm.Dial(ctx, addr, qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: me[:], Key: c.key}); err != nil {
 		c.dropQP(qp)
 		return nil, err
 	}

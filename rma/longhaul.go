@@ -149,7 +149,7 @@ func (c *Comm) haulInitiator(ctx context.Context, r int) (*mailbox.ReliableIniti
 	for _, which := range []byte{haulHeader, haulData} {
 		l, err := c.newHaulLink()
 		if err == nil {
-			_, err = cm.Dial(ctx, addr, l.qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: haulHello(c.rank, which)})
+			_, err = cm.Dial(ctx, addr, l.qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: haulHello(c.rank, which), Key: c.key})
 			if err == nil {
 				if l.conn, err = reliability.New(c.pd, l.qp, l.cq, c.cfg.LongHaul.Reliability); err == nil {
 					err = l.conn.Ready(ctx) // a first RTT measurement

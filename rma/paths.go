@@ -21,6 +21,7 @@ import (
 // listenPaths starts the multipath listener and publishes its address.
 func (c *Comm) listenPaths(ctx context.Context) error {
 	cfg := c.cfg.Multipath
+	cfg.Key = c.key
 	ln, err := multipath.Listen(ctx, c.pd, c.cfg.cmAddr(), &cfg)
 	if err != nil {
 		return err
@@ -90,6 +91,7 @@ func (c *Comm) pathConn(ctx context.Context, r int) (*multipath.Conn, error) {
 	addr, err := c.store.Get(ctx, fmt.Sprintf("rvma-mp-%d", r))
 	if err == nil {
 		cfg := c.cfg.Multipath
+		cfg.Key = c.key
 		// Dial probes every path, so the first split is proportional.
 		p.mp, err = multipath.Dial(ctx, c.pd, addr, &cfg)
 	}

@@ -55,6 +55,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	grace := fs.Duration("grace", 3*time.Second, "how long ranks get to exit after SIGTERM before SIGKILL")
 	tag := fs.Bool("tag-output", true, "prefix every output line with the rank")
 	rcTimeout := fs.Duration("rc-timeout", 0, "the ranks' RC retransmission timeout floor (rma.Config.Connect.Timeout; 0: the library's default, 20ms, adapted to measured round trips)")
+	makeKey := fs.String("make-key", "", "write a new job key to `FILE` (mode 0600) and exit: for launchers that pass no secret (Slurm: RVMA_KEY_FILE=FILE)")
 	memPerRank := fs.Int("mem-per-rank", 0, "MiB of memory a rank needs, checked against what the host has before any rank starts (0: an estimate, 16 MiB and 64 KiB per rank of the job)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: rvmarun -n N [flags] prog [args...]\n")
@@ -62,6 +63,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *makeKey != "" {
+		if err := launch.WriteKeyFile(*makeKey); err != nil {
+			fmt.Fprintf(stderr, "rvmarun: %v\n", err)
+			return 1
+		}
+		return 0
 	}
 	if *n < 1 {
 		fmt.Fprintf(stderr, "rvmarun: -n %d: want 1 rank or more\n", *n)
@@ -105,7 +113,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	var outMu sync.Mutex
 	logger := slog.New(slog.NewTextHandler(lockedWriter{&outMu, stderr}, nil))
-	srv, err := kvs.ListenConfig("127.0.0.1:0", *n, &kvs.ServerConfig{Logger: logger})
+	// The job's key: the rendezvous admits, and the ranks' connection
+	// managers accept, only holders. It reaches the ranks in their
+	// environment, which other users cannot read, never on a command line.
+	key, err := launch.KeyFromEnv()
+	if errors.Is(err, launch.ErrNoKey) {
+		key, err = launch.NewKey(), nil
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "rvmarun: %v\n", err)
+		return 1
+	}
+	srv, err := kvs.ListenConfig("127.0.0.1:0", *n, &kvs.ServerConfig{Logger: logger, Key: key})
 	if err != nil {
 		fmt.Fprintf(stderr, "rvmarun: %v\n", err)
 		return 1
@@ -122,7 +141,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			rma.EnvRank+"="+strconv.Itoa(r), rma.EnvSize+"="+strconv.Itoa(*n), rma.EnvKVS+"="+srv.Addr(),
 			rma.EnvProvider+"="+*provider, rma.EnvAddr+"="+*addr,
 			rma.EnvPaths+"="+strconv.Itoa(*paths),
-			launch.EnvPID+"="+strconv.Itoa(os.Getpid()))
+			launch.EnvPID+"="+strconv.Itoa(os.Getpid()), launch.EnvKey+"="+launch.EncodeKey(key))
 		if *rcTimeout > 0 {
 			cmd.Env = append(cmd.Env, rma.EnvRCTimeout+"="+rcTimeout.String())
 		}

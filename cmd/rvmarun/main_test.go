@@ -61,13 +61,17 @@ func TestMain(m *testing.M) {
 func playRank(role string) {
 	ctx := context.Background()
 	addr := os.Getenv(rma.EnvKVS)
-	cl, err := kvs.Dial(ctx, addr)
+	key, err := launch.KeyFromEnv()
+	if err != nil {
+		panic(err)
+	}
+	cl, err := kvs.Dial(ctx, addr, key)
 	if err != nil {
 		panic(err)
 	}
 	defer cl.Close()
 	if role == "watch" {
-		launch.Watch(ctx, addr, nil)
+		launch.Watch(ctx, addr, &launch.WatchConfig{Key: key})
 	}
 	fmt.Printf("ready %d %d\n", os.Getpid(), os.Getppid())
 	time.Sleep(2 * time.Minute)
@@ -207,17 +211,31 @@ func TestMPIExecHydra(t *testing.T) {
 }
 
 // A Slurm job: ranks from SLURM_PROCID and SLURM_NTASKS, rank 0 serving
-// the rendezvous at RVMA_RENDEZVOUS.
+// the rendezvous at RVMA_RENDEZVOUS, the job's key in the file
+// RVMA_KEY_FILE names (made by rvmarun --make-key). Without a key the
+// ranks refuse to start, saying how to make one.
 func TestSlurmBootstrap(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := ln.Addr().String()
 	ln.Close()
+	keyFile := filepath.Join(t.TempDir(), "key")
+	_, _, code := runJob(t, "--make-key", keyFile)
+	require.Zero(t, code)
+	_, _, code = runJob(t, "--make-key", keyFile)
+	require.NotZero(t, code, "an existing key file is not overwritten")
+
+	noKey := exec.Command(filepath.Join(bins, "putwin"))
+	noKey.Env = append(os.Environ(), "SLURM_PROCID=0", "SLURM_NTASKS=2", "RVMA_RENDEZVOUS="+addr)
+	out, err := noKey.CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), "rvmarun --make-key")
+
 	cmds := make([]*exec.Cmd, 3)
 	outs := make([]bytes.Buffer, 3)
 	for r := range cmds {
 		cmds[r] = exec.Command(filepath.Join(bins, "putwin"))
-		cmds[r].Env = append(os.Environ(), "SLURM_PROCID="+strconv.Itoa(r), "SLURM_NTASKS=3", "RVMA_RENDEZVOUS="+addr)
+		cmds[r].Env = append(os.Environ(), "SLURM_PROCID="+strconv.Itoa(r), "SLURM_NTASKS=3", "RVMA_RENDEZVOUS="+addr, "RVMA_KEY_FILE="+keyFile)
 		cmds[r].Stdout, cmds[r].Stderr = &outs[r], &outs[r]
 		require.NoError(t, cmds[r].Start())
 	}

@@ -14,12 +14,31 @@
 // connection over its bound (ServerConfig.MaxConns) is answered "err too
 // many connections" before any request.
 //
+// A server with a key (ServerConfig.Key, the job's key) first makes each
+// client prove it holds the key, and proves it too, within a handshake
+// timeout, before any request:
+//
+//	auth NC              ->  challenge NS MAC_S
+//	proof MAC_C          ->  ok
+//
+// NC and NS are fresh random nonces, MAC_S and MAC_C HMAC-SHA256 under
+// the key over both. After that every request and every reply ends with a
+// tag, an HMAC under a session key drawn from the key and both nonces,
+// over the line and its sequence number, so that nothing can be injected
+// into, replayed on or reordered in an authenticated connection.
+// Connections still authenticating are bounded apart from MaxConns
+// (ServerConfig.MaxPending), the oldest dropped when more arrive, so a
+// flood of silent ones cannot keep the job's ranks out.
+//
 // Servers, clients and stores are safe for concurrent use.
 package kvs
 
 import (
 	"bufio"
+	"cmp"
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -170,6 +189,15 @@ type ServerConfig struct {
 	// Logger receives why connections were dropped (default
 	// slog.Default()).
 	Logger *slog.Logger
+	// Key, when set, admits only clients that prove they hold it (see the
+	// package documentation); at least 16 bytes. Default none.
+	Key []byte
+	// HandshakeTimeout bounds how long a client may take to authenticate
+	// (default 10s).
+	HandshakeTimeout time.Duration
+	// MaxPending bounds the connections still authenticating (default
+	// 64); one more drops the oldest.
+	MaxPending int
 }
 
 func (c *ServerConfig) withDefaults(size int) ServerConfig {
@@ -186,6 +214,12 @@ func (c *ServerConfig) withDefaults(size int) ServerConfig {
 	if d.Logger == nil {
 		d.Logger = slog.Default()
 	}
+	if d.HandshakeTimeout <= 0 {
+		d.HandshakeTimeout = 10 * time.Second
+	}
+	if d.MaxPending <= 0 {
+		d.MaxPending = 64
+	}
 	return d
 }
 
@@ -198,10 +232,11 @@ type Server struct {
 	cancel     context.CancelFunc
 	wg         sync.WaitGroup
 	mu         sync.Mutex
-	closed     bool // under mu: accept must not add connections after Close
-	conns      map[net.Conn]struct{}
-	refused    int       // under mu: connections refused since lastRefuse was logged
-	lastRefuse time.Time // under mu
+	closed     bool                   // under mu: accept must not add connections after Close
+	conns      map[net.Conn]struct{}  // authenticated (or, without a key, all), under mu
+	pending    map[net.Conn]time.Time // authenticating since, under mu
+	refused    int                    // under mu: connections refused since lastRefuse was logged
+	lastRefuse time.Time              // under mu
 }
 
 // Listen starts a server on address (such as "127.0.0.1:0") for size
@@ -212,11 +247,15 @@ func Listen(address string, size int) (*Server, error) {
 
 // ListenConfig is Listen with limits; a nil cfg means defaults.
 func ListenConfig(address string, size int, cfg *ServerConfig) (*Server, error) {
+	d := cfg.withDefaults(size)
+	if d.Key != nil && len(d.Key) < minKey {
+		return nil, fmt.Errorf("kvs: a key of %d bytes; at least %d", len(d.Key), minKey)
+	}
 	ln, err := net.Listen("tcp", address)
 	if err != nil {
 		return nil, fmt.Errorf("kvs: %w", err)
 	}
-	s := &Server{ln: ln, store: NewMem(size), cfg: cfg.withDefaults(size), conns: map[net.Conn]struct{}{}}
+	s := &Server{ln: ln, store: NewMem(size), cfg: d, conns: map[net.Conn]struct{}{}, pending: map[net.Conn]time.Time{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(1)
 	go s.accept()
@@ -237,6 +276,9 @@ func (s *Server) Close() error {
 	s.closed = true
 	s.cancel()
 	for c := range s.conns {
+		c.Close()
+	}
+	for c := range s.pending {
 		c.Close()
 	}
 	s.mu.Unlock()
@@ -272,20 +314,32 @@ func (s *Server) accept() {
 
 // admit registers a connection and serves it, unless the server is closed
 // (Close has already closed the registered ones, and would wait forever
-// for this one) or full.
+// for this one) or full. With a key it is pending until it authenticates;
+// past MaxPending the oldest pending connection is dropped.
 func (s *Server) admit(c net.Conn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
 	case s.closed:
 		c.Close()
-	case len(s.conns) >= s.cfg.MaxConns:
-		s.refused++
-		// At most one line a second, however fast connections come.
-		if now := time.Now(); now.Sub(s.lastRefuse) >= time.Second {
-			s.cfg.Logger.Warn("kvs: refusing connections over the limit", "limit", s.cfg.MaxConns, "refused", s.refused, "last_from", c.RemoteAddr().String())
-			s.lastRefuse, s.refused = now, 0
+	case s.cfg.Key != nil:
+		for len(s.pending) >= s.cfg.MaxPending {
+			var oldest net.Conn
+			var at time.Time
+			for o, since := range s.pending {
+				if oldest == nil || since.Before(at) {
+					oldest, at = o, since
+				}
+			}
+			delete(s.pending, oldest)
+			oldest.Close()
+			s.refusedLocked(oldest, "dropping unauthenticated connections over the limit", s.cfg.MaxPending)
 		}
+		s.pending[c] = time.Now()
+		s.wg.Add(1)
+		go s.serve(c)
+	case len(s.conns) >= s.cfg.MaxConns:
+		s.refusedLocked(c, "refusing connections over the limit", s.cfg.MaxConns)
 		io.WriteString(c, "err too many connections\n")
 		c.Close()
 	default:
@@ -295,9 +349,38 @@ func (s *Server) admit(c net.Conn) {
 	}
 }
 
+// refusedLocked counts a refused connection, logging at most one line a
+// second however fast they come.
+func (s *Server) refusedLocked(c net.Conn, msg string, limit int) {
+	s.refused++
+	if now := time.Now(); now.Sub(s.lastRefuse) >= time.Second {
+		s.cfg.Logger.Warn("kvs: "+msg, "limit", limit, "refused", s.refused, "last_from", c.RemoteAddr().String())
+		s.lastRefuse, s.refused = now, 0
+	}
+}
+
+// authenticated moves c from pending to the served connections; false if
+// it was dropped meanwhile or the server is full.
+func (s *Server) authenticated(c net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.pending[c]; !ok || s.closed {
+		return false
+	}
+	delete(s.pending, c)
+	if len(s.conns) >= s.cfg.MaxConns {
+		s.refusedLocked(c, "refusing connections over the limit", s.cfg.MaxConns)
+		io.WriteString(c, "err too many connections\n")
+		return false
+	}
+	s.conns[c] = struct{}{}
+	return true
+}
+
 func (s *Server) drop(c net.Conn) {
 	s.mu.Lock()
 	delete(s.conns, c)
+	delete(s.pending, c)
 	s.mu.Unlock()
 	c.Close()
 }
@@ -317,9 +400,22 @@ func (s *Server) serve(c net.Conn) {
 	defer s.drop(c)
 	ctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
+	sc := bufio.NewScanner(c)
+	var sess *session
+	if s.cfg.Key != nil {
+		var err error
+		if sess, err = s.handshake(c); err != nil {
+			s.cfg.Logger.Warn("kvs: dropping client", "remote", c.RemoteAddr().String(), "reason", err)
+			fmt.Fprintf(c, "err %v\n", err)
+			return
+		}
+		if !s.authenticated(c) {
+			return
+		}
+	}
 	reqs := make(chan request)
 	s.wg.Add(1)
-	go s.read(ctx, cancel, c, reqs)
+	go s.read(ctx, cancel, sc, reqs)
 	for {
 		var rq request
 		select {
@@ -327,16 +423,24 @@ func (s *Server) serve(c net.Conn) {
 		case <-ctx.Done():
 			return
 		}
-		if rq.err != nil {
-			s.cfg.Logger.Warn("kvs: dropping client", "remote", c.RemoteAddr().String(), "reason", rq.err)
-			fmt.Fprintf(c, "err %v\n", rq.err)
+		line, err := rq.line, rq.err
+		if err == nil && sess != nil {
+			line, err = sess.open('c', line)
+		}
+		if err != nil {
+			s.cfg.Logger.Warn("kvs: dropping client", "remote", c.RemoteAddr().String(), "reason", err)
+			fmt.Fprintf(c, "err %v\n", err)
 			return
 		}
-		reply, ok := s.handle(ctx, rq.line)
+		reply, ok := s.handle(ctx, line)
 		if !ok {
 			return
 		}
-		if _, err := fmt.Fprintf(c, "%s\n", reply); err != nil {
+		out := reply
+		if sess != nil && !strings.HasPrefix(reply, "err") {
+			out = sess.seal('s', reply) // an error is the last word, and the client ends either way
+		}
+		if _, err := fmt.Fprintf(c, "%s\n", out); err != nil {
 			return
 		}
 		if strings.HasPrefix(reply, "err") {
@@ -345,11 +449,54 @@ func (s *Server) serve(c net.Conn) {
 	}
 }
 
+// handshake authenticates a client (see the package documentation) within
+// the handshake timeout.
+// The client sends nothing after its proof until it reads "ok", so the
+// handshake's own scanner leaves nothing buffered behind.
+func (s *Server) handshake(c net.Conn) (*session, error) {
+	c.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	defer c.SetDeadline(time.Time{})
+	sc := bufio.NewScanner(c)
+	sc.Buffer(make([]byte, 0, 256), 256)
+	line := func() ([]string, error) {
+		if !sc.Scan() {
+			if sc.Err() != nil {
+				return nil, sc.Err()
+			}
+			return nil, io.EOF
+		}
+		return strings.Fields(sc.Text()), nil
+	}
+	f, err := line()
+	if err != nil {
+		return nil, fmt.Errorf("authentication: %w", err)
+	}
+	var nc, ns [nonceLen]byte
+	if len(f) != 2 || f[0] != "auth" || !decodeHex(nc[:], f[1]) {
+		return nil, errors.New("authentication required")
+	}
+	rand.Read(ns[:])
+	if _, err := fmt.Fprintf(c, "challenge %x %x\n", ns, mac(s.cfg.Key, labelServer, nc[:], ns[:])); err != nil {
+		return nil, err
+	}
+	if f, err = line(); err != nil {
+		return nil, fmt.Errorf("authentication: %w", err)
+	}
+	var proof [macLen]byte
+	if len(f) != 2 || f[0] != "proof" || !decodeHex(proof[:], f[1]) ||
+		!hmac.Equal(proof[:], mac(s.cfg.Key, labelClient, nc[:], ns[:])) {
+		return nil, errors.New("authentication failed")
+	}
+	if _, err := io.WriteString(c, "ok\n"); err != nil {
+		return nil, err
+	}
+	return newSession(s.cfg.Key, nc, ns), nil
+}
+
 // read passes a client's lines to serve; at the end of the stream it ends
 // ctx, which ends serve.
-func (s *Server) read(ctx context.Context, cancel context.CancelFunc, c net.Conn, reqs chan<- request) {
+func (s *Server) read(ctx context.Context, cancel context.CancelFunc, sc *bufio.Scanner, reqs chan<- request) {
 	defer s.wg.Done()
-	sc := bufio.NewScanner(c)
 	sc.Buffer(make([]byte, 0, 512), s.cfg.MaxLine)
 	for sc.Scan() {
 		select {
@@ -399,19 +546,23 @@ type Client struct {
 	mu     sync.Mutex     // one request at a time
 	conn   net.Conn       // never cleared, so callbacks may use it without mu
 	sc     *bufio.Scanner // replies; used under mu
+	sess   *session       // with a key; used under mu
 	closed atomic.Bool    // by Close or a cut request: conn is closed
 }
 
 // Dial connects to a server, retrying until ctx ends (the server may not
-// be up yet when ranks start together).
-func Dial(ctx context.Context, address string) (*Client, error) {
+// be up yet when ranks start together). With a key (the job's, at least
+// 16 bytes) it authenticates, and refuses a server that cannot prove it
+// holds the key; nil means an unauthenticated server.
+func Dial(ctx context.Context, address string, key []byte) (*Client, error) {
+	if key != nil && len(key) < minKey {
+		return nil, fmt.Errorf("kvs: a key of %d bytes; at least %d", len(key), minKey)
+	}
 	var d net.Dialer
 	for {
 		c, err := d.DialContext(ctx, "tcp", address)
 		if err == nil {
-			sc := bufio.NewScanner(c)
-			sc.Buffer(make([]byte, 0, 512), DefaultMaxLine)
-			return &Client{conn: c, sc: sc}, nil
+			return NewClient(ctx, c, key)
 		}
 		select {
 		case <-ctx.Done():
@@ -419,6 +570,51 @@ func Dial(ctx context.Context, address string) (*Client, error) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// NewClient makes a client of a connection to a server, authenticating
+// with key (nil: none) before ctx ends. It owns c from then on, and
+// closes it on failure.
+func NewClient(ctx context.Context, c net.Conn, key []byte) (*Client, error) {
+	sc := bufio.NewScanner(c)
+	sc.Buffer(make([]byte, 0, 512), DefaultMaxLine)
+	cl := &Client{conn: c, sc: sc}
+	if key == nil {
+		return cl, nil
+	}
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	sess, err := clientHandshake(c, sc, key)
+	if !stop() {
+		err = cmp.Or(ctx.Err(), err)
+	}
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("kvs: %s: %w", c.RemoteAddr(), err)
+	}
+	cl.sess = sess
+	return cl, nil
+}
+
+// Wait blocks until the server ends the connection (nil; an error if it
+// refused it first) or ctx ends; the
+// client must not be used meanwhile. A launcher's ranks hold such a
+// connection to notice its end, however it ends.
+func (c *Client) Wait(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() { c.conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	last := ""
+	for c.sc.Scan() {
+		last = c.sc.Text() // only a refusal is expected here
+	}
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case last != "":
+		return fmt.Errorf("kvs: server: %s", strings.TrimPrefix(last, "err "))
+	}
+	return nil
 }
 
 func (c *Client) do(ctx context.Context, req string) (string, error) {
@@ -442,7 +638,11 @@ func (c *Client) do(ctx context.Context, req string) (string, error) {
 			c.conn.SetDeadline(time.Time{})
 		}
 	}()
-	if _, err := fmt.Fprintf(c.conn, "%s\n", req); err != nil {
+	line := req
+	if c.sess != nil {
+		line = c.sess.seal('c', req)
+	}
+	if _, err := fmt.Fprintf(c.conn, "%s\n", line); err != nil {
 		return "", c.fail(ctx, err)
 	}
 	if !c.sc.Scan() {
@@ -452,9 +652,16 @@ func (c *Client) do(ctx context.Context, req string) (string, error) {
 		}
 		return "", c.fail(ctx, err)
 	}
-	line := c.sc.Text()
+	line = c.sc.Text()
 	if rest, ok := strings.CutPrefix(line, "err "); ok {
+		// The server's last word before it closes: untagged.
 		return "", fmt.Errorf("kvs: server: %s", rest)
+	}
+	if c.sess != nil {
+		var err error
+		if line, err = c.sess.open('s', line); err != nil {
+			return "", c.fail(ctx, err)
+		}
 	}
 	return line, nil
 }

@@ -32,7 +32,7 @@ func TestServerClients(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := Dial(ctx, srv.Addr())
+			c, err := Dial(ctx, srv.Addr(), nil)
 			require.NoError(t, err)
 			defer c.Close()
 			require.NoError(t, c.Put(ctx, fmt.Sprintf("addr/%d", r), fmt.Sprintf("host:%d", 100+r)))
@@ -90,7 +90,7 @@ func TestBadInput(t *testing.T) {
 	require.Equal(t, "err malformed request\n", line)
 
 	// A client whose Get is cancelled fails cleanly and is then closed.
-	cl, err := Dial(context.Background(), srv.Addr())
+	cl, err := Dial(context.Background(), srv.Addr(), nil)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
@@ -142,7 +142,7 @@ func flakyServer(t *testing.T) string {
 func TestClientCancelRace(t *testing.T) {
 	addr := flakyServer(t)
 	for range 40 {
-		c, err := Dial(context.Background(), addr)
+		c, err := Dial(context.Background(), addr, nil)
 		require.NoError(t, err)
 		var wg sync.WaitGroup
 		for range 16 {
@@ -185,7 +185,7 @@ func TestCancelDoesNotCutNextRequest(t *testing.T) {
 	require.NoError(t, err)
 	defer srv.Close()
 	bg := context.Background()
-	c, err := Dial(bg, srv.Addr())
+	c, err := Dial(bg, srv.Addr(), nil)
 	require.NoError(t, err)
 	defer func() { c.Close() }()
 	require.NoError(t, c.Put(bg, "k", "v"))
@@ -195,7 +195,7 @@ func TestCancelDoesNotCutNextRequest(t *testing.T) {
 		if _, err := c.Get(ctx, "k"); err != nil {
 			require.ErrorIs(t, err, context.Canceled)
 			c.Close()
-			c, err = Dial(bg, srv.Addr())
+			c, err = Dial(bg, srv.Addr(), nil)
 			require.NoError(t, err)
 			continue
 		}
@@ -210,7 +210,7 @@ func TestCloseCutsRequest(t *testing.T) {
 	srv, err := Listen("127.0.0.1:0", 1)
 	require.NoError(t, err)
 	defer srv.Close()
-	c, err := Dial(context.Background(), srv.Addr())
+	c, err := Dial(context.Background(), srv.Addr(), nil)
 	require.NoError(t, err)
 	res := make(chan error)
 	go func() {
@@ -340,7 +340,7 @@ func TestLineLimit(t *testing.T) {
 	require.NoError(t, err)
 	defer srv.Close()
 	ctx := context.Background()
-	cl, err := Dial(ctx, srv.Addr())
+	cl, err := Dial(ctx, srv.Addr(), nil)
 	require.NoError(t, err)
 	defer cl.Close()
 	long := strings.Repeat("x", 4000)
@@ -374,7 +374,7 @@ func TestConnLimit(t *testing.T) {
 	ctx := context.Background()
 	var cls []*Client
 	for i := range 2 {
-		cl, err := Dial(ctx, srv.Addr())
+		cl, err := Dial(ctx, srv.Addr(), nil)
 		require.NoError(t, err)
 		defer cl.Close()
 		require.NoError(t, cl.Put(ctx, fmt.Sprint("k", i), "v"))
@@ -390,7 +390,7 @@ func TestConnLimit(t *testing.T) {
 
 	cls[0].Close()
 	require.Eventually(t, func() bool { return srv.openConns() < 2 }, 10*time.Second, time.Millisecond)
-	cl, err := Dial(ctx, srv.Addr())
+	cl, err := Dial(ctx, srv.Addr(), nil)
 	require.NoError(t, err)
 	defer cl.Close()
 	v, err := cl.Get(ctx, "k1")

@@ -18,10 +18,11 @@ import (
 	"net"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/rvma/rvma/internal/kvs"
 )
 
 // EnvPID names the variable in which rvmarun passes its process ID to the
@@ -43,6 +44,9 @@ type WatchConfig struct {
 	// Logger receives why a watch could not be set up (default
 	// slog.Default()).
 	Logger *slog.Logger
+	// Key is the job's key, which the rendezvous requires before it keeps
+	// a connection open (default none: an unauthenticated rendezvous).
+	Key []byte
 }
 
 func (c *WatchConfig) withDefaults() WatchConfig {
@@ -97,9 +101,9 @@ func (w *watcher) gone(reason string) {
 	w.once.Do(func() { w.cfg.Gone(reason) })
 }
 
-// conn holds an idle connection to the rendezvous server: the server
-// never writes to a client that sends nothing, so the connection ends
-// only with the server, or with the server refusing it at once.
+// conn holds an idle, authenticated connection to the rendezvous server:
+// the server never writes to a client that sends nothing, so the
+// connection ends only with the server, or with the server refusing it.
 func (w *watcher) conn(ctx context.Context, addr string) {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
@@ -115,17 +119,22 @@ func (w *watcher) conn(ctx context.Context, addr string) {
 		}
 		return
 	}
-	stop := context.AfterFunc(ctx, func() { c.Close() })
-	defer stop()
-	defer c.Close()
-	buf := make([]byte, 256)
-	n, err := c.Read(buf)
-	switch {
+	hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	cl, err := kvs.NewClient(hctx, c, w.cfg.Key)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			w.cfg.Logger.Warn("launch: the launcher's rendezvous refused the watch", "addr", addr, "err", err)
+		}
+		return
+	}
+	defer cl.Close()
+	switch err := cl.Wait(ctx); {
 	case ctx.Err() != nil:
-	case n > 0:
-		w.cfg.Logger.Warn("launch: the launcher's rendezvous refused the watch", "addr", addr, "reply", strings.TrimSpace(string(buf[:n])))
+	case err != nil:
+		w.cfg.Logger.Warn("launch: the launcher's rendezvous refused the watch", "addr", addr, "err", err)
 	default:
-		w.gone(fmt.Sprintf("the launcher is gone: its rendezvous at %s closed the connection (%v)", addr, err))
+		w.gone(fmt.Sprintf("the launcher is gone: its rendezvous at %s closed the connection", addr))
 	}
 }
 
