@@ -214,10 +214,10 @@ type Listener struct {
 	close   sync.Once
 	wg      sync.WaitGroup
 	mu      sync.Mutex
-	pending map[netip.Addr]int // per IP address, under mu
-	npend   int                // under mu
+	pending map[netip.Addr]int       // per IP address, under mu
+	npend   int                      // under mu
 	conns   map[net.Conn]pendingConn // requests still being read, under mu; Close closes them
-	closed  bool               // under mu
+	closed  bool                     // under mu
 	seen    map[[nonceLen]byte]time.Time
 }
 
