@@ -46,6 +46,7 @@ func TestOutsiderCannotJoin(t *testing.T) {
 					require.NoError(t, err)
 					_, err = cm.Dial(ctx, addr, qp, &cm.Config{PrivateData: me[:], Key: key})
 					require.ErrorIs(t, err, cm.ErrRejected, "rank %d accepted an outsider (key %q)", r, key)
+					require.ErrorContains(t, err, "authentication failed")
 					require.NotEqual(t, verbs.StateReadyToSend, qp.State())
 				}
 			}
@@ -54,14 +55,14 @@ func TestOutsiderCannotJoin(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				if err := w.Fence(ctx); err != nil {
+				if err := w.Fence(ctx, 0); err != nil {
 					return err
 				}
 				n := c.Size()
 				if err := w.Put(ctx, u64(uint64(100+c.Rank())), (c.Rank()+1)%n, 0); err != nil {
 					return err
 				}
-				if err := w.Fence(ctx); err != nil {
+				if err := w.Fence(ctx, 0); err != nil {
 					return err
 				}
 				if got, want := binary.LittleEndian.Uint64(w.Bytes()), uint64(100+(c.Rank()+n-1)%n); got != want {
