@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"strings"
@@ -180,4 +181,40 @@ func TestSessionTags(t *testing.T) {
 	require.Equal(t, "put a 1", got)
 	_, err = server.open('c', l0)
 	require.ErrorIs(t, err, ErrAuth, "replayed")
+}
+
+// Whatever a client sends, the server's handshake neither panics nor
+// admits it without the key.
+func FuzzServerHandshake(f *testing.F) {
+	f.Add([]byte("auth 00112233445566778899aabbccddeeff\nproof " + strings.Repeat("ab", 32) + "\n"))
+	f.Add([]byte("get k\n"))
+	f.Add([]byte("auth \nproof\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s := &Server{cfg: (&ServerConfig{Key: jobKey, HandshakeTimeout: time.Second}).withDefaults(1)}
+		a, c := net.Pipe()
+		defer a.Close()
+		go func() {
+			c.Write(b)
+			c.Close()
+		}()
+		go io.Copy(io.Discard, c)
+		_, err := s.handshake(a)
+		require.Error(t, err)
+	})
+}
+
+// A line's tag check never panics, and never passes a line it did not
+// seal.
+func FuzzSessionOpen(f *testing.F) {
+	var nc, ns [nonceLen]byte
+	sealed := newSession(jobKey, nc, ns).seal('c', "put k v")
+	f.Add(sealed + "x")
+	f.Add("put k v " + strings.Repeat("0", 32))
+	f.Add("")
+	f.Fuzz(func(t *testing.T, line string) {
+		s := newSession(jobKey, nc, ns)
+		if got, err := s.open('c', line); err == nil {
+			require.Equal(t, sealed, line, "opened %q", got)
+		}
+	})
 }
