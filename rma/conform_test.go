@@ -791,7 +791,7 @@ func caseNotifiedFreeAfterWait(ctx context.Context, c *Comm, seed uint64) error 
 }
 
 // The credit write of notified-free-after-wait delayed on purpose: with
-// one packet in six lost, a credit write waits for its retransmission
+// one packet in twenty lost, a credit write waits for its retransmission
 // while the ranks' Free agreement, carried by other packets, would finish
 // (at 4 ranks the agreement carries nothing from a rank's target to it).
 func TestNotifiedFreeUnderLoss(t *testing.T) {
@@ -799,7 +799,7 @@ func TestNotifiedFreeUnderLoss(t *testing.T) {
 		t.Run(prov, func(t *testing.T) {
 			comms := newWorld(t, 4, &Config{Provider: prov})
 			for r, c := range comms {
-				require.NoError(t, c.dev.SetFaults(-1, verbs.Faults{Drop: 0.15, Seed: uint64(r + 1)}))
+				require.NoError(t, c.dev.SetFaults(-1, verbs.Faults{Drop: 0.05, Seed: uint64(r + 1)}))
 			}
 			for seed := range uint64(3) {
 				each(t, comms, func(ctx context.Context, c *Comm) error {

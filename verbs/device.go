@@ -27,6 +27,13 @@ type Faults = fabric.Faults
 type DeviceConfig struct {
 	// Logger receives the device's diagnostics. Default: slog.Default().
 	Logger *slog.Logger
+	// NoMAC makes QPs on UDP ports take packets with the keyed checksum
+	// instead of a MAC: for fabrics where nobody outside the job can
+	// capture or send packets. Default false: every packet a UDP port
+	// receives must carry a valid AES-GMAC tag under the receiving QP's
+	// key and a counter not seen before. Shared-memory and in-process
+	// ports, which no other user can reach, never use a MAC.
+	NoMAC bool
 }
 
 // Device is an opened soft RDMA NIC: a set of GIDs (local addresses), each
@@ -40,6 +47,7 @@ type Device struct {
 	ports  []*fabric.FaultPort
 	gids   []GID
 	kinds  []string // provider of each GID
+	noMAC  bool     // DeviceConfig.NoMAC
 	shared bool     // shm: AllocMR memory is shared with the host's processes
 	closed atomic.Bool
 	// handling counts receive handlers running; Close waits for them, so
@@ -66,6 +74,7 @@ type Device struct {
 
 type deviceStats struct {
 	rxPackets, rxDropped, unknownQP, badSource, badSecret, badPort atomic.Uint64
+	badMAC, replayed                                               atomic.Uint64
 	outOfWindow, duplicates, malformed, discarded                  atomic.Uint64
 	rnrNaks, timeouts, seqNaks                                     atomic.Uint64
 }
@@ -77,6 +86,8 @@ type DeviceStats struct {
 	UnknownQP  uint64 // destination QP does not exist
 	BadSource  uint64 // not from the connected peer's GID
 	BadSecret  uint64 // wrong per-connection secret
+	BadMAC     uint64 // missing or wrong MAC (UDP ports)
+	Replayed   uint64 // a valid MAC on a packet counter seen before: a replay
 	BadPort    uint64 // arrived on a GID the QP is not bound to
 	OutOfOrder uint64 // outside the PSN window or out of sequence
 	Duplicates uint64 // duplicate requests (re-acknowledged, not re-executed)
@@ -135,7 +146,7 @@ func Open(ctx context.Context, uri string, cfg *DeviceConfig) (*Device, error) {
 	if cfg == nil {
 		cfg = &DeviceConfig{}
 	}
-	d := &Device{uri: uri, log: cfg.Logger, pds: map[*PD]struct{}{}, cqs: map[*CQ]struct{}{}, nextIO: 1 << 40}
+	d := &Device{uri: uri, log: cfg.Logger, noMAC: cfg.NoMAC, pds: map[*PD]struct{}{}, cqs: map[*CQ]struct{}{}, nextIO: 1 << 40}
 	if d.log == nil {
 		d.log = slog.Default()
 	}
@@ -372,6 +383,7 @@ func (d *Device) Stats() DeviceStats {
 	ds := DeviceStats{
 		RxPackets: s.rxPackets.Load(), RxDropped: s.rxDropped.Load(), UnknownQP: s.unknownQP.Load(),
 		BadSource: s.badSource.Load(), BadSecret: s.badSecret.Load(), BadPort: s.badPort.Load(),
+		BadMAC: s.badMAC.Load(), Replayed: s.replayed.Load(),
 		OutOfOrder: s.outOfWindow.Load(), Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(),
 		Discarded: s.discarded.Load(), RNRNaks: s.rnrNaks.Load(), Timeouts: s.timeouts.Load(), SeqNaks: s.seqNaks.Load(),
 	}

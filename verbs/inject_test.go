@@ -156,14 +156,14 @@ func TestForgedPackets(t *testing.T) {
 		}
 		wait()
 		require.Equal(t, sent, accounted(), "every spoofed packet is counted as a drop")
-		require.Positive(t, b.Dev.Stats().BadSecret-before.BadSecret, "the secret stopped aimed packets")
+		require.Positive(t, b.Dev.Stats().BadMAC-before.BadMAC, "the MAC stopped aimed packets")
 	}
 	s := b.Dev.Stats()
-	t.Logf("sent %d forged: undecodable %d, unknown QP %d, bad source %d, bad secret %d, malformed %d, other %d",
+	t.Logf("sent %d forged: undecodable %d, unknown QP %d, bad source %d, bad MAC %d, malformed %d, other %d",
 		sent, s.Undecodable-before.Undecodable, s.UnknownQP-before.UnknownQP, s.BadSource-before.BadSource,
-		s.BadSecret-before.BadSecret, s.Malformed-before.Malformed,
+		s.BadMAC-before.BadMAC, s.Malformed-before.Malformed,
 		(s.RxDropped-before.RxDropped)-(s.UnknownQP-before.UnknownQP)-(s.BadSource-before.BadSource)-
-			(s.BadSecret-before.BadSecret)-(s.Malformed-before.Malformed))
+			(s.BadMAC-before.BadMAC)-(s.Malformed-before.Malformed))
 
 	require.True(t, bytes.Equal(snapB, b.Buf), "target MR changed")
 	require.True(t, bytes.Equal(snapO, other.Bytes()), "other target MR changed")

@@ -44,6 +44,11 @@ type Endpoint struct {
 	// Secret is the value the QP expects in every packet sent to it; a
 	// packet without it is dropped.
 	Secret uint64
+	// MACKey, unless zero, is the key of the AES-GMAC tag the QP expects
+	// on every packet sent to it (UDP ports; see DeviceConfig.NoMAC). It
+	// is as secret as the connection: the connection manager masks it
+	// with the job's key.
+	MACKey [16]byte
 }
 
 // ConnectConfig holds the connection attributes of the ReadyToReceive and
@@ -113,6 +118,10 @@ type QP struct {
 	remote      Endpoint
 	mtu         int
 	localSecret uint64
+	localMACKey [16]byte          // zero: no MAC expected
+	rxMAC       *wire.MAC         // checks packets sent to this QP
+	txMAC       *wire.MAC         // signs packets to the remote QP, if it asked for a MAC
+	replay      wire.ReplayWindow // counters of packets accepted since connecting
 	startPSN    uint32
 
 	conn connAttrs
@@ -193,7 +202,7 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	}
 	qp := &QP{dev: d, pd: pd, typ: cfg.Type, gid: cfg.GID, port: d.ports[cfg.GID],
 		sendCQ: cfg.SendCQ, recvCQ: cfg.RecvCQ, srq: cfg.SRQ, cfg: cfg}
-	qp.localSecret = randomSecret()
+	qp.newKeys()
 	qp.startPSN = mrand.Uint32() & psn.Mask
 	qp.req.init(&cfg)
 	qp.resp.cur.recv.segs = make([][]byte, 0, cfg.MaxRecvSGE)
@@ -216,6 +225,19 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	pd.qps++
 	pd.mu.Unlock()
 	return qp, nil
+}
+
+// newKeys chooses what packets sent to the QP must prove: the secret, and
+// on a UDP port the MAC key (a new one per connection, so that a MAC's
+// nonces, the sender's counters, never repeat under one key).
+func (qp *QP) newKeys() {
+	qp.localSecret = randomSecret()
+	qp.rxMAC, qp.localMACKey = nil, [16]byte{}
+	if qp.dev.kinds[qp.gid] == "udp" && !qp.dev.noMAC {
+		rand.Read(qp.localMACKey[:])
+		qp.rxMAC = wire.NewMAC(qp.localMACKey)
+	}
+	qp.replay.Reset()
 }
 
 func randomSecret() uint64 {
@@ -245,7 +267,7 @@ func (qp *QP) State() QPState {
 
 // Endpoint returns what a peer needs to connect to this QP.
 func (qp *QP) Endpoint() Endpoint {
-	return Endpoint{GID: qp.GID(), QPN: qp.num, PSN: qp.startPSN, MTU: qp.port.MaxPayload(), Secret: qp.localSecret}
+	return Endpoint{GID: qp.GID(), QPN: qp.num, PSN: qp.startPSN, MTU: qp.port.MaxPayload(), Secret: qp.localSecret, MACKey: qp.localMACKey}
 }
 
 // QPStats counts a QP's requester events: what a multipath layer reads to
@@ -310,6 +332,11 @@ func (qp *QP) ReadyToReceive(remote Endpoint, cfg *ConnectConfig) error {
 		return fmt.Errorf("verbs: QP %d: %w: remote endpoint %+v", qp.num, ErrInvalidArgument, remote)
 	}
 	qp.remote = remote
+	qp.txMAC = nil
+	if remote.MACKey != ([16]byte{}) {
+		qp.txMAC = wire.NewMAC(remote.MACKey)
+	}
+	qp.replay.Reset()
 	qp.mtu = min(qp.port.MaxPayload(), remote.MTU)
 	if cfg != nil && cfg.MTU > 0 {
 		qp.mtu = min(qp.mtu, cfg.MTU)
@@ -403,7 +430,8 @@ func (qp *QP) Reset() error {
 		qp.rq.head, qp.rq.n = 0, 0
 	}
 	qp.resp.reset(0)
-	qp.localSecret = randomSecret()
+	qp.newKeys()
+	qp.txMAC = nil
 	qp.startPSN = mrand.Uint32() & psn.Mask
 	return nil
 }
@@ -821,6 +849,6 @@ func (qp *QP) onTimer() {
 func (qp *QP) newPacket(op wire.Opcode, p uint32) *wire.Packet {
 	pk := wire.Get()
 	pk.Src, pk.Dst = qp.dev.gids[qp.gid], qp.remote.GID
-	pk.Opcode, pk.DestQP, pk.PSN, pk.Secret = op, qp.remote.QPN, p, qp.remote.Secret
+	pk.Opcode, pk.DestQP, pk.PSN, pk.Secret, pk.Auth = op, qp.remote.QPN, p, qp.remote.Secret, qp.txMAC
 	return pk
 }

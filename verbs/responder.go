@@ -67,7 +67,11 @@ func (qp *QP) receive(p *wire.Packet, now time.Time, ob *outbox) {
 		d.drop(&d.stats.discarded)
 	case p.Src != qp.remote.GID:
 		d.drop(&d.stats.badSource)
-	case !p.Verify(qp.localSecret):
+	case qp.rxMAC != nil && !p.VerifyMAC(qp.rxMAC):
+		d.drop(&d.stats.badMAC)
+	case qp.rxMAC != nil && !qp.replay.Accept(p.Seq):
+		d.drop(&d.stats.replayed)
+	case qp.rxMAC == nil && !p.Verify(qp.localSecret):
 		d.drop(&d.stats.badSecret)
 	case !p.Opcode.Valid() || p.Opcode.IsUC() != (qp.typ == UC):
 		d.drop(&d.stats.malformed)

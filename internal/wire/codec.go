@@ -16,15 +16,22 @@ const (
 	AtomicAckETHLen = 8
 	MBXETHLen       = 24
 	ICRCLen         = 4
+	// MACTrailerLen is the trailer of a packet with a MAC: the sender's
+	// packet counter and the tag.
+	MACTrailerLen = 8 + TagLen
 
 	// MaxHeaderLen bounds every header stack plus the trailer.
-	MaxHeaderLen = BTHLen + RETHLen + AtomicETHLen + AETHLen + AtomicAckETHLen + MBXETHLen + ImmLen + ICRCLen
+	MaxHeaderLen = BTHLen + RETHLen + AtomicETHLen + AETHLen + AtomicAckETHLen + MBXETHLen + ImmLen + MACTrailerLen
 	// DefaultPKey is the default partition key, as on every RoCE port.
 	DefaultPKey = 0xFFFF
 )
 
-// placedBit marks Packet.Placed in the BTH's first reserved byte.
-const placedBit = 0x01
+// placedBit marks Packet.Placed, and macBit a packet whose trailer is a
+// MAC (Packet.Auth), in the BTH's first reserved byte.
+const (
+	placedBit = 0x01
+	macBit    = 0x02
+)
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -40,7 +47,14 @@ var (
 
 // EncodedLen returns the size of p on the wire.
 func (p *Packet) EncodedLen() int {
-	return headerLen(p.Opcode) + len(p.Payload) + padLen(len(p.Payload)) + ICRCLen
+	return headerLen(p.Opcode) + len(p.Payload) + padLen(len(p.Payload)) + p.trailerLen()
+}
+
+func (p *Packet) trailerLen() int {
+	if p.Auth != nil {
+		return MACTrailerLen
+	}
+	return ICRCLen
 }
 
 func padLen(n int) int { return (4 - n&3) & 3 }
@@ -84,6 +98,12 @@ func headerLen(o Opcode) int {
 // security, since a CRC does not stop an on-path attacker anyway. The
 // trailer is an integrity and authentication check against blind
 // injection, not cryptography.
+//
+// A packet with p.Auth has a MAC instead (see MAC): the trailer is the
+// sender's packet counter, then an AES-GMAC tag over every byte before
+// it: headers, payload, pad and counter. It proves the sender knew the
+// receiver's key and that nothing was changed; the counter lets the
+// receiver refuse a replay.
 func Append(b []byte, p *Packet) []byte {
 	start := len(b)
 	op := p.Opcode
@@ -93,9 +113,12 @@ func Append(b []byte, p *Packet) []byte {
 		b1 |= 0x80
 	}
 	b1 |= byte(pad) << 4 // M = 0, TVer = 0
-	var r byte           // reserved in IBTA; rvma's shared-memory flag
+	var r byte           // reserved in IBTA; rvma's flags
 	if p.Placed {
 		r = placedBit
+	}
+	if p.Auth != nil {
+		r |= macBit
 	}
 	b = append(b, byte(op), b1, DefaultPKey>>8, DefaultPKey&0xFF, r,
 		byte(p.DestQP>>16), byte(p.DestQP>>8), byte(p.DestQP))
@@ -133,6 +156,9 @@ func Append(b []byte, p *Packet) []byte {
 	hdr := len(b) - start
 	b = append(b, p.Payload...)
 	b = append(b, zeros[:pad]...)
+	if p.Auth != nil {
+		return p.Auth.seal(b, start)
+	}
 	return binary.BigEndian.AppendUint32(b, trailer(p.Secret, b[start:start+hdr], len(p.Payload)))
 }
 
@@ -166,6 +192,10 @@ func Parse(b []byte, p *Packet) error {
 	if len(b) < BTHLen+ICRCLen {
 		return ErrShort
 	}
+	tl := ICRCLen
+	if b[4]&macBit != 0 {
+		tl = MACTrailerLen
+	}
 	op := Opcode(b[0])
 	if !op.Valid() {
 		return ErrOpcode
@@ -179,11 +209,11 @@ func Parse(b []byte, p *Packet) error {
 		return ErrPKey
 	}
 	hl := headerLen(op)
-	if len(b) < hl+ICRCLen {
+	if len(b) < hl+tl {
 		return ErrShort
 	}
 	pad := int(b[1]>>4) & 3
-	body := len(b) - hl - ICRCLen
+	body := len(b) - hl - tl
 	// Payload plus pad fills whole four-byte words (IBTA 9.2.1).
 	if pad > body || body&3 != 0 {
 		return ErrPad
@@ -232,6 +262,13 @@ func Parse(b []byte, p *Packet) error {
 	}
 	p.Payload = b[hl : hl+body-pad : hl+body-pad]
 	p.Raw = b[:hl]
+	if tl == MACTrailerLen {
+		p.Signed = b[:len(b)-TagLen]
+		p.Seq = binary.BigEndian.Uint64(b[len(b)-MACTrailerLen:])
+		p.HasMAC = true
+		return nil
+	}
+	p.Signed, p.Seq, p.HasMAC = nil, 0, false
 	p.ICRC = binary.BigEndian.Uint32(b[len(b)-ICRCLen:])
 	return nil
 }
@@ -241,6 +278,9 @@ func Parse(b []byte, p *Packet) error {
 // payload length and the secret give; an in-process packet carries the
 // secret itself.
 func (p *Packet) Verify(secret uint64) bool {
+	if p.HasMAC {
+		return false // a MAC is checked by VerifyMAC, with the key it needs
+	}
 	if p.Raw == nil {
 		return p.Secret == secret
 	}

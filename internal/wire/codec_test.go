@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"hash/crc32"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -133,6 +134,9 @@ func FuzzParse(f *testing.F) {
 			payload = []byte("payload")
 		}
 		f.Add(Append(nil, sample(op, payload)))
+		pm := sample(op, payload)
+		pm.Auth = NewMAC(fuzzKey)
+		f.Add(Append(nil, pm))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var p Packet
@@ -140,21 +144,31 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		// Whatever parses re-encodes to the same bytes, trailer aside
-		// (the secret is unknown), except the pad bytes, which Append zeroes.
+		// (the secret or key is unknown), except the pad bytes, which
+		// Append zeroes.
 		p.Secret = 0
+		m := NewMAC(fuzzKey)
+		if p.HasMAC {
+			p.Auth = m
+		}
 		again := Append(nil, &p)
 		require.Len(t, again, len(b))
-		n := len(b) - ICRCLen - padLen(len(p.Payload))
-		// Reserved bits (BTH M bit, byte 4 but the placed flag, byte 8
-		// below AckReq) are ignored by receivers and sent as zero.
+		n := len(b) - p.trailerLen() - padLen(len(p.Payload))
+		// Reserved bits (BTH M bit, byte 4 but the flags, byte 8 below
+		// AckReq) are ignored by receivers and sent as zero.
 		want := bytes.Clone(b[:n])
 		want[1] &^= 0x40
-		want[4] &= placedBit
+		want[4] &= placedBit | macBit
 		want[8] &= 0x80
 		require.Equal(t, want, again[:n])
 		var q Packet
 		require.NoError(t, Parse(again, &q))
-		require.True(t, q.Verify(0))
+		if p.HasMAC {
+			require.True(t, q.VerifyMAC(m))
+			require.False(t, q.Verify(0), "a MAC packet never passes the checksum")
+		} else {
+			require.True(t, q.Verify(0))
+		}
 	})
 }
 
@@ -218,5 +232,88 @@ func TestTrailerCoverage(t *testing.T) {
 			require.NoError(t, Parse(c.mut(bytes.Clone(b)), &q))
 			require.False(t, q.Verify(p.Secret))
 		})
+	}
+}
+
+var fuzzKey = [16]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+
+// A MAC covers every byte before the tag: changing any one, or the key,
+// fails it; so does a packet under the checksum or with its counter
+// swapped.
+func TestMAC(t *testing.T) {
+	m := NewMAC(fuzzKey)
+	for _, op := range allOpcodes() {
+		var payload []byte
+		if op.HasPayload() {
+			payload = []byte("a payload of some length")
+		}
+		p := sample(op, payload)
+		p.Auth = m
+		b := Append(nil, p)
+		require.Len(t, b, p.EncodedLen())
+		var q Packet
+		require.NoError(t, Parse(b, &q), op)
+		require.True(t, q.HasMAC)
+		require.True(t, q.VerifyMAC(m), op)
+		require.Equal(t, string(payload), string(q.Payload))
+		require.False(t, q.VerifyMAC(NewMAC([16]byte{})), "another key")
+		for i := range b {
+			if i == 4 {
+				continue // the flags byte: flipping it changes the format
+			}
+			c := bytes.Clone(b)
+			c[i] ^= 0x20
+			var r Packet
+			if Parse(c, &r) != nil {
+				continue
+			}
+			require.False(t, r.VerifyMAC(m), "%v: byte %d changed and still verified", op, i)
+		}
+	}
+	// Counters only grow, so two packets never share a nonce.
+	p := sample(SendOnly, []byte("x"))
+	p.Auth = m
+	var a, b Packet
+	require.NoError(t, Parse(Append(nil, p), &a))
+	require.NoError(t, Parse(Append(nil, p), &b))
+	require.Less(t, a.Seq, b.Seq)
+}
+
+func TestReplayWindow(t *testing.T) {
+	var w ReplayWindow
+	require.False(t, w.Accept(0))
+	require.True(t, w.Accept(1))
+	require.False(t, w.Accept(1), "replay")
+	require.True(t, w.Accept(3))
+	require.True(t, w.Accept(2), "late but new")
+	require.False(t, w.Accept(2))
+	require.True(t, w.Accept(5000))
+	require.False(t, w.Accept(3), "older than the window")
+	require.True(t, w.Accept(5000-ReplayWindowSize+100), "inside the window")
+	require.False(t, w.Accept(5000-ReplayWindowSize+100))
+	// A jump far ahead forgets everything behind it.
+	require.True(t, w.Accept(1_000_000))
+	require.True(t, w.Accept(1_000_000-64))
+	require.False(t, w.Accept(5000))
+	// Exhaustive against a set, with random reordering.
+	var v ReplayWindow
+	seen := map[uint64]bool{}
+	rng := rand.New(rand.NewPCG(1, 2))
+	top := uint64(0)
+	for range 100000 {
+		s := top + uint64(rng.IntN(64)) - uint64(min(top, uint64(rng.IntN(3000))))
+		if s == 0 {
+			continue
+		}
+		got := v.Accept(s)
+		if seen[s] {
+			require.False(t, got, "counter %d accepted twice", s)
+		} else if top < ReplayWindowSize-64 || s > top-(ReplayWindowSize-64) {
+			require.True(t, got, "new counter %d refused (top %d)", s, top)
+		}
+		if got {
+			seen[s] = true
+			top = max(top, s)
+		}
 	}
 }

@@ -81,6 +81,15 @@ type Packet struct {
 	Raw  []byte
 	ICRC uint32
 
+	// Auth, on a packet to send, is the receiver's MAC key: Append then
+	// writes a MAC trailer instead of the checksum. Parse sets HasMAC for
+	// such a packet, Seq to the sender's counter and Signed to the bytes
+	// the tag covers, checked by VerifyMAC.
+	Auth   *MAC
+	HasMAC bool
+	Seq    uint64
+	Signed []byte
+
 	bounce []byte // owned buffer Payload may point into
 }
 

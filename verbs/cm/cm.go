@@ -138,7 +138,7 @@ func dialer(c net.Conn, qp *verbs.QP, cfg *Config) (*Result, error) {
 	var b []byte
 	if key != nil {
 		rand.Read(req.nonce[:])
-		req.ep.Secret ^= secretMask(key, msgREQ, &req.nonce, nil)
+		mask(&req.ep, key, msgREQ, &req.nonce, nil)
 		b = seal(key, labelREQ, req)
 	} else {
 		b = appendMessage(nil, req)
@@ -162,7 +162,7 @@ func dialer(c net.Conn, qp *verbs.QP, cfg *Config) (*Result, error) {
 	case key != nil && !verify(key, labelREP, rep, req.raw):
 		return nil, fmt.Errorf("%w: the reply's MAC", ErrAuth)
 	case key != nil:
-		rep.ep.Secret ^= secretMask(key, msgREP, &req.nonce, &rep.nonce)
+		mask(&rep.ep, key, msgREP, &req.nonce, &rep.nonce)
 	case rep.auth():
 		return nil, fmt.Errorf("%w: the listener authenticates its replies, and no key was given", ErrAuth)
 	}
@@ -386,7 +386,7 @@ func (l *Listener) handshake(c net.Conn) {
 			reject(ErrAuth.Error() + ": a replayed request")
 			return
 		}
-		m.ep.Secret ^= secretMask(key, msgREQ, &m.nonce, nil)
+		mask(&m.ep, key, msgREQ, &m.nonce, nil)
 	}
 	// Read and authentic: no longer a candidate for dropping.
 	l.release(c)
@@ -493,7 +493,7 @@ func (r *Request) Accept(ctx context.Context, qp *verbs.QP, cfg *Config) error {
 	var b []byte
 	if r.key != nil {
 		rand.Read(rep.nonce[:])
-		rep.ep.Secret ^= secretMask(r.key, msgREP, &r.req.nonce, &rep.nonce)
+		mask(&rep.ep, r.key, msgREP, &r.req.nonce, &rep.nonce)
 		b = seal(r.key, labelREP, rep, r.req.raw)
 	} else {
 		b = appendMessage(nil, rep)

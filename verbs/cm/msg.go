@@ -29,7 +29,7 @@ const (
 	headerLen    = 4 + 1 + 1 + 2              // magic, version, type, body length
 	nonceLen     = 16                         // REQ and REP: fresh per handshake
 	macLen       = sha256.Size                // HMAC-SHA256
-	endpointLen  = 16 + 2 + 4 + 4 + 4 + 8 + 1 // addr, port, QPN, PSN, MTU, secret, QP type
+	endpointLen  = 16 + 2 + 4 + 4 + 4 + 8 + 16 + 1 // addr, port, QPN, PSN, MTU, secret, MAC key, QP type
 	maxPrivate   = 1024                       // private data bytes
 	maxBody      = 1 + nonceLen + endpointLen + 2 + maxPrivate + macLen
 	maxRejectLen = 256
@@ -72,6 +72,7 @@ func appendMessage(b []byte, m *message) []byte {
 		b = binary.BigEndian.AppendUint32(b, m.ep.PSN)
 		b = binary.BigEndian.AppendUint32(b, uint32(m.ep.MTU))
 		b = binary.BigEndian.AppendUint64(b, m.ep.Secret)
+		b = append(b, m.ep.MACKey[:]...)
 		b = append(b, byte(m.qpType))
 		b = binary.BigEndian.AppendUint16(b, uint16(len(m.private)))
 		b = append(b, m.private...)
@@ -138,9 +139,10 @@ func parseBody(typ byte, body []byte) (*message, error) {
 			PSN:    binary.BigEndian.Uint32(e[22:]),
 			MTU:    int(binary.BigEndian.Uint32(e[26:])),
 			Secret: binary.BigEndian.Uint64(e[30:]),
+			MACKey: [16]byte(e[38:54]),
 		}
-		m.qpType = verbs.QPType(e[38])
-		n := int(binary.BigEndian.Uint16(e[39:]))
+		m.qpType = verbs.QPType(e[54])
+		n := int(binary.BigEndian.Uint16(e[55:]))
 		tail := 0
 		if m.auth() {
 			tail = macLen
@@ -149,7 +151,7 @@ func parseBody(typ byte, body []byte) (*message, error) {
 			return nil, fmt.Errorf("%w: private data length %d in a body of %d", ErrMalformed, n, len(body))
 		}
 		if m.qpType != verbs.RC && m.qpType != verbs.UC {
-			return nil, fmt.Errorf("%w: QP type %d", ErrMalformed, e[38])
+			return nil, fmt.Errorf("%w: QP type %d", ErrMalformed, e[54])
 		}
 		if m.ep.QPN == 0 || m.ep.QPN >= 1<<24 || m.ep.MTU < 256 || m.ep.MTU > 1<<24 || m.ep.PSN >= 1<<24 {
 			return nil, fmt.Errorf("%w: endpoint %+v", ErrMalformed, m.ep)
@@ -234,13 +236,20 @@ func mac(key []byte, label string, parts ...[]byte) []byte {
 	return h.Sum(nil)
 }
 
-// secretMask is what a REQ's (only its nonce) or a REP's (both nonces)
-// secret is XORed with.
-func secretMask(key []byte, typ byte, req, rep *[nonceLen]byte) uint64 {
+// mask XORs a REQ's (keyed by its nonce only) or a REP's (both nonces)
+// secret and MAC key with a pad drawn from the job's key, so that they
+// travel hidden; applied twice it unmasks.
+func mask(ep *verbs.Endpoint, key []byte, typ byte, req, rep *[nonceLen]byte) {
+	var pad []byte
 	if typ == msgREQ {
-		return binary.BigEndian.Uint64(mac(key, labelSecretREQ, req[:]))
+		pad = mac(key, labelSecretREQ, req[:])
+	} else {
+		pad = mac(key, labelSecretREP, req[:], rep[:])
 	}
-	return binary.BigEndian.Uint64(mac(key, labelSecretREP, req[:], rep[:]))
+	ep.Secret ^= binary.BigEndian.Uint64(pad)
+	for i := range ep.MACKey {
+		ep.MACKey[i] ^= pad[8+i]
+	}
 }
 
 // seal encodes m with its MAC over prior (the handshake's earlier
