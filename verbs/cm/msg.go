@@ -26,11 +26,11 @@ const flagAuth byte = 1
 const (
 	magic        = "RVCM"
 	version      = 2
-	headerLen    = 4 + 1 + 1 + 2              // magic, version, type, body length
-	nonceLen     = 16                         // REQ and REP: fresh per handshake
-	macLen       = sha256.Size                // HMAC-SHA256
+	headerLen    = 4 + 1 + 1 + 2                   // magic, version, type, body length
+	nonceLen     = 16                              // REQ and REP: fresh per handshake
+	macLen       = sha256.Size                     // HMAC-SHA256
 	endpointLen  = 16 + 2 + 4 + 4 + 4 + 8 + 16 + 1 // addr, port, QPN, PSN, MTU, secret, MAC key, QP type
-	maxPrivate   = 1024                       // private data bytes
+	maxPrivate   = 1024                            // private data bytes
 	maxBody      = 1 + nonceLen + endpointLen + 2 + maxPrivate + macLen
 	maxRejectLen = 256
 )
