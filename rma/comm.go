@@ -91,6 +91,11 @@ type Config struct {
 	// operation of this communicator has failed (a failed rank may never
 	// come). Default 2s.
 	CloseTimeout time.Duration
+	// NoMAC turns off the MAC on UDP packets (verbs.DeviceConfig.NoMAC)
+	// for fabrics where nobody outside the job can capture or send
+	// packets; it saves a pass over every byte at each end. Default false.
+	// Every rank of a job must agree.
+	NoMAC bool
 	// Connect holds the QP attributes of every connection: among them the
 	// RC retransmission timeout's floor (Timeout, default 20ms, or
 	// RVMA_RC_TIMEOUT; rvmarun --rc-timeout), its cap (MaxTimeout, 2s) and
@@ -339,11 +344,11 @@ func Init(ctx context.Context, cfg *Config) (*Comm, error) {
 	if err != nil {
 		return nil, err
 	}
-	dev, err := verbs.Open(ctx, conf.deviceURI(""), &verbs.DeviceConfig{Logger: conf.Logger})
+	dev, err := verbs.Open(ctx, conf.deviceURI(""), &verbs.DeviceConfig{Logger: conf.Logger, NoMAC: conf.NoMAC})
 	if err != nil && conf.Provider == "auto" {
 		conf.Logger.Debug("rma: no shared memory; every peer over UDP", "err", err)
 		conf.Provider = "udp"
-		dev, err = verbs.Open(ctx, conf.deviceURI(""), &verbs.DeviceConfig{Logger: conf.Logger})
+		dev, err = verbs.Open(ctx, conf.deviceURI(""), &verbs.DeviceConfig{Logger: conf.Logger, NoMAC: conf.NoMAC})
 	}
 	if err != nil {
 		b.store.Close()
@@ -533,7 +538,7 @@ func NewWorld(ctx context.Context, size int, cfg *Config) ([]*Comm, error) {
 				dev = conf.Devices[r]
 			} else {
 				var err error
-				if dev, err = verbs.Open(ctx, conf.deviceURI(fabric), &verbs.DeviceConfig{Logger: conf.Logger}); err != nil {
+				if dev, err = verbs.Open(ctx, conf.deviceURI(fabric), &verbs.DeviceConfig{Logger: conf.Logger, NoMAC: conf.NoMAC}); err != nil {
 					errs[r] = err
 					return
 				}

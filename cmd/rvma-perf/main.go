@@ -104,6 +104,7 @@ type options struct {
 	loss      string
 	delay     time.Duration
 	longhaul  bool
+	noMAC     bool
 }
 
 var tests = []string{"write_bw", "write_lat", "write_ack_lat", "read_bw", "read_lat", "send_bw", "send_lat", "atomic_lat",
@@ -210,6 +211,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.depth, "depth", 128, "outstanding requests per QP in bandwidth tests")
 	fs.IntVar(&o.mtu, "mtu", 0, "cap on the path MTU (default: the provider's)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per result")
+	fs.BoolVar(&o.noMAC, "no-mac", false, "udp: packets carry the keyed checksum instead of a MAC (verbs.DeviceConfig.NoMAC), for trusted fabrics")
 	fs.BoolVar(&o.bind, "bind", false, "shm tests: pin this process to CPU 0 and the process it starts to CPU 1 (MPI's -bind-to core)")
 	fs.StringVar(&o.server, "server", "", "run only the server side, listening on this TCP address")
 	fs.StringVar(&o.connect, "connect", "", "run only the client side, connecting to this TCP address")

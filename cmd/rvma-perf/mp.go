@@ -39,7 +39,7 @@ type mpSide struct {
 }
 
 func openMP(ctx context.Context, uri string, size int) (*mpSide, error) {
-	e, err := openEndpoint(ctx, uri)
+	e, err := openEndpoint(ctx, uri, false) // testbed links: the MAC as by default
 	if err != nil {
 		return nil, err
 	}

@@ -86,8 +86,9 @@ func putsPerBuffer(s setup) int {
 	return max(1, (putBufBytes)/max(s.Size, 1))
 }
 
-func openEndpoint(ctx context.Context, uri string) (*endpoint, error) {
-	dev, err := verbs.Open(ctx, uri, nil)
+// openEndpoint opens a device (noMAC: --no-mac) and a PD.
+func openEndpoint(ctx context.Context, uri string, noMAC bool) (*endpoint, error) {
+	dev, err := verbs.Open(ctx, uri, &verbs.DeviceConfig{NoMAC: noMAC})
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +189,7 @@ func client(ctx context.Context, o *options) (*Result, error) {
 		serverErr = make(chan error, 1)
 		go func() { serverErr <- serveOn(ctx, o, ln, io.Discard) }()
 	}
-	ep, err := openEndpoint(ctx, o.device)
+	ep, err := openEndpoint(ctx, o.device, o.noMAC)
 	if err != nil {
 		return nil, err
 	}
@@ -266,7 +267,7 @@ func serve(ctx context.Context, o *options, log io.Writer) error {
 // serveOn accepts one run's connections and plays the passive side.
 func serveOn(ctx context.Context, o *options, ln *cm.Listener, log io.Writer) error {
 	defer ln.Close()
-	ep, err := openEndpoint(ctx, o.device)
+	ep, err := openEndpoint(ctx, o.device, o.noMAC)
 	if err != nil {
 		return err
 	}
