@@ -22,6 +22,10 @@ import (
 // it to come back and resume.
 var errSenderGone = errors.New("the sender is gone")
 
+// errSetup marks a session whose connection setup failed: nothing of its
+// sender's arrived.
+var errSetup = errors.New("its connection setup failed")
+
 // errNoSender is the end of that wait.
 var errNoSender = errors.New("no sender came back")
 
@@ -65,7 +69,10 @@ func receive(ctx context.Context, o *recvOpts, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if r.ln, err = cm.Listen(ctx, o.listen, nil); err != nil {
+	if o.key == nil {
+		fmt.Fprintf(stderr, "haul: warning: no --key-file: any sender that reaches %s is accepted, and its file becomes %s\n", o.listen, o.out)
+	}
+	if r.ln, err = cm.Listen(ctx, o.listen, &cm.ListenerConfig{Key: o.key}); err != nil {
 		if resume != nil {
 			resume.close()
 		}
@@ -75,22 +82,40 @@ func receive(ctx context.Context, o *recvOpts, stdout, stderr io.Writer) error {
 	go r.acceptLoop(ctx)
 	defer r.stop()
 	fmt.Fprintf(stderr, "haul: listening on %v\n", r.ln.Addr())
-	req, err := r.next(ctx, -1)
-	if err != nil {
-		if resume != nil {
-			resume.close()
+	for {
+		req, err := r.next(ctx, -1)
+		if err != nil {
+			if resume != nil {
+				resume.close()
+			}
+			return err
 		}
+		// A request this receiver cannot serve is refused, and the next
+		// one awaited: the first that can be served claims the output.
+		if _, err := parseOffer(req.PrivateData()); err != nil {
+			req.Reject(err.Error())
+			r.log.Warn("refused a sender", "from", req.Remote().GID, "err", err)
+			continue
+		}
+		out, err := r.start(req, resume)
+		if err != nil {
+			return err
+		}
+		if o.stateHook != nil && !out.hooked {
+			out.st.writeAt = o.stateHook(out.st.writeAt)
+			out.hooked = true
+		}
+		again, err := r.serve(ctx, req, out)
+		if again {
+			// Nothing came from that sender: its claim lapses, and the
+			// output waits for the next (resuming if it is the same).
+			r.log.Warn("a sender's connection setup failed; waiting for a sender", "err", err)
+			resume = out
+			continue
+		}
+		out.close() // after every session: each closes its device first
 		return err
 	}
-	out, err := r.start(req, resume)
-	if err != nil {
-		return err
-	}
-	defer out.close() // after every session: each closes its device first
-	if o.stateHook != nil {
-		out.st.writeAt = o.stateHook(out.st.writeAt)
-	}
-	return r.serve(ctx, req, out)
 }
 
 // acceptLoop hands the listener's requests to the sessions, so that one
@@ -207,24 +232,28 @@ func (r *receiver) start(req *cm.Request, resume *output) (*output, error) {
 // serve runs sessions until the file is complete: after a sender is gone
 // it waits --wait for one to resume, and a sender of the same transfer
 // that connects during a session takes it over (the old one was
-// restarted).
-func (r *receiver) serve(ctx context.Context, req *cm.Request, out *output) error {
-	for {
+// restarted). If the first session's setup fails, it returns at once with
+// again set: any sender may claim the output then.
+func (r *receiver) serve(ctx context.Context, req *cm.Request, out *output) (again bool, _ error) {
+	for first := true; ; first = false {
 		next, err := r.session(ctx, req, out)
+		if first && errors.Is(err, errSetup) {
+			return true, err
+		}
 		switch {
 		case next != nil:
 			fmt.Fprintf(r.stderr, "haul: a sender connected again; resuming with it\n")
 			req = next
 			continue
 		case err == nil:
-			return nil
+			return false, nil
 		case !errors.Is(err, errSenderGone):
-			return fmt.Errorf("%w; %s", err, out.kept())
+			return false, fmt.Errorf("%w; %s", err, out.kept())
 		}
 		r.log.Warn("waiting for the sender to resume", "err", err, "wait", r.o.wait)
 		gone := err
 		if req, err = r.resumer(ctx, out); err != nil {
-			return fmt.Errorf("%w, and %w; %s", gone, err, out.kept())
+			return false, fmt.Errorf("%w, and %w; %s", gone, err, out.kept())
 		}
 	}
 }
@@ -330,7 +359,7 @@ func (r *receiver) senderErr(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return err
 	}
-	return fmt.Errorf("%w: %w", errSenderGone, err)
+	return fmt.Errorf("%w: %w: %w", errSenderGone, errSetup, err)
 }
 
 // watch hands over to a sender of the same transfer that connects while

@@ -96,17 +96,10 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 			pd = mustJSON(off)
 		}
 		dctx, cancel := context.WithTimeout(ctx, o.peerT)
-		res, err := cm.Dial(dctx, o.to, e.qps[i], &cm.Config{PrivateData: pd, Via: via})
+		res, err := cm.Dial(dctx, o.to, e.qps[i], &cm.Config{PrivateData: pd, Via: via, Key: o.key})
 		cancel()
 		if err != nil {
-			var rej *cm.RejectError
-			switch {
-			case errors.As(err, &rej):
-				return fmt.Errorf("the receiver at %s refused: %s", o.to, rej.Reason)
-			case i > 0:
-				return fmt.Errorf("peer %s: path %d: %w", o.to, i, err)
-			}
-			return fmt.Errorf("peer %s unreachable: %w", o.to, err)
+			return o.dialErr(i, err)
 		}
 		if i == 0 {
 			if err := json.Unmarshal(res.PrivateData, &ans); err != nil {
@@ -237,6 +230,29 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 		return errors.New(rep.verdictErr)
 	}
 	return nil
+}
+
+// dialErr explains a failed connection setup, the key's part in it first.
+func (o *sendOpts) dialErr(path int, err error) error {
+	var rej *cm.RejectError
+	switch {
+	case errors.As(err, &rej):
+		hint := ""
+		switch r := rej.Reason; {
+		case strings.Contains(r, "no MAC"):
+			hint = " (it requires a key: give this end its --key-file)"
+		case strings.Contains(r, "listener has no key"):
+			hint = " (it was started without --key-file)"
+		case strings.Contains(r, cm.ErrAuth.Error()):
+			hint = " (the keys differ: give both ends the same --key-file)"
+		}
+		return fmt.Errorf("the receiver at %s refused: %s%s", o.to, rej.Reason, hint)
+	case errors.Is(err, cm.ErrAuth):
+		return fmt.Errorf("the receiver at %s could not prove that it holds the key; nothing was sent: %w", o.to, err)
+	case path > 0:
+		return fmt.Errorf("peer %s: path %d: %w", o.to, path, err)
+	}
+	return fmt.Errorf("peer %s unreachable: %w", o.to, err)
 }
 
 // summarise fills the report's figures from the sends and the model.

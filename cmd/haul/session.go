@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rvma/rvma/internal/launch"
 	"github.com/rvma/rvma/internal/units"
 	"github.com/rvma/rvma/reliability"
 	"github.com/rvma/rvma/verbs"
@@ -26,6 +27,8 @@ type common struct {
 	rates   []float64 // bytes/s per path (the sender's; one value for all)
 	rate    float64   // bytes/s, all paths together
 	peerT   time.Duration
+	keyFile string
+	key     []byte // authenticates the CM's handshakes; nil: none
 }
 
 type recvOpts struct {
@@ -56,12 +59,20 @@ func commonFlags(fs *flag.FlagSet, c *common) (chunk, rate, via *string) {
 	rate = fs.String("rate", "", "injection rate per path, as tc spells it (500mbit), or one per path, comma-separated; set it to the path's rate (default 1gbit)")
 	fs.IntVar(&c.slots, "slots", 8, "messages in flight (a power of two, 1..64)")
 	fs.DurationVar(&c.peerT, "peer-timeout", 10*time.Second, "give up when the peer is silent this long")
+	fs.StringVar(&c.keyFile, "key-file", "", "the pre-shared key, made by haul keygen (the file must be readable by its owner only): both ends authenticate the connection setup with it, and refuse a peer without it")
 	return chunk, rate, via
 }
 
 // finish parses the common flags for paths paths (the receiver learns
 // its count from the sender: 0 skips the per-path checks).
 func (c *common) finish(chunk, rate, via string, paths int) error {
+	if c.keyFile != "" {
+		k, err := launch.ReadKeyFile(c.keyFile)
+		if err != nil {
+			return fmt.Errorf("--key-file: %w", err)
+		}
+		c.key = k
+	}
 	if chunk != "" {
 		n, err := units.ParseSize(chunk)
 		if err != nil {
