@@ -103,6 +103,8 @@ func TestKeyedReceiverRefusesOutsiders(t *testing.T) {
 	require.ErrorContains(t, err, "it requires a key")
 	err = f.sender(ctx, "--key-file", other).wait(t)
 	require.ErrorContains(t, err, "the keys differ")
+	err = f.sender(ctx, "--key-file", other, "--encrypt").wait(t)
+	require.ErrorContains(t, err, "the keys differ")
 	_, err = os.Stat(partPath(f.out))
 	require.ErrorIs(t, err, os.ErrNotExist, "no refused sender got as far as the output")
 
@@ -126,6 +128,7 @@ func TestKeyedReceiverRefusesOutsiders(t *testing.T) {
 
 	rep := f.requireDone(t, f.sender(ctx, "--key-file", key), r)
 	require.Zero(t, rep.Resumed)
+	require.False(t, rep.Encrypted)
 	require.NotContains(t, r.stderr.String(), "any sender")
 	require.Contains(t, r.stderr.String(), "malformed offer")
 	require.Contains(t, r.stderr.String(), "connection setup failed")
@@ -171,8 +174,12 @@ func TestKeygen(t *testing.T) {
 	require.Equal(t, k, k2)
 	require.Error(t, run(context.Background(), []string{"keygen"}, io.Discard, io.Discard))
 
-	// A key others can read is refused.
+	// A key others can read is refused, and --encrypt needs a key.
 	require.NoError(t, os.Chmod(p, 0o644))
 	_, err = parseSend([]string{"--to", "127.0.0.1:1", "--key-file", p, "x"}, io.Discard)
 	require.ErrorContains(t, err, "readable by its owner only")
+	_, err = parseSend([]string{"--to", "127.0.0.1:1", "--encrypt", "x"}, io.Discard)
+	require.ErrorContains(t, err, "--encrypt needs --key-file")
+	_, err = parseRecv([]string{"--listen", "127.0.0.1:1", "--out", "x", "--encrypt"}, io.Discard)
+	require.ErrorContains(t, err, "--encrypt needs --key-file")
 }

@@ -5,8 +5,8 @@
 // and an interrupted transfer resumed from what the receiver kept.
 //
 //	haul keygen FILE
-//	haul recv --listen ADDR --out PATH [--key-file FILE] [--via RELAY] [--wait D]
-//	haul send --to ADDR [--key-file FILE] [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] PATH
+//	haul recv --listen ADDR --out PATH [--key-file FILE [--encrypt]] [--via RELAY] [--wait D]
+//	haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] PATH
 //
 // ADDR is host:port; the connection setup uses TCP on it and the data
 // path UDP on the same port. --via sends the data path through a relay
@@ -16,7 +16,9 @@
 // --key-file, both ends authenticate the connection setup with it: a
 // receiver accepts no sender without the key, and a sender trusts no
 // receiver that cannot prove it holds it. Without a key, the receiver
-// accepts any sender that reaches it.
+// accepts any sender that reaches it. send --encrypt (which needs the
+// key) also encrypts the payload with AES-256-GCM; recv --encrypt accepts
+// only such senders.
 //
 // The receiver writes PATH.haul.part and renames it to PATH only once its
 // SHA-256 matches; PATH.haul beside it records the regions in place (each
@@ -51,8 +53,8 @@ func main() {
 
 const usage = `usage:
   haul keygen FILE
-  haul recv --listen ADDR --out PATH [--key-file FILE] [--via RELAY] [--wait D] [--json]
-  haul send --to ADDR [--key-file FILE] [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--json] PATH`
+  haul recv --listen ADDR --out PATH [--key-file FILE [--encrypt]] [--via RELAY] [--wait D] [--json]
+  haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--json] PATH`
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
