@@ -4,12 +4,21 @@
 // Reed-Solomon coding as the model chooses, SHA-256 verified end to end,
 // and an interrupted transfer resumed from what the receiver kept.
 //
-//	haul recv --listen ADDR --out PATH [--via RELAY] [--wait D]
-//	haul send --to ADDR [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] PATH
+//	haul keygen FILE
+//	haul recv --listen ADDR --out PATH [--key-file FILE [--encrypt]] [--via RELAY] [--wait D]
+//	haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] PATH
 //
 // ADDR is host:port; the connection setup uses TCP on it and the data
 // path UDP on the same port. --via sends the data path through a relay
 // such as linkem (each side names the relay address that faces it).
+//
+// keygen writes a new pre-shared key to FILE (mode 0600). Given the same
+// --key-file, both ends authenticate the connection setup with it: a
+// receiver accepts no sender without the key, and a sender trusts no
+// receiver that cannot prove it holds it. Without a key, the receiver
+// accepts any sender that reaches it. send --encrypt (which needs the
+// key) also encrypts the payload with AES-256-GCM; recv --encrypt accepts
+// only such senders.
 //
 // The receiver writes PATH.haul.part and renames it to PATH only once its
 // SHA-256 matches; PATH.haul beside it records the regions in place (each
@@ -27,6 +36,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/rvma/rvma/internal/launch"
 )
 
 func main() {
@@ -41,8 +52,9 @@ func main() {
 }
 
 const usage = `usage:
-  haul recv --listen ADDR --out PATH [--via RELAY] [--wait D] [--json]
-  haul send --to ADDR [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--json] PATH`
+  haul keygen FILE
+  haul recv --listen ADDR --out PATH [--key-file FILE [--encrypt]] [--via RELAY] [--wait D] [--json]
+  haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--json] PATH`
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
@@ -62,10 +74,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		return send(ctx, o, stdout, stderr)
+	case "keygen":
+		return keygen(args[1:], stdout)
 	case "-h", "--help", "help":
 		fmt.Fprintln(stdout, usage)
 		return nil
 	}
 	fmt.Fprintln(stderr, usage)
 	return fmt.Errorf("unknown command %q", args[0])
+}
+
+// keygen writes a new key file; it never overwrites one, which would lock
+// out the other end holding the old key.
+func keygen(args []string, stdout io.Writer) error {
+	if len(args) != 1 || len(args[0]) == 0 || args[0][0] == '-' {
+		return errors.New("keygen needs one FILE to write the new key to")
+	}
+	if err := launch.WriteKeyFile(args[0]); err != nil {
+		return fmt.Errorf("keygen: %w (an existing key file is never overwritten)", err)
+	}
+	fmt.Fprintf(stdout, "haul: wrote a new key to %s (readable by you only); give both ends a copy as --key-file\n", args[0])
+	return nil
 }

@@ -24,6 +24,8 @@ type output struct {
 	mm   []byte
 	st   *stateFile
 	log  *slog.Logger
+	// hooked: a test's state file hook wraps st's writes already.
+	hooked bool
 }
 
 // checkOut checks --out before anything waits for a sender: its directory

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -10,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -21,6 +23,10 @@ import (
 // silent, or its connection setup failed): the receiver waits --wait for
 // it to come back and resume.
 var errSenderGone = errors.New("the sender is gone")
+
+// errSetup marks a session whose connection setup failed: nothing of its
+// sender's arrived.
+var errSetup = errors.New("its connection setup failed")
 
 // errNoSender is the end of that wait.
 var errNoSender = errors.New("no sender came back")
@@ -65,7 +71,10 @@ func receive(ctx context.Context, o *recvOpts, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if r.ln, err = cm.Listen(ctx, o.listen, nil); err != nil {
+	if o.key == nil {
+		fmt.Fprintf(stderr, "haul: warning: no --key-file: any sender that reaches %s is accepted, and its file becomes %s\n", o.listen, o.out)
+	}
+	if r.ln, err = cm.Listen(ctx, o.listen, &cm.ListenerConfig{Key: o.key}); err != nil {
 		if resume != nil {
 			resume.close()
 		}
@@ -75,22 +84,40 @@ func receive(ctx context.Context, o *recvOpts, stdout, stderr io.Writer) error {
 	go r.acceptLoop(ctx)
 	defer r.stop()
 	fmt.Fprintf(stderr, "haul: listening on %v\n", r.ln.Addr())
-	req, err := r.next(ctx, -1)
-	if err != nil {
-		if resume != nil {
-			resume.close()
+	for {
+		req, err := r.next(ctx, -1)
+		if err != nil {
+			if resume != nil {
+				resume.close()
+			}
+			return err
 		}
+		// A request this receiver cannot serve is refused, and the next
+		// one awaited: the first that can be served claims the output.
+		if _, err := r.checkOffer(req); err != nil {
+			req.Reject(err.Error())
+			r.log.Warn("refused a sender", "from", req.Remote().GID, "err", err)
+			continue
+		}
+		out, err := r.start(req, resume)
+		if err != nil {
+			return err
+		}
+		if o.stateHook != nil && !out.hooked {
+			out.st.writeAt = o.stateHook(out.st.writeAt)
+			out.hooked = true
+		}
+		again, err := r.serve(ctx, req, out)
+		if again {
+			// Nothing came from that sender: its claim lapses, and the
+			// output waits for the next (resuming if it is the same).
+			r.log.Warn("a sender's connection setup failed; waiting for a sender", "err", err)
+			resume = out
+			continue
+		}
+		out.close() // after every session: each closes its device first
 		return err
 	}
-	out, err := r.start(req, resume)
-	if err != nil {
-		return err
-	}
-	defer out.close() // after every session: each closes its device first
-	if o.stateHook != nil {
-		out.st.writeAt = o.stateHook(out.st.writeAt)
-	}
-	return r.serve(ctx, req, out)
 }
 
 // acceptLoop hands the listener's requests to the sessions, so that one
@@ -158,14 +185,33 @@ func parseOffer(b []byte) (*offer, error) {
 		return nil, fmt.Errorf("bad offer: %d paths, at most 16", off.Paths)
 	case off.K < 1 || off.K > 128 || off.M < 0 || off.M > 128 || off.K+max(off.M, 8) > 256:
 		return nil, fmt.Errorf("bad offer: k %d, m %d", off.K, off.M)
+	case off.Nonce != nil && len(off.Nonce) != sessionNonce:
+		return nil, fmt.Errorf("bad offer: a nonce of %d bytes", len(off.Nonce))
 	}
 	return &off, nil
+}
+
+// checkOffer decodes a sender's offer and checks it against this
+// receiver's terms.
+func (r *receiver) checkOffer(req *cm.Request) (*offer, error) {
+	off, err := parseOffer(req.PrivateData())
+	switch {
+	case err != nil:
+		return nil, err
+	case off.Nonce != nil && r.o.key == nil:
+		// Unreachable through the CM (a keyed dialer is refused by a
+		// listener without a key), but the payload key needs one.
+		return nil, errors.New("encryption needs a key, and this receiver has none")
+	case off.Nonce == nil && r.o.encrypt:
+		return nil, errors.New("this receiver accepts encrypted payloads only (send --encrypt)")
+	}
+	return off, nil
 }
 
 // start takes the first sender's offer and opens the output for it:
 // what an earlier run left if it is the same transfer, else a new one.
 func (r *receiver) start(req *cm.Request, resume *output) (*output, error) {
-	off, err := parseOffer(req.PrivateData())
+	off, err := r.checkOffer(req)
 	if err != nil {
 		req.Reject(err.Error())
 		if resume != nil {
@@ -207,24 +253,28 @@ func (r *receiver) start(req *cm.Request, resume *output) (*output, error) {
 // serve runs sessions until the file is complete: after a sender is gone
 // it waits --wait for one to resume, and a sender of the same transfer
 // that connects during a session takes it over (the old one was
-// restarted).
-func (r *receiver) serve(ctx context.Context, req *cm.Request, out *output) error {
-	for {
+// restarted). If the first session's setup fails, it returns at once with
+// again set: any sender may claim the output then.
+func (r *receiver) serve(ctx context.Context, req *cm.Request, out *output) (again bool, _ error) {
+	for first := true; ; first = false {
 		next, err := r.session(ctx, req, out)
+		if first && errors.Is(err, errSetup) {
+			return true, err
+		}
 		switch {
 		case next != nil:
 			fmt.Fprintf(r.stderr, "haul: a sender connected again; resuming with it\n")
 			req = next
 			continue
 		case err == nil:
-			return nil
+			return false, nil
 		case !errors.Is(err, errSenderGone):
-			return fmt.Errorf("%w; %s", err, out.kept())
+			return false, fmt.Errorf("%w; %s", err, out.kept())
 		}
 		r.log.Warn("waiting for the sender to resume", "err", err, "wait", r.o.wait)
 		gone := err
 		if req, err = r.resumer(ctx, out); err != nil {
-			return fmt.Errorf("%w, and %w; %s", gone, err, out.kept())
+			return false, fmt.Errorf("%w, and %w; %s", gone, err, out.kept())
 		}
 	}
 }
@@ -251,7 +301,7 @@ func (r *receiver) resumer(ctx context.Context, out *output) (*cm.Request, error
 
 // sameTransfer says why req is not a sender of out's transfer ("" if it is).
 func (r *receiver) sameTransfer(req *cm.Request, out *output) string {
-	off, err := parseOffer(req.PrivateData())
+	off, err := r.checkOffer(req)
 	if err != nil {
 		return err.Error()
 	}
@@ -267,8 +317,9 @@ func (r *receiver) sameTransfer(req *cm.Request, out *output) string {
 // another error if the receiver cannot go on, or a request of a new
 // sender of the same transfer that takes over.
 func (r *receiver) session(ctx context.Context, req *cm.Request, out *output) (*cm.Request, error) {
-	// Each sender's offer: a resuming one may differ in paths and coding.
-	off, err := parseOffer(req.PrivateData())
+	// Each sender's offer: a resuming one may differ in paths, coding and
+	// encryption.
+	off, err := r.checkOffer(req)
 	if err != nil {
 		req.Reject(err.Error())
 		return nil, fmt.Errorf("%w: %v", errSenderGone, err)
@@ -294,6 +345,20 @@ func (r *receiver) session(ctx context.Context, req *cm.Request, out *output) (*
 	// waits for its receive handlers, the only writers of the mapping.
 	defer e.close()
 	ans := answer{Have: out.have(), Hashes: out.needHashes()}
+	var pl *payload
+	if off.Nonce != nil {
+		// The sealed chunks fill the chunks of this end's connection:
+		// --chunk, else the path MTU that the connection will have.
+		ans.Nonce, ans.Chunk = newNonce(), o.chunk
+		if ans.Chunk == 0 {
+			ans.Chunk = max(min(e.qps[0].Endpoint().MTU, req.Remote().MTU), 256)
+		}
+		cfg.Chunk = ans.Chunk
+		if pl, err = newPayload(o.key, off.Nonce, ans.Nonce, off.SHA256, layout{off.Size, off.Region, ans.Chunk}); err != nil {
+			req.Reject("receiver misconfigured: " + err.Error())
+			return nil, err
+		}
+	}
 	if err := req.Accept(ctx, e.qps[0], &cm.Config{PrivateData: mustJSON(ans), Via: via}); err != nil {
 		return nil, r.senderErr(ctx, err)
 	}
@@ -307,7 +372,7 @@ func (r *receiver) session(ctx context.Context, req *cm.Request, out *output) (*
 	defer cancel(nil)
 	takeover := r.watch(sctx, cancel, out)
 	start := time.Now()
-	err = receiveRegions(sctx, e.conn, out, o.slots)
+	err = receiveRegions(sctx, e.conn, out, o.slots, pl, o.sealedHook)
 	cancel(nil)
 	if next := <-takeover; next != nil {
 		return next, nil
@@ -317,11 +382,11 @@ func (r *receiver) session(ctx context.Context, req *cm.Request, out *output) (*
 	}
 	if err != nil {
 		if !errors.Is(err, errSenderGone) {
-			r.tell(ctx, e.conn, verdict{Error: err.Error()})
+			r.tell(ctx, e.conn, verdict{Error: err.Error()}, pl != nil)
 		}
 		return nil, err
 	}
-	return nil, r.conclude(ctx, e.conn, out, time.Since(start))
+	return nil, r.conclude(ctx, e.conn, out, time.Since(start), pl)
 }
 
 // senderErr classifies a failed connection setup: the sender's doing
@@ -330,7 +395,7 @@ func (r *receiver) senderErr(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return err
 	}
-	return fmt.Errorf("%w: %w", errSenderGone, err)
+	return fmt.Errorf("%w: %w: %w", errSenderGone, errSetup, err)
 }
 
 // watch hands over to a sender of the same transfer that connects while
@@ -394,7 +459,7 @@ func (r *receiver) acceptPaths(ctx context.Context, e *endpoint, off *offer) err
 
 // conclude verifies the complete file, tells the sender, and on success
 // gives the file its name.
-func (r *receiver) conclude(ctx context.Context, c *reliability.Conn, out *output, elapsed time.Duration) error {
+func (r *receiver) conclude(ctx context.Context, c *reliability.Conn, out *output, elapsed time.Duration, pl *payload) error {
 	sum, verr := out.verify()
 	v := verdict{SHA256: sum, OK: verr == nil}
 	if verr == nil {
@@ -406,13 +471,21 @@ func (r *receiver) conclude(ctx context.Context, c *reliability.Conn, out *outpu
 	if verr != nil {
 		v.Error = verr.Error()
 	}
-	r.tell(ctx, c, v)
+	r.tell(ctx, c, v, pl != nil)
 	size := out.st.st.Size
 	gbps := float64(size) * 8 / elapsed.Seconds() / 1e9
+	var cpu float64
+	var failed int64
+	if pl != nil {
+		cpu, failed = pl.CPU().Seconds(), pl.failed.Load()
+	}
 	if r.o.json {
-		fmt.Fprintf(r.stdout, "%s\n", mustJSON(map[string]any{"bytes": size, "seconds": elapsed.Seconds(), "gbps": gbps, "sha256": sum, "ok": v.OK}))
+		fmt.Fprintf(r.stdout, "%s\n", mustJSON(map[string]any{"bytes": size, "seconds": elapsed.Seconds(), "gbps": gbps, "sha256": sum, "ok": v.OK,
+			"encrypted": pl != nil, "crypto_cpu_seconds": cpu, "auth_failed_chunks": failed}))
 	} else {
 		fmt.Fprintf(r.stdout, "haul: received %s (%d bytes) in %.3fs, %.3f Gbit/s; sha256 %s %s\n", r.o.out, size, elapsed.Seconds(), gbps, sum, okWord(v.OK))
+		fmt.Fprintf(r.stdout, "haul: %s\n", cryptoLine(pl != nil, cpu, "opening",
+			fmt.Sprintf("%d chunks failed authentication (never written, fetched again)", failed)))
 	}
 	if verr != nil {
 		return fmt.Errorf("%s: %w", r.o.out, verr)
@@ -423,13 +496,18 @@ func (r *receiver) conclude(ctx context.Context, c *reliability.Conn, out *outpu
 // tell sends the sender the verdict (its first Post), waiting a while
 // for it to arrive: the sender stops at once on an error rather than
 // timing out.
-func (r *receiver) tell(ctx context.Context, c *reliability.Conn, v verdict) {
+func (r *receiver) tell(ctx context.Context, c *reliability.Conn, v verdict, sealed bool) {
 	if len(v.Error) > verdictSize/2 {
 		v.Error = v.Error[:verdictSize/2] + "..."
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(r.o.peerT, 10*time.Second))
 	defer cancel()
-	s, err := c.Send(ctx, mustJSON(v), nil)
+	b := mustJSON(v)
+	if sealed {
+		// An encrypting sender's buffers take repair requests too.
+		b = append(b, make([]byte, fbSize-len(b))...)
+	}
+	s, err := c.Send(ctx, b, nil)
 	if err == nil {
 		_, err = s.Wait(ctx)
 	}
@@ -450,12 +528,16 @@ func okWord(ok bool) string {
 // connection has slots), and records each as it completes and checks out.
 // A region that does not match its hash stays missing: the run ends with
 // an error and the next one fetches it again.
-func receiveRegions(ctx context.Context, c *reliability.Conn, out *output, slots int) error {
+//
+// With pl, the regions arrive sealed into staging buffers, and only the
+// chunks that verify reach the output; the others are asked for again
+// once every region has arrived (repairChunks).
+func receiveRegions(ctx context.Context, c *reliability.Conn, out *output, slots int, pl *payload, hook func(uint32, int, []byte)) error {
 	n := out.regions()
 	type posted struct {
 		r   *reliability.Recv
-		idx int // -1: the region hashes
-		buf []byte
+		idx int    // -1: the region hashes
+		buf []byte // the hashes, or the sealed region
 	}
 	var pending []posted
 	if out.needHashes() {
@@ -466,17 +548,31 @@ func receiveRegions(ctx context.Context, c *reliability.Conn, out *output, slots
 		}
 		pending = append(pending, posted{rv, -1, buf})
 	}
+	var free [][]byte // staging buffers to reuse
+	if pl != nil {
+		slots = pl.l.staging(slots)
+	}
+	failed := map[int][]uint32{} // regions with chunks to ask for again
 	next, bad := 0, 0
 	for {
 		for next < n && hasRegion(out.have(), next) {
 			next++
 		}
 		if next < n && len(pending) < slots {
-			rv, err := c.Post(ctx, out.span(next))
+			buf, sealed := out.span(next), []byte(nil)
+			if pl != nil {
+				if k := len(free); k > 0 {
+					sealed, free = free[k-1], free[:k-1]
+				} else {
+					sealed = make([]byte, pl.l.sealedLen(0))
+				}
+				buf = sealed[:pl.l.sealedLen(next)]
+			}
+			rv, err := c.Post(ctx, buf)
 			if err != nil {
 				return sessionErr(ctx, err)
 			}
-			pending = append(pending, posted{rv, next, nil})
+			pending = append(pending, posted{rv, next, sealed})
 			next++
 			continue
 		}
@@ -494,6 +590,18 @@ func receiveRegions(ctx context.Context, c *reliability.Conn, out *output, slots
 			}
 			continue
 		}
+		if pl != nil {
+			sealed := p.buf[:pl.l.sealedLen(p.idx)]
+			if hook != nil {
+				hook(0, p.idx, sealed)
+			}
+			f := pl.openRegion(sealed, out.span(p.idx), p.idx)
+			free = append(free, p.buf)
+			if len(f) > 0 {
+				failed[p.idx] = f
+				continue
+			}
+		}
 		ok, err := out.complete(p.idx)
 		if err != nil {
 			return err
@@ -502,10 +610,92 @@ func receiveRegions(ctx context.Context, c *reliability.Conn, out *output, slots
 			bad++
 		}
 	}
+	if len(failed) > 0 {
+		free = nil
+		b, err := repairChunks(ctx, c, out, pl, failed, hook)
+		if err != nil {
+			return err
+		}
+		bad += b
+	}
 	if bad > 0 {
 		return fmt.Errorf("%d regions arrived corrupted (their SHA-256 differs from the sender's); the next run fetches them again", bad)
 	}
 	return nil
+}
+
+// repairChunks asks the sender again for the chunks that failed their tag
+// (failed, by region), in rounds of at most maxRepairChunks: a repair
+// request, then the chunks sealed anew for that round land in a buffer
+// posted for them. A region is recorded once none of its chunks is
+// missing; it returns how many did not match their hash. It gives up
+// when a round repairs nothing: the sender's chunks do not verify, and
+// sending them again would not help.
+func repairChunks(ctx context.Context, c *reliability.Conn, out *output, pl *payload, failed map[int][]uint32, hook func(uint32, int, []byte)) (int, error) {
+	var ids []chunkID
+	for i, js := range failed {
+		for _, j := range js {
+			ids = append(ids, chunkID{uint32(i), j})
+		}
+	}
+	slices.SortFunc(ids, func(a, b chunkID) int { return cmp.Or(cmp.Compare(a.region, b.region), cmp.Compare(a.chunk, b.chunk)) })
+	bad := 0
+	for round := uint32(1); len(ids) > 0; round++ {
+		if round > maxRepairRounds {
+			return bad, fmt.Errorf("%d chunks still failed authentication after %d repair rounds", len(ids), maxRepairRounds)
+		}
+		batch := ids[:min(len(ids), maxRepairChunks)]
+		// Posted before asking, so that the repair lands at once.
+		buf := make([]byte, len(batch)*pl.l.wire)
+		rv, err := c.Post(ctx, buf)
+		if err != nil {
+			return bad, sessionErr(ctx, err)
+		}
+		req := appendRepair(make([]byte, 0, fbSize), round, batch)
+		if _, err := c.Send(ctx, req[:fbSize], nil); err != nil {
+			return bad, sessionErr(ctx, err)
+		}
+		if err := rv.Wait(ctx); err != nil {
+			return bad, sessionErr(ctx, err)
+		}
+		if hook != nil {
+			hook(round, -1, buf)
+		}
+		ok := pl.openRepair(buf, batch, round, out.span)
+		var still []chunkID
+		for k, id := range batch {
+			if !ok[k] {
+				still = append(still, id)
+			}
+		}
+		if len(still) == len(batch) {
+			return bad, fmt.Errorf("none of the %d chunks of repair round %d passed authentication; the next run fetches their regions again", len(batch), round)
+		}
+		rest := append(still, ids[len(batch):]...) // still sorted: the batch came first
+		left := map[uint32]bool{}
+		for _, id := range rest {
+			left[id.region] = true
+		}
+		var whole []int
+		for i := range failed {
+			if !left[uint32(i)] {
+				whole = append(whole, i)
+			}
+		}
+		slices.Sort(whole)
+		for _, i := range whole {
+			delete(failed, i)
+			ok, err := out.complete(i)
+			if err != nil {
+				return bad, err
+			}
+			if !ok {
+				bad++
+			}
+		}
+		ids = rest
+	}
+	return bad, nil
 }
 
 // sessionErr classifies an error of the connection: the peer silent, or

@@ -39,6 +39,10 @@ type report struct {
 	Resumed    int64    `json:"resumed_bytes"`
 	Paths      int      `json:"paths"`
 	PathBytes  []uint64 `json:"path_bytes"` // chunk bytes sent per path, repairs included
+	Encrypted  bool     `json:"encrypted"`
+	CryptoCPU  float64  `json:"crypto_cpu_seconds"` // sealing the payload, on all threads
+	AuthFailed int      `json:"auth_failed_chunks"` // sealed chunks the receiver found forged or corrupted, sent again
+	repairWire int64
 	reason     string
 	schemeMix  string
 	verdictErr string
@@ -85,6 +89,9 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 	if o.paths > 1 {
 		off.Paths = o.paths
 	}
+	if o.encrypt {
+		off.Nonce = newNonce()
+	}
 	var ans answer
 	for i := range o.paths {
 		via, err := o.viaGID(i)
@@ -96,17 +103,10 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 			pd = mustJSON(off)
 		}
 		dctx, cancel := context.WithTimeout(ctx, o.peerT)
-		res, err := cm.Dial(dctx, o.to, e.qps[i], &cm.Config{PrivateData: pd, Via: via})
+		res, err := cm.Dial(dctx, o.to, e.qps[i], &cm.Config{PrivateData: pd, Via: via, Key: o.key})
 		cancel()
 		if err != nil {
-			var rej *cm.RejectError
-			switch {
-			case errors.As(err, &rej):
-				return fmt.Errorf("the receiver at %s refused: %s", o.to, rej.Reason)
-			case i > 0:
-				return fmt.Errorf("peer %s: path %d: %w", o.to, i, err)
-			}
-			return fmt.Errorf("peer %s unreachable: %w", o.to, err)
+			return o.dialErr(i, err)
 		}
 		if i == 0 {
 			if err := json.Unmarshal(res.PrivateData, &ans); err != nil {
@@ -114,16 +114,30 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 			}
 		}
 	}
+	var pl *payload
+	if o.encrypt {
+		if ans.Nonce == nil {
+			return fmt.Errorf("the receiver at %s does not encrypt (a haul older than --encrypt?)", o.to)
+		}
+		if pl, err = newPayload(o.key, off.Nonce, ans.Nonce, sha, layout{size, region, ans.Chunk}); err != nil {
+			return fmt.Errorf("the receiver's answer: %w", err)
+		}
+	}
 	if e.conn, err = reliability.NewPaths(e.pd, e.qps, e.cq, cfg); err != nil {
 		return err
 	}
 	c := e.conn
-	vbuf := make([]byte, verdictSize)
-	vr, err := c.Post(ctx, vbuf)
+	// The receiver's messages (the verdict; with encryption, repair
+	// requests first) land in the buffers posted here, one at a time.
+	fbuf := make([]byte, verdictSize)
+	if pl != nil {
+		fbuf = make([]byte, fbSize)
+	}
+	fb, err := c.Post(ctx, fbuf)
 	if err != nil {
 		return err
 	}
-	if err := ready(ctx, c, vr, o.peerT); err != nil {
+	if err := ready(ctx, c, fb, o.peerT); err != nil {
 		return err
 	}
 	if ans.Hashes && len(hashes) > 0 {
@@ -134,62 +148,101 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 	}
 
 	n := regions(size, region)
-	var sends []*reliability.Send
-	var todo int64
+	var todo []int
+	var todoBytes int64
 	for i := 0; i < n; i++ {
 		if !hasRegion(ans.Have, i) {
-			todo += min(region, size-int64(i)*region)
+			todo = append(todo, i)
+			todoBytes += min(region, size-int64(i)*region)
 		}
 	}
-	rep := report{Bytes: size, SHA256: sha, Resumed: size - todo}
-	prog := newProgress(stderr, todo)
-	start := time.Now()
-	left := todo
-	for i := 0; i < n; i++ {
-		if hasRegion(ans.Have, i) {
-			continue
-		}
+	rep := report{Bytes: size, SHA256: sha, Resumed: size - todoBytes, Encrypted: pl != nil}
+	plain := func(i int) []byte {
 		lo := int64(i) * region
-		hi := min(lo+region, size)
-		s, err := c.Send(ctx, mm[lo:hi], &reliability.SendOptions{Stream: left})
+		return mm[lo:min(lo+region, size)]
+	}
+	// Plain regions are all queued at once (they are the file's own
+	// mapping); sealed ones need a buffer each, so a few are in flight.
+	window := len(todo)
+	var free [][]byte
+	if pl != nil {
+		window = pl.l.staging(o.slots)
+	}
+	type inflight struct {
+		s      *reliability.Send
+		buf    []byte // sealed copy, reused when the send completes
+		region int
+	}
+	var fly []inflight
+	next, left := 0, todoBytes
+	sendNext := func() error {
+		i := todo[next]
+		next++
+		data, buf := plain(i), []byte(nil)
+		if pl != nil {
+			if k := len(free); k > 0 {
+				buf, free = free[k-1], free[:k-1]
+			} else {
+				buf = make([]byte, pl.l.sealedLen(0))
+			}
+			pl.sealRegion(buf, data, i)
+			data = buf[:pl.l.sealedLen(i)]
+		}
+		s, err := c.Send(ctx, data, &reliability.SendOptions{Stream: left})
 		if err != nil {
 			return err
 		}
-		left -= hi - lo
-		sends = append(sends, s)
+		left -= int64(len(plain(i)))
+		fly = append(fly, inflight{s, buf, i})
+		return nil
 	}
+	prog := newProgress(stderr, todoBytes)
+	start := time.Now()
 	var results []reliability.SendResult
 	tick := time.NewTicker(prog.every)
 	defer tick.Stop()
-	done, doneBytes := 0, int64(0)
+	doneBytes := int64(0)
 	repaired := 0
-	early := vr.Done() // a verdict before the end: the receiver stopped
-	for done < len(sends) {
+	early := fb.Done() // a verdict before the end: the receiver stopped
+	for next < len(todo) || len(fly) > 0 {
+		for next < len(todo) && len(fly) < window {
+			if err := sendNext(); err != nil {
+				prog.end()
+				return err
+			}
+		}
 		select {
 		case <-early:
 			early = nil
 			var v verdict
-			if vr.Wait(ctx) != nil {
-				continue // the connection failed: so do the sends, with the reason
+			if fb.Wait(ctx) != nil || isRepair(fbuf) {
+				// The connection failed (so do the sends, with the
+				// reason), or chunks to send again after the regions.
+				continue
 			}
-			if json.Unmarshal(bytes.TrimRight(vbuf, "\x00"), &v) == nil && v.OK {
+			if json.Unmarshal(bytes.TrimRight(fbuf, "\x00"), &v) == nil && v.OK {
 				continue // it has everything; the last completions are on their way
 			}
 			prog.end()
 			return fmt.Errorf("after %d of %d bytes, the receiver stopped: %s", doneBytes+rep.Resumed, size, v.Error)
-		case <-sends[done].Done():
-			r, err := sends[done].Wait(ctx)
+		case <-fly[0].s.Done():
+			f := fly[0]
+			r, err := f.s.Wait(ctx)
 			if err != nil {
 				prog.end()
 				return fmt.Errorf("after %d of %d bytes: %w", doneBytes+rep.Resumed, size, err)
 			}
+			fly = fly[1:]
+			if f.buf != nil {
+				free = append(free, f.buf)
+			}
+			r.Bytes = len(plain(f.region)) // not the sealed length
 			results = append(results, r)
 			if o.verbose {
 				fmt.Fprintf(stderr, "msg %d: tx %d retx %d timeouts %d decoded %d dur %v\n", r.Seq, r.Transmissions, r.Retransmissions, r.Timeouts, r.Decoded, r.Duration)
 			}
 			doneBytes += int64(r.Bytes)
 			repaired += r.Retransmissions + r.Decoded
-			done++
 		case <-tick.C:
 			prog.update(doneBytes, repaired, time.Since(start))
 		case <-ctx.Done():
@@ -197,28 +250,53 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 			return ctx.Err()
 		}
 	}
+	free = nil
 	elapsed := time.Since(start)
 	prog.update(doneBytes, repaired, elapsed)
 	prog.end()
 
-	vctx, cancel := context.WithTimeout(ctx, o.peerT+time.Duration(float64(size)/1e9*float64(time.Second)))
-	err = vr.Wait(vctx)
-	cancel()
+	// What the receiver says next: chunks to send again (encrypted
+	// payloads only), then its verdict.
+	wait := o.peerT + time.Duration(float64(size)/1e9*float64(time.Second))
 	var v verdict
-	if err != nil {
-		rep.verdictErr = fmt.Sprintf("no verdict from the receiver: %v", err)
-	} else if err := json.Unmarshal(bytes.TrimRight(vbuf, "\x00"), &v); err != nil {
-		rep.verdictErr = fmt.Sprintf("malformed verdict: %v", err)
-	} else if !v.OK {
-		rep.verdictErr = "receiver: " + v.Error
+	for round := uint32(1); ; round++ {
+		vctx, cancel := context.WithTimeout(ctx, wait)
+		err = fb.Wait(vctx)
+		cancel()
+		if err != nil {
+			rep.verdictErr = fmt.Sprintf("no verdict from the receiver: %v", err)
+			break
+		}
+		if pl == nil || !isRepair(fbuf) {
+			if err := json.Unmarshal(bytes.TrimRight(fbuf, "\x00"), &v); err != nil {
+				rep.verdictErr = fmt.Sprintf("malformed verdict: %v", err)
+			} else if !v.OK {
+				rep.verdictErr = "receiver: " + v.Error
+			}
+			break
+		}
+		w, k, err := o.repair(ctx, stderr, c, pl, fbuf, round, plain)
+		if err != nil {
+			return err
+		}
+		rep.AuthFailed += k
+		rep.repairWire += w
+		elapsed = time.Since(start) // the repairs are part of the transfer
+		fbuf = make([]byte, fbSize)
+		if fb, err = c.Post(ctx, fbuf); err != nil {
+			return err
+		}
+	}
+	if pl != nil {
+		rep.CryptoCPU = pl.CPU().Seconds()
 	}
 	rep.OK = v.OK && v.SHA256 == sha
-	summarise(&rep, results, c, o, todo, elapsed)
+	summarise(&rep, results, c, o, todoBytes, elapsed)
 	if o.json {
 		fmt.Fprintf(stdout, "%s\n", mustJSON(rep))
 	} else {
 		fmt.Fprintf(stdout, "haul: sent %s: %d bytes in %.3fs, %.3f Gbit/s goodput (ideal %.3fs at %.0f Mbit/s and %.1f ms RTT: %.2fx)\n",
-			o.path, todo, rep.Seconds, rep.Gbps, rep.Ideal, o.rate*8/1e6, rep.RTTms, rep.Seconds/rep.Ideal)
+			o.path, todoBytes, rep.Seconds, rep.Gbps, rep.Ideal, o.rate*8/1e6, rep.RTTms, rep.Seconds/rep.Ideal)
 		fmt.Fprintf(stdout, "haul: scheme %s; %s\n", rep.schemeMix, rep.reason)
 		fmt.Fprintf(stdout, "haul: wire overhead %.1f%%, %d chunks repaired, chunk loss %.2g; model predicted %.3fs, measured %.3fs (%+.0f%%)\n",
 			100*(rep.Overhead-1), rep.Repaired, rep.Loss, rep.Predicted, rep.Seconds, 100*(rep.Seconds/rep.Predicted-1))
@@ -228,6 +306,8 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 		if rep.Paths > 1 {
 			fmt.Fprintf(stdout, "haul: %d paths carried %v bytes\n", rep.Paths, rep.PathBytes)
 		}
+		fmt.Fprintf(stdout, "haul: %s\n", cryptoLine(rep.Encrypted, rep.CryptoCPU, "sealing",
+			fmt.Sprintf("%d chunks sent again after failing authentication at the receiver", rep.AuthFailed)))
 		fmt.Fprintf(stdout, "haul: sha256 %s %s\n", sha, okWord(rep.OK))
 	}
 	if !rep.OK {
@@ -237,6 +317,71 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 		return errors.New(rep.verdictErr)
 	}
 	return nil
+}
+
+// dialErr explains a failed connection setup, the key's part in it first.
+func (o *sendOpts) dialErr(path int, err error) error {
+	var rej *cm.RejectError
+	switch {
+	case errors.As(err, &rej):
+		hint := ""
+		switch r := rej.Reason; {
+		case strings.Contains(r, "no MAC"):
+			hint = " (it requires a key: give this end its --key-file)"
+		case strings.Contains(r, "listener has no key"):
+			hint = " (it was started without --key-file)"
+		case strings.Contains(r, cm.ErrAuth.Error()):
+			hint = " (the keys differ: give both ends the same --key-file)"
+		}
+		return fmt.Errorf("the receiver at %s refused: %s%s", o.to, rej.Reason, hint)
+	case errors.Is(err, cm.ErrAuth):
+		return fmt.Errorf("the receiver at %s could not prove that it holds the key; nothing was sent: %w", o.to, err)
+	case path > 0:
+		return fmt.Errorf("peer %s: path %d: %w", o.to, path, err)
+	}
+	return fmt.Errorf("peer %s unreachable: %w", o.to, err)
+}
+
+// repair answers a repair request (in fbuf, from the receiver, which
+// holds the key: it is checked all the same, since the sender seals only
+// chunks of the file, each once per round): it sends the chunks named,
+// sealed for this round, as one message, and returns its wire bytes and
+// how many chunks it carried.
+func (o *sendOpts) repair(ctx context.Context, stderr io.Writer, c *reliability.Conn, pl *payload, fbuf []byte, round uint32, plain func(int) []byte) (int64, int, error) {
+	got, ids, err := parseRepair(fbuf)
+	if err == nil && got != round {
+		err = fmt.Errorf("%w: round %d, expected %d", errRepair, got, round)
+	}
+	if err == nil {
+		err = pl.l.check(ids)
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("the receiver: %w", err)
+	}
+	if o.verbose {
+		fmt.Fprintf(stderr, "haul: repair round %d: %d chunks failed authentication at the receiver\n", round, len(ids))
+	}
+	buf := make([]byte, len(ids)*pl.l.wire)
+	pl.sealRepair(buf, ids, round, plain)
+	s, err := c.Send(ctx, buf, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	r, err := s.Wait(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("repair round %d: %w", round, err)
+	}
+	return r.WireBytes, len(ids), nil
+}
+
+// cryptoLine says in a report whether the payload was encrypted, and if
+// so the CPU time it cost and what became of the chunks that failed
+// authentication.
+func cryptoLine(on bool, cpu float64, doing, failed string) string {
+	if !on {
+		return "payload not encrypted"
+	}
+	return fmt.Sprintf("payload encrypted (AES-256-GCM, under this session's own key): %.3fs CPU %s; %s", cpu, doing, failed)
 }
 
 // summarise fills the report's figures from the sends and the model.
@@ -260,6 +405,7 @@ func summarise(rep *report, results []reliability.SendResult, c *reliability.Con
 		rep.Repaired += r.Retransmissions + r.Decoded
 		rep.Timeouts += r.Timeouts
 	}
+	wire += rep.repairWire
 	if todo > 0 {
 		rep.Overhead = float64(wire) / float64(todo)
 	}

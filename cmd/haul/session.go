@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rvma/rvma/internal/launch"
 	"github.com/rvma/rvma/internal/units"
 	"github.com/rvma/rvma/reliability"
 	"github.com/rvma/rvma/verbs"
@@ -26,6 +27,9 @@ type common struct {
 	rates   []float64 // bytes/s per path (the sender's; one value for all)
 	rate    float64   // bytes/s, all paths together
 	peerT   time.Duration
+	keyFile string
+	key     []byte // authenticates the CM's handshakes; nil: none
+	encrypt bool   // sender: seal the payload; receiver: accept only senders that do
 }
 
 type recvOpts struct {
@@ -36,6 +40,10 @@ type recvOpts struct {
 	// stateHook, set by tests, wraps the state file's writes (to fail as
 	// a full disk would).
 	stateHook func(writeAt) writeAt
+	// sealedHook, set by tests, sees each sealed region (region ≥ 0,
+	// round 0) and repair round (region -1) before it is opened, to
+	// tamper with it as an attacker on the path would.
+	sealedHook func(round uint32, region int, sealed []byte)
 }
 
 type sendOpts struct {
@@ -56,12 +64,23 @@ func commonFlags(fs *flag.FlagSet, c *common) (chunk, rate, via *string) {
 	rate = fs.String("rate", "", "injection rate per path, as tc spells it (500mbit), or one per path, comma-separated; set it to the path's rate (default 1gbit)")
 	fs.IntVar(&c.slots, "slots", 8, "messages in flight (a power of two, 1..64)")
 	fs.DurationVar(&c.peerT, "peer-timeout", 10*time.Second, "give up when the peer is silent this long")
+	fs.StringVar(&c.keyFile, "key-file", "", "the pre-shared key, made by haul keygen (the file must be readable by its owner only): both ends authenticate the connection setup with it, and refuse a peer without it")
 	return chunk, rate, via
 }
 
 // finish parses the common flags for paths paths (the receiver learns
 // its count from the sender: 0 skips the per-path checks).
 func (c *common) finish(chunk, rate, via string, paths int) error {
+	if c.keyFile != "" {
+		k, err := launch.ReadKeyFile(c.keyFile)
+		if err != nil {
+			return fmt.Errorf("--key-file: %w", err)
+		}
+		c.key = k
+	}
+	if c.encrypt && c.key == nil {
+		return errors.New("--encrypt needs --key-file: the payload's key is derived from it")
+	}
 	if chunk != "" {
 		n, err := units.ParseSize(chunk)
 		if err != nil {
@@ -105,6 +124,7 @@ func parseRecv(args []string, stderr io.Writer) (*recvOpts, error) {
 	fs.StringVar(&o.listen, "listen", "", "host:port to listen on (TCP for setup, UDP for data; more paths take further ports)")
 	fs.StringVar(&o.out, "out", "", "file to write (it appears once complete and verified; until then PATH.haul.part and the state file PATH.haul)")
 	fs.DurationVar(&o.wait, "wait", defaultWait, "when the sender goes silent, wait this long for it to be restarted and resume (0: give up at once)")
+	fs.BoolVar(&o.encrypt, "encrypt", false, "accept only senders that encrypt the payload (send --encrypt); needs --key-file")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -127,6 +147,7 @@ func parseSend(args []string, stderr io.Writer) (*sendOpts, error) {
 	scheme := fs.String("scheme", "auto", "loss repair: auto (the model chooses), sr (selective repeat) or ec (erasure coding)")
 	fs.IntVar(&o.k, "k", 32, "EC data chunks per stripe")
 	fs.IntVar(&o.m, "m", 0, "EC parity chunks per stripe (default: the model picks 1, 2, 4 or 8)")
+	fs.BoolVar(&o.encrypt, "encrypt", false, "encrypt the payload with AES-256-GCM under a key of this transfer's own, derived from --key-file's")
 	region := fs.String("region", "", "bytes per message, the unit of pipelining and of resume (default 16MiB, more for files over 64GiB: at most 4096 regions)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -166,6 +187,9 @@ type offer struct {
 	K        int    `json:"k"`
 	M        int    `json:"m"`
 	Paths    int    `json:"paths,omitempty"` // further paths dial after this one with a pathHello
+	// Nonce, with --encrypt, is the sender's half of the session key's
+	// salt (see crypt.go); its presence asks for an encrypted payload.
+	Nonce []byte `json:"nonce,omitempty"`
 }
 
 // pathHello is the private data of path i > 0.
@@ -179,6 +203,10 @@ type pathHello struct {
 type answer struct {
 	Have   []byte `json:"have"` // bitmap of complete, verified regions
 	Hashes bool   `json:"hashes,omitempty"`
+	// With an encrypted payload: the receiver's half of the salt, and its
+	// chunk size, which the sealed chunks fill.
+	Nonce []byte `json:"nonce,omitempty"`
+	Chunk int    `json:"chunk,omitempty"`
 }
 
 // verdict is the receiver's last message: did the file check out, or why
