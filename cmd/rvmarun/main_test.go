@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -489,4 +490,39 @@ func TestManyRankJob(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The job's key reaches the ranks where only their user and root can read
+// it: a second user finds it in no command line, and cannot read the
+// ranks' or rvmarun's environment (root only: runuser).
+func TestKeyHiddenFromOtherUsers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to act as a second user with runuser")
+	}
+	if _, err := exec.LookPath("runuser"); err != nil {
+		t.Skip("needs runuser")
+	}
+	cmd, out := rvmarunCmd(t, "rank", "-n", "2", os.Args[0])
+	pids, _ := readyRanks(t, out, 2)
+	for _, p := range pids {
+		t.Cleanup(func() { syscall.Kill(p, syscall.SIGKILL) })
+	}
+	hexKey := regexp.MustCompile(`[0-9a-f]{64}`)
+	for _, p := range append([]int{cmd.Process.Pid}, pids...) {
+		as := func(file string) (string, error) {
+			b, err := exec.Command("runuser", "-u", "nobody", "--", "cat", fmt.Sprintf("/proc/%d/%s", p, file)).CombinedOutput()
+			return string(b), err
+		}
+		cmdline, err := as("cmdline")
+		require.NoError(t, err, "another user can read a command line")
+		require.False(t, hexKey.MatchString(cmdline), "pid %d: a key on the command line: %q", p, cmdline)
+		env, err := as("environ")
+		require.Error(t, err, "pid %d: another user read the environment", p)
+		require.NotContains(t, env, launch.EnvKey)
+	}
+	// The check above could see a key: root reads a rank's environment.
+	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pids[0]))
+	require.NoError(t, err)
+	require.Contains(t, string(env), launch.EnvKey+"=")
+	killLauncher(t, cmd, pids)
 }
