@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/rvma/rvma/internal/progress"
-	"github.com/rvma/rvma/mailbox"
 	"github.com/rvma/rvma/verbs"
 	"github.com/rvma/rvma/verbs/cm"
 )
@@ -62,6 +61,11 @@ type Config struct {
 	// Key authenticates every path's connection handshake (cm.Config.Key):
 	// the dialer and the listener must hold the same. Default none.
 	Key []byte
+	// Err turns a failed completion into the error its request reports.
+	// Default wc.Err(). A caller whose mailbox puts should fail with the
+	// mailbox's errors passes mailbox.CompletionError: the mailbox layer
+	// sits above this one.
+	Err func(*verbs.WorkCompletion) error
 }
 
 func (c *Config) defaults(gids int) Config {
@@ -210,12 +214,11 @@ func newConn(pd *verbs.PD, cfg Config) (*Conn, error) {
 		cq.Close()
 		return nil, err
 	}
-	c.eng = progress.New(cq, progress.Config{OnRecv: c.onRecv, Err: func(wc *verbs.WorkCompletion) error {
-		if wc.Opcode == verbs.WCMailboxWrite {
-			return mailbox.CompletionError(wc)
-		}
-		return wc.Err()
-	}})
+	errOf := cfg.Err
+	if errOf == nil {
+		errOf = (*verbs.WorkCompletion).Err
+	}
+	c.eng = progress.New(cq, progress.Config{OnRecv: c.onRecv, Err: errOf})
 	return c, nil
 }
 

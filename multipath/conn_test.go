@@ -124,7 +124,7 @@ func TestSmallRequestsOnePath(t *testing.T) {
 // A mailbox put split over paths completes the target's epoch exactly
 // once, with every byte in place.
 func TestPutOverPaths(t *testing.T) {
-	ctx, a, b, c := loopPair(t, "4", 4<<20, &multipath.Config{Balancer: multipath.Equal{}})
+	ctx, a, b, c := loopPair(t, "4", 4<<20, &multipath.Config{Balancer: multipath.Equal{}, Err: mailbox.CompletionError})
 	win, err := mailbox.NewTarget(b.dev, nil).Init(7, mailbox.Config{Threshold: len(a.buf)})
 	require.NoError(t, err)
 	dst := make([]byte, len(a.buf))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/rvma/rvma/mailbox"
 	"github.com/rvma/rvma/multipath"
 	"github.com/rvma/rvma/reliability"
 	"github.com/rvma/rvma/verbs"
@@ -22,6 +23,7 @@ import (
 func (c *Comm) listenPaths(ctx context.Context) error {
 	cfg := c.cfg.Multipath
 	cfg.Key = c.key
+	cfg.Err = mailbox.CompletionError
 	ln, err := multipath.Listen(ctx, c.pd, c.cfg.cmAddr(), &cfg)
 	if err != nil {
 		return err
@@ -92,6 +94,7 @@ func (c *Comm) pathConn(ctx context.Context, r int) (*multipath.Conn, error) {
 	if err == nil {
 		cfg := c.cfg.Multipath
 		cfg.Key = c.key
+		cfg.Err = mailbox.CompletionError // notified puts fail with the mailbox's errors
 		// Dial probes every path, so the first split is proportional.
 		p.mp, err = multipath.Dial(ctx, c.pd, addr, &cfg)
 	}
