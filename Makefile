@@ -50,6 +50,7 @@ lint:
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
+	$(GO) run ./scripts/layers
 
 # The main demo: four ranks over UDP on loopback, halo3d's variants side by
 # side, checksums checked against a serial run.
