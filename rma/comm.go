@@ -20,6 +20,7 @@ import (
 	"github.com/rvma/rvma/internal/launch"
 	"github.com/rvma/rvma/internal/pmi"
 	"github.com/rvma/rvma/internal/progress"
+	"github.com/rvma/rvma/internal/spin"
 	"github.com/rvma/rvma/mailbox"
 	"github.com/rvma/rvma/multipath"
 	"github.com/rvma/rvma/verbs"
@@ -28,16 +29,19 @@ import (
 
 // Environment variables read by Init (see the package documentation).
 const (
-	EnvRank       = "RVMA_RANK"       // set by rvmarun: this process's rank
-	EnvSize       = "RVMA_SIZE"       // set by rvmarun: the number of ranks
-	EnvKVS        = "RVMA_KVS"        // set by rvmarun: the rendezvous server's TCP address
-	EnvRendezvous = "RVMA_RENDEZVOUS" // Slurm jobs: host:port where rank 0 serves the rendezvous
-	EnvProvider   = "RVMA_PROVIDER"   // auto (default), udp or shm
-	EnvHost       = "RVMA_HOST"       // this rank's host identity for auto (default: boot id and PID namespace)
-	EnvAddr       = "RVMA_ADDR"       // local IP address for the UDP provider; default 127.0.0.1
-	EnvMTU        = "RVMA_MTU"        // UDP provider's MTU (payload bytes per packet); default the provider's
-	EnvPaths      = "RVMA_PATHS"      // paths (local addresses) per connection; default 1
-	EnvRCTimeout  = "RVMA_RC_TIMEOUT" // Config.Connect.Timeout, a duration ("50ms"); default verbs' (20ms)
+	EnvRank       = "RVMA_RANK"        // set by rvmarun: this process's rank
+	EnvSize       = "RVMA_SIZE"        // set by rvmarun: the number of ranks
+	EnvKVS        = "RVMA_KVS"         // set by rvmarun: the rendezvous server's TCP address
+	EnvRendezvous = "RVMA_RENDEZVOUS"  // Slurm jobs: host:port where rank 0 serves the rendezvous
+	EnvProvider   = "RVMA_PROVIDER"    // auto (default), udp or shm
+	EnvHost       = "RVMA_HOST"        // this rank's host identity for auto (default: boot id and PID namespace)
+	EnvAddr       = "RVMA_ADDR"        // local IP address for the UDP provider; default 127.0.0.1
+	EnvMTU        = "RVMA_MTU"         // UDP provider's MTU (payload bytes per packet); default the provider's
+	EnvPaths      = "RVMA_PATHS"       // paths (local addresses) per connection; default 1
+	EnvRCTimeout  = "RVMA_RC_TIMEOUT"  // Config.Connect.Timeout, a duration ("50ms"); default verbs' (20ms)
+	EnvNoGSO      = "RVMA_DISABLE_GSO" // "1": Config.Device.NoGSO
+	EnvNoGRO      = "RVMA_DISABLE_GRO" // "1": Config.Device.NoGRO
+	EnvSHMCMA     = "RVMA_SHM_CMA"     // "0": Config.Device.NoCMA
 )
 
 // Config configures Init and NewWorld. The zero value means defaults.
@@ -91,11 +95,11 @@ type Config struct {
 	// operation of this communicator has failed (a failed rank may never
 	// come). Default 2s.
 	CloseTimeout time.Duration
-	// NoMAC turns off the MAC on UDP packets (verbs.DeviceConfig.NoMAC)
-	// for fabrics where nobody outside the job can capture or send
-	// packets; it saves a pass over every byte at each end. Default false.
-	// Every rank of a job must agree.
-	NoMAC bool
+	// Device holds the verbs device's own options: NoMAC (the MAC on UDP
+	// packets off, for fabrics where nobody outside the job can capture
+	// or send packets; every rank of a job must agree), NoGSO, NoGRO,
+	// NoCMA. Default verbs' (Logger: Config.Logger).
+	Device verbs.DeviceConfig
 	// Connect holds the QP attributes of every connection: among them the
 	// RC retransmission timeout's floor (Timeout, default 20ms, or
 	// RVMA_RC_TIMEOUT; rvmarun --rc-timeout), its cap (MaxTimeout, 2s) and
@@ -165,31 +169,13 @@ func (c *Config) withDefaults() Config {
 		d = *c
 	}
 	if d.Provider == "" {
-		d.Provider = os.Getenv(EnvProvider)
-	}
-	if d.Provider == "" {
 		d.Provider = "auto"
-	}
-	if d.Host == "" {
-		d.Host = os.Getenv(EnvHost)
 	}
 	if d.Host == "" {
 		d.Host = hostIdentity()
 	}
 	if d.Addr == "" {
-		d.Addr = os.Getenv(EnvAddr)
-	}
-	if d.Addr == "" {
 		d.Addr = "127.0.0.1"
-	}
-	if d.MTU == 0 {
-		d.MTU, _ = strconv.Atoi(os.Getenv(EnvMTU))
-	}
-	if d.Paths == 0 {
-		d.Paths, _ = strconv.Atoi(os.Getenv(EnvPaths))
-	}
-	if d.Connect.Timeout == 0 {
-		d.Connect.Timeout, _ = time.ParseDuration(os.Getenv(EnvRCTimeout))
 	}
 	if d.Paths == 0 {
 		d.Paths = 1
@@ -207,11 +193,61 @@ func (c *Config) withDefaults() Config {
 	if d.Logger == nil {
 		d.Logger = slog.Default()
 	}
+	if d.Device.Logger == nil {
+		d.Device.Logger = d.Logger
+	}
 	return d
 }
 
-// check validates the configuration after defaults, and reads
-// RVMA_LONGHAUL into it.
+// fromEnv is c with what it leaves unset taken from the environment a
+// launcher gives a rank (the README's table of variables). Only Init
+// calls it: NewWorld and every constructor below depend on their Config
+// alone. It also sets the process's spin duration from RVMA_SPIN.
+func (c *Config) fromEnv() (Config, error) {
+	var d Config
+	if c != nil {
+		d = *c
+	}
+	str := func(v *string, name string) {
+		if *v == "" {
+			*v = os.Getenv(name)
+		}
+	}
+	var errs []error
+	num := func(v *int, name string) {
+		if s := os.Getenv(name); *v == 0 && s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%w: %s=%q is not a number", ErrBootstrap, name, s))
+			}
+			*v = n
+		}
+	}
+	str(&d.Provider, EnvProvider)
+	str(&d.Host, EnvHost)
+	str(&d.Addr, EnvAddr)
+	num(&d.MTU, EnvMTU)
+	num(&d.Paths, EnvPaths)
+	if s := os.Getenv(EnvRCTimeout); d.Connect.Timeout == 0 && s != "" {
+		t, err := time.ParseDuration(s)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%w: %s=%q is not a duration", ErrBootstrap, EnvRCTimeout, s))
+		}
+		d.Connect.Timeout = t
+	}
+	if d.LongHaul == nil {
+		lh, err := longHaulFromEnv()
+		errs = append(errs, err)
+		d.LongHaul = lh
+	}
+	d.Device.NoGSO = d.Device.NoGSO || os.Getenv(EnvNoGSO) == "1"
+	d.Device.NoGRO = d.Device.NoGRO || os.Getenv(EnvNoGRO) == "1"
+	d.Device.NoCMA = d.Device.NoCMA || os.Getenv(EnvSHMCMA) == "0"
+	errs = append(errs, spin.Set(os.Getenv(spin.EnvSpin)))
+	return d, errors.Join(errs...)
+}
+
+// check validates the configuration after defaults.
 func (c *Config) check() error {
 	switch c.Provider {
 	case "auto", "udp", "shm", "loop":
@@ -220,13 +256,6 @@ func (c *Config) check() error {
 	}
 	if c.Paths < 1 || c.Paths > 64 {
 		return fmt.Errorf("%w: %d paths, want 1..64", ErrBootstrap, c.Paths)
-	}
-	if c.LongHaul == nil {
-		lh, err := longHaulFromEnv()
-		if err != nil {
-			return err
-		}
-		c.LongHaul = lh
 	}
 	return nil
 }
@@ -326,7 +355,11 @@ func (c *Comm) Device() *verbs.Device { return c.dev }
 // serves the rendezvous); otherwise a world of size 1. It is collective:
 // it returns once every rank has published its address.
 func Init(ctx context.Context, cfg *Config) (*Comm, error) {
-	conf := cfg.withDefaults()
+	env, err := cfg.fromEnv()
+	if err != nil {
+		return nil, err
+	}
+	conf := env.withDefaults()
 	if conf.Provider == "loop" {
 		return nil, fmt.Errorf("%w: the loop provider is in-process; use NewWorld", ErrBootstrap)
 	}
@@ -344,11 +377,11 @@ func Init(ctx context.Context, cfg *Config) (*Comm, error) {
 	if err != nil {
 		return nil, err
 	}
-	dev, err := verbs.Open(ctx, conf.deviceURI(""), &verbs.DeviceConfig{Logger: conf.Logger, NoMAC: conf.NoMAC})
+	dev, err := verbs.Open(ctx, conf.deviceURI(""), &conf.Device)
 	if err != nil && conf.Provider == "auto" {
 		conf.Logger.Debug("rma: no shared memory; every peer over UDP", "err", err)
 		conf.Provider = "udp"
-		dev, err = verbs.Open(ctx, conf.deviceURI(""), &verbs.DeviceConfig{Logger: conf.Logger, NoMAC: conf.NoMAC})
+		dev, err = verbs.Open(ctx, conf.deviceURI(""), &conf.Device)
 	}
 	if err != nil {
 		b.store.Close()
@@ -538,7 +571,7 @@ func NewWorld(ctx context.Context, size int, cfg *Config) ([]*Comm, error) {
 				dev = conf.Devices[r]
 			} else {
 				var err error
-				if dev, err = verbs.Open(ctx, conf.deviceURI(fabric), &verbs.DeviceConfig{Logger: conf.Logger, NoMAC: conf.NoMAC}); err != nil {
+				if dev, err = verbs.Open(ctx, conf.deviceURI(fabric), &conf.Device); err != nil {
 					errs[r] = err
 					return
 				}

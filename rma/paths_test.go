@@ -409,9 +409,16 @@ func TestPathsConfig(t *testing.T) {
 	c := (&Config{Addr: "10.0.0.1, 10.0.1.1", Paths: 3}).withDefaults()
 	require.Equal(t, "udp://10.0.0.1:0,10.0.1.1:0,10.0.0.1:0", c.udpURI())
 	require.Equal(t, "10.0.0.1:0", c.cmAddr())
+	// The environment counts in Init only (fromEnv), never in NewWorld.
 	t.Setenv(EnvPaths, "2")
-	require.Equal(t, 2, (&Config{}).withDefaults().Paths)
-	require.Equal(t, 2, (&Config{}).withDefaults().Multipath.Paths)
+	require.Equal(t, 1, (&Config{}).withDefaults().Paths)
+	env, err := (&Config{}).fromEnv()
+	require.NoError(t, err)
+	require.Equal(t, 2, env.withDefaults().Paths)
+	require.Equal(t, 2, env.withDefaults().Multipath.Paths)
+	t.Setenv(EnvPaths, "two")
+	_, err = (&Config{}).fromEnv()
+	require.ErrorIs(t, err, ErrBootstrap)
 }
 
 // Over a real namespace testbed with two paths shaped to 100 Mbit/s, the

@@ -34,6 +34,13 @@ type DeviceConfig struct {
 	// key and a counter not seen before. Shared-memory and in-process
 	// ports, which no other user can reach, never use a MAC.
 	NoMAC bool
+	// NoGSO and NoGRO turn off UDP segmentation and receive offload
+	// (probed at open, with a fallback of their own); NoCMA keeps shm
+	// ports from reaching other processes' ordinary memory directly
+	// (process_vm_readv/writev), so registered caller memory goes through
+	// the rings. For kernels or containers where these misbehave.
+	// Default false.
+	NoGSO, NoGRO, NoCMA bool
 }
 
 // Device is an opened soft RDMA NIC: a set of GIDs (local addresses), each
@@ -153,7 +160,7 @@ func Open(ctx context.Context, uri string, cfg *DeviceConfig) (*Device, error) {
 	var ports []fabric.Port
 	var kinds []string
 	for _, part := range splitURI(uri) {
-		ps, kind, err := openPorts(part, d.log)
+		ps, kind, err := openPorts(part, d.log, cfg)
 		if err != nil {
 			for _, p := range ports {
 				p.Close()
@@ -192,9 +199,9 @@ func splitURI(uri string) []string {
 }
 
 // openPorts opens the ports of one provider URI and names the provider.
-func openPorts(uri string, log *slog.Logger) ([]fabric.Port, string, error) {
+func openPorts(uri string, log *slog.Logger, cfg *DeviceConfig) ([]fabric.Port, string, error) {
 	if rest, ok := strings.CutPrefix(uri, "udp://"); ok {
-		ports, err := openUDP(rest, log)
+		ports, err := openUDP(rest, &udpfab.Config{Logger: log, NoGSO: cfg.NoGSO, NoGRO: cfg.NoGRO})
 		return ports, "udp", err
 	}
 	u, err := url.Parse(uri)
@@ -244,6 +251,9 @@ func openPorts(uri string, log *slog.Logger) ([]fabric.Port, string, error) {
 		}
 		for range n {
 			p, err := shmfab.Open(name, mtu)
+			if err == nil && cfg.NoCMA {
+				p.NoCMA()
+			}
 			if err != nil {
 				for _, p := range ports {
 					p.Close()
@@ -267,7 +277,7 @@ func (d *Device) Provider(gid int) string {
 }
 
 // openUDP opens one port per address of "IP:PORT[,IP:PORT...][?mtu=N]".
-func openUDP(spec string, log *slog.Logger) ([]fabric.Port, error) {
+func openUDP(spec string, ucfg *udpfab.Config) ([]fabric.Port, error) {
 	hosts, query, _ := strings.Cut(spec, "?")
 	q, err := url.ParseQuery(query)
 	if err != nil {
@@ -289,7 +299,7 @@ func openUDP(spec string, log *slog.Logger) ([]fabric.Port, error) {
 		if err != nil {
 			return fail(err)
 		}
-		p, err := udpfab.Open(ap, mtu, log)
+		p, err := udpfab.Open(ap, mtu, ucfg)
 		if err != nil {
 			return fail(fmt.Errorf("%w: %v", ErrInvalidArgument, err))
 		}

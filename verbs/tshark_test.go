@@ -34,15 +34,15 @@ func TestTsharkDissects(t *testing.T) {
 	}
 	// One datagram per packet: a GSO train crosses lo as one super-packet,
 	// which a capture shows as one UDP datagram.
-	t.Setenv("RVMA_DISABLE_GSO", "1")
+	noGSO := &verbs.DeviceConfig{NoGSO: true}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	target, err := verbs.Open(ctx, "udp://127.0.0.1:4791", nil)
+	target, err := verbs.Open(ctx, "udp://127.0.0.1:4791", noGSO)
 	if err != nil {
 		t.Skipf("UDP port 4791 is taken: %v", err)
 	}
 	defer target.Close()
-	initiator, err := verbs.Open(ctx, "udp://127.0.0.1:0", nil)
+	initiator, err := verbs.Open(ctx, "udp://127.0.0.1:0", noGSO)
 	require.NoError(t, err)
 	defer initiator.Close()
 	a, b := side(t, initiator), side(t, target)

@@ -39,6 +39,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/rvma/rvma/internal/spin"
 )
 
 // Result is one measurement; --json prints it as one line.
@@ -236,6 +238,11 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	}
 	if !slices.Contains(tests, o.test) {
 		return nil, fmt.Errorf("unknown test %q (tests: %s)", o.test, strings.Join(tests, " "))
+	}
+	// The library reads no environment below rma.Init: RVMA_SPIN is ours
+	// to apply.
+	if err := spin.Set(os.Getenv(spin.EnvSpin)); err != nil {
+		return nil, err
 	}
 	for _, f := range strings.Split(o.pathsFlag, ",") {
 		n, err := strconv.Atoi(f)

@@ -25,7 +25,7 @@ func isRMA(test string) bool { return test == "rma_put_lat" || test == "rma_put_
 const rmaBufBytes = 1 << 20
 
 func rmaTest(ctx context.Context, o *options) (*Result, error) {
-	cfg := &rma.Config{Provider: o.provider, Addr: o.addr, Paths: o.paths}
+	cfg := &rma.Config{Provider: o.provider, Addr: o.addr, Paths: o.paths, Device: verbs.DeviceConfig{NoMAC: o.noMAC}}
 	// --testbed: rank 0's paths are namespace A's ends of the veth pairs,
 	// rank 1's namespace B's; the connection managers meet on loopback.
 	bed, rates, err := buildBed(o)

@@ -193,14 +193,10 @@ func (p *Port) Direct() uint64 { return p.direct.Load() }
 // with process_vm_readv/writev, and if not, why; it is decided once, at
 // the first shm port. Where Yama restricts ptrace to descendants, the
 // process allows any process of its user (as MPI libraries do), since
-// ranks are not each other's children. RVMA_SHM_CMA=0 turns it off, so
-// registered caller memory is reached through the rings.
+// ranks are not each other's children. A port opened with NoCMA does not
+// use it: registered caller memory is then reached through the rings.
 func CMA() (bool, string) {
 	cma.once.Do(func() {
-		if os.Getenv("RVMA_SHM_CMA") == "0" {
-			cma.why = "off (RVMA_SHM_CMA=0)"
-			return
-		}
 		if b, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope"); err == nil {
 			switch scope, _ := strconv.Atoi(strings.TrimSpace(string(b))); {
 			case scope == 1:
@@ -272,10 +268,8 @@ func (p *Port) Export(rkey uint32, iova uint64, buf []byte, rights fabric.Rights
 		return ErrIndirect
 	}
 	a, off := allocOf(buf)
-	if a == nil {
-		if ok, _ := CMA(); !ok {
-			return ErrIndirect
-		}
+	if a == nil && !p.CanPull() {
+		return ErrIndirect
 	}
 	p.emu.Lock()
 	defer p.emu.Unlock()
@@ -678,7 +672,15 @@ func (p *Port) Atomic(dst netip.AddrPort, q fabric.QP, rkey uint32, va uint64, c
 }
 
 // CanPull reports whether peers can read this process's memory.
-func (p *Port) CanPull() bool { ok, _ := CMA(); return ok }
+func (p *Port) CanPull() bool {
+	ok, _ := CMA()
+	return ok && !p.noCMA.Load()
+}
+
+// NoCMA makes the port reach no process's ordinary memory directly
+// (process_vm_readv/writev): registered caller memory then goes through
+// the rings. For a kernel or container where CMA misbehaves.
+func (p *Port) NoCMA() { p.noCMA.Store(true) }
 
 // Pull copies len(into) bytes at addr in the memory of the process whose
 // port is src.

@@ -108,12 +108,13 @@ var kernelOrder atomic.Uint64
 // Port is one GID of an shm device: a shared-memory segment whose rings
 // other ports' packets arrive in. It implements fabric.Port.
 type Port struct {
-	name uint64
-	addr netip.AddrPort
-	mtu  int
-	fd   int
-	mem  []byte
-	tok  uint64
+	noCMA atomic.Bool // NoCMA
+	name  uint64
+	addr  netip.AddrPort
+	mtu   int
+	fd    int
+	mem   []byte
+	tok   uint64
 
 	hmu     sync.Mutex
 	handler fabric.Handler

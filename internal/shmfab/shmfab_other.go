@@ -27,6 +27,7 @@ func (p *Port) MaxPayload() int             { return 0 }
 func (p *Port) Send(pkts []*wire.Packet)    {}
 func (p *Port) SetHandler(h fabric.Handler) {}
 func (p *Port) Close() error                { return nil }
+func (p *Port) NoCMA()                      {}
 func (p *Port) Stats() fabric.Stats         { return fabric.Stats{} }
 
 // ErrIndirect: no direct access on this system.

@@ -10,9 +10,9 @@
 package spin
 
 import (
-	"os"
+	"fmt"
 	"runtime"
-	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -36,15 +36,30 @@ func Pause(i int) {
 // cores, spinning with Pause's kernel yields can beat blocking.
 const EnvSpin = "RVMA_SPIN"
 
-var override = sync.OnceValues(func() (time.Duration, bool) {
-	d, err := time.ParseDuration(os.Getenv(EnvSpin))
-	return d, err == nil && d >= 0
-})
+// override is the process's spin duration, once set; -1 while unset.
+var override atomic.Int64
 
-// Or returns the spin duration set in RVMA_SPIN, or def.
+func init() { override.Store(-1) }
+
+// Set makes s (a duration such as "200us", as RVMA_SPIN gives it) the
+// process's spin duration; an empty s changes nothing. rma.Init calls it
+// with RVMA_SPIN: the library reads no environment below Init.
+func Set(s string) error {
+	if s == "" {
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return fmt.Errorf("spin: %s=%q: want a duration of 0 or more", EnvSpin, s)
+	}
+	override.Store(int64(d))
+	return nil
+}
+
+// Or returns the process's spin duration if one was set, or def.
 func Or(def time.Duration) time.Duration {
-	if d, ok := override(); ok {
-		return d
+	if d := override.Load(); d >= 0 {
+		return time.Duration(d)
 	}
 	return def
 }

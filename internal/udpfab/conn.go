@@ -1,8 +1,8 @@
 package udpfab
 
 import (
+	"log/slog"
 	"net/netip"
-	"os"
 	"time"
 
 	"github.com/rvma/rvma/internal/spin"
@@ -37,9 +37,20 @@ const (
 	socketBuffer = 7 << 20
 )
 
-// DefaultSpin is how long a receive spins before it parks: 50µs, or
-// RVMA_SPIN.
-var DefaultSpin = spin.Or(50 * time.Microsecond)
+// Config holds a socket's options; the zero value (or nil) means
+// defaults.
+type Config struct {
+	// Logger receives the one warning about clamped socket buffers.
+	// Default none.
+	Logger *slog.Logger
+	// NoGSO and NoGRO turn those off by hand (they are probed and fall
+	// back on their own). Default false.
+	NoGSO, NoGRO bool
+}
+
+// defaultSpin is how long a receive spins before it parks: 50µs, or the
+// process's override (spin.SetOverride).
+func defaultSpin() time.Duration { return spin.Or(50 * time.Microsecond) }
 
 // Features reports what a Conn uses.
 type Features struct {
@@ -47,8 +58,6 @@ type Features struct {
 	RecvBuffer int // bytes, as the kernel reports it
 	SendBuffer int
 }
-
-func envOff(name string) bool { return os.Getenv(name) == "1" }
 
 // Split returns the datagrams of a received message.
 func Split(m *Message, f func(d []byte)) {

@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"sync"
@@ -77,7 +76,11 @@ func newIOState() ioState {
 var warnOnce sync.Once
 
 // Listen opens a UDP socket bound to addr (port 0 picks a free port).
-func Listen(addr netip.AddrPort, log *slog.Logger) (*Conn, error) {
+func Listen(addr netip.AddrPort, cfg *Config) (*Conn, error) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	log := cfg.Logger
 	network := "udp4"
 	if addr.Addr().Is6() && !addr.Addr().Is4In6() {
 		network = "udp6"
@@ -119,11 +122,11 @@ func Listen(addr netip.AddrPort, log *slog.Logger) (*Conn, error) {
 	c := &Conn{uc: uc, rc: rc, v6: network == "udp6", r: newIOState(), w: newIOState()}
 	c.local = uc.LocalAddr().(*net.UDPAddr).AddrPort()
 	rc.Control(func(fd uintptr) {
-		if !envOff("RVMA_DISABLE_GSO") {
+		if !cfg.NoGSO {
 			_, err := unix.GetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_SEGMENT)
 			c.feat.GSO = err == nil
 		}
-		if !envOff("RVMA_DISABLE_GRO") {
+		if !cfg.NoGRO {
 			c.feat.GRO = unix.SetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_GRO, 1) == nil
 		}
 		c.feat.RecvBuffer, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF)
@@ -140,7 +143,7 @@ func Listen(addr netip.AddrPort, log *slog.Logger) (*Conn, error) {
 	c.r.ctl = func(fd uintptr) { c.readFn(fd) }
 	c.r.roleFn = c.roleReadFn
 	c.w.fn = c.writeFn
-	c.Spin = DefaultSpin
+	c.Spin = defaultSpin()
 	return c, nil
 }
 

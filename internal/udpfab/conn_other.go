@@ -21,7 +21,7 @@ type Conn struct {
 }
 
 // Listen opens a UDP socket bound to addr.
-func Listen(addr netip.AddrPort, _ *slog.Logger) (*Conn, error) {
+func Listen(addr netip.AddrPort, _ *Config) (*Conn, error) {
 	uc, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(addr))
 	if err != nil {
 		return nil, err

@@ -8,8 +8,8 @@
 // kernel clamps them), and don't-fragment set so an oversized datagram fails
 // instead of being fragmented. Each feature is probed at start and falls
 // back cleanly: GSO is turned off if the kernel rejects it (EIO on a device
-// without checksum offload), and RVMA_DISABLE_GSO=1 or RVMA_DISABLE_GRO=1
-// turn them off by hand. Other systems get a portable one-datagram-per-call
+// without checksum offload), and Config.NoGSO and NoGRO turn them off by
+// hand. Other systems get a portable one-datagram-per-call
 // path.
 //
 // The batch syscalls are called through syscall.RawConn with preallocated

@@ -63,7 +63,7 @@ type Port struct {
 	polled atomic.Bool
 	start  time.Time
 	// Spin is how long the background reader keeps polling after traffic
-	// before it parks (see DefaultSpin).
+	// before it parks (default 50µs, or the process's spin override).
 	Spin time.Duration
 
 	sent, received, malformed, sendDropped atomic.Uint64
@@ -72,16 +72,20 @@ type Port struct {
 var _ fabric.Port = (*Port)(nil)
 
 // Open binds a port to addr with the given MTU (payload bytes).
-func Open(addr netip.AddrPort, mtu int, log *slog.Logger) (*Port, error) {
+func Open(addr netip.AddrPort, mtu int, cfg *Config) (*Port, error) {
 	if mtu < 256 || mtu > MaxMTU {
 		return nil, fmt.Errorf("udpfab: MTU %d: want 256..%d", mtu, MaxMTU)
 	}
-	c, err := Listen(addr, log)
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	log := cfg.Logger
+	c, err := Listen(addr, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("udpfab: listen %v: %w", addr, err)
 	}
 	p := &Port{conn: c, addr: c.LocalAddr(), mtu: mtu, log: log, done: make(chan struct{}),
-		trains: make([]Message, BatchSize), bufs: make([][]byte, BatchSize), start: time.Now(), Spin: DefaultSpin}
+		trains: make([]Message, BatchSize), bufs: make([][]byte, BatchSize), start: time.Now(), Spin: defaultSpin()}
 	for i := range p.bufs {
 		p.bufs[i] = make([]byte, 0, MaxTrain)
 	}

@@ -36,11 +36,11 @@ func TestSplit(t *testing.T) {
 
 // roundTrip sends trains of datagrams and checks every datagram arrives
 // once and intact, whatever the kernel coalesces.
-func roundTrip(t *testing.T) {
-	tx, err := Listen(lo, nil)
+func roundTrip(t *testing.T, cfg *Config) {
+	tx, err := Listen(lo, cfg)
 	require.NoError(t, err)
 	defer tx.Close()
-	rx, err := Listen(lo, nil)
+	rx, err := Listen(lo, cfg)
 	require.NoError(t, err)
 	defer rx.Close()
 	const seg = 1000
@@ -87,14 +87,10 @@ func roundTrip(t *testing.T) {
 }
 
 func TestRoundTrip(t *testing.T) {
-	t.Run("offloads", roundTrip)
-	t.Run("no GSO", func(t *testing.T) { t.Setenv("RVMA_DISABLE_GSO", "1"); roundTrip(t) })
-	t.Run("no GRO", func(t *testing.T) { t.Setenv("RVMA_DISABLE_GRO", "1"); roundTrip(t) })
-	t.Run("neither", func(t *testing.T) {
-		t.Setenv("RVMA_DISABLE_GSO", "1")
-		t.Setenv("RVMA_DISABLE_GRO", "1")
-		roundTrip(t)
-	})
+	t.Run("offloads", func(t *testing.T) { roundTrip(t, nil) })
+	t.Run("no GSO", func(t *testing.T) { roundTrip(t, &Config{NoGSO: true}) })
+	t.Run("no GRO", func(t *testing.T) { roundTrip(t, &Config{NoGRO: true}) })
+	t.Run("neither", func(t *testing.T) { roundTrip(t, &Config{NoGSO: true, NoGRO: true}) })
 }
 
 func TestFeatures(t *testing.T) {
@@ -104,9 +100,7 @@ func TestFeatures(t *testing.T) {
 	f := c.Features()
 	t.Logf("features: %+v", f)
 	require.Positive(t, f.RecvBuffer)
-	t.Setenv("RVMA_DISABLE_GSO", "1")
-	t.Setenv("RVMA_DISABLE_GRO", "1")
-	c2, err := Listen(lo, nil)
+	c2, err := Listen(lo, &Config{NoGSO: true, NoGRO: true})
 	require.NoError(t, err)
 	defer c2.Close()
 	require.False(t, c2.Features().GSO)
