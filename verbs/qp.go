@@ -687,6 +687,14 @@ const pullMin = 32 << 10
 // (see Device.ShareMailbox) is placed and counted by this process; other
 // large ones leave their payload in place for the target to pull.
 func (qp *QP) direct(w *sendWQE) {
+	if w.length == 0 && w.op == OpWrite && qp.req.pending == 0 {
+		// A zero-length WRITE moves nothing: its only effect is its
+		// completion, behind everything posted before it, and all of
+		// that has taken effect (or completes first, in order). The
+		// fence callers post after direct writes costs no round trip.
+		w.local = true
+		return
+	}
 	mem := qp.port.Memory()
 	if mem == nil || w.length == 0 {
 		return

@@ -26,6 +26,7 @@ func Run(t *testing.T, env Env) {
 		{"Inline", testInline},
 		{"Ordering", testOrdering},
 		{"ReadThenSend", testReadThenSend},
+		{"ZeroLengthWrite", testZeroLengthWrite},
 		{"Unsignaled", testUnsignaled},
 		{"RemoteAccessViolations", testRemoteAccessViolations},
 		{"LocalErrors", testLocalErrors},
@@ -247,6 +248,28 @@ func testReadThenSend(t *testing.T, env Env) {
 		}
 		require.Equal(t, want, a.Buf[:size], "round %d: the READ returned bytes written after the SEND completed", i)
 	}
+}
+
+// testZeroLengthWrite: a zero-length WRITE (the fence callers post behind
+// unsignalled writes) completes only once everything before it has taken
+// effect at the target, and with nothing in flight it completes at once,
+// without a packet.
+func testZeroLengthWrite(t *testing.T, env Env) {
+	a, b := Pair(t, env, PairConfig{})
+	fence := verbs.SendWR{ID: 9, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()}
+	for i := range 20 {
+		fill(a.Buf[:32<<10], uint64(i))
+		a.Post(t, verbs.SendWR{ID: 1, Opcode: verbs.OpWrite, SGL: []verbs.SGE{a.MR.SGE(0, 32<<10)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()})
+		a.Post(t, fence)
+		wc := a.Wait(t)
+		require.Equal(t, verbs.StatusSuccess, wc.Status)
+		require.Equal(t, uint64(9), wc.WRID)
+		require.Equal(t, a.Buf[:32<<10], b.Buf[:32<<10], "round %d: the fence completed before the write it follows", i)
+	}
+	before := b.Dev.Stats().RxPackets
+	a.Post(t, fence)
+	require.Equal(t, verbs.StatusSuccess, a.Wait(t).Status)
+	require.Equal(t, before, b.Dev.Stats().RxPackets, "a fence with nothing in flight sent a packet")
 }
 
 func testUnsignaled(t *testing.T, env Env) {
