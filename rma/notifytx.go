@@ -184,7 +184,7 @@ func (w *Win) putPerOrigin(ctx context.Context, origin []byte, ol Layout, target
 			return nil, err
 		}
 	}
-	wrs, err := w.putWRs(origin, ol, target, off, tl)
+	wrs, err := w.putWRs(nil, origin, ol, target, off, tl)
 	if err != nil {
 		return nil, opErr(name, target, err)
 	}

@@ -578,7 +578,8 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 	if err != nil {
 		return nil, err
 	}
-	wrs, err := w.putWRs(origin, ol, target, off, tl)
+	var one [1]verbs.SendWR // a contiguous put's only request, on the stack
+	wrs, err := w.putWRs(one[:0], origin, ol, target, off, tl)
 	if err != nil {
 		return nil, opErr(name, target, err)
 	}
@@ -594,8 +595,24 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 // longer run then travelling from a copy. Into a notified window every
 // request is a mailbox write; the target's mailbox counts them in the
 // order they arrive.
-func (w *Win) putWRs(origin []byte, ol Layout, target, off int, tl Layout) ([]verbs.SendWR, error) {
+//
+// They are appended to dst. A caller that posts them at once passes room
+// for them (a contiguous put makes one): its inline data may then alias
+// origin, since verbs copies inline data at post time. With dst nil they
+// are the caller's to keep, inline data copied.
+func (w *Win) putWRs(dst []verbs.SendWR, origin []byte, ol Layout, target, off int, tl Layout) ([]verbs.SendWR, error) {
 	rw := &w.remote[target]
+	if dst != nil && ol.Contiguous() && tl.Contiguous() && ol.Size() <= inlineMax {
+		// A small contiguous put, the common case, without the pieces'
+		// bookkeeping: one inline request, nothing allocated.
+		wr := verbs.SendWR{Flags: verbs.FlagSignaled | verbs.FlagInline, Inline: origin[:ol.Size()]}
+		if rw.notify != 0 {
+			wr.Opcode, wr.Mailbox, wr.MailboxOffset = verbs.OpMailboxWrite, w.mailboxAddr(target), uint64(off)
+		} else {
+			wr.Opcode, wr.RemoteAddr, wr.RKey = verbs.OpWrite, rw.addr+uint64(off), rw.rkey
+		}
+		return append(dst, wr), nil
+	}
 	type piece struct {
 		dst  int
 		srcs [][]byte
