@@ -400,6 +400,17 @@ func (qp *QP) Connect(remote Endpoint, cfg *ConnectConfig) error {
 	return qp.ReadyToSend(nil)
 }
 
+// Idle reports whether the QP is ready to send and every request posted
+// to it has completed. On shared memory, writes, reads and atomics into a
+// peer's registered memory complete as they are posted, so a caller that
+// needs its unsignalled requests done (a flush) needs no fence request
+// then.
+func (qp *QP) Idle() bool {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.state == StateReadyToSend && qp.req.headSeq == qp.req.tailSeq
+}
+
 // SetError moves the QP to the error state: outstanding work requests
 // complete with StatusFlushed and new ones are flushed at once.
 func (qp *QP) SetError() error {

@@ -270,6 +270,9 @@ func testZeroLengthWrite(t *testing.T, env Env) {
 	a.Post(t, fence)
 	require.Equal(t, verbs.StatusSuccess, a.Wait(t).Status)
 	require.Equal(t, before, b.Dev.Stats().RxPackets, "a fence with nothing in flight sent a packet")
+	require.True(t, a.QP.Idle(), "everything posted has completed")
+	require.NoError(t, a.QP.SetError())
+	require.False(t, a.QP.Idle(), "a QP in error is not idle")
 }
 
 func testUnsignaled(t *testing.T, env Env) {
