@@ -150,7 +150,9 @@ func (c *Conn) onEchoLocked(m *sdrwire.Message, now time.Duration) {
 	ps.rtts = append(ps.rtts, sample)
 	first := !c.measured
 	c.rttSampleLocked(sample)
-	if first || len(ps.rtts) == len(ps.stamps) {
+	// Wake Ready on the first RTT, and Probe on its train's first echo
+	// (which sets its deadline) and last.
+	if first || len(ps.rtts) == 1 || len(ps.rtts) == len(ps.stamps) {
 		c.broadcastLocked()
 	}
 }

@@ -109,3 +109,17 @@ func TestPlanFollowsBytesLeft(t *testing.T) {
 	req.key, req.size = key, 1<<30
 	require.Equal(t, 3, makePlan(req).m, "forced EC with m")
 }
+
+// Probe waits for the echoes a round trip and a margin after its last
+// probe, not its peer timeout, even when its train is shorter than the
+// round trip and some echoes are lost.
+func TestProbeWaitsAboutARoundTrip(t *testing.T) {
+	a, _ := pair(t, verbs.Faults{Drop: 0.2, Delay: 20 * time.Millisecond, Seed: 5}, Config{PeerTimeout: time.Minute}, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, a.conn.Ready(ctx)) // the RTT is known: the first echo is not its first sample
+	res, err := a.conn.Probe(ctx, 50)
+	require.NoError(t, err)
+	require.Less(t, res.Echoed, 50)
+	require.Less(t, res.Duration, 20*time.Second) // not the minute
+}

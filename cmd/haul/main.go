@@ -6,7 +6,7 @@
 //
 //	haul keygen FILE
 //	haul recv --listen ADDR --out PATH [--key-file FILE [--encrypt]] [--via RELAY] [--wait D]
-//	haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] PATH
+//	haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--probes N] PATH
 //
 // ADDR is host:port; the connection setup uses TCP on it and the data
 // path UDP on the same port. --via sends the data path through a relay
@@ -54,7 +54,7 @@ func main() {
 const usage = `usage:
   haul keygen FILE
   haul recv --listen ADDR --out PATH [--key-file FILE [--encrypt]] [--via RELAY] [--wait D] [--json]
-  haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--json] PATH`
+  haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--probes N] [--json] PATH`
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
