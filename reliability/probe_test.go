@@ -83,7 +83,7 @@ func TestChoicePerStripe(t *testing.T) {
 			require.Equal(t, tc.want, d[0].Scheme, d[0].Reason)
 			require.Equal(t, 0, d[0].Chunk)
 			require.Equal(t, tc.want, res[0].Scheme)
-			require.Contains(t, d[0].Reason, "model at chunk loss 0.01")
+			require.Contains(t, d[0].Reason, "chunk loss 0.01")
 			if tc.want == EC {
 				require.Equal(t, res[0].ECChunks, 256)
 				require.Positive(t, d[0].M)
@@ -99,9 +99,15 @@ func TestPlanFollowsBytesLeft(t *testing.T) {
 	l := Link{Rate: 250e6, RTT: 100 * time.Millisecond, Loss: 1e-2}
 	req := planRequest{key: key, link: l, repair: 110 * time.Millisecond, fallback: 25 * time.Millisecond}
 	req.size = 1 << 30
-	require.Zero(t, makePlan(req).m, "1 GiB left: SR")
+	p := makePlan(req)
+	require.Zero(t, p.m, "1 GiB left: SR")
+	require.Contains(t, p.reason, "repairs hide behind later data")
 	req.size = 8 << 20
 	require.Positive(t, makePlan(req).m, "8 MiB left (a third of the BDP): EC")
+	// At a loss above parity's cost the model decides even in the body.
+	req.size, req.link.Loss = 1<<30, 0.05
+	require.Contains(t, makePlan(req).reason, "model at chunk loss 0.05")
+	req.link.Loss = 1e-2
 	key.scheme = SR
 	req.key = key
 	require.Zero(t, makePlan(req).m, "forced SR")

@@ -324,8 +324,21 @@ func makePlan(r planRequest) *plan {
 	if k.m > 0 && len(ms) == 0 {
 		ms = []int{min(k.m, k.rmx)}
 	}
-	best, all := Choose(r.link, r.size, k.chunk, k.k, ms, r.repair, r.fallback)
 	p := &plan{key: k, size: r.size, link: r.link, seen: r.seen, at: r.at}
+	// The model compares SR and EC for all the bytes left, which is right
+	// for a stream's tail but not its body: a stripe followed by more than
+	// a repair's time of data has its losses repaired behind that data, at
+	// the cost of their repeats only, and the tail's turn to choose comes
+	// (this is asked again as the bytes left shrink). So the body goes by
+	// selective repeat unless parity would cost less wire than repeats.
+	tail := int64(2 * (r.repair + r.fallback).Seconds() * r.link.Rate)
+	if k.scheme == Auto && r.size > tail && r.link.Loss < 1/float64(k.k) {
+		p.est = Estimate{Scheme: SR, Time: SRTime(r.link, r.size, k.chunk, r.repair), Wire: 1 / (1 - r.link.Loss)}
+		p.reason = fmt.Sprintf("%d bytes left, more than the %d bytes of two repairs' time (%v at %.0f Mbit/s): repairs hide behind later data and cost their repeats (chunk loss %.2g, measured over %.0f packets), less than parity (%.1f%% at least)",
+			r.size, tail, (r.repair + r.fallback).Round(time.Microsecond), r.link.Rate*8/1e6, r.link.Loss, r.seen, 100/float64(k.k))
+		return p
+	}
+	best, all := Choose(r.link, r.size, k.chunk, k.k, ms, r.repair, r.fallback)
 	switch k.scheme {
 	case SR:
 		p.est, p.reason = all[0], "forced"
