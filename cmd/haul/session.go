@@ -30,6 +30,7 @@ type common struct {
 	keyFile string
 	key     []byte // authenticates the CM's handshakes; nil: none
 	encrypt bool   // sender: seal the payload; receiver: accept only senders that do
+	cpuprof string // write a CPU profile of the run here
 }
 
 type recvOpts struct {
@@ -65,6 +66,7 @@ func commonFlags(fs *flag.FlagSet, c *common) (chunk, rate, via *string) {
 	rate = fs.String("rate", "", "injection rate per path, as tc spells it (500mbit), or one per path, comma-separated; set it to the path's rate (default 1gbit)")
 	fs.IntVar(&c.slots, "slots", 8, "messages in flight (a power of two, 1..64)")
 	fs.DurationVar(&c.peerT, "peer-timeout", 10*time.Second, "give up when the peer is silent this long")
+	fs.StringVar(&c.cpuprof, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof reads it)")
 	fs.StringVar(&c.keyFile, "key-file", "", "the pre-shared key, made by haul keygen (the file must be readable by its owner only): both ends authenticate the connection setup with it, and refuse a peer without it")
 	return chunk, rate, via
 }
