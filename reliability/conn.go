@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -55,7 +56,7 @@ type Config struct {
 	// default 0: the model picks among 1, 2, 4 and 8.
 	M int
 	// Rate is the injection rate in bytes per second, which is also the
-	// model's link rate; a long-haul link is not probed, so set it to the
+	// model's link rate; the link's rate is not probed, so set it to the
 	// path's rate. Default 0: as fast as the QP takes requests (and the
 	// model assumes 1 Gbit/s).
 	Rate float64
@@ -75,8 +76,9 @@ type Config struct {
 	// the sender waits for it to decode before repairing its missing data
 	// chunks by selective repeat. Default RTT/4.
 	Fallback time.Duration
-	// Loss is the chunk-loss probability the model assumes before it has
-	// measured any. Default 0.
+	// Loss is the per-packet loss probability the model assumes before it
+	// has measured any (Probe, and the receiver's statuses as chunks
+	// arrive). Default 0.
 	Loss float64
 	// PeerTimeout fails pending operations with ErrPeer when nothing at all
 	// arrived from the peer for this long. Default 10s.
@@ -190,6 +192,7 @@ const ctlSize = 1024 // bytes per control receive buffer; sdrwire.MaxLen fits
 // closes them after Close.
 type Conn struct {
 	cfg   Config
+	mtu   int // the paths' smallest
 	log   *slog.Logger
 	pd    *verbs.PD
 	qps   []*verbs.QP // the paths: chunks and control messages go on all
@@ -229,8 +232,12 @@ type Conn struct {
 	order     []*Send // active sends in sequence order
 	retx      []chunkRef
 	enc       map[[2]int]reedsolomon.Encoder
-	lossN     float64 // decayed chunks lost
-	lossD     float64 // decayed chunks sent
+	lossN     float64 // decayed packets lost: probes, and data chunks' first sends
+	lossD     float64 // decayed packets those were
+	peerChunk int     // the chunk size of the last message started
+	plan      *plan   // the model's latest choice
+	needPlan  *Send   // the send the injector stopped at for want of a plan
+	probe     *probeState
 	tx        txScratch
 	pathBytes []uint64 // chunk bytes sent per path
 
@@ -287,7 +294,7 @@ func NewPaths(pd *verbs.PD, qps []*verbs.QP, cq *verbs.CQ, cfg Config) (*Conn, e
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	c := &Conn{
-		cfg: cfg, log: cfg.Logger, pd: pd, qps: slices.Clone(qps), cq: cq, epoch: time.Now(),
+		cfg: cfg, mtu: mtu, peerChunk: cfg.Chunk, log: cfg.Logger, pd: pd, qps: slices.Clone(qps), cq: cq, epoch: time.Now(),
 		kick: make(chan struct{}, 1), changed: make(chan struct{}), srtt: max(cfg.RTT, cfg.MinRTT),
 		dec: dec, slots: make([]*Recv, cfg.Slots), parity: make([][]byte, cfg.Slots),
 		cts: map[uint64]*sdrwire.Message{}, sends: map[uint64]*Send{}, enc: map[[2]int]reedsolomon.Encoder{},
@@ -358,7 +365,24 @@ func (c *Conn) lossLocked() float64 {
 	if c.lossD < 1 {
 		return c.cfg.Loss
 	}
-	return c.lossN / c.lossD
+	// Half a loss a priori (Jeffreys): no loss in n packets says the rate
+	// is below about 1/n, not that it is zero, and the model's choice
+	// between SR and EC turns on rates that small.
+	return (c.lossN + 0.5) / (c.lossD + 1)
+}
+
+// lossWindow is the packets over which the loss estimate forgets: the
+// weight of an observation decays by e every lossWindow packets after it.
+const lossWindow = 1 << 15
+
+// observeLossLocked adds lost packets of n to the loss estimate.
+func (c *Conn) observeLossLocked(lost, n float64) {
+	if n <= 0 {
+		return
+	}
+	f := math.Exp(-n / lossWindow)
+	c.lossN = c.lossN*f + lost
+	c.lossD = c.lossD*f + n
 }
 
 // Close stops the protocol: pending sends and receives fail with ErrClosed
@@ -507,19 +531,12 @@ func (c *Conn) onControlLocked(m *sdrwire.Message, now time.Duration) {
 	case sdrwire.TypePing:
 		c.sendCtlLocked(&sdrwire.Message{Type: sdrwire.TypePong, Stamp: m.Stamp})
 	case sdrwire.TypePong:
-		sample := now - time.Duration(m.Stamp)
-		if sample <= 0 || sample > time.Minute {
-			return
-		}
-		if !c.measured {
-			c.srtt, c.rttvar, c.measured = sample, sample/2, true
-		} else {
-			dev := sample - c.srtt
-			c.srtt += dev / 8
-			c.rttvar += (max(dev, -dev) - c.rttvar) / 4
-		}
-		c.srtt = max(c.srtt, c.cfg.MinRTT)
+		c.rttSampleLocked(now - time.Duration(m.Stamp))
 		c.broadcastLocked()
+	case sdrwire.TypeProbe:
+		c.sendCtlLocked(&sdrwire.Message{Type: sdrwire.TypeEcho, Stamp: m.Stamp, Seq: m.Seq})
+	case sdrwire.TypeEcho:
+		c.onEchoLocked(m, now)
 	case sdrwire.TypeQuery:
 		if r := c.slots[int(m.Seq%uint64(c.cfg.Slots))]; r != nil {
 			c.sendStatusLocked(r, now)
@@ -527,6 +544,21 @@ func (c *Conn) onControlLocked(m *sdrwire.Message, now time.Duration) {
 	case sdrwire.TypeStatus:
 		c.onStatusLocked(m, now)
 	}
+}
+
+// rttSampleLocked adds a round trip to the RTT estimate, as TCP does.
+func (c *Conn) rttSampleLocked(sample time.Duration) {
+	if sample <= 0 || sample > time.Minute {
+		return
+	}
+	if !c.measured {
+		c.srtt, c.rttvar, c.measured = sample, sample/2, true
+	} else {
+		dev := sample - c.srtt
+		c.srtt += dev / 8
+		c.rttvar += (max(dev, -dev) - c.rttvar) / 4
+	}
+	c.srtt = max(c.srtt, c.cfg.MinRTT)
 }
 
 // tick sends statuses, pings, and retransmits on timeouts.

@@ -25,6 +25,7 @@ type Recv struct {
 	cnt    []uint16 // chunks present per stripe, data and parity
 	dcnt   []uint16 // data chunks present per stripe
 	high   int      // one more than the highest data chunk seen
+	skip   int      // data positions high jumped over: first sends lost
 	stats  RecvStats
 	done   bool
 	doneCh chan struct{}
@@ -189,7 +190,7 @@ func (c *Conn) sendStatusLocked(r *Recv, now time.Duration) {
 		r.doneSent++
 	} else {
 		cum := r.bm.NextClear(0)
-		m.Cum, m.Highest = uint32(cum), uint32(r.high)
+		m.Cum, m.Highest, m.Skipped = uint32(cum), uint32(r.high), uint32(r.skip)
 		if cum < r.high {
 			words := min(sdrwire.MaxWords, (r.high-cum+63)/64)
 			m.Words = c.scratch.words[:words]
@@ -231,7 +232,10 @@ func (r *Recv) onChunk(idx int) bool {
 		}
 		s = idx / r.k
 		r.dcnt[s]++
-		r.high = max(r.high, idx+1)
+		if idx >= r.high {
+			r.skip += idx - r.high
+			r.high = idx + 1
+		}
 	case idx-r.n < r.pbm.Len():
 		if !r.pbm.Set(idx - r.n) {
 			r.stats.Duplicates++

@@ -26,14 +26,35 @@ type SendOptions struct {
 	Stream int64
 }
 
+// Decision is one choice of the repair for a message's stripes from a
+// data chunk on: made when the first of them was sent, with the link as
+// measured then.
+type Decision struct {
+	At        time.Time
+	Chunk     int // the first data chunk it applies to
+	Scheme    Scheme
+	K, M      int     // EC stripe (M = 0 for SR)
+	Loss      float64 // chunk loss the model assumed
+	Observed  float64 // packets the loss estimate rests on (decayed): probes and data
+	RTT       time.Duration
+	Remaining int64    // bytes of the stream left to send, this stripe's included
+	Estimate  Estimate // the model's time for the remaining bytes with this choice
+	Reason    string
+}
+
 // SendResult describes a completed send.
 type SendResult struct {
-	Seq             uint64
-	Bytes           int
-	Scheme          Scheme
-	K, M            int           // EC stripe (0 for SR)
-	Estimate        Estimate      // the model's prediction for the choice
-	Reason          string        // why the scheme was chosen
+	Seq    uint64
+	Bytes  int
+	Scheme Scheme // the repair of most of the data chunks
+	K, M   int    // that EC stripe (0 for SR)
+	// ECChunks is the data chunks sent in stripes with parity.
+	ECChunks int
+	// Decisions are the choices in the order made: the first, and each
+	// that changed the scheme or the parity count (at most maxDecisions).
+	Decisions       []Decision
+	Estimate        Estimate      // the model's prediction at the first choice
+	Reason          string        // why the first choice
 	Transmissions   int           // chunks put on the wire, parity and repeats included
 	Retransmissions int           // data chunks sent again
 	Timeouts        int           // of which after a timeout rather than a report of the gap
@@ -59,10 +80,13 @@ type Send struct {
 	paddr      uint64
 	chunk      int
 	n          int
-	k, m       int // stripe; m = 0 for SR
+	k          int     // data chunks per stripe
+	sm         []uint8 // parity chunks of each stripe, chosen as it starts; 0: SR
+	stripes    int
 	rmx        int // the receiver's parity slots per stripe
-	pos        int // injection cursor
-	total      int // positions: data, and parity with EC
+	stripe, j  int // injection cursor: the stripe, and the position in it (data, then parity)
+	obsHigh    int // the receiver's Highest and Skipped already counted in the loss estimate
+	obsSkip    int
 	sent       []int64
 	tries      []uint8
 	acked      *Bitmap
@@ -139,30 +163,28 @@ func (c *Conn) startLocked(s *Send, m *sdrwire.Message) {
 	s.sent = make([]int64, s.n)
 	s.tries = make([]uint8, s.n)
 	s.acked = NewBitmap(s.n)
+	s.stripes = (s.n + s.k - 1) / s.k
+	s.sm = make([]uint8, s.stripes)
 	s.res = SendResult{Seq: s.seq, Bytes: len(s.data), Chunk: s.chunk}
-	c.chooseLocked(s)
-	stripes := (s.n + s.k - 1) / s.k
-	s.total = s.n + stripes*s.m
-	s.res.Scheme, s.res.K, s.res.M = SR, 0, 0
-	if s.m > 0 {
-		s.res.Scheme, s.res.K, s.res.M = EC, s.k, s.m
-	}
+	c.peerChunk = s.chunk
 	c.wake()
 }
 
-// Link is the model's view of the path toward the peer now.
+// Link is the model's view of the path toward the peer now, for chunks
+// of the size the peer last asked for.
 func (c *Conn) Link() Link {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.linkLocked()
+	return c.linkLocked(c.peerChunk)
 }
 
-func (c *Conn) linkLocked() Link {
+func (c *Conn) linkLocked(chunk int) Link {
 	rate := c.cfg.Rate
 	if rate == 0 {
 		rate = 125e6
 	}
-	return Link{Rate: rate, RTT: c.srtt, Loss: min(c.lossLocked(), 0.5)}
+	pkts := max(1, (chunk+c.mtu-1)/c.mtu)
+	return Link{Rate: rate, RTT: c.srtt, Loss: min(ChunkLoss(c.lossLocked(), pkts), 0.5)}
 }
 
 // Predict is the model's completion time for size bytes in chunks of
@@ -171,7 +193,7 @@ func (c *Conn) linkLocked() Link {
 func (c *Conn) Predict(size int64, chunk, k, m int) time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	l := c.linkLocked()
+	l := c.linkLocked(chunk)
 	repair, fallback := c.repairDelays()
 	if m == 0 {
 		return SRTime(l, size, chunk, repair)
@@ -188,30 +210,138 @@ func (c *Conn) repairDelays() (repair, fallback time.Duration) {
 	return repair, fallback
 }
 
-func (c *Conn) chooseLocked(s *Send) {
+// maxDecisions bounds a SendResult's Decisions.
+const maxDecisions = 64
+
+// planKey is what a plan was made for besides the link: the scheme and
+// parity asked for, and the stripe shape.
+type planKey struct {
+	scheme           Scheme
+	m, k, chunk, rmx int
+}
+
+// plan is the model's latest choice. The model takes from 0.1 to 1 ms, so
+// it is not asked per stripe: a plan holds while the bytes left stay
+// within a factor of planSpan of those it was made for and the link's
+// estimate within a factor of planDrift (rechecked at most every quarter
+// RTT), which asks it a few dozen times in a transfer of any size.
+type plan struct {
+	key    planKey
+	size   int64 // bytes left it was made for
+	link   Link
+	seen   float64 // packets the loss estimate rested on
+	at     time.Duration
+	m      int
+	est    Estimate
+	reason string
+}
+
+const (
+	planSpan  = 0.7
+	planDrift = 1.5
+)
+
+// planFor returns the parity count for the next stripe of s, and false if
+// the plan does not cover it: the injector then makes a new plan (planLocked
+// and makePlan) before it goes on.
+func (c *Conn) planFor(s *Send, now time.Duration) (int, bool) {
+	p := c.plan
+	key := s.planKey(&c.cfg)
+	left := s.left()
+	if p == nil || p.key != key || float64(left) < planSpan*float64(p.size) || float64(left)*planSpan > float64(p.size) {
+		return 0, false
+	}
+	if now-p.at >= max(c.srtt/4, 2*time.Millisecond) {
+		l := c.linkLocked(s.chunk)
+		if drift(l.Loss, p.link.Loss, 1e-5) || drift(l.RTT.Seconds(), p.link.RTT.Seconds(), 0) {
+			return 0, false
+		}
+	}
+	if d := s.res.Decisions; len(d) == 0 || (d[len(d)-1].M != p.m && len(d) < maxDecisions) {
+		sc := SR
+		if p.m > 0 {
+			sc = EC
+		}
+		s.res.Decisions = append(s.res.Decisions, Decision{At: c.epoch.Add(now), Chunk: s.stripe * s.k, Scheme: sc, K: s.k, M: p.m,
+			Loss: p.link.Loss, Observed: p.seen, RTT: p.link.RTT, Remaining: left, Estimate: p.est, Reason: p.reason})
+		if len(d) == 0 {
+			s.res.Estimate, s.res.Reason = p.est, p.reason
+		}
+	}
+	return p.m, true
+}
+
+// drift says whether a moved from b by more than a factor of planDrift,
+// ignoring differences below floor.
+func drift(a, b, floor float64) bool {
+	a, b = max(a, floor), max(b, floor)
+	return a > b*planDrift || b > a*planDrift
+}
+
+// left is the stream's bytes not yet sent, from the current stripe on.
+func (s *Send) left() int64 {
+	return max(s.opt.Stream, int64(len(s.data))) - int64(s.stripe)*int64(s.k)*int64(s.chunk)
+}
+
+func (s *Send) planKey(cfg *Config) planKey {
 	scheme, m := s.opt.Scheme, s.opt.M
 	if scheme == Auto {
-		scheme = c.cfg.Scheme
+		scheme = cfg.Scheme
 	}
 	if m == 0 {
-		m = c.cfg.M
+		m = cfg.M
 	}
-	size := max(s.opt.Stream, int64(len(s.data)))
-	l := c.linkLocked()
+	return planKey{scheme, m, s.k, s.chunk, s.rmx}
+}
+
+// planRequest is a snapshot for makePlan, which runs without the lock.
+type planRequest struct {
+	key              planKey
+	size             int64
+	link             Link
+	seen             float64
+	repair, fallback time.Duration
+	at               time.Duration
+}
+
+// planLocked snapshots what a plan for s's next stripe needs.
+func (c *Conn) planLocked(s *Send, now time.Duration) planRequest {
 	repair, fallback := c.repairDelays()
+	return planRequest{key: s.planKey(&c.cfg), size: s.left(), link: c.linkLocked(s.chunk), seen: c.lossD,
+		repair: repair, fallback: fallback, at: now}
+}
+
+// makePlan asks the model: SR, or EC with each parity count the receiver
+// has room for (or the one forced), for the bytes left.
+func makePlan(r planRequest) *plan {
+	k := r.key
 	var ms []int
 	for _, v := range []int{1, 2, 4, 8} {
-		if v <= s.rmx && (m == 0 || v == m) {
+		if v <= k.rmx && (k.m == 0 || v == k.m) {
 			ms = append(ms, v)
 		}
 	}
-	if m > 0 && len(ms) == 0 {
-		ms = []int{min(m, s.rmx)}
+	if k.m > 0 && len(ms) == 0 {
+		ms = []int{min(k.m, k.rmx)}
 	}
-	best, all := Choose(l, size, s.chunk, s.k, ms, repair, fallback)
-	switch scheme {
+	p := &plan{key: k, size: r.size, link: r.link, seen: r.seen, at: r.at}
+	// The model compares SR and EC for all the bytes left, which is right
+	// for a stream's tail but not its body: a stripe followed by more than
+	// a repair's time of data has its losses repaired behind that data, at
+	// the cost of their repeats only, and the tail's turn to choose comes
+	// (this is asked again as the bytes left shrink). So the body goes by
+	// selective repeat unless parity would cost less wire than repeats.
+	tail := int64(2 * (r.repair + r.fallback).Seconds() * r.link.Rate)
+	if k.scheme == Auto && r.size > tail && r.link.Loss < 1/float64(k.k) {
+		p.est = Estimate{Scheme: SR, Time: SRTime(r.link, r.size, k.chunk, r.repair), Wire: 1 / (1 - r.link.Loss)}
+		p.reason = fmt.Sprintf("%d bytes left, more than the %d bytes of two repairs' time (%v at %.0f Mbit/s): repairs hide behind later data and cost their repeats (chunk loss %.2g, measured over %.0f packets), less than parity (%.1f%% at least)",
+			r.size, tail, (r.repair + r.fallback).Round(time.Microsecond), r.link.Rate*8/1e6, r.link.Loss, r.seen, 100/float64(k.k))
+		return p
+	}
+	best, all := Choose(r.link, r.size, k.chunk, k.k, ms, r.repair, r.fallback)
+	switch k.scheme {
 	case SR:
-		s.res.Estimate, s.res.Reason = all[0], "forced"
+		p.est, p.reason = all[0], "forced"
 	case EC:
 		e := all[1]
 		for _, v := range all[1:] {
@@ -219,12 +349,14 @@ func (c *Conn) chooseLocked(s *Send) {
 				e = v
 			}
 		}
-		s.res.Estimate, s.res.Reason = e, "forced"
+		p.est, p.reason = e, fmt.Sprintf("forced; parity by the model at chunk loss %.2g", r.link.Loss)
 	default:
-		s.res.Estimate = best
-		s.res.Reason = fmt.Sprintf("model at chunk loss %.2g, RTT %v, %.0f Mbit/s over %d bytes: %v", l.Loss, l.RTT.Round(time.Microsecond), l.Rate*8/1e6, size, all)
+		p.est = best
+		p.reason = fmt.Sprintf("model at chunk loss %.2g (measured over %.0f packets), RTT %v, %.0f Mbit/s, %d bytes left: %v",
+			r.link.Loss, r.seen, r.link.RTT.Round(time.Microsecond), r.link.Rate*8/1e6, r.size, all)
 	}
-	s.m = s.res.Estimate.M
+	p.m = p.est.M
+	return p
 }
 
 // finishLocked ends the send with err (nil: delivered).
@@ -245,11 +377,7 @@ func (s *Send) finishLocked(err error) {
 	}
 	if err == nil {
 		s.res.Duration = c.now() - s.start
-		// The loss estimate: with SR every repeat is a loss; with EC the
-		// rebuilt chunks are too (parity loses at the same rate).
-		lost := float64(s.res.Retransmissions + s.res.Decoded)
-		c.lossN = c.lossN*0.7 + lost
-		c.lossD = c.lossD*0.7 + float64(s.n)
+		s.summarise()
 	}
 	close(s.doneCh)
 	c.broadcastLocked()
@@ -287,6 +415,13 @@ func (c *Conn) onStatusLocked(m *sdrwire.Message, now time.Duration) {
 		return
 	}
 	s.lastStatus = now
+	// The loss estimate: data positions the receiver's highest chunk
+	// passed, and how many of them it skipped (lost on their first send).
+	if h, k := int(m.Highest), int(m.Skipped); h > s.obsHigh && k >= s.obsSkip && k-s.obsSkip <= h-s.obsHigh {
+		pkts := max(1, (s.chunk+c.mtu-1)/c.mtu)
+		c.observeLossLocked(float64(k-s.obsSkip), float64((h-s.obsHigh)*pkts))
+		s.obsHigh, s.obsSkip = h, k
+	}
 	cum := min(int(m.Cum), s.n)
 	for i := s.acked.NextClear(0); i < cum; i = s.acked.NextClear(i) {
 		s.acked.Set(i)
@@ -310,7 +445,7 @@ func (c *Conn) onStatusLocked(m *sdrwire.Message, now time.Duration) {
 // repaired: a round trip and a margin for the report's age, plus, for a
 // first send under EC, the time its stripe gets to decode.
 func (s *Send) wait(i int, repair, fallback time.Duration) time.Duration {
-	if s.m > 0 && s.tries[i] == 1 {
+	if s.sm[i/s.k] > 0 && s.tries[i] == 1 {
 		return repair + fallback
 	}
 	return repair
@@ -337,7 +472,7 @@ func (c *Conn) scanLocked(now time.Duration) {
 				continue
 			}
 			w := rto
-			if s.m > 0 && s.tries[i] == 1 {
+			if s.sm[i/s.k] > 0 && s.tries[i] == 1 {
 				w += fallback
 			}
 			if now >= time.Duration(s.sent[i])+max(w, repair) {
@@ -347,7 +482,7 @@ func (c *Conn) scanLocked(now time.Duration) {
 			}
 		}
 		if late {
-			c.log.Debug("reliability: repeat on timeout", "seq", s.seq, "pos", s.pos, "total", s.total, "acked", s.acked.Count(), "cum", s.acked.NextClear(0), "lastStatus", now-s.lastStatus, "srtt", c.srtt, "now", now)
+			c.log.Debug("reliability: repeat on timeout", "seq", s.seq, "stripe", s.stripe, "stripes", s.stripes, "acked", s.acked.Count(), "cum", s.acked.NextClear(0), "lastStatus", now-s.lastStatus, "srtt", c.srtt, "now", now)
 		}
 		if late {
 			c.sendCtlLocked(&sdrwire.Message{Type: sdrwire.TypeQuery, Seq: s.seq})
@@ -400,6 +535,12 @@ func (c *Conn) inject() {
 		}
 		bytes := c.fillLocked(c.now(), c.cfg.PathRates[p])
 		wire := bytes + len(tx.wrs)*packetOverhead
+		var req *planRequest
+		if s := c.needPlan; s != nil {
+			c.needPlan = nil
+			r := c.planLocked(s, c.now())
+			req = &r
+		}
 		var err error
 		if len(tx.wrs) > 0 {
 			_, err = c.qps[p].PostSend(tx.wrs)
@@ -411,6 +552,17 @@ func (c *Conn) inject() {
 				c.fail(fmt.Errorf("reliability: post chunks on path %d: %w", p, err))
 			}
 			return
+		}
+		if req != nil {
+			// The model runs without the lock: it takes up to a
+			// millisecond, which the poller must not wait for.
+			pl := makePlan(*req)
+			c.mu.Lock()
+			c.plan = pl
+			c.mu.Unlock()
+			if bytes == 0 {
+				continue
+			}
 		}
 		if bytes == 0 {
 			select {
@@ -466,28 +618,40 @@ func (c *Conn) fillLocked(now time.Duration, rate float64) int {
 		bytes += c.addData(r.s, r.idx, now)
 	}
 	for _, s := range c.order {
-		if !s.ready || s.pos >= s.total {
+		if !s.ready || s.stripe >= s.stripes {
 			continue
 		}
-		if s.pos == 0 && s.res.Transmissions == 0 {
+		if s.res.Transmissions == 0 {
 			s.start = now
 		}
-		for s.pos < s.total && len(tx.wrs) < limit {
-			idx, parity, stripe, j := s.position(s.pos)
-			if !parity {
-				s.pos++
-				bytes += c.addData(s, idx, now)
+		for s.stripe < s.stripes && len(tx.wrs) < limit {
+			st := s.stripe
+			if s.j == 0 {
+				m, ok := c.planFor(s, now)
+				if !ok {
+					c.needPlan = s
+					return bytes
+				}
+				s.sm[st] = uint8(m)
+			}
+			kk, m := min(s.k, s.n-st*s.k), int(s.sm[st])
+			if s.j < kk {
+				bytes += c.addData(s, st*s.k+s.j, now)
+				s.advance(kk + m)
 				continue
 			}
+			// Parity: a stripe's goes out in one batch of its own, since
+			// it is encoded into one scratch area.
+			j := s.j - kk
 			if j == 0 && len(tx.wrs) > 0 {
-				return bytes // parity starts a batch of its own
+				return bytes
 			}
 			if j == 0 {
-				c.encode(s, stripe)
+				c.encode(s, st, m)
 			}
-			s.pos++
-			bytes += c.addParity(s, stripe, j)
-			if j == s.m-1 {
+			bytes += c.addParity(s, st, j)
+			s.advance(kk + m)
+			if j == m-1 {
 				return bytes
 			}
 		}
@@ -498,24 +662,31 @@ func (c *Conn) fillLocked(now time.Duration, rate float64) int {
 	return bytes
 }
 
-// position maps an injection position to a data chunk or a stripe's
-// parity: with EC each stripe's data goes out, then its parity.
-func (s *Send) position(p int) (idx int, parity bool, stripe, j int) {
-	if s.m == 0 {
-		return p, false, 0, 0
+// advance moves the injection cursor past one position of a stripe of
+// per positions.
+func (s *Send) advance(per int) {
+	if s.j++; s.j >= per {
+		s.stripe, s.j = s.stripe+1, 0
 	}
-	full := s.n / s.k
-	per := s.k + s.m
-	if p < full*per {
-		stripe, j = p/per, p%per
-	} else {
-		stripe, j = full, p-full*per
+}
+
+// summarise sets the result's scheme to that of most data chunks.
+func (s *Send) summarise() {
+	var by [256]int // data chunks by parity count
+	for st, m := range s.sm {
+		by[m] += min(s.k, s.n-st*s.k)
 	}
-	kk := min(s.k, s.n-stripe*s.k)
-	if j < kk {
-		return stripe*s.k + j, false, stripe, j
+	top := 0
+	for m, n := range by {
+		if n > by[top] {
+			top = m
+		}
 	}
-	return 0, true, stripe, j - kk
+	s.res.ECChunks = s.n - by[0]
+	s.res.Scheme, s.res.K, s.res.M = SR, 0, 0
+	if top > 0 {
+		s.res.Scheme, s.res.K, s.res.M = EC, s.k, top
+	}
 }
 
 func imm(s *Send, idx int) uint32 {
@@ -559,9 +730,9 @@ func (c *Conn) addParity(s *Send, stripe, j int) int {
 
 // encode computes stripe's parity into the scratch area, coding chunks
 // past the message's end (and the short last chunk's tail) as zeros.
-func (c *Conn) encode(s *Send, stripe int) {
+func (c *Conn) encode(s *Send, stripe, m int) {
 	tx := &c.tx
-	need := (s.m + 2) * s.chunk
+	need := (m + 2) * s.chunk
 	if tx.mr == nil || tx.mr.Len() < need {
 		if tx.mr != nil {
 			tx.mr.Deregister()
@@ -573,24 +744,24 @@ func (c *Conn) encode(s *Send, stripe int) {
 		}
 		tx.mr = mr
 	}
-	key := [2]int{s.k, s.m}
+	key := [2]int{s.k, m}
 	enc := c.enc[key]
 	if enc == nil {
 		var err error
-		if enc, err = reedsolomon.New(s.k, s.m, reedsolomon.WithCauchyMatrix()); err != nil {
+		if enc, err = reedsolomon.New(s.k, m, reedsolomon.WithCauchyMatrix()); err != nil {
 			c.failLocked(fmt.Errorf("reliability: encoder: %w", err))
 			return
 		}
 		c.enc[key] = enc
 	}
 	buf := tx.mr.Bytes()
-	pad := buf[s.m*s.chunk : (s.m+1)*s.chunk] // padded copy of a short chunk
-	zero := buf[(s.m+1)*s.chunk : (s.m+2)*s.chunk]
+	pad := buf[m*s.chunk : (m+1)*s.chunk] // padded copy of a short chunk
+	zero := buf[(m+1)*s.chunk : (m+2)*s.chunk]
 	clear(zero)
-	if cap(tx.shards) < s.k+s.m {
-		tx.shards = make([][]byte, s.k+s.m)
+	if cap(tx.shards) < s.k+m {
+		tx.shards = make([][]byte, s.k+m)
 	}
-	sh := tx.shards[:s.k+s.m]
+	sh := tx.shards[:s.k+m]
 	for i := 0; i < s.k; i++ {
 		off := (stripe*s.k + i) * s.chunk
 		switch {
@@ -604,7 +775,7 @@ func (c *Conn) encode(s *Send, stripe int) {
 			sh[i] = s.data[off : off+s.chunk]
 		}
 	}
-	for j := 0; j < s.m; j++ {
+	for j := 0; j < m; j++ {
 		sh[s.k+j] = buf[j*s.chunk : (j+1)*s.chunk]
 	}
 	if err := enc.Encode(sh); err != nil {

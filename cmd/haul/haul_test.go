@@ -20,6 +20,8 @@ import (
 
 	"github.com/rvma/rvma/internal/fabric"
 	"github.com/rvma/rvma/internal/linkem"
+	"github.com/rvma/rvma/reliability"
+	"github.com/rvma/rvma/verbs"
 )
 
 // freePort returns a port free for both TCP and UDP on loopback.
@@ -106,6 +108,18 @@ func TestThroughLinkem(t *testing.T) {
 			require.EqualValues(t, len(want), rep["bytes"])
 			if scheme != "auto" {
 				require.True(t, strings.HasPrefix(rep["scheme"].(string), scheme), rep["scheme"])
+			}
+			// The probe saw the link's loss (2% each way), and the first
+			// choice was made with it.
+			probe := rep["probe"].(map[string]any)
+			require.Less(t, probe["echoed"], probe["sent"])
+			ds := rep["decisions"].([]any)
+			require.NotEmpty(t, ds)
+			d0 := ds[0].(map[string]any)
+			require.Greater(t, d0["chunk_loss"], 0.005)
+			require.EqualValues(t, 0, d0["byte"])
+			if scheme == "auto" {
+				require.Contains(t, d0["reason"], "model at chunk loss")
 			}
 			for _, p := range []string{statePath(out), partPath(out)} {
 				_, err = os.Stat(p)
@@ -285,4 +299,45 @@ func TestBinary(t *testing.T) {
 	require.NoError(t, recv.Wait())
 	require.Contains(t, string(sout), "verified")
 	require.Contains(t, rout.String(), "verified")
+}
+
+// The report warns when repeats are more than a few percent of the
+// payload, and attributes bytes to each decision's scheme.
+func TestSummariseRepeats(t *testing.T) {
+	start := time.Now()
+	mk := func(retx int) []reliability.SendResult {
+		return []reliability.SendResult{{Bytes: 100 * 4096, Chunk: 4096, Retransmissions: retx, WireBytes: int64(100+retx) * 4096,
+			Decisions: []reliability.Decision{{At: start, Chunk: 0, Scheme: reliability.SR}, {At: start.Add(time.Second), Chunk: 60, Scheme: reliability.EC, K: 32, M: 4}}}}
+	}
+	c := testConn(t)
+	o := &sendOpts{common: common{rate: 1e6}, k: 32}
+	var rep report
+	summarise(&rep, mk(2), []int64{0}, c, o, 100*4096, time.Second, start)
+	require.Empty(t, rep.warning)
+	require.InDelta(t, 0.02, rep.Repeats, 1e-9)
+	require.Equal(t, "sr for 245760 bytes, ec(32,4) for 163840 bytes", rep.schemeMix)
+	require.Len(t, rep.Decisions, 2)
+	require.EqualValues(t, 60*4096, rep.Decisions[1].Byte)
+	require.InDelta(t, 1.0, rep.Decisions[1].T, 1e-9)
+	rep = report{}
+	summarise(&rep, mk(5), []int64{0}, c, o, 100*4096, time.Second, start)
+	require.Contains(t, rep.warning, "5.0% of the payload was sent again")
+}
+
+// testConn is a reliability connection over a loop device's QP connected
+// to itself: enough for the model's view (Link, Predict).
+func testConn(t *testing.T) *reliability.Conn {
+	dev, err := verbs.Open(context.Background(), fmt.Sprintf("loop://haul-sum-%d?mtu=4096", time.Now().UnixNano()), nil)
+	require.NoError(t, err)
+	pd, err := dev.AllocPD()
+	require.NoError(t, err)
+	cq, err := dev.CreateCQ(verbs.CQConfig{Capacity: 16384})
+	require.NoError(t, err)
+	qp, err := pd.CreateQP(reliability.QPConfig(cq, reliability.Config{}))
+	require.NoError(t, err)
+	require.NoError(t, qp.Connect(qp.Endpoint(), nil))
+	c, err := reliability.New(pd, qp, cq, reliability.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close(); dev.Close() })
+	return c
 }

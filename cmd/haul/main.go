@@ -6,7 +6,7 @@
 //
 //	haul keygen FILE
 //	haul recv --listen ADDR --out PATH [--key-file FILE [--encrypt]] [--via RELAY] [--wait D]
-//	haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] PATH
+//	haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--probes N] PATH
 //
 // ADDR is host:port; the connection setup uses TCP on it and the data
 // path UDP on the same port. --via sends the data path through a relay
@@ -35,6 +35,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 
 	"github.com/rvma/rvma/internal/launch"
@@ -54,7 +55,7 @@ func main() {
 const usage = `usage:
   haul keygen FILE
   haul recv --listen ADDR --out PATH [--key-file FILE [--encrypt]] [--via RELAY] [--wait D] [--json]
-  haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--json] PATH`
+  haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--probes N] [--json] PATH`
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
@@ -67,12 +68,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
+		stop, err := profile(o.cpuprof)
+		if err != nil {
+			return err
+		}
+		defer stop()
 		return receive(ctx, o, stdout, stderr)
 	case "send":
 		o, err := parseSend(args[1:], stderr)
 		if err != nil {
 			return err
 		}
+		stop, err := profile(o.cpuprof)
+		if err != nil {
+			return err
+		}
+		defer stop()
 		return send(ctx, o, stdout, stderr)
 	case "keygen":
 		return keygen(args[1:], stdout)
@@ -82,6 +93,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintln(stderr, usage)
 	return fmt.Errorf("unknown command %q", args[0])
+}
+
+// profile starts a CPU profile into path ("" : none) and returns what
+// stops it.
+func profile(path string) (func(), error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // keygen writes a new key file; it never overwrites one, which would lock

@@ -42,8 +42,14 @@ type report struct {
 	Encrypted  bool     `json:"encrypted"`
 	CryptoCPU  float64  `json:"crypto_cpu_seconds"` // sealing the payload, on all threads
 	AuthFailed int      `json:"auth_failed_chunks"` // sealed chunks the receiver found forged or corrupted, sent again
+	// Repeats is the payload bytes sent again (selective repeat), over
+	// the payload: the part of the wire overhead that loss, or a
+	// receiver that reports late, costs.
+	Repeats    float64    `json:"repeat_overhead"`
+	Probe      *probeRep  `json:"probe,omitempty"`
+	Decisions  []decision `json:"decisions"`
 	repairWire int64
-	reason     string
+	warning    string
 	schemeMix  string
 	verdictErr string
 }
@@ -140,6 +146,18 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 	if err := ready(ctx, c, fb, o.peerT); err != nil {
 		return err
 	}
+	var probe *probeRep
+	if o.probes > 0 && !settled(fb) {
+		pr, err := c.Probe(ctx, o.probes)
+		if err != nil && !settled(fb) {
+			return fmt.Errorf("probing the path: %w", err)
+		}
+		probe = &probeRep{Sent: pr.Sent, Echoed: pr.Echoed, Loss: pr.Loss, RTTms: float64(pr.Median.Microseconds()) / 1e3,
+			Seconds: pr.Duration.Seconds()}
+		if o.verbose {
+			fmt.Fprintf(stderr, "haul: probe: %v\n", pr)
+		}
+	}
 	if ans.Hashes && len(hashes) > 0 {
 		// The receiver's first posted buffer: it checks each region with them.
 		if _, err := c.Send(ctx, hashes, nil); err != nil {
@@ -156,7 +174,7 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 			todoBytes += min(region, size-int64(i)*region)
 		}
 	}
-	rep := report{Bytes: size, SHA256: sha, Resumed: size - todoBytes, Encrypted: pl != nil}
+	rep := report{Bytes: size, SHA256: sha, Resumed: size - todoBytes, Encrypted: pl != nil, Probe: probe}
 	plain := func(i int) []byte {
 		lo := int64(i) * region
 		return mm[lo:min(lo+region, size)]
@@ -199,6 +217,7 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 	prog := newProgress(stderr, todoBytes)
 	start := time.Now()
 	var results []reliability.SendResult
+	var offsets []int64 // of each result's region in the file
 	tick := time.NewTicker(prog.every)
 	defer tick.Stop()
 	doneBytes := int64(0)
@@ -238,6 +257,7 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 			}
 			r.Bytes = len(plain(f.region)) // not the sealed length
 			results = append(results, r)
+			offsets = append(offsets, int64(f.region)*region)
 			if o.verbose {
 				fmt.Fprintf(stderr, "msg %d: tx %d retx %d timeouts %d decoded %d dur %v\n", r.Seq, r.Transmissions, r.Retransmissions, r.Timeouts, r.Decoded, r.Duration)
 			}
@@ -291,15 +311,25 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 		rep.CryptoCPU = pl.CPU().Seconds()
 	}
 	rep.OK = v.OK && v.SHA256 == sha
-	summarise(&rep, results, c, o, todoBytes, elapsed)
+	summarise(&rep, results, offsets, c, o, todoBytes, elapsed, start)
 	if o.json {
 		fmt.Fprintf(stdout, "%s\n", mustJSON(rep))
 	} else {
 		fmt.Fprintf(stdout, "haul: sent %s: %d bytes in %.3fs, %.3f Gbit/s goodput (ideal %.3fs at %.0f Mbit/s and %.1f ms RTT: %.2fx)\n",
 			o.path, todoBytes, rep.Seconds, rep.Gbps, rep.Ideal, o.rate*8/1e6, rep.RTTms, rep.Seconds/rep.Ideal)
-		fmt.Fprintf(stdout, "haul: scheme %s; %s\n", rep.schemeMix, rep.reason)
-		fmt.Fprintf(stdout, "haul: wire overhead %.1f%%, %d chunks repaired, chunk loss %.2g; model predicted %.3fs, measured %.3fs (%+.0f%%)\n",
-			100*(rep.Overhead-1), rep.Repaired, rep.Loss, rep.Predicted, rep.Seconds, 100*(rep.Seconds/rep.Predicted-1))
+		if rep.Probe != nil {
+			fmt.Fprintf(stdout, "haul: probe: %d of %d echoed (loss %.2g a packet), RTT %.1f ms, %.3fs\n",
+				rep.Probe.Echoed, rep.Probe.Sent, rep.Probe.Loss, rep.Probe.RTTms, rep.Probe.Seconds)
+		}
+		fmt.Fprintf(stdout, "haul: scheme %s\n", rep.schemeMix)
+		for _, d := range rep.Decisions {
+			fmt.Fprintf(stdout, "haul:   at %.3fs, byte %d: %s (%s)\n", d.T, d.Byte, d.Scheme, d.Reason)
+		}
+		fmt.Fprintf(stdout, "haul: wire overhead %.1f%% (repeats %.1f%%), %d chunks repaired, chunk loss %.2g; model predicted %.3fs, measured %.3fs (%+.0f%%)\n",
+			100*(rep.Overhead-1), 100*rep.Repeats, rep.Repaired, rep.Loss, rep.Predicted, rep.Seconds, 100*(rep.Seconds/rep.Predicted-1))
+		if rep.warning != "" {
+			fmt.Fprintf(stdout, "haul: warning: %s\n", rep.warning)
+		}
 		if rep.Resumed > 0 {
 			fmt.Fprintf(stdout, "haul: resumed: %d bytes were already at the receiver\n", rep.Resumed)
 		}
@@ -384,8 +414,43 @@ func cryptoLine(on bool, cpu float64, doing, failed string) string {
 	return fmt.Sprintf("payload encrypted (AES-256-GCM, under this session's own key): %.3fs CPU %s; %s", cpu, doing, failed)
 }
 
+// probeRep is the probe train's account in the report.
+type probeRep struct {
+	Sent    int     `json:"sent"`
+	Echoed  int     `json:"echoed"`
+	Loss    float64 `json:"loss"` // per packet, one way
+	RTTms   float64 `json:"rtt_ms"`
+	Seconds float64 `json:"seconds"` // before the transfer's clock starts, as the connection setup
+}
+
+// decision is one of the model's choices in the report: when (seconds
+// from the transfer's start), from which byte of the file on, and why.
+type decision struct {
+	T         float64 `json:"t"`
+	Byte      int64   `json:"byte"`
+	Scheme    string  `json:"scheme"`
+	ChunkLoss float64 `json:"chunk_loss"`
+	RTTms     float64 `json:"rtt_ms"`
+	Left      int64   `json:"left_bytes"`
+	Reason    string  `json:"reason"`
+}
+
+// repeatWarn is the share of the payload sent again above which the
+// report warns: loss that high, or a receiver that reports late (a
+// receiver that cannot keep up, or a rate above the path's), costs the
+// path that much more than the payload.
+const repeatWarn = 0.03
+
+func schemeName(s reliability.Scheme, k, m int) string {
+	if s == reliability.EC && m > 0 {
+		return fmt.Sprintf("ec(%d,%d)", k, m)
+	}
+	return "sr"
+}
+
 // summarise fills the report's figures from the sends and the model.
-func summarise(rep *report, results []reliability.SendResult, c *reliability.Conn, o *sendOpts, todo int64, elapsed time.Duration) {
+// offsets are the file offsets of the results' regions.
+func summarise(rep *report, results []reliability.SendResult, offsets []int64, c *reliability.Conn, o *sendOpts, todo int64, elapsed time.Duration, start time.Time) {
 	rep.Seconds = elapsed.Seconds()
 	rep.Gbps = float64(todo) * 8 / rep.Seconds / 1e9
 	l := c.Link()
@@ -394,20 +459,40 @@ func summarise(rep *report, results []reliability.SendResult, c *reliability.Con
 	rep.Ideal = float64(todo)/o.rate + l.RTT.Seconds()
 	rep.Paths, rep.PathBytes = o.paths, c.PathBytes()
 	byScheme := map[string]int64{}
-	var wire int64
-	for _, r := range results {
-		name := "sr"
-		if r.Scheme == reliability.EC {
-			name = fmt.Sprintf("ec(%d,%d)", r.K, r.M)
-		}
-		byScheme[name] += int64(r.Bytes)
+	var wire, repeats int64
+	rep.Decisions = []decision{}
+	last := ""
+	for i, r := range results {
 		wire += r.WireBytes
+		repeats += int64(r.Retransmissions) * int64(r.Chunk)
 		rep.Repaired += r.Retransmissions + r.Decoded
 		rep.Timeouts += r.Timeouts
+		// Each decision holds from its chunk to the next one's; the
+		// bytes are the plain ones (a sealed region's chunks are scaled).
+		n := (r.Bytes + r.Chunk - 1) / max(r.Chunk, 1)
+		for j, d := range r.Decisions {
+			end := n
+			if j+1 < len(r.Decisions) {
+				end = r.Decisions[j+1].Chunk
+			}
+			name := schemeName(d.Scheme, d.K, d.M)
+			byScheme[name] += int64(min(end, n)-min(d.Chunk, n)) * int64(r.Chunk)
+			if name == last {
+				continue
+			}
+			last = name
+			rep.Decisions = append(rep.Decisions, decision{T: max(d.At.Sub(start).Seconds(), 0), Byte: offsets[i] + int64(d.Chunk)*int64(r.Chunk),
+				Scheme: name, ChunkLoss: d.Loss, RTTms: float64(d.RTT.Microseconds()) / 1e3, Left: d.Remaining, Reason: d.Reason})
+		}
 	}
 	wire += rep.repairWire
 	if todo > 0 {
 		rep.Overhead = float64(wire) / float64(todo)
+		rep.Repeats = float64(repeats) / float64(todo)
+	}
+	if rep.Repeats > repeatWarn {
+		rep.warning = fmt.Sprintf("%.1f%% of the payload was sent again (%d timeouts): the loss is high, or the receiver reports late (it cannot keep up, or --rate is above the path's)",
+			100*rep.Repeats, rep.Timeouts)
 	}
 	var names []string
 	for k := range byScheme {
@@ -416,24 +501,32 @@ func summarise(rep *report, results []reliability.SendResult, c *reliability.Con
 	sort.Slice(names, func(i, j int) bool { return byScheme[names[i]] > byScheme[names[j]] })
 	var mix []string
 	for _, k := range names {
-		mix = append(mix, fmt.Sprintf("%s for %d bytes", k, byScheme[k]))
+		mix = append(mix, fmt.Sprintf("%s for %d bytes", k, min(byScheme[k], todo)))
 	}
 	rep.schemeMix = strings.Join(mix, ", ")
 	if len(names) > 0 {
 		rep.Scheme = names[0]
 	}
-	if len(results) > 0 {
-		rep.reason = results[0].Reason
-	}
 	// The model's prediction for this transfer, with the link as measured
-	// (rate as configured, RTT from pings, loss from the repairs).
+	// (rate as configured, RTT from pings, loss from probes and data),
+	// for the scheme of most bytes.
 	if len(results) > 0 {
 		r := results[0]
 		m := 0
-		if r.Scheme == reliability.EC && rep.Scheme != "sr" {
-			m = r.M
+		if rep.Scheme != "sr" {
+			fmt.Sscanf(rep.Scheme, "ec(%d,%d)", new(int), &m)
 		}
-		rep.Predicted = c.Predict(todo, r.Chunk, r.K, m).Seconds()
+		rep.Predicted = c.Predict(todo, r.Chunk, o.k, m).Seconds()
+	}
+}
+
+// settled says whether the receiver's verdict is in already.
+func settled(fb *reliability.Recv) bool {
+	select {
+	case <-fb.Done():
+		return true
+	default:
+		return false
 	}
 }
 

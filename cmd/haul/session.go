@@ -30,6 +30,7 @@ type common struct {
 	keyFile string
 	key     []byte // authenticates the CM's handshakes; nil: none
 	encrypt bool   // sender: seal the payload; receiver: accept only senders that do
+	cpuprof string // write a CPU profile of the run here
 }
 
 type recvOpts struct {
@@ -54,6 +55,7 @@ type sendOpts struct {
 	scheme reliability.Scheme
 	k, m   int
 	region int64
+	probes int
 }
 
 func commonFlags(fs *flag.FlagSet, c *common) (chunk, rate, via *string) {
@@ -64,6 +66,7 @@ func commonFlags(fs *flag.FlagSet, c *common) (chunk, rate, via *string) {
 	rate = fs.String("rate", "", "injection rate per path, as tc spells it (500mbit), or one per path, comma-separated; set it to the path's rate (default 1gbit)")
 	fs.IntVar(&c.slots, "slots", 8, "messages in flight (a power of two, 1..64)")
 	fs.DurationVar(&c.peerT, "peer-timeout", 10*time.Second, "give up when the peer is silent this long")
+	fs.StringVar(&c.cpuprof, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof reads it)")
 	fs.StringVar(&c.keyFile, "key-file", "", "the pre-shared key, made by haul keygen (the file must be readable by its owner only): both ends authenticate the connection setup with it, and refuse a peer without it")
 	return chunk, rate, via
 }
@@ -148,6 +151,7 @@ func parseSend(args []string, stderr io.Writer) (*sendOpts, error) {
 	fs.IntVar(&o.k, "k", 32, "EC data chunks per stripe")
 	fs.IntVar(&o.m, "m", 0, "EC parity chunks per stripe (default: the model picks 1, 2, 4 or 8)")
 	fs.BoolVar(&o.encrypt, "encrypt", false, "encrypt the payload with AES-256-GCM under a key of this transfer's own, derived from --key-file's")
+	fs.IntVar(&o.probes, "probes", 1000, "probes sent before the data to measure the path's loss and RTT, for the model's first choice (0: none; then it starts from no loss)")
 	region := fs.String("region", "", "bytes per message, the unit of pipelining and of resume (default 16MiB, more for files over 64GiB: at most 4096 regions)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -167,6 +171,9 @@ func parseSend(args []string, stderr io.Writer) (*sendOpts, error) {
 		if o.region, err = units.ParseSize(*region); err != nil || o.region < minRegion || o.region > maxRegion {
 			return nil, fmt.Errorf("--region %q: want %d bytes to 4GiB", *region, minRegion)
 		}
+	}
+	if o.probes < 0 || o.probes > 1<<16 {
+		return nil, fmt.Errorf("--probes %d: want 0..65536", o.probes)
 	}
 	if o.paths < 1 || o.paths > 16 {
 		return nil, fmt.Errorf("--paths %d: want 1..16", o.paths)

@@ -1,7 +1,8 @@
 // Package sdrwire is the codec of the reliability layer's control
 // messages: the receiver's status of a posted buffer (clear-to-send, the
-// chunk bitmap, completion), the sender's query, and RTT pings. Each
-// message travels in one SEND; all integers are big-endian.
+// chunk bitmap, completion), the sender's query, RTT pings, and the probe
+// train that measures the path's loss before a transfer. Each message
+// travels in one SEND; all integers are big-endian.
 //
 // Parse never panics on hostile input and does not retain its argument.
 package sdrwire
@@ -18,6 +19,8 @@ const (
 	TypePong   = 2 // Stamp: echoed
 	TypeStatus = 3 // a receive slot's state
 	TypeQuery  = 4 // Seq: ask for that message's status now
+	TypeProbe  = 5 // Stamp, Seq: the probe's index; Pad bytes of padding
+	TypeEcho   = 6 // Stamp, Seq: a probe's, echoed
 )
 
 // Status flags.
@@ -34,10 +37,14 @@ const MaxWords = 96
 const MaxLen = statusFixed + 8*MaxWords
 
 const (
-	version     = 1
+	// Version 2 added the status's Skipped and the probes.
+	version     = 2
 	hdrLen      = 2
-	statusFixed = hdrLen + 8 + 8 + 1 + 4 + 2 + 2 + 8 + 4 + 8 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 2
+	statusFixed = hdrLen + 8 + 8 + 1 + 4 + 2 + 2 + 8 + 4 + 8 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 4 + 2
+	probeFixed  = hdrLen + 8 + 8
 )
+
+var zeros [MaxLen]byte // probes' padding
 
 // ErrMalformed reports a control message that cannot be parsed.
 var ErrMalformed = errors.New("sdrwire: malformed control message")
@@ -45,8 +52,9 @@ var ErrMalformed = errors.New("sdrwire: malformed control message")
 // Message is one control message; which fields matter depends on Type.
 type Message struct {
 	Type  uint8
-	Stamp int64  // ping, pong
-	Seq   uint64 // status, query: the message's sequence number
+	Stamp int64  // ping, pong, probe, echo
+	Seq   uint64 // status, query: the message's sequence number; probe, echo: the probe's index
+	Pad   int    // probe: bytes of padding, so that probes are about as large as chunks
 	Floor uint64 // status: every message below Floor is complete at the receiver
 
 	// Status: where to write (clear-to-send) and how far the message got.
@@ -64,6 +72,10 @@ type Message struct {
 	Decoded uint32 // data chunks rebuilt from parity
 	Cum     uint32 // every data chunk below Cum is present
 	Highest uint32 // one more than the highest data chunk seen; 0: none
+	// Skipped counts the data positions that Highest jumped over when a
+	// chunk arrived: first transmissions lost, when the path keeps order.
+	// The sender's loss estimate is Skipped over Highest.
+	Skipped uint32
 	Words   []uint64
 }
 
@@ -75,6 +87,13 @@ func Append(b []byte, m *Message) []byte {
 		b = binary.BigEndian.AppendUint64(b, uint64(m.Stamp))
 	case TypeQuery:
 		b = binary.BigEndian.AppendUint64(b, m.Seq)
+	case TypeProbe, TypeEcho:
+		b = binary.BigEndian.AppendUint64(b, uint64(m.Stamp))
+		b = binary.BigEndian.AppendUint64(b, m.Seq)
+		if m.Type == TypeProbe {
+			pad := min(max(m.Pad, 0), MaxLen-probeFixed)
+			b = append(b, zeros[:pad]...)
+		}
 	case TypeStatus:
 		words := m.Words
 		if len(words) > MaxWords {
@@ -96,6 +115,7 @@ func Append(b []byte, m *Message) []byte {
 		b = binary.BigEndian.AppendUint32(b, m.Decoded)
 		b = binary.BigEndian.AppendUint32(b, m.Cum)
 		b = binary.BigEndian.AppendUint32(b, m.Highest)
+		b = binary.BigEndian.AppendUint32(b, m.Skipped)
 		b = binary.BigEndian.AppendUint16(b, uint16(len(words)))
 		for _, w := range words {
 			b = binary.BigEndian.AppendUint64(b, w)
@@ -122,6 +142,14 @@ func Parse(b []byte, m *Message) error {
 		v := binary.BigEndian.Uint64(p)
 		m.Stamp, m.Seq = int64(v), v
 		return nil
+	case TypeProbe, TypeEcho:
+		if len(b) < probeFixed || len(b) > MaxLen || (m.Type == TypeEcho && len(b) != probeFixed) {
+			return fmt.Errorf("%w: type %d with %d bytes", ErrMalformed, m.Type, len(p))
+		}
+		m.Stamp = int64(binary.BigEndian.Uint64(p))
+		m.Seq = binary.BigEndian.Uint64(p[8:])
+		m.Pad = len(b) - probeFixed
+		return nil
 	case TypeStatus:
 	default:
 		return fmt.Errorf("%w: type %d", ErrMalformed, m.Type)
@@ -147,8 +175,9 @@ func Parse(b []byte, m *Message) error {
 	m.Decoded = be.Uint32(p[61:])
 	m.Cum = be.Uint32(p[65:])
 	m.Highest = be.Uint32(p[69:])
-	n := int(be.Uint16(p[73:]))
-	p = p[75:]
+	m.Skipped = be.Uint32(p[73:])
+	n := int(be.Uint16(p[77:]))
+	p = p[79:]
 	if n > MaxWords || len(p) != 8*n {
 		return fmt.Errorf("%w: %d bitmap words in %d bytes", ErrMalformed, n, len(p))
 	}

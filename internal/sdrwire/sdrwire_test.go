@@ -13,7 +13,10 @@ func TestRoundTrip(t *testing.T) {
 		{Type: TypeQuery, Seq: 1<<63 + 7},
 		{Type: TypeStatus, Seq: 9, Floor: 4, Flags: FlagComplete | FlagTaken, Chunk: 4096, K: 32, MaxM: 8, Len: 1 << 30,
 			RKey: 0xdeadbeef, Addr: 1 << 40, ParRKey: 7, ParAddr: 1<<40 + 99, ParLen: 12345, Arrived: 4, Decoded: 2,
-			Cum: 17, Highest: 1000, Words: []uint64{1, 2, 1 << 63}},
+			Cum: 17, Highest: 1000, Skipped: 9, Words: []uint64{1, 2, 1 << 63}},
+		{Type: TypeProbe, Stamp: 77, Seq: 12, Pad: 700},
+		{Type: TypeProbe, Stamp: 1, Seq: 0},
+		{Type: TypeEcho, Stamp: -3, Seq: 1 << 40},
 		{Type: TypeStatus, Seq: 1},
 	} {
 		b := Append(nil, &m)
@@ -35,14 +38,18 @@ func TestRoundTrip(t *testing.T) {
 func TestMalformed(t *testing.T) {
 	ok := Append(nil, &Message{Type: TypeStatus, Words: []uint64{1, 2}})
 	for name, b := range map[string][]byte{
-		"empty":      nil,
-		"version":    {9, TypePing, 0, 0, 0, 0, 0, 0, 0, 0},
-		"type":       {version, 77},
-		"short ping": {version, TypePing, 1},
-		"long query": append(Append(nil, &Message{Type: TypeQuery}), 0),
-		"short":      ok[:statusFixed-1],
-		"truncated":  ok[:len(ok)-1],
-		"extra":      append(append([]byte(nil), ok...), 0),
+		"empty":       nil,
+		"version":     {9, TypePing, 0, 0, 0, 0, 0, 0, 0, 0},
+		"type":        {version, 77},
+		"short ping":  {version, TypePing, 1},
+		"long query":  append(Append(nil, &Message{Type: TypeQuery}), 0),
+		"short probe": Append(nil, &Message{Type: TypeProbe})[:probeFixed-1],
+		"long probe":  append(Append(nil, &Message{Type: TypeProbe, Pad: MaxLen}), 0),
+		"long echo":   append(Append(nil, &Message{Type: TypeEcho}), 0),
+		"old version": func() []byte { b := Append(nil, &Message{Type: TypePing}); b[0] = 1; return b }(),
+		"short":       ok[:statusFixed-1],
+		"truncated":   ok[:len(ok)-1],
+		"extra":       append(append([]byte(nil), ok...), 0),
 		"many words": func() []byte {
 			b := append([]byte(nil), ok[:statusFixed]...)
 			b[statusFixed-2], b[statusFixed-1] = 0xff, 0xff
@@ -57,6 +64,8 @@ func TestMalformed(t *testing.T) {
 func FuzzParse(f *testing.F) {
 	f.Add(Append(nil, &Message{Type: TypeStatus, Seq: 3, Words: []uint64{5}}))
 	f.Add(Append(nil, &Message{Type: TypePing, Stamp: 1}))
+	f.Add(Append(nil, &Message{Type: TypeProbe, Stamp: 1, Seq: 2, Pad: 5}))
+	f.Add(Append(nil, &Message{Type: TypeEcho, Stamp: 1, Seq: 2}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var m Message
 		if Parse(b, &m) != nil {
