@@ -4,7 +4,8 @@
 // communication state back to the last consistent step after a failure
 // (rewind).
 //
-// A History is safe for concurrent use. Buffers in a History belong to it
+// A History is not safe for concurrent use: its owner serialises calls
+// (a mailbox window holds its own lock around each). Buffers in a History belong to it
 // while they are retained: the application may read them, and must not
 // write them, until they are evicted (Add returns the evicted record) or
 // handed back by Rewind.
