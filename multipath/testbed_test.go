@@ -60,7 +60,12 @@ func TestShapedPaths(t *testing.T) {
 	t.Logf("with path 1 down: %v", time.Since(start))
 	// It comes back: re-dialled and probed, it is used again.
 	require.NoError(t, b.SetDown(1, false))
-	require.NoError(t, b.In(b.NameA, func() error { return c.Revive(ctx, 1) }))
+	// As the background reviver would, try again until the link carries
+	// the probe: a veth pair set up again may take a moment (longer on a
+	// loaded host) before its first packets pass.
+	require.Eventually(t, func() bool {
+		return b.In(b.NameA, func() error { return c.Revive(ctx, 1) }) == nil
+	}, 20*time.Second, 100*time.Millisecond, "path 1 never revived")
 	require.True(t, c.Paths()[1].Up)
 	before := c.Paths()[1].Bytes
 	req, err = c.Write(sa.mr, 0, len(sa.buf), sb.mr.Addr(), sb.mr.RKey())
