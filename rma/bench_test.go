@@ -87,3 +87,72 @@ func BenchmarkFetchAndOp(b *testing.B) {
 		})
 	}
 }
+
+// A notified-window ping-pong, one way per op: rank 0 puts 8 bytes into
+// rank 1's per-origin notified window and waits for rank 1's put back.
+func BenchmarkNotifiedPingPong(b *testing.B) {
+	for _, prov := range []string{"shm", "udp"} {
+		b.Run(prov, func(b *testing.B) {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			comms, err := NewWorld(ctx, 2, &Config{Provider: prov})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer func() {
+				done := make(chan struct{}, 2)
+				for _, c := range comms {
+					go func() { c.Close(ctx); done <- struct{}{} }()
+				}
+				<-done
+				<-done
+			}()
+			wins := make([]*Win, 2)
+			errs := make(chan error, 2)
+			for r, c := range comms {
+				go func() {
+					var err error
+					wins[r], err = c.Allocate(ctx, 64, &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{1 - r: 8}}})
+					errs <- err
+				}()
+			}
+			for range 2 {
+				if err := <-errs; err != nil {
+					b.Fatal(err)
+				}
+			}
+			data := make([]byte, 8)
+			n := b.N
+			go func() {
+				w := wins[1]
+				for range n {
+					if _, err := w.WaitEpoch(ctx); err != nil {
+						errs <- err
+						return
+					}
+					if err := w.Put(ctx, data, 0, 0); err != nil {
+						errs <- err
+						return
+					}
+				}
+				errs <- nil
+			}()
+			b.ReportAllocs()
+			b.ResetTimer()
+			w := wins[0]
+			for range n {
+				if err := w.Put(ctx, data, 1, 0); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := w.WaitEpoch(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			if err := <-errs; err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(2*n), "ns/way")
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package rma
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -184,7 +185,10 @@ func (w *Win) putPerOrigin(ctx context.Context, origin []byte, ol Layout, target
 			return nil, err
 		}
 	}
-	wrs, err := w.putWRs(nil, origin, ol, target, off, tl)
+	// Built on the stack, inline data aliasing origin: txSubmit copies
+	// them if they must wait in the queue.
+	var one [1]verbs.SendWR
+	wrs, err := w.putWRs(one[:0], origin, ol, target, off, tl)
 	if err != nil {
 		return nil, opErr(name, target, err)
 	}
@@ -259,6 +263,9 @@ func (w *Win) txSubmit(tx *txState, qp *verbs.QP, target int, wrs []verbs.SendWR
 	op, base := w.track(len(wrs), target)
 	for i := range wrs {
 		wrs[i].ID, wrs[i].Flags = base+uint64(i), wrs[i].Flags|verbs.FlagSignaled
+		// Queued past this call: inline data must not alias the caller's
+		// origin buffer, which verbs would have copied at post.
+		wrs[i].Inline = bytes.Clone(wrs[i].Inline)
 		tx.queue = append(tx.queue, txWR{wr: wrs[i], units: units(&wrs[i]), op: op})
 	}
 	w.txDrain(tx, target)

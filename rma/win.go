@@ -596,10 +596,11 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 // request is a mailbox write; the target's mailbox counts them in the
 // order they arrive.
 //
-// They are appended to dst. A caller that posts them at once passes room
-// for them (a contiguous put makes one): its inline data may then alias
-// origin, since verbs copies inline data at post time. With dst nil they
-// are the caller's to keep, inline data copied.
+// They are appended to dst. A caller that passes room for them (a
+// contiguous put makes one) gets inline data aliasing origin, which is
+// right when they are posted before the call returns (verbs copies inline
+// data at post); one that keeps them longer copies it. With dst nil the
+// inline data is always copied.
 func (w *Win) putWRs(dst []verbs.SendWR, origin []byte, ol Layout, target, off int, tl Layout) ([]verbs.SendWR, error) {
 	rw := &w.remote[target]
 	if dst != nil && ol.Contiguous() && tl.Contiguous() && ol.Size() <= inlineMax {
