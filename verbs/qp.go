@@ -100,6 +100,7 @@ const NoRetry = -1
 // A QP is safe for concurrent use: posting from several goroutines is
 // serialised; requests are executed in post order.
 type QP struct {
+	// Set at creation, then read-only: no lock.
 	dev    *Device
 	pd     *PD
 	typ    QPType
@@ -111,6 +112,10 @@ type QP struct {
 	srq    *SRQ
 	cfg    QPConfig
 
+	// mu guards every field below it but the atomic counters. It is never
+	// held across Port.Send: packets made under it go into an outbox that
+	// is flushed after it is released, since a send may re-enter the
+	// engine (the loop fabric delivers inline, to this device too).
 	mu     sync.Mutex
 	state  QPState
 	closed bool
@@ -130,7 +135,8 @@ type QP struct {
 	resp responder
 	rq   recvQueue
 
-	// requester events since creation, for QP.Stats
+	// requester events since creation, for QP.Stats (atomic: read
+	// without mu)
 	timeouts, seqNaks, rnrNaks atomic.Uint64
 
 	timer     *time.Timer
