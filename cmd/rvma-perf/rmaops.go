@@ -42,7 +42,8 @@ const (
 )
 
 // mpiStyle reports whether test is one of the tests mirrored by
-// bench/mpi/rma_bench.c (rma_put_lat, rma_put_bw predate it and are not).
+// bench/mpi/rma_bench.c (rma_notify_lat only on rvma's side: MPI has no
+// notified windows); rma_put_lat, its old name, and rma_put_bw are not.
 func mpiStyle(test string) bool {
 	switch test {
 	case "rma_put_flush_lat", "rma_get_lat", "rma_put_notify_lat", "rma_notify_lat", "rma_put_rate",
