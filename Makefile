@@ -5,7 +5,7 @@ FUZZTIME    ?= 20s
 # package:FuzzTarget pairs run by fuzz-short
 FUZZ_TARGETS = ./internal/psn:FuzzDiff ./internal/wire:FuzzParse ./verbs/cm:FuzzMessage ./internal/pmi:FuzzParse ./rma:FuzzDecodeAM ./rma:FuzzDecodeWin ./rma:FuzzDecodeBlocks ./internal/sdrwire:FuzzParse ./internal/shmfab:FuzzRing ./internal/shmbox:FuzzOpen ./cmd/haul:FuzzState ./internal/kvs:FuzzServerHandshake ./internal/kvs:FuzzSessionOpen ./cmd/haul:FuzzRepairRequest
 
-.PHONY: all build test soak perf-mem perf-scale bench fuzz-short lint demo demo-verbs demo-haul perf perf-shm perf-rma perf-haul perf-haul-paths clean
+.PHONY: all build test soak perf-mem perf-scale bench fuzz-short lint demo demo-verbs demo-haul perf perf-shm perf-rma perf-rma-mpi perf-haul perf-haul-paths clean
 
 all: build
 
@@ -110,6 +110,12 @@ perf-rma:
 	bin/rvma-perf rma_put_lat --provider udp --size 8 --vs put_notify_lat --reps 5 --json
 	bin/rvma-perf rma_put_bw --provider udp --size 1048576 --vs put_bw --reps 5 --json
 	for n in 2 4 8; do bin/rvmarun -n $$n bin/halo3d --exchange-only --serial=false --json; bin/rvmarun -n $$n bin/halo3d --json; done
+
+# rvma's MPI-style rma tests against the same tests written with MPI
+# (bench/mpi), MPICH and Open MPI, 2 ranks bound to cores, shm and the
+# network path, alternating runs (RUNS=5): medians and rvma/MPI ratios.
+perf-rma-mpi:
+	scripts/rma-vs-mpi.sh
 
 clean:
 	rm -rf bin

@@ -22,6 +22,17 @@
 // two sides then run as two processes that meet through the connection
 // manager (the loop provider is in-process only, so two-process runs need a
 // network provider).
+//
+// The rma tests measure package rma between two ranks: rma_put_lat (the
+// same as rma_notify_lat: a ping-pong of puts into notified windows, one
+// way), rma_put_bw (puts streamed into a notified window), and the tests
+// that bench/mpi/rma_bench.c runs with MPI: rma_put_flush_lat (Put + Flush
+// under a shared lock), rma_get_lat, rma_acc_lat (Accumulate sum of 8 B +
+// Flush), rma_fop_lat (FetchAndOp sum), rma_cas_lat (CompareAndSwap),
+// rma_put_notify_lat (Put + Flush + a 1-byte Send, ping-pong, one way) and
+// rma_put_rate (64 puts + Flush, in MB/s and Mops). Their ranks are
+// goroutines of this process, or two processes bound to cores 0 and 1 with
+// --bind, or the processes of a job (rvmarun -n 2, mpiexec -n 2).
 package main
 
 import (
@@ -57,6 +68,10 @@ type Result struct {
 	LatP99   float64 `json:"lat_us_p99"`
 	LatAvg   float64 `json:"lat_us_avg"`
 	Chunk    int     `json:"chunk,omitempty"` // memcpy: piece size
+	// rma_put_rate: bytes put per second, in 10^6 (MPI benchmarks' MB/s).
+	MBps float64 `json:"mb_per_s,omitempty"`
+	// rma tests: whether the two ranks were "processes" or "goroutines".
+	Ranks string `json:"ranks,omitempty"`
 	// shm: the operations this side executed through shared memory
 	// without a packet for the data, and how ordinary (registered caller)
 	// memory is reached: cross-memory attach, or the rings and why.
@@ -84,6 +99,7 @@ type options struct {
 	device    string
 	size      int
 	iters     int
+	warmup    int
 	duration  time.Duration
 	qps       int
 	depth     int
@@ -110,7 +126,9 @@ type options struct {
 }
 
 var tests = []string{"write_bw", "write_lat", "write_ack_lat", "read_bw", "read_lat", "send_bw", "send_lat", "atomic_lat",
-	"put_bw", "put_notify_lat", "write_send_lat", "write_flush_send_lat", "rma_put_lat", "rma_put_bw", "mp_bw", "mp_fct",
+	"put_bw", "put_notify_lat", "write_send_lat", "write_flush_send_lat", "rma_put_lat", "rma_put_bw",
+	"rma_put_flush_lat", "rma_get_lat", "rma_put_notify_lat", "rma_notify_lat", "rma_put_rate", "rma_acc_lat", "rma_fop_lat", "rma_cas_lat",
+	"mp_bw", "mp_fct",
 	"memcpy", "udp_raw", "udp_pingpong", "shm_pingpong"}
 
 // local reports whether a test is a baseline that runs without verbs.
@@ -208,13 +226,14 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.device, "device", "", "device URI (default: chosen from --provider)")
 	fs.IntVar(&o.size, "size", 0, "message size in bytes (default 8 for latency tests, 65536 otherwise)")
 	fs.IntVar(&o.iters, "iters", 0, "iterations (default: run for --duration)")
+	fs.IntVar(&o.warmup, "warmup", 0, "MPI-style rma tests: warm-up operations (default 1000; rma_put_rate: 10 rounds)")
 	fs.DurationVar(&o.duration, "duration", 2*time.Second, "how long to run when --iters is not given")
 	fs.IntVar(&o.qps, "qps", 1, "queue pairs (bandwidth tests run them in parallel)")
 	fs.IntVar(&o.depth, "depth", 128, "outstanding requests per QP in bandwidth tests")
 	fs.IntVar(&o.mtu, "mtu", 0, "cap on the path MTU (default: the provider's)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per result")
 	fs.BoolVar(&o.noMAC, "no-mac", false, "udp: packets carry the keyed checksum instead of a MAC (verbs.DeviceConfig.NoMAC), for trusted fabrics")
-	fs.BoolVar(&o.bind, "bind", false, "shm tests: pin this process to CPU 0 and the process it starts to CPU 1 (MPI's -bind-to core)")
+	fs.BoolVar(&o.bind, "bind", false, "shm tests: pin this process to CPU 0 and the process it starts to CPU 1 (MPI's -bind-to core); rma tests: run the two ranks as two processes, rank r on CPU r")
 	fs.StringVar(&o.server, "server", "", "run only the server side, listening on this TCP address")
 	fs.StringVar(&o.connect, "connect", "", "run only the client side, connecting to this TCP address")
 	fs.IntVar(&o.chunk, "chunk", 0, "memcpy: copy each message in pieces of this size (default: one copy); mp_bw: a fixed chunk size instead of the adaptive one")
@@ -270,8 +289,14 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("--size %d: want 0..1GiB", o.size)
 	case o.test == "write_lat" && o.size < 1:
 		return nil, errors.New("write_lat needs --size >= 1 (it polls the last byte)")
-	case o.test == "atomic_lat" && o.size != 8:
+	case (o.test == "atomic_lat" || isAtomic(o.test)) && o.size != 8:
 		o.size = 8
+	case o.warmup < 0:
+		return nil, errors.New("--warmup must be positive")
+	case isRMA(o.test) && o.testbed && (o.bind || rankEnv()):
+		return nil, errors.New("--testbed runs both ranks in one process: drop --bind")
+	case isRMA(o.test) && rankEnv() && (o.vs != "" || len(o.pathList) > 1):
+		return nil, errors.New("a rank of a job measures one test once: no --vs, one --paths")
 	case o.qps < 1 || o.qps > 256:
 		return nil, fmt.Errorf("--qps %d: want 1..256", o.qps)
 	case o.depth < 1 || o.depth > 4096:
@@ -324,7 +349,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if o.bind {
+	// The rma tests place their ranks themselves (rmaproc.go).
+	if o.bind && !isRMA(o.test) {
 		if err := pinTo(0); err != nil {
 			return err
 		}
@@ -401,7 +427,14 @@ func measureOne(ctx context.Context, o *options) (*Result, error) {
 		return udpPingPong(ctx, o)
 	case "shm_pingpong":
 		return shmPingPong(ctx, o)
-	case "rma_put_lat", "rma_put_bw":
+	case "rma_put_lat", "rma_put_bw", "rma_put_flush_lat", "rma_get_lat", "rma_put_notify_lat", "rma_notify_lat",
+		"rma_put_rate", "rma_acc_lat", "rma_fop_lat", "rma_cas_lat":
+		if rankEnv() {
+			return rmaAsRank(ctx, o)
+		}
+		if o.bind {
+			return rmaSpawn(ctx, o)
+		}
 		return rmaTest(ctx, o)
 	case "mp_bw":
 		return mpBW(ctx, o)
@@ -438,6 +471,9 @@ func printRatio(w io.Writer, o *options, ratios []float64) {
 }
 
 func print(w io.Writer, o *options, r *Result) {
+	if r == nil {
+		return // a rank other than 0 of an rma test
+	}
 	if o.json {
 		b, _ := json.Marshal(r)
 		fmt.Fprintln(w, string(b))
@@ -449,6 +485,9 @@ func print(w io.Writer, o *options, r *Result) {
 		if r.PathRateGbps != nil {
 			fmt.Fprintf(w, " (shaped %.3f)", r.PathRateGbps)
 		}
+	}
+	if r.MBps > 0 {
+		fmt.Fprintf(w, "  %.1f MB/s", r.MBps)
 	}
 	if isLat(r.Test) {
 		fmt.Fprintf(w, "  lat p50 %.2f us  p99 %.2f us  avg %.2f us", r.LatP50, r.LatP99, r.LatAvg)

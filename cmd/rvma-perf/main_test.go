@@ -162,6 +162,9 @@ func TestBadArguments(t *testing.T) {
 		"bad size":              {"write_bw", "--size", "-1"},
 		"bad provider":          {"write_bw", "--provider", "carrier-pigeon"},
 		"zero-size write_lat":   {"write_lat", "--size", "0"},
+		"rma ranks on loop":     {"rma_put_flush_lat", "--bind", "--provider", "loop"},
+		"rma testbed and bind":  {"rma_put_bw", "--bind", "--testbed", "--provider", "udp"},
+		"negative warm-up":      {"rma_get_lat", "--warmup", "-1"},
 	}
 	for name, args := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -220,6 +223,58 @@ func TestRMALongHaul(t *testing.T) {
 		"--iters", "16", "--size", "262144")
 	require.Equal(t, 16, r.Iters)
 	require.Positive(t, r.Gbps)
+}
+
+// The MPI-style rma tests with --bind: rvma-perf starts the two ranks as
+// processes bound to cores, rank 0's result comes back through the
+// parent; and the same binary as a rank of a job rvmarun starts.
+func TestRMAProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	dir := t.TempDir()
+	bin, rvmarun := filepath.Join(dir, "rvma-perf"), filepath.Join(dir, "rvmarun")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, string(out))
+	out, err = exec.Command("go", "build", "-o", rvmarun, "../rvmarun").CombinedOutput()
+	require.NoError(t, err, string(out))
+	check := func(t *testing.T, res []byte, test, provider string) {
+		var r Result
+		require.NoError(t, json.Unmarshal(res, &r), string(res))
+		require.Equal(t, test, r.Test)
+		require.Equal(t, provider, r.Provider)
+		require.Equal(t, "processes", r.Ranks)
+		require.GreaterOrEqual(t, r.Iters, 200)
+		if test == "rma_put_rate" {
+			require.Positive(t, r.MBps)
+		} else {
+			require.Positive(t, r.LatP50)
+			require.GreaterOrEqual(t, r.LatP99, r.LatP50)
+		}
+	}
+	for _, provider := range []string{"shm", "udp"} {
+		for _, test := range tests {
+			if !mpiStyle(test) {
+				continue
+			}
+			t.Run(provider+"/"+test, func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				defer cancel()
+				res, err := exec.CommandContext(ctx, bin, test, "--provider", provider, "--bind",
+					"--iters", "200", "--size", "256", "--json").Output()
+				require.NoError(t, err, errText(err))
+				check(t, res, test, provider)
+			})
+		}
+	}
+	t.Run("rvmarun", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		res, err := exec.CommandContext(ctx, rvmarun, "-n", "2", "--tag-output=false", bin, "rma_fop_lat",
+			"--provider", "shm", "--iters", "200", "--json").Output()
+		require.NoError(t, err, errText(err))
+		check(t, bytes.TrimSpace(res), "rma_fop_lat", "shm")
+	})
 }
 
 func TestPlotSVG(t *testing.T) {

@@ -8,16 +8,17 @@ import (
 	"time"
 
 	"github.com/rvma/rvma/internal/testbed"
-	"github.com/rvma/rvma/reliability"
 	"github.com/rvma/rvma/rma"
 	"github.com/rvma/rvma/verbs"
 )
 
-// The rma tests run two ranks of an in-process world (rma.NewWorld) over
-// the chosen provider: the same process layout as the mailbox tests they
-// are compared with (put_notify_lat, put_bw).
+// Without --bind or a launcher (see rmaproc.go), the rma tests run two
+// ranks of an in-process world (rma.NewWorld) over the chosen provider:
+// the same process layout as the mailbox tests they are compared with
+// (put_notify_lat, put_bw), and the only one for --testbed and the loop
+// provider.
 
-func isRMA(test string) bool { return test == "rma_put_lat" || test == "rma_put_bw" }
+func isRMA(test string) bool { return test == "rma_put_lat" || test == "rma_put_bw" || mpiStyle(test) }
 
 // rmaBufBytes is rma_put_bw's window, the same footprint as put_bw's:
 // puts fill it at successive offsets, one epoch per fill, as put_bw fills
@@ -25,7 +26,7 @@ func isRMA(test string) bool { return test == "rma_put_lat" || test == "rma_put_
 const rmaBufBytes = 1 << 20
 
 func rmaTest(ctx context.Context, o *options) (*Result, error) {
-	cfg := &rma.Config{Provider: o.provider, Addr: o.addr, Paths: o.paths, Device: verbs.DeviceConfig{NoMAC: o.noMAC}}
+	cfg := rmaConfig(o)
 	// --testbed: rank 0's paths are namespace A's ends of the veth pairs,
 	// rank 1's namespace B's; the connection managers meet on loopback.
 	bed, rates, err := buildBed(o)
@@ -57,18 +58,9 @@ func rmaTest(ctx context.Context, o *options) (*Result, error) {
 	if loss != nil {
 		faults.Drop = loss[0]
 	}
-	if o.delay > 0 {
-		// RC tuned for the long link, as one would: a timeout above the
-		// round trip and a window of its bandwidth-delay product.
-		cfg.Connect = verbs.ConnectConfig{Timeout: 4*o.delay + 20*time.Millisecond, Window: 8192}
-	}
-	if o.longhaul {
-		rc := reliability.Config{RTT: 2*o.delay + time.Millisecond}
-		if len(rates) > 0 {
-			// Pace at the shaped rate (a long-haul link is not probed).
-			rc.Rate = rates[0] * 1e9 / 8
-		}
-		cfg.LongHaul = &rma.LongHaulConfig{Reliability: rc}
+	if o.longhaul && len(rates) > 0 {
+		// Pace at the shaped rate (a long-haul link is not probed).
+		cfg.LongHaul.Reliability.Rate = rates[0] * 1e9 / 8
 	}
 	comms, err := rma.NewWorld(ctx, 2, cfg)
 	if err != nil {
@@ -101,19 +93,9 @@ func rmaTest(ctx context.Context, o *options) (*Result, error) {
 	defer cancel()
 	for r, c := range comms {
 		go func() {
-			var err error
-			if o.test == "rma_put_lat" {
-				var rr *Result
-				rr, err = rmaPutLat(ctx, c, o)
-				if r == 0 {
-					res = rr
-				}
-			} else {
-				var rr *Result
-				rr, err = rmaPutBW(ctx, c, o)
-				if r == 0 {
-					res = rr
-				}
+			rr, err := rmaRank(ctx, c, o)
+			if r == 0 {
+				res = rr
 			}
 			if err != nil {
 				cancel()
@@ -134,71 +116,11 @@ func rmaTest(ctx context.Context, o *options) (*Result, error) {
 		}
 	}
 	res.PathRateGbps = rates
+	res.Ranks = "goroutines"
 	if bed != nil {
 		res.Provider = "udp"
 	}
 	return res, nil
-}
-
-// rmaPutLat: rank 0 puts into rank 1's notified window, rank 1 waits for
-// the epoch and puts back the same way; one way = half the round trip.
-func rmaPutLat(ctx context.Context, c *rma.Comm, o *options) (*Result, error) {
-	peer := 1 - c.Rank()
-	w, err := c.Allocate(ctx, max(o.size, 1), &rma.WinConfig{Notify: &rma.NotifyConfig{ExpectFrom: map[int]int{peer: o.size}}})
-	if err != nil {
-		return nil, err
-	}
-	src := make([]byte, o.size)
-	var lat []time.Duration
-	const warm = 128
-	var begin time.Time
-	for i := 1; ; i++ {
-		if i == warm+1 {
-			begin = time.Now()
-		}
-		t0 := time.Now()
-		if c.Rank() == 0 {
-			if err := w.Put(ctx, src, peer, 0); err != nil {
-				return nil, err
-			}
-			if _, err := w.WaitEpoch(ctx); err != nil {
-				return nil, err
-			}
-		} else {
-			if _, err := w.WaitEpoch(ctx); err != nil {
-				return nil, err
-			}
-			if err := w.Put(ctx, src, peer, 0); err != nil {
-				return nil, err
-			}
-		}
-		if i > warm {
-			lat = append(lat, time.Since(t0)/2)
-		}
-		// Every 256 iterations the ranks agree whether to stop; rank 0's
-		// count and clock decide. (The agreement is not timed.)
-		if i%256 == 0 && i > warm {
-			stop := []int64{0}
-			if c.Rank() == 0 && (o.iters > 0 && len(lat) >= o.iters || o.iters == 0 && time.Since(begin) > o.duration) {
-				stop[0] = 1
-			}
-			if err := c.AllreduceInt64(ctx, rma.ReduceMax, stop); err != nil {
-				return nil, err
-			}
-			if stop[0] == 1 {
-				break
-			}
-		}
-	}
-	el := time.Since(begin).Seconds()
-	if err := w.Free(ctx); err != nil {
-		return nil, err
-	}
-	r, err := latencyResult(o.test, o.size, lat, el)
-	if r != nil {
-		r.Provider = o.provider
-	}
-	return r, err
 }
 
 // rmaPutBW: rank 0 streams puts into rank 1's notified window, keeping

@@ -166,11 +166,15 @@ func spawnServer(ctx context.Context, o *options) (string, func(), error) {
 }
 
 // childRole runs the role a parent rvma-perf gave this process through
-// the environment (shm_pingpong's child, or a spawned server), and reports
+// the environment (shm_pingpong's child, a spawned server or rma rank), and reports
 // whether there was one.
 func childRole() (bool, error) {
 	if path := os.Getenv(envPingChild); path != "" {
 		return true, pingChild(path)
+	}
+	if args := os.Getenv(envRankArgs); args != "" {
+		os.Unsetenv(envRankArgs)
+		return true, run(context.Background(), strings.Split(args, "\x1f"), os.Stdout, os.Stderr)
 	}
 	if args := os.Getenv(envServerArgs); args != "" {
 		os.Unsetenv(envServerArgs)
