@@ -4,7 +4,7 @@
 //	rvmarun -n 4 halo3d [-n 64] [--iters 100] [--warmup 10]
 //	        [--sync sendrecv,fence,pscw,lock,notify] [--exchange-only] [--json]
 //
-// It solves the same problem as the MPI program shared/peers/mpi_halo3d.c
+// It solves the same problem as an MPI halo-exchange benchmark
 // (an N^3 block of doubles per rank plus one ghost layer, a non-periodic
 // process grid chosen like MPI_Dims_create, the global x=0 face fixed at
 // 1.0 and the other global faces at 0.0, the interior starting at
