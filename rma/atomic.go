@@ -338,6 +338,18 @@ func (w *Win) accumulate(ctx context.Context, name string, origin, result []byte
 	if err != nil {
 		return nil, err
 	}
+	if result == nil && op == Sum && (dt == Int64 || dt == Uint64) && len(origin) == 8 && w.nicAtomicOK(target, off) {
+		// One 8-byte sum, the counter update PGAS codes make: the NIC's
+		// fetch-and-add with no result wanted (a CPU atomic on shared
+		// memory), ordered with the active messages as FetchAndOp is.
+		qp, err := w.c.conn(ctx, target)
+		if err != nil {
+			return nil, err
+		}
+		return w.postOps(name, qp, target, []verbs.SendWR{{Opcode: verbs.OpFetchAdd, Flags: verbs.FlagSignaled,
+			RemoteAddr: w.remote[target].addr + uint64(off), RKey: w.remote[target].rkey,
+			CompareAdd: binary.LittleEndian.Uint64(origin)}}, nil)
+	}
 	return w.am(ctx, name, target, amHdr{kind: amAcc, op: op, dt: dt, fetch: result != nil, off: uint64(off)}, result, origin)
 }
 

@@ -630,8 +630,8 @@ func (qp *QP) validateSend(wr *SendWR) error {
 		return fmt.Errorf("verbs: QP %d: %w: only a WRITE may be unordered", qp.num, ErrInvalidWR)
 	}
 	if wr.Opcode.isAtomic() {
-		if len(wr.SGL) != 1 || wr.SGL[0].Length != 8 {
-			return fmt.Errorf("verbs: QP %d: %w: an atomic needs one 8-byte SGE", qp.num, ErrInvalidWR)
+		if len(wr.SGL) > 1 || len(wr.SGL) == 1 && wr.SGL[0].Length != 8 {
+			return fmt.Errorf("verbs: QP %d: %w: an atomic takes one 8-byte SGE, or none", qp.num, ErrInvalidWR)
 		}
 		if wr.RemoteAddr%8 != 0 {
 			return fmt.Errorf("verbs: QP %d: %w: atomic remote address %#x not 8-byte aligned", qp.num, ErrInvalidWR, wr.RemoteAddr)
@@ -713,7 +713,7 @@ func (qp *QP) direct(w *sendWQE) {
 		return
 	}
 	mem := qp.port.Memory()
-	if mem == nil || w.length == 0 {
+	if mem == nil || w.length == 0 && !w.op.isAtomic() {
 		return
 	}
 	dst, q := qp.remote.GID, fabric.QP{Num: qp.remote.QPN, Secret: qp.remote.Secret}

@@ -186,7 +186,7 @@ type SendWR struct {
 	ID     uint64
 	Opcode Opcode
 	Flags  SendFlags
-	SGL    []SGE  // gather list (read from; scatter list for READ and atomics)
+	SGL    []SGE  // gather list (read from; scatter list for READ and atomics; none for an atomic whose previous value is not wanted)
 	Inline []byte // with FlagInline: the payload, copied at post time
 	Imm    uint32 // immediate data for the _IMM opcodes
 

@@ -27,6 +27,7 @@ func Run(t *testing.T, env Env) {
 		{"Ordering", testOrdering},
 		{"ReadThenSend", testReadThenSend},
 		{"ZeroLengthWrite", testZeroLengthWrite},
+		{"AtomicNoResult", testAtomicNoResult},
 		{"Unsignaled", testUnsignaled},
 		{"RemoteAccessViolations", testRemoteAccessViolations},
 		{"LocalErrors", testLocalErrors},
@@ -273,6 +274,25 @@ func testZeroLengthWrite(t *testing.T, env Env) {
 	require.True(t, a.QP.Idle(), "everything posted has completed")
 	require.NoError(t, a.QP.SetError())
 	require.False(t, a.QP.Idle(), "a QP in error is not idle")
+}
+
+// testAtomicNoResult: an atomic with no scatter entry applies its
+// operation and completes, its previous value dropped; a WR with two
+// entries, or one not of 8 bytes, is refused.
+func testAtomicNoResult(t *testing.T, env Env) {
+	a, b := Pair(t, env, PairConfig{})
+	for i := range 10 {
+		a.Post(t, verbs.SendWR{ID: uint64(i), Opcode: verbs.OpFetchAdd, Flags: verbs.FlagSignaled,
+			RemoteAddr: b.MR.Addr() + 64, RKey: b.MR.RKey(), CompareAdd: 3})
+		wc := a.Wait(t)
+		require.Equal(t, verbs.StatusSuccess, wc.Status)
+		require.Equal(t, uint64(i), wc.WRID)
+	}
+	require.Equal(t, uint64(30), binary.LittleEndian.Uint64(b.Buf[64:]))
+	for _, sgl := range [][]verbs.SGE{{a.MR.SGE(0, 4)}, {a.MR.SGE(0, 8), a.MR.SGE(8, 8)}} {
+		_, err := a.QP.PostSend([]verbs.SendWR{{Opcode: verbs.OpFetchAdd, SGL: sgl, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()}})
+		require.ErrorIs(t, err, verbs.ErrInvalidWR)
+	}
 }
 
 func testUnsignaled(t *testing.T, env Env) {
