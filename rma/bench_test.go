@@ -156,3 +156,27 @@ func BenchmarkNotifiedPingPong(b *testing.B) {
 		})
 	}
 }
+
+// 64 puts of 8 bytes and one Flush, as MPI's put-rate tests do.
+func BenchmarkPutRate(b *testing.B) {
+	for _, prov := range []string{"shm", "udp"} {
+		b.Run(prov, func(b *testing.B) {
+			w, done := benchWorld(b, prov)
+			defer done()
+			ctx := context.Background()
+			data := make([]byte, 8)
+			b.SetBytes(64 * 8)
+			b.ReportAllocs()
+			for b.Loop() {
+				for i := range 64 {
+					if err := w.Put(ctx, data, 1, 8*i); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := w.Flush(ctx, 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
