@@ -95,6 +95,10 @@ var prefix = [8]byte{0xfd, 'r', 'v', 'm', 'a', 's', 'h', 'm'}
 // ErrClosed is returned for operations on a closed port.
 var ErrClosed = errors.New("shmfab: port closed")
 
+// pushWait bounds how long a send waits for room in a full ring before
+// it drops the packet, as a full socket buffer would.
+const pushWait = 2 * time.Millisecond
+
 // sleepMax bounds a sleep on the doorbell, so that dead senders are
 // noticed and Close is never missed for long (a variable for tests).
 var sleepMax = 100 * time.Millisecond
@@ -395,13 +399,22 @@ func (p *Port) push(pe *peer, pkt *wire.Packet) bool {
 		skip = RingBytes - pos
 	}
 	tailp := u64(pe.mem, s+offTail)
+	var since time.Time
 	for i := 0; RingBytes-(head-atomic.LoadUint64(tailp)) < skip+need; i++ {
 		// Full: the receiver is behind. Wait a little, unless it is gone.
 		if i > 0 && i%1024 == 0 && !futex.Alive(pe.pid) {
 			pe.dead = true
 			return false
 		}
-		if i > 4096 {
+		// Bounded in time, not in tries: on a loaded host each Pause may
+		// take a scheduler slice, and a sender waiting seconds here is
+		// often the peer's receiver, whose own ring then fills too (two
+		// receivers each waiting on the other: every packet, ACKs
+		// included, stuck until RC gives the connection up). A dropped
+		// packet is retransmitted.
+		if i == 0 {
+			since = time.Now()
+		} else if i%16 == 0 && time.Since(since) > pushWait {
 			return false
 		}
 		spin.Pause(i)
