@@ -90,8 +90,11 @@
 // in UDP datagrams, one socket per GID, with batched system calls and UDP
 // GSO/GRO. A packet is accepted only from the connected peer's address and
 // QP, inside the PSN window, with a valid key, and with a trailer (in the
-// ICRC position) that is a CRC-32C keyed by the receiver's connection
-// secret; see package internal/wire for what the trailer covers.
+// ICRC position) that is the sender's packet counter and an AES-GMAC tag
+// over the whole packet under the receiving QP's per-connection key
+// (Endpoint.MACKey), the counter new to the connection's replay window;
+// with DeviceConfig.NoMAC, and on shm and loop ports, a CRC-32C keyed by
+// the receiver's connection secret instead. See package internal/wire.
 //
 // The shm provider (shm://NAME) connects the processes of one host through
 // rings in shared memory (package internal/shmfab), and beyond packets it

@@ -11,6 +11,13 @@
 // and confirms (RTU), after which both sides may send. A listener may
 // reject a request instead (REJ), with a reason the dialer receives.
 //
+// With a key (Config.Key, ListenerConfig.Key: the job's), every message
+// carries an HMAC-SHA256 over the handshake so far, with fresh nonces from
+// both sides, so that only holders of the key connect, a captured request
+// cannot be replayed, and the connection's secret and MAC key travel
+// masked. Requests are read concurrently, each within a handshake
+// timeout, and connections still sending theirs are bounded.
+//
 // It works with every provider, because it only moves verbs.Endpoint
 // values. Listeners and requests are safe for concurrent use; each Accept
 // and Dial runs its own TCP connection, which is closed once the QPs are
