@@ -142,3 +142,30 @@ func TestBadMTU(t *testing.T) {
 	_, err = Open("x", MaxMTU+1)
 	require.Error(t, err)
 }
+
+// A receiver that stops draining (its handler is stuck) fills the ring;
+// a sender then drops what does not fit after a short wait, counting it,
+// rather than waiting on that receiver (which may be waiting on it in
+// turn), and delivers again once the receiver drains.
+func TestFullRingDrops(t *testing.T) {
+	name := t.Name()
+	a, _ := open(t, name)
+	b, rb := open(t, name)
+	release := make(chan struct{})
+	var once sync.Once
+	rb.Delay = func() { <-release }
+	defer once.Do(func() { close(release) })
+	payload := make([]byte, 4000)
+	const n = 400 // 1.6 MB: more than a ring holds
+	for i := range n {
+		a.Send([]*wire.Packet{packet(b.Addr(), uint32(i), payload)})
+	}
+	dropped := a.Stats().Undeliverable
+	require.Positive(t, dropped, "a full ring dropped nothing")
+	require.Less(t, dropped, uint64(n))
+	once.Do(func() { close(release) }) // the handler runs freely from now on
+	require.Eventually(t, func() bool { return uint64(rb.Count())+dropped == n }, 10*time.Second, time.Millisecond,
+		"delivered %d, dropped %d of %d", rb.Count(), dropped, n)
+	a.Send([]*wire.Packet{packet(b.Addr(), n, []byte("after"))})
+	require.Eventually(t, func() bool { return uint64(rb.Count())+dropped == n+1 }, 10*time.Second, time.Millisecond)
+}
