@@ -11,50 +11,66 @@ import (
 // only serves. Compare the providers, and a change against the code before
 // it, side by side in one run (benchstat), never against a fixed figure.
 
-func benchWorld(b *testing.B, prov string) (*Win, func()) {
+// benchWins opens two ranks on prov with a window each (cfg gives rank r's,
+// nil meaning a plain 64 KiB window); they are freed and closed when the
+// benchmark ends.
+func benchWins(b *testing.B, prov string, cfg func(r int) *WinConfig) (context.Context, []*Win) {
 	b.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	comms, err := NewWorld(ctx, 2, &Config{Provider: prov})
 	if err != nil {
+		cancel()
 		b.Fatal(err)
 	}
 	wins := make([]*Win, 2)
 	errs := make(chan error, 2)
-	for r, c := range comms {
-		go func() {
-			var err error
-			wins[r], err = c.Allocate(ctx, 1<<16, nil)
-			errs <- err
-		}()
-	}
-	for range 2 {
-		if err := <-errs; err != nil {
-			b.Fatal(err)
+	all := func(f func(r int) error) {
+		for r := range comms {
+			go func() { errs <- f(r) }()
+		}
+		for range comms {
+			if err := <-errs; err != nil {
+				b.Error(err)
+			}
 		}
 	}
+	b.Cleanup(func() {
+		all(func(r int) error {
+			if wins[r] != nil {
+				wins[r].Free(ctx)
+			}
+			return comms[r].Close(ctx)
+		})
+		cancel()
+	})
+	all(func(r int) (err error) {
+		var wc *WinConfig
+		if cfg != nil {
+			wc = cfg(r)
+		}
+		wins[r], err = comms[r].Allocate(ctx, 1<<16, wc)
+		return err
+	})
+	if b.Failed() {
+		b.FailNow()
+	}
+	return ctx, wins
+}
+
+// lockedWin is rank 0's window of benchWins, inside a LockAll epoch.
+func lockedWin(b *testing.B, prov string) *Win {
+	ctx, wins := benchWins(b, prov, nil)
 	if err := wins[0].LockAll(ctx); err != nil {
 		b.Fatal(err)
 	}
-	return wins[0], func() {
-		wins[0].UnlockAll(ctx)
-		for r, c := range comms {
-			go func() { errs <- wins[r].Free(ctx) }()
-			_ = c
-		}
-		<-errs
-		<-errs
-		for _, c := range comms {
-			go func() { c.Close(ctx) }()
-		}
-		cancel()
-	}
+	b.Cleanup(func() { wins[0].UnlockAll(ctx) })
+	return wins[0]
 }
 
 func BenchmarkPutFlush(b *testing.B) {
 	for _, prov := range []string{"shm", "udp"} {
 		b.Run(prov, func(b *testing.B) {
-			w, done := benchWorld(b, prov)
-			defer done()
+			w := lockedWin(b, prov)
 			ctx := context.Background()
 			data := make([]byte, 8)
 			b.SetBytes(8)
@@ -74,8 +90,7 @@ func BenchmarkPutFlush(b *testing.B) {
 func BenchmarkFetchAndOp(b *testing.B) {
 	for _, prov := range []string{"shm", "udp"} {
 		b.Run(prov, func(b *testing.B) {
-			w, done := benchWorld(b, prov)
-			defer done()
+			w := lockedWin(b, prov)
 			ctx := context.Background()
 			res := make([]byte, 8)
 			b.ReportAllocs()
@@ -93,34 +108,10 @@ func BenchmarkFetchAndOp(b *testing.B) {
 func BenchmarkNotifiedPingPong(b *testing.B) {
 	for _, prov := range []string{"shm", "udp"} {
 		b.Run(prov, func(b *testing.B) {
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
-			comms, err := NewWorld(ctx, 2, &Config{Provider: prov})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer func() {
-				done := make(chan struct{}, 2)
-				for _, c := range comms {
-					go func() { c.Close(ctx); done <- struct{}{} }()
-				}
-				<-done
-				<-done
-			}()
-			wins := make([]*Win, 2)
-			errs := make(chan error, 2)
-			for r, c := range comms {
-				go func() {
-					var err error
-					wins[r], err = c.Allocate(ctx, 64, &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{1 - r: 8}}})
-					errs <- err
-				}()
-			}
-			for range 2 {
-				if err := <-errs; err != nil {
-					b.Fatal(err)
-				}
-			}
+			ctx, wins := benchWins(b, prov, func(r int) *WinConfig {
+				return &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{1 - r: 8}}}
+			})
+			errs := make(chan error, 1)
 			data := make([]byte, 8)
 			n := b.N
 			go func() {
@@ -161,8 +152,7 @@ func BenchmarkNotifiedPingPong(b *testing.B) {
 func BenchmarkPutRate(b *testing.B) {
 	for _, prov := range []string{"shm", "udp"} {
 		b.Run(prov, func(b *testing.B) {
-			w, done := benchWorld(b, prov)
-			defer done()
+			w := lockedWin(b, prov)
 			ctx := context.Background()
 			data := make([]byte, 8)
 			b.SetBytes(64 * 8)

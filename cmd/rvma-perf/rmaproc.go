@@ -81,13 +81,9 @@ func rmaAsRank(ctx context.Context, o *options) (*Result, error) {
 	if c.Size() != 2 {
 		return nil, fmt.Errorf("%s needs a job of 2 ranks, not %d", o.test, c.Size())
 	}
-	loss, err := parseLoss(o.loss, 1)
+	faults, err := rmaFaults(o)
 	if err != nil {
 		return nil, err
-	}
-	faults := verbs.Faults{Delay: o.delay, Seed: 1}
-	if loss != nil {
-		faults.Drop = loss[0]
 	}
 	if faults.Active() {
 		if err := c.Device().SetFaults(-1, faults); err != nil {

@@ -50,13 +50,9 @@ func rmaTest(ctx context.Context, o *options) (*Result, error) {
 			cfg.Devices = append(cfg.Devices, d)
 		}
 	}
-	loss, err := parseLoss(o.loss, 1)
+	faults, err := rmaFaults(o)
 	if err != nil {
 		return nil, err
-	}
-	faults := verbs.Faults{Delay: o.delay, Seed: 1}
-	if loss != nil {
-		faults.Drop = loss[0]
 	}
 	if o.longhaul && len(rates) > 0 {
 		// Pace at the shaped rate (a long-haul link is not probed).
@@ -204,4 +200,17 @@ func tryRecv(c *rma.Comm) ([]byte, bool) {
 	defer cancel()
 	m, err := c.Recv(ctx, 0, 0)
 	return m, err == nil
+}
+
+// rmaFaults is what --loss and --delay ask of an rma test's devices.
+func rmaFaults(o *options) (verbs.Faults, error) {
+	loss, err := parseLoss(o.loss, 1)
+	if err != nil {
+		return verbs.Faults{}, err
+	}
+	f := verbs.Faults{Delay: o.delay, Seed: 1}
+	if loss != nil {
+		f.Drop = loss[0]
+	}
+	return f, nil
 }
