@@ -606,12 +606,9 @@ func (w *Win) putWRs(dst []verbs.SendWR, origin []byte, ol Layout, target, off i
 	if dst != nil && ol.Contiguous() && tl.Contiguous() && ol.Size() <= inlineMax {
 		// A small contiguous put, the common case, without the pieces'
 		// bookkeeping: one inline request, nothing allocated.
-		wr := verbs.SendWR{Flags: verbs.FlagSignaled | verbs.FlagInline, Inline: origin[:ol.Size()]}
-		if rw.notify != 0 {
-			wr.Opcode, wr.Mailbox, wr.MailboxOffset = verbs.OpMailboxWrite, w.mailboxAddr(target), uint64(off)
-		} else {
-			wr.Opcode, wr.RemoteAddr, wr.RKey = verbs.OpWrite, rw.addr+uint64(off), rw.rkey
-		}
+		wr := w.putTo(target, off)
+		wr.Flags |= verbs.FlagInline
+		wr.Inline = origin[:ol.Size()]
 		return append(dst, wr), nil
 	}
 	type piece struct {
@@ -632,15 +629,10 @@ func (w *Win) putWRs(dst []verbs.SendWR, origin []byte, ol Layout, target, off i
 	// Small puts travel inline (copied at post time), which spares
 	// registering the origin: callers often put from fresh small slices.
 	inline := ol.Size() <= inlineMax
-	wrs := make([]verbs.SendWR, len(pieces))
-	for i, p := range pieces {
-		wr := &wrs[i]
-		wr.Flags = verbs.FlagSignaled
-		if rw.notify != 0 {
-			wr.Opcode, wr.Mailbox, wr.MailboxOffset = verbs.OpMailboxWrite, w.mailboxAddr(target), uint64(p.dst)
-		} else {
-			wr.Opcode, wr.RemoteAddr, wr.RKey = verbs.OpWrite, rw.addr+uint64(p.dst), rw.rkey
-		}
+	wrs := slices.Grow(dst, len(pieces))
+	for _, p := range pieces {
+		wrs = append(wrs, w.putTo(target, p.dst))
+		wr := &wrs[len(wrs)-1]
 		if len(p.srcs) > maxSGE {
 			p.srcs = [][]byte{slices.Concat(p.srcs...)}
 		}
@@ -660,6 +652,16 @@ func (w *Win) putWRs(dst []verbs.SendWR, origin []byte, ol Layout, target, off i
 		}
 	}
 	return wrs, nil
+}
+
+// putTo is a signalled request writing at byte off of target's window:
+// a WRITE, or a mailbox write into a notified window.
+func (w *Win) putTo(target, off int) verbs.SendWR {
+	rw := &w.remote[target]
+	if rw.notify != 0 {
+		return verbs.SendWR{Opcode: verbs.OpMailboxWrite, Flags: verbs.FlagSignaled, Mailbox: w.mailboxAddr(target), MailboxOffset: uint64(off)}
+	}
+	return verbs.SendWR{Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled, RemoteAddr: rw.addr + uint64(off), RKey: rw.rkey}
 }
 
 // postUnsignalled posts puts that produce no completion; they count in
