@@ -729,7 +729,7 @@ func (c *Comm) checkRank(op string, r int) error {
 // shmPort is the GID index of the device's first shm port, or -1.
 func shmPort(dev *verbs.Device) int {
 	for i := range dev.GIDs() {
-		if dev.Provider(i) == "shm" {
+		if dev.Provider(i) == verbs.ProviderSHM {
 			return i
 		}
 	}
@@ -798,7 +798,7 @@ func (c *Comm) Transport(r int) string {
 	if p.qp == nil {
 		return ""
 	}
-	return c.dev.Provider(p.qp.GIDIndex())
+	return string(c.dev.Provider(p.qp.GIDIndex()))
 }
 
 // dropQP destroys a QP whose connection failed.

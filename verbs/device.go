@@ -53,14 +53,15 @@ type Device struct {
 	log    *slog.Logger
 	ports  []*fabric.FaultPort
 	gids   []GID
-	kinds  []string // provider of each GID
-	noMAC  bool     // DeviceConfig.NoMAC
-	shared bool     // shm: AllocMR memory is shared with the host's processes
+	kinds  []Provider       // provider of each GID
+	noMAC  bool             // DeviceConfig.NoMAC
+	alloc  fabric.Allocator // shm: AllocMR memory is shared with the host's processes
 	closed atomic.Bool
 	// handling counts receive handlers running; Close waits for them, so
 	// what they received is acknowledged before the QPs go away. A counter,
 	// not a lock: handlers nest when the loop fabric delivers inline.
 	handling atomic.Int32
+	idle     chan struct{} // after Close began: the last handler returned
 
 	mu     sync.Mutex // guards the maps' writers, nextIOVA, objects
 	qps    atomic.Pointer[map[uint32]*QP]
@@ -158,7 +159,7 @@ func Open(ctx context.Context, uri string, cfg *DeviceConfig) (*Device, error) {
 		d.log = slog.Default()
 	}
 	var ports []fabric.Port
-	var kinds []string
+	var kinds []Provider
 	for _, part := range splitURI(uri) {
 		ps, kind, err := openPorts(part, d.log, cfg)
 		if err != nil {
@@ -171,7 +172,6 @@ func Open(ctx context.Context, uri string, cfg *DeviceConfig) (*Device, error) {
 		for range ps {
 			kinds = append(kinds, kind)
 		}
-		d.shared = d.shared || kind == "shm"
 	}
 	d.kinds = kinds
 	return newDevice(d, ports), nil
@@ -199,10 +199,10 @@ func splitURI(uri string) []string {
 }
 
 // openPorts opens the ports of one provider URI and names the provider.
-func openPorts(uri string, log *slog.Logger, cfg *DeviceConfig) ([]fabric.Port, string, error) {
+func openPorts(uri string, log *slog.Logger, cfg *DeviceConfig) ([]fabric.Port, Provider, error) {
 	if rest, ok := strings.CutPrefix(uri, "udp://"); ok {
 		ports, err := openUDP(rest, &udpfab.Config{Logger: log, NoGSO: cfg.NoGSO, NoGRO: cfg.NoGRO})
-		return ports, "udp", err
+		return ports, ProviderUDP, err
 	}
 	u, err := url.Parse(uri)
 	if err != nil {
@@ -210,7 +210,7 @@ func openPorts(uri string, log *slog.Logger, cfg *DeviceConfig) ([]fabric.Port, 
 	}
 	var ports []fabric.Port
 	switch u.Scheme {
-	case "loop":
+	case string(ProviderLoop):
 		name := u.Host + u.Path
 		if name == "" {
 			return nil, "", fmt.Errorf("%w: loop fabric needs a name", ErrInvalidArgument)
@@ -231,8 +231,8 @@ func openPorts(uri string, log *slog.Logger, cfg *DeviceConfig) ([]fabric.Port, 
 		for _, p := range lp {
 			ports = append(ports, p)
 		}
-		return ports, "loop", nil
-	case "shm":
+		return ports, ProviderLoop, nil
+	case string(ProviderSHM):
 		name := u.Host + u.Path
 		if name == "" {
 			return nil, "", fmt.Errorf("%w: shm fabric needs a name", ErrInvalidArgument)
@@ -262,19 +262,37 @@ func openPorts(uri string, log *slog.Logger, cfg *DeviceConfig) ([]fabric.Port, 
 			}
 			ports = append(ports, p)
 		}
-		return ports, "shm", nil
+		return ports, ProviderSHM, nil
 	}
 	return nil, "", fmt.Errorf("%w %q", ErrUnknownProvider, u.Scheme)
 }
 
-// Provider names the provider behind GID index gid: "udp", "shm" or
-// "loop" ("" if out of range). A composite device has several.
-func (d *Device) Provider(gid int) string {
+// Provider names a provider: a URI's scheme.
+type Provider string
+
+// Providers.
+const (
+	ProviderUDP  Provider = "udp"
+	ProviderSHM  Provider = "shm"
+	ProviderLoop Provider = "loop"
+)
+
+// Provider names the provider behind GID index gid (""
+// if out of range). A composite device has several.
+func (d *Device) Provider(gid int) Provider {
 	if gid < 0 || gid >= len(d.kinds) {
 		return ""
 	}
 	return d.kinds[gid]
 }
+
+// CrossMemoryAttach reports how shm devices reach registered memory that
+// is not from AllocMR: with process_vm_readv/writev, one system call and
+// no intermediate copy (true), or, where the kernel forbids it, through
+// the rings like any packet (false); the string says which mechanism or
+// why not. It is decided once per process, at the first shm device.
+// Memory from AllocMR is always reached by a plain copy.
+func CrossMemoryAttach() (bool, string) { return shmfab.CMA() }
 
 // openUDP opens one port per address of "IP:PORT[,IP:PORT...][?mtu=N]".
 func openUDP(spec string, ucfg *udpfab.Config) ([]fabric.Port, error) {
@@ -323,11 +341,15 @@ func intParam(q url.Values, key string, def int) (int, error) {
 func newDevice(d *Device, ports []fabric.Port) *Device {
 	empty := map[uint32]*QP{}
 	d.qps.Store(&empty)
+	d.idle = make(chan struct{}, 1)
 	e1, e2 := map[uint32]*MR{}, map[uint32]*MR{}
 	d.lkeys.Store(&e1)
 	d.rkeys.Store(&e2)
 	for i, p := range ports {
 		fp := fabric.NewFaultPort(p)
+		if d.alloc == nil {
+			d.alloc = fp.Allocator()
+		}
 		d.ports = append(d.ports, fp)
 		d.gids = append(d.gids, p.Addr())
 		p.SetHandler(&portHandler{dev: d, gid: i})
@@ -398,12 +420,9 @@ func (d *Device) Stats() DeviceStats {
 		Discarded: s.discarded.Load(), RNRNaks: s.rnrNaks.Load(), Timeouts: s.timeouts.Load(), SeqNaks: s.seqNaks.Load(),
 	}
 	for _, p := range d.ports {
-		if u, ok := p.Port.(interface{ Malformed() uint64 }); ok {
-			ds.Undecodable += u.Malformed()
-		}
-		if u, ok := p.Port.(interface{ Direct() uint64 }); ok {
-			ds.Direct += u.Direct()
-		}
+		ps := p.Stats()
+		ds.Undecodable += ps.Dropped
+		ds.Direct += ps.Direct
 	}
 	return ds
 }
@@ -419,7 +438,7 @@ func (d *Device) Close() error {
 	// Let receive handlers in progress finish, so that a peer whose last
 	// message was received gets its acknowledgement.
 	for d.handling.Load() != 0 {
-		time.Sleep(10 * time.Microsecond)
+		<-d.idle
 	}
 	for _, qp := range *d.qps.Load() {
 		qp.Destroy()
@@ -457,7 +476,7 @@ type portHandler struct {
 func (h *portHandler) HandlePackets(pkts []*wire.Packet) {
 	d := h.dev
 	d.handling.Add(1)
-	defer d.handling.Add(-1)
+	defer d.handlerDone()
 	if d.closed.Load() {
 		return
 	}
@@ -489,6 +508,18 @@ func (h *portHandler) HandlePackets(pkts []*wire.Packet) {
 	clear(h.out.touched)
 	h.out.touched = h.out.touched[:0]
 	h.out.flush(d.ports[h.gid])
+}
+
+// handlerDone ends a receive handler's count, and tells a Close waiting
+// for handlers when it was the last. Close sets closed before it reads the
+// count, so the last handler to return after that sees closed and signals.
+func (d *Device) handlerDone() {
+	if d.handling.Add(-1) == 0 && d.closed.Load() {
+		select {
+		case d.idle <- struct{}{}:
+		default:
+		}
+	}
 }
 
 func (d *Device) drop(reason *atomic.Uint64) {

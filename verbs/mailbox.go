@@ -32,7 +32,7 @@ type MailboxWrite struct {
 	// answered MailboxNotReady, so the handler may count attempts.
 	Retry bool
 
-	pull     fabric.Memory // the payload is pulled from the initiator's memory
+	pull     fabric.Puller // the payload is pulled from the initiator's memory
 	pullAddr uint64
 }
 

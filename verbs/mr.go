@@ -9,7 +9,6 @@ import (
 	"unsafe"
 
 	"github.com/rvma/rvma/internal/fabric"
-	"github.com/rvma/rvma/internal/shmfab"
 )
 
 // PD is a protection domain: memory regions and queue pairs of one PD may
@@ -17,7 +16,7 @@ import (
 // A PD is safe for concurrent use.
 type PD struct {
 	dev    *Device
-	id     uint64 // names the PD in shared tables (fabric.Memory)
+	id     uint64 // names the PD in shared tables (fabric.Exporter)
 	mu     sync.Mutex
 	mrs    int
 	qps    int
@@ -204,12 +203,12 @@ func (pd *PD) AllocMR(n int, access Access) (*MR, error) {
 	}
 	var buf []byte
 	var free func([]byte) error
-	if pd.dev.shared {
-		b, err := shmfab.Alloc(n)
+	if a := pd.dev.alloc; a != nil {
+		b, err := a.Alloc(n)
 		if err != nil {
 			return nil, fmt.Errorf("verbs: alloc MR: %w", err)
 		}
-		buf, free = b, shmfab.Free
+		buf, free = b, a.Free
 	} else {
 		w := make([]uint64, (n+4095)/8+512)
 		off := (4096 - int(uintptr(unsafe.Pointer(&w[0]))%4096)) % 4096
@@ -226,14 +225,6 @@ func (pd *PD) AllocMR(n int, access Access) (*MR, error) {
 	return mr, nil
 }
 
-// CrossMemoryAttach reports how shm devices reach registered memory that
-// is not from AllocMR: with process_vm_readv/writev, one system call and
-// no intermediate copy (true), or, where the kernel forbids it, through
-// the rings like any packet (false); the string says which mechanism or
-// why not. It is decided once per process, at the first shm device.
-// Memory from AllocMR is always reached by a plain copy.
-func CrossMemoryAttach() (bool, string) { return shmfab.CMA() }
-
 // ShareMailbox allocates n bytes of memory shared with the host's
 // processes for the counting state of the mailbox window at addr (package
 // mailbox lays it out) and lists it on the device's shm ports, so that
@@ -243,22 +234,18 @@ func CrossMemoryAttach() (bool, string) { return shmfab.CMA() }
 // list more windows. The memory is never freed: peers may still map it,
 // and windows last as long as their target.
 func (d *Device) ShareMailbox(addr uint64, n int) ([]byte, error) {
-	if !d.shared {
+	if d.alloc == nil {
 		return nil, fmt.Errorf("verbs: share mailbox: %w: no shm port", ErrUnsupported)
 	}
-	mem, err := shmfab.Alloc(n)
+	mem, err := d.alloc.Alloc(n)
 	if err != nil {
 		return nil, fmt.Errorf("verbs: share mailbox: %w", err)
 	}
 	for i, p := range d.ports {
-		if m, ok := p.Port.(fabric.Memory); ok {
-			if err := m.ShareBox(addr, mem); err != nil {
-				for _, q := range d.ports[:i] {
-					if m, ok := q.Port.(fabric.Memory); ok {
-						m.UnshareBox(addr)
-					}
-				}
-				shmfab.Free(mem)
+		if b := p.BoxSharer(); b != nil {
+			if err := b.ShareBox(addr, mem); err != nil {
+				d.unshare(addr, d.ports[:i])
+				d.alloc.Free(mem)
 				return nil, fmt.Errorf("verbs: share mailbox: %w: %v", ErrUnsupported, err)
 			}
 		}
@@ -267,10 +254,12 @@ func (d *Device) ShareMailbox(addr uint64, n int) ([]byte, error) {
 }
 
 // UnshareMailbox removes the window at addr from the shm ports' lists.
-func (d *Device) UnshareMailbox(addr uint64) {
-	for _, p := range d.ports {
-		if m, ok := p.Port.(fabric.Memory); ok {
-			m.UnshareBox(addr)
+func (d *Device) UnshareMailbox(addr uint64) { d.unshare(addr, d.ports) }
+
+func (d *Device) unshare(addr uint64, ports []*fabric.FaultPort) {
+	for _, p := range ports {
+		if b := p.BoxSharer(); b != nil {
+			b.UnshareBox(addr)
 		}
 	}
 }
@@ -280,10 +269,10 @@ func (d *Device) UnshareMailbox(addr uint64) {
 // which a shared mailbox window records for each posted buffer so that
 // initiators can map it. ok is false for any other memory.
 func (d *Device) SharedLocation(buf []byte) (id uint64, fd, off int, ok bool) {
-	if !d.shared {
+	if d.alloc == nil {
 		return 0, 0, 0, false
 	}
-	return shmfab.Locate(buf)
+	return d.alloc.Locate(buf)
 }
 
 // export publishes a region that peers may access remotely on the ports
@@ -304,7 +293,7 @@ func (mr *MR) export() {
 		return
 	}
 	for _, p := range mr.pd.dev.ports {
-		if m, ok := p.Port.(fabric.Memory); ok && m.Export(mr.rkey, mr.iova, mr.buf, r, mr.pd.id) == nil {
+		if x := p.Exporter(); x != nil && x.Export(mr.rkey, mr.iova, mr.buf, r, mr.pd.id) == nil {
 			mr.exported = true
 		}
 	}
@@ -319,8 +308,8 @@ func (mr *MR) unexport() {
 		return
 	}
 	for _, p := range mr.pd.dev.ports {
-		if m, ok := p.Port.(fabric.Memory); ok {
-			m.Unexport(mr.rkey)
+		if x := p.Exporter(); x != nil {
+			x.Unexport(mr.rkey)
 		}
 	}
 	mr.exported = false

@@ -239,7 +239,7 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 func (qp *QP) newKeys() {
 	qp.localSecret = randomSecret()
 	qp.rxMAC, qp.localMACKey = nil, [16]byte{}
-	if qp.dev.kinds[qp.gid] == "udp" && !qp.dev.noMAC {
+	if qp.dev.kinds[qp.gid] == ProviderUDP && !qp.dev.noMAC {
 		rand.Read(qp.localMACKey[:])
 		qp.rxMAC = wire.NewMAC(qp.localMACKey)
 	}
@@ -354,17 +354,17 @@ func (qp *QP) ReadyToReceive(remote Endpoint, cfg *ConnectConfig) error {
 	qp.resp.reset(remote.PSN & psn.Mask)
 	qp.resp.initCache(c.maxRdAtomic)
 	qp.state = StateReadyToReceive
-	if m, ok := qp.port.Port.(fabric.Memory); ok {
-		m.Attach(qp.num, qp.localSecret, qp.pd.id) // a full table leaves the QP to packets
+	if x := qp.port.Exporter(); x != nil {
+		x.Attach(qp.num, qp.localSecret, qp.pd.id) // a full table leaves the QP to packets
 	}
 	return nil
 }
 
 // detachLocked ends the peer's direct accesses on this QP's behalf (see
-// fabric.Memory.Attach): it left the ready states.
+// fabric.Exporter.Attach): it left the ready states.
 func (qp *QP) detachLocked() {
-	if m, ok := qp.port.Port.(fabric.Memory); ok && qp.state != StateReset && qp.state != StateInit {
-		m.Detach(qp.num)
+	if x := qp.port.Exporter(); x != nil && qp.state != StateReset && qp.state != StateInit {
+		x.Detach(qp.num)
 	}
 }
 
@@ -693,7 +693,7 @@ func (qp *QP) fillWQE(w *sendWQE, wr *SendWR) {
 const pullMin = 32 << 10
 
 // direct executes w through shared memory when the port offers it (see
-// fabric.Memory): a WRITE, READ or atomic becomes a copy (or a CPU atomic)
+// fabric.Accessor): a WRITE, READ or atomic becomes a copy (or a CPU atomic)
 // by this process into or out of the peer's registered memory, done
 // before PostSend returns; a WRITE with immediate also sends its
 // notification. Only when nothing earlier is still to take effect at the
@@ -712,7 +712,7 @@ func (qp *QP) direct(w *sendWQE) {
 		w.local = true
 		return
 	}
-	mem := qp.port.Memory()
+	mem := qp.port.Accessor()
 	if mem == nil || w.length == 0 && !w.op.isAtomic() {
 		return
 	}
@@ -725,7 +725,7 @@ func (qp *QP) direct(w *sendWQE) {
 			w.local = true
 			return
 		}
-		w.pulled = qp.typ == RC && w.length >= pullMin && len(w.segs) == 1 && w.flags&FlagInline == 0 && mem.CanPull()
+		w.pulled = qp.typ == RC && w.length >= pullMin && len(w.segs) == 1 && w.flags&FlagInline == 0 && canPull(qp.port.Puller())
 		return
 	}
 	if qp.req.pending != 0 && w.flags&FlagUnordered == 0 {
@@ -754,6 +754,8 @@ func (qp *QP) direct(w *sendWQE) {
 		}
 	}
 }
+
+func canPull(p fabric.Puller) bool { return p != nil && p.CanPull() }
 
 func (qp *QP) npkts(n int) int {
 	if n == 0 {

@@ -6,7 +6,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/rvma/rvma/internal/fabric"
 	"github.com/rvma/rvma/internal/psn"
 	"github.com/rvma/rvma/internal/wire"
 )
@@ -416,7 +415,7 @@ func (qp *QP) mailboxExec(p *wire.Packet, ob *outbox, starts, ends, retry bool) 
 	if placed {
 		// The payload stayed in the sender's memory: the handler pulls it
 		// straight into place (MailboxWrite.Place).
-		mw.Payload, mw.pull, mw.pullAddr = nil, qp.port.Port.(fabric.Memory), binary.BigEndian.Uint64(p.Payload)
+		mw.Payload, mw.pull, mw.pullAddr = nil, qp.port.Puller(), binary.BigEndian.Uint64(p.Payload)
 	}
 	// The handler runs without the QP's lock so that it may post. Packets
 	// for this QP are handled by one goroutine (its port's), so no other
@@ -450,10 +449,7 @@ func (qp *QP) mailboxExec(p *wire.Packet, ob *outbox, starts, ends, retry bool) 
 // requester's window), so PSNs beyond ePSN can only belong to this READ.
 // sharedPort reports whether the QP's port is shared memory, the only
 // fabric whose packets may say their payload was placed (wire.Placed).
-func (qp *QP) sharedPort() bool {
-	_, ok := qp.port.Port.(fabric.Memory)
-	return ok
-}
+func (qp *QP) sharedPort() bool { return qp.dev.kinds[qp.gid] == ProviderSHM }
 
 func (qp *QP) readRequestExec(p *wire.Packet, ob *outbox, inSeq bool) {
 	rs := &qp.resp

@@ -570,9 +570,9 @@ func TestCompositeDevice(t *testing.T) {
 	require.NoError(t, err)
 	defer dev.Close()
 	require.Len(t, dev.GIDs(), 2)
-	require.Equal(t, "udp", dev.Provider(0))
-	require.Equal(t, "shm", dev.Provider(1))
-	require.Equal(t, "", dev.Provider(2))
+	require.Equal(t, verbs.ProviderUDP, dev.Provider(0))
+	require.Equal(t, verbs.ProviderSHM, dev.Provider(1))
+	require.Equal(t, verbs.Provider(""), dev.Provider(2))
 
 	_, err = verbs.Open(ctx, "shm://"+name+"+bogus://x", nil)
 	require.ErrorIs(t, err, verbs.ErrUnknownProvider)

@@ -1,11 +1,14 @@
 // Package fabric is the seam between rvma's transport engine (package verbs)
-// and the providers that move packets: the in-process loop fabric and the
-// UDP sockets. A provider gives the engine one Port per local address (GID);
-// the engine gives each Port a Handler for the packets that arrive.
+// and the providers that move packets: the in-process loop fabric, UDP
+// sockets and shared-memory rings. A provider gives the engine one Port per
+// local address (GID); the engine gives each Port a Handler for the packets
+// that arrive.
 //
 // The interfaces are batch-first, after wireguard-go's conn.Bind: Send takes
 // a slice of packets and HandlePackets receives one; a batch of one is the
-// degenerate case.
+// degenerate case. What a provider offers beyond moving packets is named by
+// small interfaces (Progresser, StatsReporter, Exporter, Accessor,
+// BoxSharer, Puller, Allocator, Impairable) that a Port implements or not.
 package fabric
 
 import (
@@ -17,12 +20,16 @@ import (
 // Handler consumes packets arriving at a Port. A Port calls HandlePackets
 // from one goroutine at a time; the packets are valid only during the call
 // (the Port releases them afterwards), so a handler that needs data past the
-// call copies it.
+// call copies it. Each packet's Src is the address of the port that sent
+// it, whatever the sender wrote there.
 type Handler interface {
 	HandlePackets(pkts []*wire.Packet)
 }
 
 // Port is one local address of a device.
+//
+// Every provider's ports pass the contract test in package fabrictest
+// (fabrictest.TestPort).
 type Port interface {
 	// Addr is the port's address, which is also its GID.
 	Addr() netip.AddrPort
@@ -31,12 +38,17 @@ type Port interface {
 	// Send transmits packets toward their Dst. It takes ownership of every
 	// packet, whatever happens to it, and never blocks on the receiver for
 	// longer than the receiver takes to process what it is given.
-	// Delivery is not guaranteed: that is the transport's job.
+	// Delivery is not guaranteed: that is the transport's job. Send may be
+	// called from the port's own handler, and after Close (the packets are
+	// then dropped).
 	Send(pkts []*wire.Packet)
 	// SetHandler installs the receiver of arriving packets. It must be
 	// called before the first packet can arrive.
 	SetHandler(h Handler)
-	// Close stops the port. Packets sent to it afterwards are dropped.
+	// Close stops the port. When it returns, no call of the handler is in
+	// progress and none will start; packets sent to the port afterwards
+	// are dropped. It must not be called from the port's handler (it would
+	// wait for itself). A second Close returns an error and does nothing.
 	Close() error
 }
 
@@ -53,6 +65,12 @@ type Stats struct {
 	Sent, Received uint64
 	Dropped        uint64 // received but undecodable
 	Undeliverable  uint64 // could not be sent: no port at the destination, or refused by the kernel
+	Direct         uint64 // operations executed in a peer's memory without packets (Accessor, Puller)
+}
+
+// StatsReporter is implemented by ports that count what they do.
+type StatsReporter interface {
+	Stats() Stats
 }
 
 // Rights are what a region exported through Memory allows its peers.
@@ -72,14 +90,19 @@ type QP struct {
 	Secret uint64
 }
 
-// Memory is implemented by ports whose peers can reach each other's
-// registered memory without packets (shared memory): the initiator of a
-// WRITE, READ or atomic copies the bytes itself, as one host's CPU would,
-// and the target's engine never sees the operation. Every method may
-// decline with an error; the engine then sends the operation as packets,
-// whose handling at the target decides errors (a wrong key, a range out of
-// bounds), so declining is always safe.
-type Memory interface {
+// What a provider may offer beyond moving packets. A port whose peers can
+// reach each other's registered memory without packets (shared memory)
+// implements the interfaces below: the initiator of a WRITE, READ or
+// atomic copies the bytes itself, as one host's CPU would, and the
+// target's engine never sees the operation. Every method that acts on a
+// peer may decline with an error; the engine then sends the operation as
+// packets, whose handling at the target decides errors (a wrong key, a
+// range out of bounds), so declining is always safe. The engine finds each
+// ability once per port, by these names (see FaultPort).
+
+// Exporter publishes, for peers to reach directly, the registered memory
+// of this process and the queue pairs that may act on it.
+type Exporter interface {
 	// Export lets peers reach buf as remote key rkey at address iova with
 	// rights. A region Export cannot publish stays reachable by packets.
 	// The protection domain pd (any number unique in the device) must
@@ -95,9 +118,11 @@ type Memory interface {
 	// through packets, which fail as they should.
 	Attach(qpn uint32, secret uint64, pd uint64) error
 	Detach(qpn uint32)
-	// Impair marks the port as injecting faults: while on, peers reach it
-	// through packets only (direct accesses would bypass the faults).
-	Impair(on bool)
+}
+
+// Accessor reaches the memory peers exported (Exporter), and their shared
+// mailbox windows (BoxSharer), with no packet.
+type Accessor interface {
 	// Write copies src (a gather list) to the region rkey at va of the
 	// peer at dst, for its QP q. With ordered it declines unless every
 	// packet sent to dst before has been handled there, so the write
@@ -110,19 +135,49 @@ type Memory interface {
 	// 8-byte word at va with the CPU's atomic instructions, and returns the
 	// word's previous value.
 	Atomic(dst netip.AddrPort, q QP, rkey uint32, va uint64, cas bool, swapAdd, compare uint64) (uint64, error)
+	// MailboxPut places a put into the peer's shared window at mailbox
+	// and counts it there, as the peer's engine would (ordered as Write).
+	MailboxPut(dst netip.AddrPort, q QP, mailbox, offset uint64, src [][]byte, ordered bool) error
+}
+
+// BoxSharer lists this process's mailbox windows whose counting state
+// lies in memory shared with the host's processes, so that their
+// Accessors place and count puts into them.
+type BoxSharer interface {
 	// ShareBox lists the mailbox window at addr, whose counting state
-	// (package shmbox) lies in mem, memory shared with the host's
-	// processes; UnshareBox removes it.
+	// (package shmbox) lies in mem, memory from Allocator.Alloc;
+	// UnshareBox removes it.
 	ShareBox(addr uint64, mem []byte) error
 	UnshareBox(addr uint64)
-	// MailboxPut places a put into the peer's shared window at mailbox
-	// and counts it there, as the peer's engine would.
-	MailboxPut(dst netip.AddrPort, q QP, mailbox, offset uint64, src [][]byte, ordered bool) error
-	// CanPull reports whether peers can read this process's memory (Pull),
-	// so that a sender may leave a payload in place for the receiver to
+}
+
+// Puller lets a receiver copy a payload straight out of its sender's
+// memory, so that a large message is copied once.
+type Puller interface {
+	// CanPull reports whether peers can read this process's memory, so
+	// that a sender may leave a payload in place for the receiver to
 	// fetch.
 	CanPull() bool
 	// Pull copies len(into) bytes at addr in the memory of the process
 	// that sent from src into into: one copy, by the receiver.
 	Pull(src netip.AddrPort, addr uint64, into []byte) error
+}
+
+// Allocator provides memory that the host's processes can map, for
+// registered regions and shared mailbox state that peers reach directly.
+type Allocator interface {
+	// Alloc returns n zeroed, page-aligned bytes; Free returns them.
+	Alloc(n int) ([]byte, error)
+	Free(b []byte) error
+	// Locate says where buf lies when it is inside memory from Alloc: the
+	// allocation's id and descriptor and buf's offset in it, which peers
+	// need to map it. ok is false for any other memory.
+	Locate(buf []byte) (id uint64, fd, off int, ok bool)
+}
+
+// Impairable is implemented by ports with direct paths (Accessor) that
+// would bypass fault injection: while impaired, peers reach the port
+// through packets only.
+type Impairable interface {
+	Impair(on bool)
 }

@@ -95,7 +95,16 @@ func (im *Impairer) Fate() (copies int, delay [2]time.Duration) {
 type FaultPort struct {
 	Port
 	deliver func([]*wire.Packet) // the wrapped port's Send
-	prog    Progresser           // the wrapped port, if it can progress
+
+	// The wrapped port's abilities, found once (nil: it has none).
+	prog   Progresser
+	stats  StatsReporter
+	exp    Exporter
+	acc    Accessor
+	boxes  BoxSharer
+	pull   Puller
+	alloc  Allocator
+	impair Impairable
 
 	faults atomic.Pointer[faultState]
 
@@ -118,6 +127,13 @@ type faultState struct {
 func NewFaultPort(p Port) *FaultPort {
 	fp := &FaultPort{Port: p, deliver: p.Send}
 	fp.prog, _ = p.(Progresser)
+	fp.stats, _ = p.(StatsReporter)
+	fp.exp, _ = p.(Exporter)
+	fp.acc, _ = p.(Accessor)
+	fp.boxes, _ = p.(BoxSharer)
+	fp.pull, _ = p.(Puller)
+	fp.alloc, _ = p.(Allocator)
+	fp.impair, _ = p.(Impairable)
 	fp.timer = time.AfterFunc(time.Hour, fp.release)
 	fp.timer.Stop()
 	return fp
@@ -126,8 +142,8 @@ func NewFaultPort(p Port) *FaultPort {
 // SetFaults replaces the fault settings; the random source restarts from
 // the new seed.
 func (fp *FaultPort) SetFaults(f Faults) {
-	if m, ok := fp.Port.(Memory); ok {
-		m.Impair(f.Active())
+	if fp.impair != nil {
+		fp.impair.Impair(f.Active())
 	}
 	if !f.Active() {
 		fp.faults.Store(nil)
@@ -260,13 +276,28 @@ func (h *delayHeap) Pop() any {
 	return x
 }
 
-// Memory returns the wrapped port's direct memory access, or nil when it
-// has none or faults are being injected (direct accesses would bypass
-// them).
-func (fp *FaultPort) Memory() Memory {
+// Accessor returns the wrapped port's direct access to peers' memory, or
+// nil when it has none or faults are being injected (direct accesses
+// would bypass them).
+func (fp *FaultPort) Accessor() Accessor {
 	if fp.faults.Load() != nil {
 		return nil
 	}
-	m, _ := fp.Port.(Memory)
-	return m
+	return fp.acc
+}
+
+// Exporter, BoxSharer, Puller and Allocator return the wrapped port's
+// abilities, or nil when it has none; faults do not change them (a port
+// under faults is reached through packets, see Impairable).
+func (fp *FaultPort) Exporter() Exporter   { return fp.exp }
+func (fp *FaultPort) BoxSharer() BoxSharer { return fp.boxes }
+func (fp *FaultPort) Puller() Puller       { return fp.pull }
+func (fp *FaultPort) Allocator() Allocator { return fp.alloc }
+
+// Stats returns the wrapped port's counters (zero if it keeps none).
+func (fp *FaultPort) Stats() Stats {
+	if fp.stats == nil {
+		return Stats{}
+	}
+	return fp.stats.Stats()
 }

@@ -93,12 +93,14 @@ func Open(name string, n, mtu int) ([]*Port, error) {
 		a[8], a[9], a[10], a[11] = byte(dev>>24), byte(dev>>16), byte(dev>>8), byte(dev)
 		a[14], a[15] = byte((i+1)>>8), byte(i+1)
 		p := &Port{
-			fab:  f,
-			addr: netip.AddrPortFrom(netip.AddrFrom16(a), 4791),
-			mtu:  mtu,
-			kick: make(chan struct{}, 1),
-			done: make(chan struct{}),
+			fab:    f,
+			addr:   netip.AddrPortFrom(netip.AddrFrom16(a), 4791),
+			mtu:    mtu,
+			kick:   make(chan struct{}, 1),
+			done:   make(chan struct{}),
+			exited: make(chan struct{}),
 		}
+		p.idle.L = &p.mu
 		f.ports[p.addr] = p
 		ports[i] = p
 		go p.worker()
@@ -123,14 +125,19 @@ type Port struct {
 	mtu     int
 	handler fabric.Handler
 
-	mu       sync.Mutex // guards queue, spare, draining, closed
+	mu       sync.Mutex // guards queue, spare, draining, handedOff, closed
 	queue    []*wire.Packet
 	spare    []*wire.Packet
-	draining bool
-	closed   bool
+	draining bool // a goroutine runs (or the worker is asked to run) the handler
+	// handedOff: the draining role was passed to the worker, which has
+	// not taken it yet.
+	handedOff bool
+	closed    bool
+	idle      sync.Cond // on mu: the draining role was given up after Close
 
-	kick chan struct{}
-	done chan struct{}
+	kick   chan struct{}
+	done   chan struct{} // closed by Close: the worker stops
+	exited chan struct{} // closed by the worker when it stopped
 
 	sent, received, undeliverable atomic.Uint64
 }
@@ -168,6 +175,9 @@ func (p *Port) Send(pkts []*wire.Packet) {
 		batch := pkts[:n]
 		pkts = pkts[n:]
 		p.sent.Add(uint64(n))
+		for _, q := range batch {
+			q.Src = p.addr // as the other providers report it on arrival
+		}
 		if dst == nil {
 			p.undeliverable.Add(uint64(n))
 			release(batch)
@@ -217,6 +227,9 @@ func (p *Port) drain(budget int) {
 			release(p.queue)
 			p.queue = p.queue[:0]
 			p.draining = false
+			if p.closed {
+				p.idle.Broadcast() // Close waits for the handler to return
+			}
 			p.mu.Unlock()
 			return
 		}
@@ -224,6 +237,7 @@ func (p *Port) drain(budget int) {
 			for _, q := range p.queue {
 				q.Own()
 			}
+			p.handedOff = true
 			p.mu.Unlock()
 			// The worker inherits the draining role.
 			select {
@@ -250,9 +264,13 @@ func (p *Port) drain(budget int) {
 }
 
 func (p *Port) worker() {
+	defer close(p.exited)
 	for {
 		select {
 		case <-p.kick:
+			p.mu.Lock()
+			p.handedOff = false
+			p.mu.Unlock()
 			p.drain(int(^uint(0) >> 1))
 		case <-p.done:
 			return
@@ -270,6 +288,20 @@ func (p *Port) Close() error {
 	p.closed = true
 	p.mu.Unlock()
 	close(p.done)
+	// No handler call may be in progress when Close returns: the worker
+	// is gone, a role handed to it that it never took is taken back, and
+	// an inline drain stops after its batch.
+	<-p.exited
+	p.mu.Lock()
+	if p.handedOff {
+		p.handedOff, p.draining = false, false
+		release(p.queue)
+		p.queue = p.queue[:0]
+	}
+	for p.draining {
+		p.idle.Wait()
+	}
+	p.mu.Unlock()
 
 	f := p.fab
 	f.mu.Lock()

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rvma/rvma/internal/fabric"
 	"github.com/rvma/rvma/internal/fabric/fabrictest"
 	"github.com/rvma/rvma/internal/wire"
 )
@@ -87,4 +88,12 @@ func TestOpenLimits(t *testing.T) {
 	require.Error(t, err)
 	_, err = Open("x", 1, MaxMTU+1)
 	require.Error(t, err)
+}
+
+func TestPortContract(t *testing.T) {
+	fabrictest.TestPort(t, func(t *testing.T) fabric.Port {
+		p, err := Open(t.Name(), 1, 4096)
+		require.NoError(t, err)
+		return p[0]
+	})
 }

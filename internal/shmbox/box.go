@@ -31,7 +31,12 @@ import (
 
 // Header and slot layout: little-endian words.
 const (
-	magic = 0x52564d41424f5831 // "RVMABOX1"
+	magic = 0x52564d41424f5820 // "RVMABOX "
+
+	// Version is the layout's version, checked by Open: a process of
+	// another rvma release that lays its boxes out otherwise is refused
+	// (ErrVersion) instead of misread. Bump it with any layout change.
+	Version = 2
 
 	// Header: each group of words that one side writes often on its own
 	// cache line, so the two processes pass lines back and forth as
@@ -40,6 +45,7 @@ const (
 	hThreshold = 8
 	hFlags     = 16
 	hSlots     = 24
+	hVersion   = 32
 	hLock      = 64
 	hPosted    = 128 // posting sequence of the next buffer
 	hCompleted = 136 // posting sequence of the head (first not retired)
@@ -85,8 +91,11 @@ const (
 	OutOfRange        // the put does not fit the buffer
 )
 
-// ErrCorrupt reports a box whose header does not hold together.
-var ErrCorrupt = errors.New("shmbox: corrupt box")
+// Errors of Open.
+var (
+	ErrCorrupt = errors.New("shmbox: corrupt box")
+	ErrVersion = errors.New("shmbox: box of another layout version")
+)
 
 // Location is where a posted buffer's bytes are, for initiators that map
 // them: an allocation (shmfab.Alloc) of the target process, by id and
@@ -121,6 +130,7 @@ func New(mem []byte, slots, threshold int, countOps, appended bool) *Box {
 	b.put(hThreshold, uint64(threshold))
 	b.put(hFlags, f)
 	b.put(hSlots, uint64(slots))
+	b.put(hVersion, Version)
 	atomic.StoreUint64(b.u64(hMagic), magic)
 	return b
 }
@@ -133,7 +143,13 @@ func Open(mem []byte) (*Box, error) {
 	}
 	b := &Box{mem: mem}
 	n := binary.LittleEndian.Uint64(mem[hSlots:])
-	if atomic.LoadUint64(b.u64(hMagic)) != magic || n == 0 || n > 1<<16 || uint64(Size(int(n))) > uint64(len(mem)) {
+	if atomic.LoadUint64(b.u64(hMagic)) != magic {
+		return nil, ErrCorrupt
+	}
+	if v := b.get(hVersion); v != Version {
+		return nil, fmt.Errorf("%w: %d, this process lays out %d", ErrVersion, v, Version)
+	}
+	if n == 0 || n > 1<<16 || uint64(Size(int(n))) > uint64(len(mem)) {
 		return nil, ErrCorrupt
 	}
 	b.slots = int(n)

@@ -209,3 +209,34 @@ func FuzzOpen(f *testing.F) {
 		b.Completable()
 	})
 }
+
+// TestOpen: a box laid out by this layout opens; any other header is
+// refused with the reason, so an initiator falls back to packets.
+func TestOpen(t *testing.T) {
+	cases := []struct {
+		name  string
+		spoil func(b *Box) []byte
+		want  error
+	}{
+		{"good", func(b *Box) []byte { return b.mem }, nil},
+		{"magic", func(b *Box) []byte { b.put(hMagic, magic+1); return b.mem }, ErrCorrupt},
+		{"version", func(b *Box) []byte { b.put(hVersion, Version+1); return b.mem }, ErrVersion},
+		{"old version", func(b *Box) []byte { b.put(hVersion, 0); return b.mem }, ErrVersion},
+		{"no slots", func(b *Box) []byte { b.put(hSlots, 0); return b.mem }, ErrCorrupt},
+		{"slots past memory", func(b *Box) []byte { b.put(hSlots, 5); return b.mem }, ErrCorrupt},
+		{"short", func(b *Box) []byte { return b.mem[:hdrBytes-8] }, ErrCorrupt},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			mem := c.spoil(newBox(t, 4, 10, false, true))
+			b, err := Open(mem)
+			if c.want == nil {
+				require.NoError(t, err)
+				require.Equal(t, 10, b.Threshold())
+				return
+			}
+			require.ErrorIs(t, err, c.want)
+			require.Nil(t, b)
+		})
+	}
+}

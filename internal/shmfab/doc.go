@@ -28,7 +28,8 @@
 // (lengths that do not fit, undecodable packets) is discarded and counted
 // (Stats.Dropped), as a malformed datagram would be.
 //
-// Direct access (memory.go, fabric.Memory): a segment also holds tables
+// Direct access (memory.go; fabric.Exporter, Accessor, BoxSharer, Puller,
+// Allocator): a segment also holds tables
 // of the regions its device exported (remote key, rights, protection
 // domain, address, and where the bytes are: an allocation from Alloc,
 // which peers map, or ordinary memory, reached with process_vm_writev/

@@ -60,7 +60,24 @@ const (
 // it now); the caller sends it as packets instead.
 var ErrIndirect = errors.New("shmfab: no direct access")
 
-var _ fabric.Memory = (*Port)(nil)
+// What a port offers beyond packets (package fabric names each).
+var (
+	_ fabric.Exporter      = (*Port)(nil)
+	_ fabric.Accessor      = (*Port)(nil)
+	_ fabric.BoxSharer     = (*Port)(nil)
+	_ fabric.Puller        = (*Port)(nil)
+	_ fabric.Allocator     = (*Port)(nil)
+	_ fabric.Impairable    = (*Port)(nil)
+	_ fabric.Progresser    = (*Port)(nil)
+	_ fabric.StatsReporter = (*Port)(nil)
+)
+
+// Alloc, Free and Locate make the package's allocator a port's
+// (fabric.Allocator): allocations belong to the process, whichever port
+// asks.
+func (p *Port) Alloc(n int) ([]byte, error)                         { return Alloc(n) }
+func (p *Port) Free(b []byte) error                                 { return Free(b) }
+func (p *Port) Locate(buf []byte) (id uint64, fd, off int, ok bool) { return Locate(buf) }
 
 // allocation is memory made by Alloc: a memfd peers can map.
 type allocation struct {
@@ -184,10 +201,6 @@ func ForceCMA(ok bool) bool {
 	cma.ok.Store(ok)
 	return prev
 }
-
-// Direct counts the operations this port executed directly: WRITEs, READs
-// and atomics into peers' memory, and payloads pulled from peers.
-func (p *Port) Direct() uint64 { return p.direct.Load() }
 
 // CMA reports whether processes can reach each other's ordinary memory
 // with process_vm_readv/writev, and if not, why; it is decided once, at

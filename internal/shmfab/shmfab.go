@@ -73,6 +73,7 @@ const (
 	offMagic    = 0
 	offName     = 8
 	offPID      = 16
+	offInst     = 20  // the port's instance, its address's port number
 	offDoorbell = 64  // futex word: bumped by a sender that found the owner asleep
 	offSleeping = 128 // the owner is (about to be) blocked on the doorbell
 	offImpaired = 192 // faults are injected: peers use packets only
@@ -81,7 +82,7 @@ const (
 
 // Ring slot offsets (from the slot's start).
 const (
-	offOwner = 0  // sender token (pid<<32 | fd of its segment), 0 when free
+	offOwner = 0  // sender token (pid<<32 | instance<<16 | fd of its segment), 0 when free
 	offSrc   = 8  // sender's address: 16 bytes and a 2-byte port
 	offHead  = 64 // bytes written, producer's line
 	offTail  = 128
@@ -216,15 +217,25 @@ func Open(name string, mtu int) (*Port, error) {
 	copy(a[:], prefix[:])
 	binary.BigEndian.PutUint32(a[8:], uint32(pid))
 	binary.BigEndian.PutUint32(a[12:], uint32(fd))
-	p := &Port{name: nameHash(name), addr: netip.AddrPortFrom(netip.AddrFrom16(a), 1), mtu: mtu, fd: fd, mem: mem,
-		tok: uint64(pid)<<32 | uint64(fd), peers: map[netip.AddrPort]*peer{}, done: make(chan struct{}),
+	// The instance tells apart ports that reuse a closed one's descriptor:
+	// a sender that knew the old port must not reach the new one by it.
+	inst := uint16(instances.Add(1))
+	if inst == 0 {
+		inst = uint16(instances.Add(1))
+	}
+	p := &Port{name: nameHash(name), addr: netip.AddrPortFrom(netip.AddrFrom16(a), inst), mtu: mtu, fd: fd, mem: mem,
+		tok: uint64(pid)<<32 | uint64(inst)<<16 | uint64(fd&0xffff), peers: map[netip.AddrPort]*peer{}, done: make(chan struct{}),
 		rx: make([]*wire.Packet, 0, 64), regions: newTable[uint32](Regions), qps: newTable[uint32](QPs), boxes: newTable[uint64](Boxes)}
 	binary.LittleEndian.PutUint64(mem[offName:], p.name)
 	binary.LittleEndian.PutUint32(mem[offPID:], uint32(pid))
+	binary.LittleEndian.PutUint32(mem[offInst:], uint32(inst))
 	atomic.StoreUint64(u64(mem, offMagic), magic) // last: the segment is ready
 	go p.receive()
 	return p, nil
 }
+
+// instances numbers the process's ports (see Open).
+var instances atomic.Uint32
 
 func u64(b []byte, off int) *uint64 { return (*uint64)(unsafe.Pointer(&b[off])) }
 func u32(b []byte, off int) *uint32 { return (*uint32)(unsafe.Pointer(&b[off])) }
@@ -247,17 +258,23 @@ func (p *Port) SetHandler(h fabric.Handler) {
 
 // Stats returns the port's counters.
 func (p *Port) Stats() fabric.Stats {
-	return fabric.Stats{Sent: p.sent.Load(), Received: p.received.Load(), Dropped: p.malformed.Load(), Undeliverable: p.dropped.Load()}
+	return fabric.Stats{Sent: p.sent.Load(), Received: p.received.Load(), Dropped: p.malformed.Load(),
+		Undeliverable: p.dropped.Load(), Direct: p.direct.Load()}
 }
 
 // Close stops the port: its receiver ends, its segment and its peers'
 // mappings are released.
 func (p *Port) Close() error {
 	if p.closed.Swap(true) {
-		return nil
+		return ErrClosed
 	}
 	p.wake()
 	<-p.done
+	// A Progress call may be running the handler: wait for it. Later
+	// ones see the port closed and return.
+	p.rmu.Lock()
+	//lint:ignore SA2001 an empty critical section: waiting for the holder is the point
+	p.rmu.Unlock()
 	p.unexportAll()
 	p.dmu.Lock()
 	defer p.dmu.Unlock()
@@ -344,7 +361,8 @@ func (p *Port) peerFor(dst netip.AddrPort) *peer {
 		f.Close()
 	}
 	if err != nil || atomic.LoadUint64(u64(pe.mem, offMagic)) != magic ||
-		binary.LittleEndian.Uint64(pe.mem[offName:]) != p.name || int(binary.LittleEndian.Uint32(pe.mem[offPID:])) != pid {
+		binary.LittleEndian.Uint64(pe.mem[offName:]) != p.name || int(binary.LittleEndian.Uint32(pe.mem[offPID:])) != pid ||
+		binary.LittleEndian.Uint32(pe.mem[offInst:]) != uint32(dst.Port()) {
 		if pe.mem != nil {
 			unix.Munmap(pe.mem)
 		}
@@ -453,6 +471,9 @@ func (p *Port) Progress() int {
 		return 0
 	}
 	defer p.rmu.Unlock()
+	if p.closed.Load() {
+		return 0
+	}
 	return p.drain()
 }
 

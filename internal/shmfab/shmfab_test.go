@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rvma/rvma/internal/fabric"
 	"github.com/rvma/rvma/internal/fabric/fabrictest"
 	"github.com/rvma/rvma/internal/wire"
 )
@@ -168,4 +169,12 @@ func TestFullRingDrops(t *testing.T) {
 		"delivered %d, dropped %d of %d", rb.Count(), dropped, n)
 	a.Send([]*wire.Packet{packet(b.Addr(), n, []byte("after"))})
 	require.Eventually(t, func() bool { return uint64(rb.Count())+dropped == n+1 }, 10*time.Second, time.Millisecond)
+}
+
+func TestPortContract(t *testing.T) {
+	fabrictest.TestPort(t, func(t *testing.T) fabric.Port {
+		p, err := Open(t.Name(), 4096)
+		require.NoError(t, err)
+		return p
+	})
 }

@@ -161,7 +161,12 @@ func (c *Conn) putName(n *unix.RawSockaddrInet6, a netip.AddrPort) uint32 {
 		s4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(n))
 		s4.Family = unix.AF_INET
 		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&s4.Port))[:], a.Port())
-		s4.Addr = a.Addr().Unmap().As4()
+		s4.Addr = [4]byte{}
+		if a4 := a.Addr().Unmap(); a4.Is4() {
+			s4.Addr = a4.As4()
+		} else {
+			s4.Port = 0 // an IPv6 (or no) address from an IPv4 socket: the kernel refuses port 0
+		}
 		return unix.SizeofSockaddrInet4
 	}
 	n.Family = unix.AF_INET6

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rvma/rvma/internal/fabric"
 	"github.com/rvma/rvma/internal/fabric/fabrictest"
 	"github.com/rvma/rvma/internal/wire"
 )
@@ -207,4 +208,12 @@ func TestOpenErrors(t *testing.T) {
 func TestDefaultMTU(t *testing.T) {
 	require.Equal(t, DefaultMTU, DefaultMTUFor(netip.MustParseAddr("127.0.0.1")), "lo carries 4096 easily")
 	require.Equal(t, DefaultMTU, DefaultMTUFor(netip.MustParseAddr("0.0.0.0")))
+}
+
+func TestPortContract(t *testing.T) {
+	fabrictest.TestPort(t, func(t *testing.T) fabric.Port {
+		p, err := Open(lo, DefaultMTU, nil)
+		require.NoError(t, err)
+		return p
+	})
 }
