@@ -58,6 +58,17 @@
 // many processes put into one window at once. The catch-all window, and
 // windows of targets with a per-peer byte limit, keep a private box.
 //
+// Where the rules live: what a put counts, where it lands (Begin), when a
+// buffer is full and when its epoch may complete (Count, Completable), what
+// a reservation or a put in progress holds back, are internal/shmbox's
+// functions, the one home of the counting rules, which this package owns
+// and which the shm provider calls for the puts it places. Refusals (a
+// closed window, a put out of range, an epoch crossed, a peer over its
+// limit) are decided here, on the packet path only: an initiator on the
+// host declines to place anything shmbox does not accept, and its put goes
+// as packets, which this package then refuses with the reason. The box
+// layout has a version (shmbox.Version) checked when a peer maps it.
+//
 // Targets, windows and initiators are safe for concurrent use. Posted
 // buffers belong to the window until they are handed back in a completion
 // record; retired buffers then belong to the window's history until they
