@@ -37,9 +37,10 @@ const (
 	maxRanks = 1 << 30
 )
 
-// checkHost reports whether n ranks fit in the open-file limit and in the
-// memory available; memPerRank (MiB) overrides the memory estimate.
-func checkHost(n, memPerRank int) error {
+// checkHost reports whether n ranks of a job of size ranks fit in the
+// open-file limit and in the memory available; memPerRank (MiB) overrides
+// the memory estimate.
+func checkHost(n, size, memPerRank int) error {
 	if err := checkFDs(n); err != nil {
 		return err
 	}
@@ -47,7 +48,7 @@ func checkHost(n, memPerRank int) error {
 	if !ok {
 		return nil // no /proc: nothing to check against
 	}
-	return fitMem(n, rankMem(n, memPerRank), avail, source)
+	return fitMem(n, rankMem(size, memPerRank), avail, source)
 }
 
 // checkFDs raises the soft limit on open files to the hard one, as the Go

@@ -20,25 +20,21 @@
 package main
 
 import (
-	"bufio"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"os/signal"
 	"runtime"
-	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/rvma/rvma/internal/kvs"
 	"github.com/rvma/rvma/internal/launch"
-	"github.com/rvma/rvma/internal/spin"
-	"github.com/rvma/rvma/rma"
 )
 
 func main() {
@@ -46,6 +42,9 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 1 && args[0] == daemonFlag {
+		return daemon(os.Stdin, stdout, stderr)
+	}
 	fs := flag.NewFlagSet("rvmarun", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	n := fs.Int("n", 1, "number of ranks")
@@ -57,13 +56,33 @@ func run(args []string, stdout, stderr io.Writer) int {
 	rcTimeout := fs.Duration("rc-timeout", 0, "the ranks' RC retransmission timeout floor (rma.Config.Connect.Timeout; 0: the library's default, 20ms, adapted to measured round trips)")
 	makeKey := fs.String("make-key", "", "write a new job key to `FILE` (mode 0600) and exit: for launchers that pass no secret (Slurm: RVMA_KEY_FILE=FILE)")
 	memPerRank := fs.Int("mem-per-rank", 0, "MiB of memory a rank needs, checked against what the host has before any rank starts (0: an estimate, 16 MiB and 64 KiB per rank of the job)")
+	hostList := fs.String("H", "", "run on these hosts, Open MPI's syntax: `HOST[:SLOTS],...` (a host without a count has one slot)")
+	hostfile := fs.String("hostfile", "", "run on the hosts of `FILE`: a line per host, \"HOST [slots=N]\", # for comments")
+	agent := fs.String("launch-agent", "ssh -x", "the command that runs a program on another host, given the host and the program: ssh, or any prefix such as \"ip netns exec\"")
+	mapBy := fs.String("map-by", "slot", "how ranks are placed on the hosts: slot (fill each host's slots in turn) or node (one rank per host in turn)")
+	npernode := fs.Int("npernode", 0, "ranks per host (0: as --map-by places them)")
+	oversubscribe := fs.Bool("oversubscribe", false, "allow more ranks on a host than its slots")
+	rendezvous := fs.String("rendezvous-addr", "", "with hosts: the `IP` of this host on which the job's rendezvous listens, which every host reaches (default: any address, and each host uses the address its ssh connection came from)")
+	var exports []string
+	fs.Func("x", "pass the environment variable `NAME` (or NAME=VALUE) to every rank on every host; repeatable", func(v string) error {
+		if v == "" || strings.HasPrefix(v, "=") {
+			return fmt.Errorf("want NAME or NAME=VALUE")
+		}
+		if !strings.Contains(v, "=") {
+			v += "=" + os.Getenv(v)
+		}
+		exports = append(exports, v)
+		return nil
+	})
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: rvmarun -n N [flags] prog [args...]\n")
+		fmt.Fprintf(stderr, "usage: rvmarun -n N [-H HOST[:SLOTS],... | --hostfile FILE] [flags] prog [args...]\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	nSet := false
+	fs.Visit(func(f *flag.Flag) { nSet = nSet || f.Name == "n" })
 	if *makeKey != "" {
 		if err := launch.WriteKeyFile(*makeKey); err != nil {
 			fmt.Fprintf(stderr, "rvmarun: %v\n", err)
@@ -96,9 +115,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "rvmarun: --mem-per-rank %d: want 0 (the estimate) or more MiB\n", *memPerRank)
 		return 2
 	}
-	if err := checkHost(*n, *memPerRank); err != nil {
-		fmt.Fprintf(stderr, "rvmarun: %v\n", err)
-		return 2
+	var hc *hostsConfig
+	if *hostList != "" || *hostfile != "" || *npernode != 0 {
+		var err error
+		if hc, err = planHosts(*hostList, *hostfile, *agent, *mapBy, *npernode, *oversubscribe, n, nSet); err != nil {
+			fmt.Fprintf(stderr, "rvmarun: %v\n", err)
+			return 2
+		}
+		hc.rendezvous = *rendezvous
+	}
+	if hc == nil {
+		if err := checkHost(*n, *n, *memPerRank); err != nil {
+			fmt.Fprintf(stderr, "rvmarun: %v\n", err)
+			return 2
+		}
 	}
 
 	sigs, forward := catchSignals()
@@ -124,6 +154,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "rvmarun: %v\n", err)
 		return 1
 	}
+	job := &hostJob{Size: *n, Key: key, Provider: *provider, Addr: *addr, Paths: *paths, RCTimeout: *rcTimeout,
+		Tag: *tag, Grace: *grace, MemPerRank: *memPerRank, Prog: fs.Arg(0), Args: fs.Args()[1:], Env: exports}
+	if hc != nil {
+		signal.Stop(sigs)
+		if !addrSet(fs) {
+			job.Addr = "" // each host binds its own route to the rendezvous
+		}
+		return runHosts(hc, job, func(addr string) (string, func(), error) {
+			srv, err := kvs.ListenConfig(addr, *n, &kvs.ServerConfig{Logger: logger, Key: key})
+			if err != nil {
+				return "", nil, err
+			}
+			return srv.Addr(), func() { srv.Close() }, nil
+		}, stdout, stderr)
+	}
 	srv, err := kvs.ListenConfig("127.0.0.1:0", *n, &kvs.ServerConfig{Logger: logger, Key: key})
 	if err != nil {
 		fmt.Fprintf(stderr, "rvmarun: %v\n", err)
@@ -131,117 +176,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	defer srv.Close()
 
-	done := make(chan struct{}) // closed when run returns: no more signals to the ranks' groups
-	defer close(done)
-	cmds := make([]*exec.Cmd, *n)
-	var copiers sync.WaitGroup
-	for r := range *n {
-		cmd := exec.Command(fs.Arg(0), fs.Args()[1:]...)
-		cmd.Env = append(os.Environ(),
-			rma.EnvRank+"="+strconv.Itoa(r), rma.EnvSize+"="+strconv.Itoa(*n), rma.EnvKVS+"="+srv.Addr(),
-			rma.EnvProvider+"="+*provider, rma.EnvAddr+"="+*addr,
-			rma.EnvPaths+"="+strconv.Itoa(*paths),
-			launch.EnvPID+"="+strconv.Itoa(os.Getpid()), launch.EnvKey+"="+launch.EncodeKey(key))
-		if *rcTimeout > 0 {
-			cmd.Env = append(cmd.Env, rma.EnvRCTimeout+"="+rcTimeout.String())
-		}
-		if _, set := os.LookupEnv(spin.EnvSpin); !set && *n > runtime.NumCPU() {
-			// More ranks than cores: a spinning rank holds the core its
-			// peer needs, so waits block at once (measured on halo3d, 4
-			// ranks on 2 cores: fence 1.2-1.4 ms instead of 1.6-1.7, notify
-			// slightly faster; with a core per rank spinning wins).
-			cmd.Env = append(cmd.Env, spin.EnvSpin+"=0s")
-		}
-		if _, set := os.LookupEnv("GOMAXPROCS"); !set {
-			// Share the cores among the ranks, as MPI launchers bind
-			// ranks to cores: a rank's spinning goroutines then take
-			// turns on its own processor instead of taking the others'.
-			cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(max(1, runtime.NumCPU() / *n)))
-		}
-		// Our own pipes rather than exec's: exec's Wait closes them when
-		// the process exits, which can cut its last lines.
-		po, wo, err := os.Pipe()
-		if err != nil {
-			fmt.Fprintf(stderr, "rvmarun: %v\n", err)
-			kill(cmds[:r], 0, done)
-			return 1
-		}
-		pe, we, err := os.Pipe()
-		if err != nil {
-			fmt.Fprintf(stderr, "rvmarun: %v\n", err)
-			po.Close()
-			wo.Close()
-			kill(cmds[:r], 0, done)
-			return 1
-		}
-		cmd.Stdout, cmd.Stderr = wo, we
-		cmd.SysProcAttr = rankAttr()
-		err = cmd.Start()
-		wo.Close()
-		we.Close()
-		if err != nil {
-			fmt.Fprintf(stderr, "rvmarun: rank %d: %v\n", r, err)
-			po.Close()
-			pe.Close()
-			kill(cmds[:r], 0, done)
-			return 1
-		}
-		cmds[r] = cmd
-		prefix := ""
-		if *tag {
-			prefix = fmt.Sprintf("[%d] ", r)
-		}
-		for _, p := range []struct {
-			in  io.Reader
-			out io.Writer
-		}{{po, stdout}, {pe, stderr}} {
-			copiers.Add(1)
-			go func() {
-				defer copiers.Done()
-				defer p.in.(io.Closer).Close()
-				sc := bufio.NewScanner(p.in)
-				sc.Buffer(make([]byte, 64<<10), 1<<20)
-				for sc.Scan() {
-					outMu.Lock()
-					fmt.Fprintf(p.out, "%s%s\n", prefix, sc.Text())
-					outMu.Unlock()
-				}
-			}()
-		}
+	job.KVS, job.Ranks = srv.Addr(), make([]int, *n)
+	for r := range job.Ranks {
+		job.Ranks[r] = r
 	}
-
-	type exit struct {
-		rank int
-		err  error
+	g, err := startGroup(job, stdout, stderr, &outMu)
+	if err != nil {
+		fmt.Fprintf(stderr, "rvmarun: %v\n", err)
+		return 1
 	}
-	exits := make(chan exit, *n)
-	for r, cmd := range cmds {
-		go func() { exits <- exit{r, cmd.Wait()} }()
-	}
-	status, left, failed := 0, *n, false
-	for left > 0 {
-		select {
-		case s := <-sigs:
-			if !forward(s) {
-				continue
-			}
-			for _, c := range cmds {
-				signalGroup(c, s.(syscall.Signal))
-			}
-		case e := <-exits:
-			left--
-			if e.err != nil && !failed {
-				failed = true
-				status = exitStatus(e.err)
-				outMu.Lock()
-				fmt.Fprintf(stderr, "rvmarun: rank %d failed (%v); stopping the others\n", e.rank, e.err)
-				outMu.Unlock()
-				go kill(cmds, *grace, done)
-			}
-		}
-	}
-	copiers.Wait()
-	return status
+	return g.supervise(sigs, forward, nil)
 }
 
 // catchSignals handles the signals rvmarun forwards to the ranks. A
@@ -270,39 +214,9 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
-func exitStatus(err error) int {
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return 128 + int(ws.Signal())
-		}
-		if c := ee.ExitCode(); c > 0 {
-			return c
-		}
-	}
-	return 1
-}
-
-// kill sends SIGTERM to the ranks' process groups, then SIGKILL after
-// grace, unless run has returned by then (the groups' IDs may be reused).
-func kill(cmds []*exec.Cmd, grace time.Duration, done <-chan struct{}) {
-	for _, c := range cmds {
-		signalGroup(c, syscall.SIGTERM)
-	}
-	select {
-	case <-time.After(grace):
-	case <-done:
-		return
-	}
-	for _, c := range cmds {
-		signalGroup(c, syscall.SIGKILL)
-	}
-}
-
-// signalGroup signals a rank's process group; it fails harmlessly for
-// ranks already gone.
-func signalGroup(c *exec.Cmd, s syscall.Signal) {
-	if c != nil && c.Process != nil {
-		syscall.Kill(-c.Process.Pid, s)
-	}
+// addrSet reports whether --addr was given.
+func addrSet(fs *flag.FlagSet) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "addr" })
+	return set
 }

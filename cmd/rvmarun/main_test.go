@@ -34,7 +34,9 @@ var bins string
 const envRole = "RVMARUN_TEST_ROLE"
 
 func TestMain(m *testing.M) {
-	if role := os.Getenv(envRole); role != "" {
+	if role := os.Getenv(envRole); role == "transport" {
+		os.Exit(reportTransports())
+	} else if role != "" {
 		playRank(role)
 		return
 	}
@@ -357,15 +359,17 @@ func rvmarunCmd(t *testing.T, role string, args ...string) (*exec.Cmd, *testutil
 	return cmd, testutil.Start(t, cmd)
 }
 
+// readyLine is a rank's "ready PID PPID", tagged with its rank (and host).
+var readyLine = regexp.MustCompile(`(?m)^\[\d+(?:@\S+)?\] ready (\d+) (\d+)$`)
+
 // readyRanks waits for n "ready PID PPID" lines and returns the pids.
 func readyRanks(t *testing.T, out *testutil.SyncBuffer, n int) (pids, ppids []int) {
 	t.Helper()
 	require.Eventually(t, func() bool { return strings.Count(out.String(), "ready ") == n }, 60*time.Second, 10*time.Millisecond, out.String())
-	for _, l := range strings.Split(out.String(), "\n") {
-		var r, pid, ppid int
-		if _, err := fmt.Sscanf(l, "[%d] ready %d %d", &r, &pid, &ppid); err == nil {
-			pids, ppids = append(pids, pid), append(ppids, ppid)
-		}
+	for _, m := range readyLine.FindAllStringSubmatch(out.String(), -1) {
+		pid, _ := strconv.Atoi(m[1])
+		ppid, _ := strconv.Atoi(m[2])
+		pids, ppids = append(pids, pid), append(ppids, ppid)
 	}
 	require.Len(t, pids, n, out.String())
 	return pids, ppids

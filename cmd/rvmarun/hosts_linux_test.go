@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/internal/testbed"
+	"github.com/rvma/rvma/internal/testutil"
+	"github.com/rvma/rvma/rma"
+)
+
+// reportTransports is a rank that puts to every other rank and prints
+// how it reached each: "transport ME PEER PROVIDER".
+func reportTransports() int {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	comm, err := rma.Init(ctx, nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer comm.Close(ctx)
+	me, n := comm.Rank(), comm.Size()
+	win, err := comm.Allocate(ctx, 8*n, nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := win.Fence(ctx, 0); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	for p := range n {
+		if err := win.Put(ctx, []byte(fmt.Sprintf("%08d", me)), p, 8*me); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	if err := win.Fence(ctx, 0); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	for p := range n {
+		if got := string(win.Bytes()[8*p : 8*p+8]); got != fmt.Sprintf("%08d", p) {
+			fmt.Fprintf(os.Stderr, "from rank %d: %q\n", p, got)
+			return 1
+		}
+		if p != me {
+			fmt.Printf("transport %d %d %s\n", me, p, comm.Transport(p))
+		}
+	}
+	if err := win.Free(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// hostsJob runs rvmarun in the first host of tb over every host, with
+// the netns launch agent.
+func hostsJob(tb *testbed.Hosts, slots int, extra ...string) *exec.Cmd {
+	var hl []string
+	for _, ns := range tb.Names {
+		hl = append(hl, fmt.Sprintf("%s:%d", ns, slots))
+	}
+	args := append([]string{"netns", "exec", tb.Names[0], filepath.Join(bins, "rvmarun"),
+		"-H", strings.Join(hl, ","), "--launch-agent", "ip netns exec", "--rendezvous-addr", tb.Addrs[0].String()}, extra...)
+	return exec.Command("ip", args...)
+}
+
+// Ranks on three namespace hosts: every pair of one host meets over shared
+// memory and every other pair over UDP, output is tagged with rank and
+// host, and the puts arrive.
+func TestHostsAutoTransports(t *testing.T) {
+	tb := testbed.NewHosts(t, testbed.HostsConfig{Hosts: 3})
+	self, err := os.Executable()
+	require.NoError(t, err)
+	cmd := hostsJob(tb, 2, "-x", envRole+"=transport", self)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	host := map[int]string{}
+	re := regexp.MustCompile(`(?m)^\[(\d+)@(\S+)\] transport (\d+) (\d+) (\S+)$`)
+	lines := re.FindAllStringSubmatch(string(out), -1)
+	require.Len(t, lines, 6*5, "%s", out)
+	for _, l := range lines {
+		r, _ := strconv.Atoi(l[1])
+		require.Equal(t, l[1], l[3], "the tag names the rank that printed")
+		host[r] = l[2]
+	}
+	for r := range 6 {
+		require.Equal(t, tb.Names[r/2], host[r], "--map-by slot fills each host's slots in turn")
+	}
+	for _, l := range lines {
+		me, _ := strconv.Atoi(l[3])
+		p, _ := strconv.Atoi(l[4])
+		want := "udp"
+		if host[me] == host[p] {
+			want = "shm"
+		}
+		require.Equal(t, want, l[5], "rank %d to rank %d", me, p)
+	}
+}
+
+// Killing the launcher (kill -9) ends every rank on every host within
+// seconds.
+func TestHostsDieWithLauncher(t *testing.T) {
+	tb := testbed.NewHosts(t, testbed.HostsConfig{Hosts: 2})
+	self, err := os.Executable()
+	require.NoError(t, err)
+	cmd := hostsJob(tb, 2, "-x", envRole+"=rank", self)
+	var out testutil.SyncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	pids, _ := readyRanks(t, &out, 4)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL)) // ip netns exec execs rvmarun: this is the launcher
+	cmd.Wait()
+	requireGone(t, pids, 10*time.Second)
+}
+
+// A rank killed on another host fails the job (its status, a message
+// naming rank and host) and no rank is left anywhere.
+func TestHostsRankKilled(t *testing.T) {
+	tb := testbed.NewHosts(t, testbed.HostsConfig{Hosts: 2})
+	self, err := os.Executable()
+	require.NoError(t, err)
+	cmd := hostsJob(tb, 2, "-x", envRole+"=rank", "--grace", "1s", self)
+	var out testutil.SyncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	pids, _ := readyRanks(t, &out, 4)
+	victim := pids[len(pids)-1]
+	require.NoError(t, syscall.Kill(victim, syscall.SIGKILL))
+	err = cmd.Wait()
+	require.Error(t, err)
+	require.Equal(t, 128+int(syscall.SIGKILL), cmd.ProcessState.ExitCode(), "%s", out.String())
+	require.Regexp(t, `rvmarun: rank \d on `+tb.Names[1]+` failed \(signal: killed\); stopping the others`, out.String())
+	require.Contains(t, out.String(), "stopping the other hosts")
+	requireGone(t, pids, 10*time.Second)
+}
+
+// A host the agent cannot reach fails the job at once with the agent's
+// word and rvmarun's, and the hosts that did start are stopped.
+func TestHostsUnreachable(t *testing.T) {
+	tb := testbed.NewHosts(t, testbed.HostsConfig{Hosts: 1})
+	self, err := os.Executable()
+	require.NoError(t, err)
+	cmd := exec.Command("ip", "netns", "exec", tb.Names[0], filepath.Join(bins, "rvmarun"),
+		"-H", tb.Names[0]+":2,no-such-host-ns:2", "--launch-agent", "ip netns exec",
+		"--rendezvous-addr", tb.Addrs[0].String(), "-x", envRole+"=rank", self)
+	var out testutil.SyncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	start := time.Now()
+	err = cmd.Run()
+	require.Error(t, err)
+	require.Less(t, time.Since(start), 30*time.Second)
+	require.Contains(t, out.String(), "rvmarun: host no-such-host-ns failed", out.String())
+	pids := regexp.MustCompile(`ready (\d+) `).FindAllStringSubmatch(out.String(), -1)
+	var ps []int
+	for _, p := range pids {
+		n, _ := strconv.Atoi(p[1])
+		ps = append(ps, n)
+	}
+	requireGone(t, ps, 10*time.Second)
+}
+
+func requireGone(t *testing.T, pids []int, within time.Duration) {
+	t.Helper()
+	for _, p := range pids {
+		require.Eventually(t, func() bool { return testutil.Exited(p) }, within, 10*time.Millisecond, "pid %d outlived the job", p)
+	}
+}
