@@ -1,7 +1,10 @@
-// Command rvmarun starts the ranks of an rvma job on this host, the mpirun
-// role:
+// Command rvmarun starts the ranks of an rvma job, the mpirun role:
 //
 //	rvmarun -n N [--provider auto|udp|shm] [--addr IP] prog [args...]
+//	rvmarun [-n N] -H HOST[:SLOTS],... | --hostfile FILE [--launch-agent CMD] prog [args...]
+//
+// With hosts it starts "rvmarun --daemon" on each through the launch agent
+// (daemon.go), which starts that host's ranks as below.
 //
 // It serves the job's rendezvous, starts N processes of prog with
 // RVMA_RANK, RVMA_SIZE and RVMA_KVS set (rma.Init reads them), shares the
