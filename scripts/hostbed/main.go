@@ -10,8 +10,10 @@
 // (the hosts' addresses, in order), HOSTBED_ADDR0 (the first host's,
 // where a launcher started there listens) and HOSTBED_AGENT, a launch
 // agent in ssh's manner ("AGENT HOST COMMAND...", the command words
-// joined and run by a shell in that host's namespace: what Open MPI's
-// rsh launcher expects; rvmarun can also use "ip netns exec"):
+// joined and run by a shell in that host's namespace, under the host's
+// name as hostname, so that MPI libraries that tell hosts by name see
+// several: what Open MPI's rsh launcher expects; rvmarun can also use
+// "ip netns exec"):
 //
 //	go run ./scripts/hostbed -hosts 4 -slots 16 -- sh -c 'bin/rvmarun -H $HOSTBED_HOSTS \
 //	    --launch-agent $HOSTBED_AGENT --rendezvous-addr $HOSTBED_ADDR0 bin/halo3d -n 16'
@@ -61,7 +63,7 @@ func main() {
 	}
 	defer os.RemoveAll(dir)
 	agent := dir + "/agent"
-	if err := os.WriteFile(agent, []byte("#!/bin/sh\nhost=$1; shift\nexec ip netns exec \"$host\" sh -c \"$*\"\n"), 0o755); err != nil {
+	if err := os.WriteFile(agent, []byte("#!/bin/sh\nhost=$1; shift\nexec ip netns exec \"$host\" unshare --uts sh -c \"hostname $host; $*\"\n"), 0o755); err != nil {
 		fmt.Fprintln(os.Stderr, "hostbed:", err)
 		os.Exit(1)
 	}
