@@ -1,6 +1,7 @@
 package loopfab
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -89,8 +90,10 @@ func TestSingleDrainer(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		// The worker may still be draining: at most one call a packet.
-		time.Sleep((senders*per + 1) * delay)
+		// The worker may still be draining.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		require.NoError(t, r.WaitCount(ctx, senders*per))
 		require.Equal(t, senders*per, r.Count())
 		require.False(t, r.Overlapped(), "the handler ran concurrently")
 		for s, d := range longest {
