@@ -84,10 +84,10 @@ func TestFaults(t *testing.T) {
 				fp.SetFaults(c.f)
 				if c.check == nil { // delay: nothing arrives before the delay, all of it at the delay
 					send(fp, 10)
-					time.Sleep(c.f.Delay - 1)
+					time.Sleep(c.f.Delay - time.Nanosecond)
 					synctest.Wait()
 					require.Empty(t, s.psns())
-					time.Sleep(1)
+					time.Sleep(time.Nanosecond)
 					synctest.Wait()
 					require.Len(t, s.psns(), 10)
 					return
