@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -22,10 +23,22 @@ type rig struct {
 }
 
 func newRig(t *testing.T, env verbstest.Env, cc verbs.ConnectConfig, tc *mailbox.TargetConfig) *rig {
+	return rigCQ(t, env, verbs.CQConfig{}, cc, tc)
+}
+
+// bubbleRig is newRig on the loop provider for a test in a synctest
+// bubble. Its CQs block at once instead of spinning first: a spin lasts a
+// span of the clock, and the bubble's clock stands still while any
+// goroutine runs.
+func bubbleRig(t *testing.T, cc verbs.ConnectConfig, tc *mailbox.TargetConfig) *rig {
+	return rigCQ(t, verbstest.Loop(), verbs.CQConfig{Spin: -1}, cc, tc)
+}
+
+func rigCQ(t *testing.T, env verbstest.Env, cqc verbs.CQConfig, cc verbs.ConnectConfig, tc *mailbox.TargetConfig) *rig {
 	if cc.MinRNRTimer == 0 {
 		cc.MinRNRTimer = 100 * time.Microsecond
 	}
-	a, b := verbstest.Pair(t, env, verbstest.PairConfig{Connect: cc, BufSize: 1 << 20})
+	a, b := verbstest.Pair(t, env, verbstest.PairConfig{CQ: cqc, Connect: cc, BufSize: 1 << 20})
 	r := &rig{a: a, b: b, tgt: mailbox.NewTarget(b.Dev, tc)}
 	r.in = mailbox.NewInitiator(a.QP, a.CQ)
 	for i := range a.Buf {
@@ -185,25 +198,32 @@ func TestIncEpochPartial(t *testing.T) {
 	require.ErrorIs(t, err, mailbox.ErrNothingToTake)
 }
 
+// On the bubble's clock the RNR timer runs exactly as configured: 2ms are
+// twenty retries of 100µs, taken in no time.
 func TestBackPressure(t *testing.T) {
 	t.Run("retried until a buffer is posted", func(t *testing.T) {
-		r := newRig(t, verbstest.Loop(), verbs.ConnectConfig{}, nil)
-		w, _ := r.tgt.Init(3, mailbox.Config{Threshold: 8})
-		h, err := r.in.PutAsync(3, 0, r.a.MR.SGE(0, 8))
-		require.NoError(t, err)
-		time.Sleep(2 * time.Millisecond)
-		done, err := h.Test()
-		require.NoError(t, err)
-		require.False(t, done, "no buffer: the put waits")
-		buf := make([]byte, 8)
-		w.Post(buf)
-		require.NoError(t, h.Wait(ctx(t)))
-		require.Equal(t, r.a.Buf[:8], buf)
+		synctest.Test(t, func(t *testing.T) {
+			r := bubbleRig(t, verbs.ConnectConfig{}, nil)
+			w, _ := r.tgt.Init(3, mailbox.Config{Threshold: 8})
+			h, err := r.in.PutAsync(3, 0, r.a.MR.SGE(0, 8))
+			require.NoError(t, err)
+			time.Sleep(2 * time.Millisecond)
+			done, err := h.Test()
+			require.NoError(t, err)
+			require.False(t, done, "no buffer: the put waits")
+			require.Positive(t, r.a.Dev.Stats().RNRNaks, "the put was refused and retried")
+			buf := make([]byte, 8)
+			w.Post(buf)
+			require.NoError(t, h.Wait(ctx(t)))
+			require.Equal(t, r.a.Buf[:8], buf)
+		})
 	})
 	t.Run("bounded", func(t *testing.T) {
-		r := newRig(t, verbstest.Loop(), verbs.ConnectConfig{RNRRetry: 2}, nil)
-		r.tgt.Init(3, mailbox.Config{Threshold: 8})
-		require.ErrorIs(t, r.put(t, 3, 0, 0, 8), mailbox.ErrNoBuffer)
+		synctest.Test(t, func(t *testing.T) {
+			r := bubbleRig(t, verbs.ConnectConfig{RNRRetry: 2}, nil)
+			r.tgt.Init(3, mailbox.Config{Threshold: 8})
+			require.ErrorIs(t, r.put(t, 3, 0, 0, 8), mailbox.ErrNoBuffer)
+		})
 	})
 }
 

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -27,6 +28,17 @@ type end struct {
 // pair connects two Conns over loop devices with a 4 KiB MTU; faults
 // apply to both directions.
 func pair(t testing.TB, faults verbs.Faults, ca, cb Config) (a, b *end) {
+	return pairCQ(t, verbs.CQConfig{Capacity: 16384}, faults, ca, cb)
+}
+
+// bubblePair is pair for a test in a synctest bubble. Its CQs block at
+// once instead of spinning first: a spin lasts a span of the clock, and
+// the bubble's clock stands still while any goroutine runs.
+func bubblePair(t testing.TB, faults verbs.Faults, ca, cb Config) (a, b *end) {
+	return pairCQ(t, verbs.CQConfig{Capacity: 16384, Spin: -1}, faults, ca, cb)
+}
+
+func pairCQ(t testing.TB, cqc verbs.CQConfig, faults verbs.Faults, ca, cb Config) (a, b *end) {
 	name := fmt.Sprintf("rel-%d", fabricSeq.Add(1))
 	mk := func(cfg Config) *end {
 		e := &end{}
@@ -35,7 +47,7 @@ func pair(t testing.TB, faults verbs.Faults, ca, cb Config) (a, b *end) {
 		require.NoError(t, err)
 		e.pd, err = e.dev.AllocPD()
 		require.NoError(t, err)
-		e.cq, err = e.dev.CreateCQ(verbs.CQConfig{Capacity: 16384})
+		e.cq, err = e.dev.CreateCQ(cqc)
 		require.NoError(t, err)
 		e.qp, err = e.pd.CreateQP(QPConfig(e.cq, cfg))
 		require.NoError(t, err)
@@ -193,74 +205,81 @@ func TestStripeDecodeAndFallback(t *testing.T) {
 // A chunk of an old message can never land in a new one: the old keys die
 // at completion, and an immediate naming another message is ignored.
 func TestLateChunksRejected(t *testing.T) {
-	a, b := pair(t, verbs.Faults{}, Config{Scheme: SR}, Config{Slots: 1})
-	ctx := context.Background()
-	buf0 := make([]byte, 8192)
-	r0, err := b.conn.Post(ctx, buf0)
-	require.NoError(t, err)
-	b.conn.mu.Lock()
-	oldKey, oldAddr := r0.mr.RKey(), r0.mr.Addr()
-	b.conn.mu.Unlock()
-	s0, err := a.conn.Send(ctx, payload(8192, 1), nil)
-	require.NoError(t, err)
-	_, err = s0.Wait(ctx)
-	require.NoError(t, err)
-	require.NoError(t, r0.Wait(ctx))
-
-	buf1 := make([]byte, 8192)
-	r1, err := b.conn.Post(ctx, buf1) // the same slot, the next generation
-	require.NoError(t, err)
-	b.conn.mu.Lock()
-	newKey, newAddr := r1.mr.RKey(), r1.mr.Addr()
-	b.conn.mu.Unlock()
-
-	junk, err := a.pd.RegisterMR(bytes.Repeat([]byte{0xEE}, 4096), verbs.AccessLocalWrite)
-	require.NoError(t, err)
-	stale := func(rkey uint32, addr uint64, id uint32) {
-		wr := verbs.SendWR{Opcode: verbs.OpWriteImm, SGL: []verbs.SGE{junk.SGE(0, 4096)}, RemoteAddr: addr, RKey: rkey, Imm: id << idxBits} // chunk 0
-		_, err := a.qp.PostSend([]verbs.SendWR{wr})
+	synctest.Test(t, func(t *testing.T) {
+		a, b := bubblePair(t, verbs.Faults{}, Config{Scheme: SR}, Config{Slots: 1})
+		ctx := context.Background()
+		buf0 := make([]byte, 8192)
+		r0, err := b.conn.Post(ctx, buf0)
 		require.NoError(t, err)
-	}
-	stale(oldKey, oldAddr, 0) // message 0's key: refused by the NIC
-	stale(newKey, newAddr, 0) // message 1's memory but message 0's id: not counted
-	time.Sleep(20 * time.Millisecond)
-	require.Equal(t, 0, r1.Bitmap().Count())
-	require.Equal(t, payload(8192, 1), buf0)
+		b.conn.mu.Lock()
+		oldKey, oldAddr := r0.mr.RKey(), r0.mr.Addr()
+		b.conn.mu.Unlock()
+		s0, err := a.conn.Send(ctx, payload(8192, 1), nil)
+		require.NoError(t, err)
+		_, err = s0.Wait(ctx)
+		require.NoError(t, err)
+		require.NoError(t, r0.Wait(ctx))
 
-	want := payload(8192, 2)
-	s1, err := a.conn.Send(ctx, want, nil)
-	require.NoError(t, err)
-	_, err = s1.Wait(ctx)
-	require.NoError(t, err)
-	require.NoError(t, r1.Wait(ctx))
-	require.Equal(t, want, buf1)
+		buf1 := make([]byte, 8192)
+		r1, err := b.conn.Post(ctx, buf1) // the same slot, the next generation
+		require.NoError(t, err)
+		b.conn.mu.Lock()
+		newKey, newAddr := r1.mr.RKey(), r1.mr.Addr()
+		b.conn.mu.Unlock()
+
+		junk, err := a.pd.RegisterMR(bytes.Repeat([]byte{0xEE}, 4096), verbs.AccessLocalWrite)
+		require.NoError(t, err)
+		stale := func(rkey uint32, addr uint64, id uint32) {
+			wr := verbs.SendWR{Opcode: verbs.OpWriteImm, SGL: []verbs.SGE{junk.SGE(0, 4096)}, RemoteAddr: addr, RKey: rkey, Imm: id << idxBits} // chunk 0
+			_, err := a.qp.PostSend([]verbs.SendWR{wr})
+			require.NoError(t, err)
+		}
+		stale(oldKey, oldAddr, 0) // message 0's key: refused by the NIC
+		stale(newKey, newAddr, 0) // message 1's memory but message 0's id: not counted
+		// Once every goroutine is idle, the NIC and the poller have
+		// handled both.
+		synctest.Wait()
+		require.Equal(t, 0, r1.Bitmap().Count())
+		require.Equal(t, payload(8192, 1), buf0)
+
+		want := payload(8192, 2)
+		s1, err := a.conn.Send(ctx, want, nil)
+		require.NoError(t, err)
+		_, err = s1.Wait(ctx)
+		require.NoError(t, err)
+		require.NoError(t, r1.Wait(ctx))
+		require.Equal(t, want, buf1)
+	})
 }
 
 // The receiver may take a message with chunks missing; the sender learns
 // it and stops.
 func TestPartialCompletion(t *testing.T) {
-	a, b := pair(t, verbs.Faults{}, Config{Scheme: SR}, Config{})
-	a.conn.mu.Lock()
-	a.conn.testDrop = func(seq uint64, idx, try int) bool { return idx == 3 } // never arrives
-	a.conn.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	buf := make([]byte, 10*4096)
-	r, err := b.conn.Post(ctx, buf)
-	require.NoError(t, err)
-	data := payload(len(buf), 3)
-	s, err := a.conn.Send(ctx, data, nil)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool { return r.Bitmap().Count() == 9 }, 5*time.Second, time.Millisecond)
-	r.Take()
-	require.NoError(t, r.Wait(ctx))
-	require.Equal(t, []Range{{3, 4}}, r.Bitmap().Gaps(nil))
-	require.True(t, r.Stats().Partial)
-	require.Equal(t, data[:3*4096], buf[:3*4096])
-	require.Equal(t, data[4*4096:], buf[4*4096:])
-	res, err := s.Wait(ctx)
-	require.NoError(t, err)
-	require.True(t, res.Partial)
+	synctest.Test(t, func(t *testing.T) {
+		a, b := bubblePair(t, verbs.Faults{}, Config{Scheme: SR}, Config{})
+		a.conn.mu.Lock()
+		a.conn.testDrop = func(seq uint64, idx, try int) bool { return idx == 3 } // never arrives
+		a.conn.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		buf := make([]byte, 10*4096)
+		r, err := b.conn.Post(ctx, buf)
+		require.NoError(t, err)
+		data := payload(len(buf), 3)
+		s, err := a.conn.Send(ctx, data, nil)
+		require.NoError(t, err)
+		synctest.Wait() // all but chunk 3 have landed; its repeats are dropped too
+		require.Equal(t, 9, r.Bitmap().Count())
+		r.Take()
+		require.NoError(t, r.Wait(ctx))
+		require.Equal(t, []Range{{3, 4}}, r.Bitmap().Gaps(nil))
+		require.True(t, r.Stats().Partial)
+		require.Equal(t, data[:3*4096], buf[:3*4096])
+		require.Equal(t, data[4*4096:], buf[4*4096:])
+		res, err := s.Wait(ctx)
+		require.NoError(t, err)
+		require.True(t, res.Partial)
+	})
 }
 
 func TestErrors(t *testing.T) {
@@ -275,21 +294,31 @@ func TestErrors(t *testing.T) {
 		require.ErrorIs(t, err, ErrTooLarge)
 	})
 	t.Run("peer vanishes", func(t *testing.T) {
-		a, b := pair(t, verbs.Faults{}, Config{PeerTimeout: 300 * time.Millisecond}, Config{})
-		ctx := context.Background()
-		_, err := b.conn.Post(ctx, make([]byte, 1<<20))
-		require.NoError(t, err)
-		require.Eventually(t, func() bool { a.conn.mu.Lock(); defer a.conn.mu.Unlock(); return len(a.conn.cts) == 1 }, 5*time.Second, time.Millisecond)
-		require.NoError(t, b.dev.SetFaults(-1, verbs.Faults{Drop: 1})) // b falls silent
-		require.NoError(t, a.dev.SetFaults(-1, verbs.Faults{Drop: 1}))
-		s, err := a.conn.Send(ctx, make([]byte, 1<<20), nil)
-		require.NoError(t, err)
-		start := time.Now()
-		_, err = s.Wait(ctx)
-		require.ErrorIs(t, err, ErrPeer)
-		require.Less(t, time.Since(start), 5*time.Second)
-		_, err = a.conn.Send(ctx, make([]byte, 10), nil)
-		require.ErrorIs(t, err, ErrPeer)
+		synctest.Test(t, func(t *testing.T) {
+			const timeout = 300 * time.Millisecond
+			a, b := bubblePair(t, verbs.Faults{}, Config{PeerTimeout: timeout}, Config{})
+			ctx := context.Background()
+			_, err := b.conn.Post(ctx, make([]byte, 1<<20))
+			require.NoError(t, err)
+			synctest.Wait() // the receive's clear-to-send has reached a
+			a.conn.mu.Lock()
+			require.Len(t, a.conn.cts, 1)
+			a.conn.mu.Unlock()
+			require.NoError(t, b.dev.SetFaults(-1, verbs.Faults{Drop: 1})) // b falls silent
+			require.NoError(t, a.dev.SetFaults(-1, verbs.Faults{Drop: 1}))
+			s, err := a.conn.Send(ctx, make([]byte, 1<<20), nil)
+			require.NoError(t, err)
+			start := time.Now()
+			_, err = s.Wait(ctx)
+			require.ErrorIs(t, err, ErrPeer)
+			// On the bubble's clock: at the first tick (25ms apart at
+			// most) after nothing was heard for the timeout.
+			const tick = 25 * time.Millisecond
+			require.GreaterOrEqual(t, time.Since(start), timeout-tick)
+			require.Less(t, time.Since(start), timeout+2*tick)
+			_, err = a.conn.Send(ctx, make([]byte, 10), nil)
+			require.ErrorIs(t, err, ErrPeer)
+		})
 	})
 	t.Run("closed", func(t *testing.T) {
 		a, _ := pair(t, verbs.Faults{}, Config{}, Config{})

@@ -124,10 +124,6 @@ func (o *onPath) write(t *testing.T, off int, data []byte, signaled bool) {
 		RemoteAddr: o.b.MR.Addr() + uint64(off), RKey: o.b.MR.RKey()})
 }
 
-// settle waits until the relay has been quiet for a while, so that what was
-// injected has been handled.
-func settle() { time.Sleep(50 * time.Millisecond) }
-
 // An attacker that captures and spoofs packets on the path replays
 // writes, swaps their payloads, moves them elsewhere, downgrades them to
 // the checksum with the connection's secret in hand, and replays ACKs.
@@ -184,7 +180,13 @@ func TestOnPathAttacker(t *testing.T) {
 			for _, a := range acks {
 				o.relay.inject(a, false)
 			}
-			settle()
+			// Wait until every injected packet was handled: counted as
+			// a drop by the side it was aimed at.
+			require.Eventually(t, func() bool {
+				after, afterA := o.b.Dev.Stats(), o.a.Dev.Stats()
+				return (after.BadMAC-before.BadMAC)+(after.Replayed-before.Replayed) >= uint64(injected) &&
+					afterA.Replayed-beforeA.Replayed >= uint64(len(acks))
+			}, 10*time.Second, time.Millisecond, "the injected packets were not all handled")
 			require.Equal(t, snapB, o.b.Buf, "target memory changed")
 			require.Equal(t, snapA, o.a.Buf, "initiator memory changed")
 			after, afterA := o.b.Dev.Stats(), o.a.Dev.Stats()

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -74,21 +75,27 @@ func TestFaults(t *testing.T) {
 		{"delay", Faults{Delay: 20 * time.Millisecond, Seed: 4}, nil, 0},
 	}
 	for _, c := range cases {
+		// On the bubble's clock: held packets leave exactly when due.
 		t.Run(c.name, func(t *testing.T) {
-			s := &sink{}
-			fp := NewFaultPort(s)
-			fp.SetFaults(c.f)
-			if c.check == nil { // delay: nothing arrives before the delay
-				send(fp, 10)
-				require.Empty(t, s.psns())
-				require.Eventually(t, func() bool { return len(s.psns()) == 10 }, time.Second, time.Millisecond)
-				return
-			}
-			send(fp, n)
-			if c.settle > 0 {
-				require.Eventually(t, func() bool { return len(s.psns()) >= n }, time.Second, time.Millisecond)
-			}
-			c.check(t, s.psns())
+			synctest.Test(t, func(t *testing.T) {
+				s := &sink{}
+				fp := NewFaultPort(s)
+				defer fp.Close()
+				fp.SetFaults(c.f)
+				if c.check == nil { // delay: nothing arrives before the delay, all of it at the delay
+					send(fp, 10)
+					time.Sleep(c.f.Delay - time.Nanosecond)
+					synctest.Wait()
+					require.Empty(t, s.psns())
+					time.Sleep(time.Nanosecond)
+					synctest.Wait()
+					require.Len(t, s.psns(), 10)
+					return
+				}
+				send(fp, n)
+				time.Sleep(c.settle) // far past the longest hold (250µs)
+				c.check(t, s.psns())
+			})
 		})
 	}
 }
@@ -105,14 +112,17 @@ func TestFaultsSeeded(t *testing.T) {
 }
 
 func TestFaultPortCloseDropsHeld(t *testing.T) {
-	s := &sink{}
-	fp := NewFaultPort(s)
-	fp.SetFaults(Faults{Delay: time.Hour})
-	send(fp, 5)
-	require.NoError(t, fp.Close())
-	send(fp, 5) // after close: released, never delivered
-	time.Sleep(5 * time.Millisecond)
-	require.Empty(t, s.psns())
+	synctest.Test(t, func(t *testing.T) {
+		s := &sink{}
+		fp := NewFaultPort(s)
+		fp.SetFaults(Faults{Delay: time.Hour})
+		send(fp, 5)
+		require.NoError(t, fp.Close())
+		send(fp, 5) // after close: released, never delivered
+		// On the bubble's clock: past every due time, at once.
+		time.Sleep(2 * time.Hour)
+		require.Empty(t, s.psns())
+	})
 }
 
 func TestImpairerBursts(t *testing.T) {
@@ -149,24 +159,35 @@ func TestImpairerSeeded(t *testing.T) {
 // A fixed delay is a longer wire, not a shuffle: packets sent in one
 // batch (held with the same due time) and in batches racing the release
 // timer leave in the order they came.
+//
+// On the bubble's clock the release timer fires at the very instant the
+// sender wakes from each of its pauses after the first, so the two run
+// concurrently, at due times that are exact.
 func TestDelayKeepsOrder(t *testing.T) {
-	s := &sink{}
-	fp := NewFaultPort(s)
-	fp.SetFaults(Faults{Delay: 2 * time.Millisecond})
-	const batches, per = 200, 16
-	for b := range batches {
-		pkts := make([]*wire.Packet, per)
-		for i := range pkts {
-			pkts[i] = wire.Get()
-			pkts[i].PSN = uint32(b*per + i)
+	synctest.Test(t, func(t *testing.T) {
+		s := &sink{}
+		fp := NewFaultPort(s)
+		defer fp.Close()
+		const delay = 2 * time.Millisecond
+		fp.SetFaults(Faults{Delay: delay})
+		const batches, per = 200, 16
+		for b := range batches {
+			pkts := make([]*wire.Packet, per)
+			for i := range pkts {
+				pkts[i] = wire.Get()
+				pkts[i].PSN = uint32(b*per + i)
+			}
+			fp.Send(pkts)
+			if b%20 == 0 {
+				time.Sleep(delay / 2)
+			}
 		}
-		fp.Send(pkts)
-		if b%20 == 0 {
-			time.Sleep(time.Millisecond)
+		time.Sleep(delay) // the last batch is due
+		synctest.Wait()
+		got := s.psns()
+		require.Len(t, got, batches*per)
+		for i, psn := range got {
+			require.Equal(t, uint32(i), psn, "packet %d left out of order", i)
 		}
-	}
-	require.Eventually(t, func() bool { return len(s.psns()) == batches*per }, 5*time.Second, time.Millisecond)
-	for i, psn := range s.psns() {
-		require.Equal(t, uint32(i), psn, "packet %d left out of order", i)
-	}
+	})
 }

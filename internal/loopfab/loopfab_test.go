@@ -1,8 +1,10 @@
 package loopfab
 
 import (
+	"context"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -54,31 +56,51 @@ func TestUndeliverable(t *testing.T) {
 
 // Concurrent senders never run a port's handler twice at once, and a busy
 // destination hands work to its worker rather than capturing a sender.
+//
+// The test runs on synctest's clock: a handler call takes exactly delay of
+// it, and a sleeping handler wakes only once every other goroutine is
+// blocked, so the senders do all they can while a handler runs (a second
+// handler call would overlap it). Each sender sends a packet every
+// delay/2, so packets are queued whenever a handler call ends, and the
+// destination stays busy for per*delay/2: twice as long as a sender may
+// drain inline (inlineBudget calls at most).
 func TestSingleDrainer(t *testing.T) {
-	dst, err := Open(t.Name(), 1, 1024)
-	require.NoError(t, err)
-	defer dst[0].Close()
-	r := &fabrictest.Recorder{Delay: func() { time.Sleep(10 * time.Microsecond) }}
-	dst[0].SetHandler(r)
-	var wg sync.WaitGroup
-	const senders, per = 4, 500
-	for s := 0; s < senders; s++ {
-		src, err := Open(t.Name(), 1, 1024)
+	synctest.Test(t, func(t *testing.T) {
+		dst, err := Open(t.Name(), 1, 1024)
 		require.NoError(t, err)
-		defer src[0].Close()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < per; i++ {
-				p := wire.Get()
-				p.Dst = dst[0].Addr()
-				src[0].Send([]*wire.Packet{p})
-			}
-		}()
-	}
-	wg.Wait()
-	require.Eventually(t, func() bool { return r.Count() == senders*per }, 5*time.Second, time.Millisecond)
-	require.False(t, r.Overlapped(), "the handler ran concurrently")
+		defer dst[0].Close()
+		const delay = 10 * time.Microsecond
+		r := &fabrictest.Recorder{Delay: func() { time.Sleep(delay) }}
+		dst[0].SetHandler(r)
+		var wg sync.WaitGroup
+		const senders, per = 4, 1000
+		longest := make([]time.Duration, senders) // a sender's longest Send
+		for s := range senders {
+			src, err := Open(t.Name(), 1, 1024)
+			require.NoError(t, err)
+			defer src[0].Close()
+			wg.Go(func() {
+				for range per {
+					p := wire.Get()
+					p.Dst = dst[0].Addr()
+					start := time.Now()
+					src[0].Send([]*wire.Packet{p})
+					longest[s] = max(longest[s], time.Since(start))
+					time.Sleep(delay / 2)
+				}
+			})
+		}
+		wg.Wait()
+		// The worker may still be draining.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		require.NoError(t, r.WaitCount(ctx, senders*per))
+		require.Equal(t, senders*per, r.Count())
+		require.False(t, r.Overlapped(), "the handler ran concurrently")
+		for s, d := range longest {
+			require.LessOrEqual(t, d, inlineBudget*delay, "sender %d was captured by the busy destination", s)
+		}
+	})
 }
 
 func TestOpenLimits(t *testing.T) {

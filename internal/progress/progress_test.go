@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -96,31 +97,33 @@ func TestFinishPostedAndErrors(t *testing.T) {
 }
 
 // Receive completions reach OnRecv in order, with a background poller and
-// nobody waiting.
+// nobody waiting. In a synctest bubble: once every goroutine is idle, the
+// background poller has handled all that arrived.
 func TestOnRecv(t *testing.T) {
-	a, b := pair(t, -1)
-	var mu sync.Mutex
-	var got []uint32
-	e := progress.New(b.CQ, progress.Config{Background: true, OnRecv: func(wc *verbs.WorkCompletion) {
-		mu.Lock()
-		got = append(got, wc.Imm)
-		mu.Unlock()
-	}})
-	defer e.Close()
-	for i := range 16 {
-		_, err := b.QP.PostRecv([]verbs.RecvWR{{ID: uint64(i), SGL: []verbs.SGE{b.MR.SGE(64*i, 64)}}})
-		require.NoError(t, err)
-	}
-	for i := range 16 {
-		_, err := a.QP.PostSend([]verbs.SendWR{{Opcode: verbs.OpSendImm, Imm: uint32(i), SGL: []verbs.SGE{a.MR.SGE(0, 4)}}})
-		require.NoError(t, err)
-	}
-	require.Eventually(t, func() bool {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := pair(t, -1)
+		var mu sync.Mutex
+		var got []uint32
+		e := progress.New(b.CQ, progress.Config{Background: true, OnRecv: func(wc *verbs.WorkCompletion) {
+			mu.Lock()
+			got = append(got, wc.Imm)
+			mu.Unlock()
+		}})
+		defer e.Close()
+		for i := range 16 {
+			_, err := b.QP.PostRecv([]verbs.RecvWR{{ID: uint64(i), SGL: []verbs.SGE{b.MR.SGE(64*i, 64)}}})
+			require.NoError(t, err)
+		}
+		for i := range 16 {
+			_, err := a.QP.PostSend([]verbs.SendWR{{Opcode: verbs.OpSendImm, Imm: uint32(i), SGL: []verbs.SGE{a.MR.SGE(0, 4)}}})
+			require.NoError(t, err)
+		}
+		synctest.Wait()
 		mu.Lock()
 		defer mu.Unlock()
-		return len(got) == 16
-	}, 10*time.Second, time.Millisecond)
-	for i, v := range got {
-		require.Equal(t, uint32(i), v)
-	}
+		require.Len(t, got, 16)
+		for i, v := range got {
+			require.Equal(t, uint32(i), v)
+		}
+	})
 }

@@ -26,8 +26,8 @@ func (e *echo) HandlePackets(pkts []*wire.Packet) {
 	}
 }
 
-// A packet bounced back and forth, with pauses that let the receivers
-// fall asleep now and then: no wake-up is lost.
+// A packet bounced back and forth, with pauses until both receivers have
+// fallen asleep now and then: no wake-up is lost.
 func TestPingPong(t *testing.T) {
 	a, err := Open(t.Name(), 4096)
 	require.NoError(t, err)
@@ -40,7 +40,8 @@ func TestPingPong(t *testing.T) {
 	b.SetHandler(&echo{p: b})
 	for i := range 3000 {
 		if i%500 == 0 {
-			time.Sleep(2 * time.Millisecond)
+			asleep(t, a)
+			asleep(t, b)
 		}
 		a.Send([]*wire.Packet{packet(b.Addr(), uint32(i), nil)})
 		select {

@@ -3,6 +3,7 @@
 package shmfab
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
@@ -128,9 +129,19 @@ func TestWakeFromSleep(t *testing.T) {
 	t.Cleanup(func() { sleepMax = old })
 	a, ra := open(t, t.Name())
 	b, _ := open(t, t.Name())
-	time.Sleep(50 * time.Millisecond) // well past the spin: a sleeps
+	asleep(t, a)
 	b.Send([]*wire.Packet{packet(a.Addr(), 1, nil)})
-	require.Eventually(t, func() bool { return ra.Count() == 1 }, 30*time.Second, 100*time.Microsecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, ra.WaitCount(ctx, 1))
+}
+
+// asleep waits until p's receiver has stopped spinning and sleeps on its
+// doorbell (or is about to: a sender that sees the flag rings either way).
+func asleep(t *testing.T, p *Port) {
+	t.Helper()
+	require.Eventually(t, func() bool { return atomic.LoadUint32(u32(p.mem, offSleeping)) == 1 },
+		10*time.Second, 10*time.Microsecond, "%v's receiver never slept", p.Addr())
 }
 
 func storeHead(pe *peer) {

@@ -2,6 +2,7 @@ package udpfab
 
 import (
 	"bytes"
+	"context"
 	"net/netip"
 	"sync"
 	"testing"
@@ -141,6 +142,8 @@ func TestProgressWithBackground(t *testing.T) {
 	r := &fabrictest.Recorder{}
 	b.SetHandler(r)
 	const total = 20000
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -162,15 +165,14 @@ func TestProgressWithBackground(t *testing.T) {
 		p := wire.Get()
 		p.Opcode, p.PSN, p.Dst, p.DestQP = wire.Acknowledge, uint32(i), b.Addr(), 5
 		a.Send([]*wire.Packet{p})
-		if i%256 == 255 {
-			for r.Count() < i-2048 { // stay within the socket buffer
-				time.Sleep(50 * time.Microsecond)
-			}
+		if i%256 == 255 { // stay within the socket buffer
+			require.NoError(t, r.WaitCount(ctx, i-2048))
 		}
 	}
 	close(stop) // polling stops: the background reader must finish the job
 	wg.Wait()
-	require.Eventually(t, func() bool { return r.Count() == total }, 10*time.Second, time.Millisecond)
+	require.NoError(t, r.WaitCount(ctx, total))
+	require.Equal(t, total, r.Count())
 	require.False(t, r.Overlapped(), "the handler ran concurrently")
 	seen := map[uint32]bool{}
 	for _, psn := range r.PSNs() {

@@ -2,6 +2,8 @@
 package fabrictest
 
 import (
+	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -15,6 +17,7 @@ type Recorder struct {
 	mu       sync.Mutex
 	psns     []uint32
 	payloads []string
+	grew     chan struct{} // closed when packets are recorded; made by WaitCount
 	active   atomic.Int32
 	overlap  atomic.Bool
 	// Delay, if set, is called inside every HandlePackets, to widen the
@@ -36,6 +39,34 @@ func (r *Recorder) HandlePackets(pkts []*wire.Packet) {
 	for _, p := range pkts {
 		r.psns = append(r.psns, p.PSN)
 		r.payloads = append(r.payloads, string(p.Payload))
+	}
+	if r.grew != nil {
+		close(r.grew)
+		r.grew = nil
+	}
+}
+
+// WaitCount blocks until at least n packets are recorded, or ctx ends; its
+// error then says how many were. Inside a synctest bubble it blocks
+// durably, so the bubble's clock moves on while it waits.
+func (r *Recorder) WaitCount(ctx context.Context, n int) error {
+	for {
+		r.mu.Lock()
+		got := len(r.psns)
+		if got >= n {
+			r.mu.Unlock()
+			return nil
+		}
+		if r.grew == nil {
+			r.grew = make(chan struct{})
+		}
+		grew := r.grew
+		r.mu.Unlock()
+		select {
+		case <-grew:
+		case <-ctx.Done():
+			return fmt.Errorf("fabrictest: %d of %d packets recorded: %w", got, n, ctx.Err())
+		}
 	}
 }
 
