@@ -5,7 +5,7 @@ FUZZTIME    ?= 20s
 # package:FuzzTarget pairs run by fuzz-short
 FUZZ_TARGETS = ./internal/psn:FuzzDiff ./internal/wire:FuzzParse ./verbs/cm:FuzzMessage ./internal/pmi:FuzzParse ./rma:FuzzDecodeAM ./rma:FuzzDecodeWin ./rma:FuzzDecodeBlocks ./internal/sdrwire:FuzzParse ./internal/shmfab:FuzzRing ./internal/shmbox:FuzzOpen ./cmd/haul:FuzzState ./internal/kvs:FuzzServerHandshake ./internal/kvs:FuzzSessionOpen ./cmd/haul:FuzzRepairRequest
 
-.PHONY: all build test soak perf-mem perf-scale bench fuzz-short lint demo demo-verbs demo-haul perf perf-shm perf-rma perf-rma-mpi perf-haul perf-haul-paths clean
+.PHONY: all build test soak perf-mem perf-scale bench fuzz-short lint demo demo-verbs demo-haul perf perf-shm perf-rma perf-rma-mpi perf-halo-mpi perf-haul perf-haul-paths clean
 
 all: build
 
@@ -116,6 +116,12 @@ perf-rma:
 # network path, alternating runs (RUNS=5): medians and rvma/MPI ratios.
 perf-rma-mpi:
 	scripts/rma-vs-mpi.sh
+
+# halo3d against the same program written with MPI (bench/mpi/halo3d.c),
+# MPICH and Open MPI, 4 ranks, alternating runs (RUNS=5): medians and
+# rvma/MPI ratios per variant; fails if a checksum differs.
+perf-halo-mpi:
+	scripts/halo3d-vs-mpi.sh
 
 clean:
 	rm -rf bin
