@@ -4,11 +4,11 @@ package verbs_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -50,54 +50,71 @@ func TestTsharkDissects(t *testing.T) {
 	require.NoError(t, a.QP.Connect(b.QP.Endpoint(), cfg))
 	require.NoError(t, b.QP.Connect(a.QP.Endpoint(), cfg))
 
-	// Three packets to the target: WRITE FIRST, MIDDLE, LAST.
-	cmd := exec.CommandContext(ctx, "tshark", "-i", "lo", "-f", "udp dst port 4791", "-c", "3", "-l",
+	// Each WRITE is three packets to the target: FIRST, MIDDLE, LAST.
+	// tshark attaches its filter some time after it says it is capturing
+	// (longer on a loaded host), so WRITEs are posted until it has seen
+	// one whole; each is checked as tshark decoded it.
+	cmd := exec.CommandContext(ctx, "tshark", "-i", "lo", "-f", "udp dst port 4791", "-l",
 		"-T", "fields", "-E", "separator=,", "-e", "infiniband.bth.opcode", "-e", "infiniband.bth.destqp",
 		"-e", "infiniband.bth.psn", "-e", "infiniband.reth.va", "-e", "infiniband.reth.r_key", "-e", "infiniband.reth.dmalen")
-	var out bytes.Buffer
-	cmd.Stdout = &out
 	// tshark runs dumpcap as a child, which would keep the pipes open after
 	// a kill: kill the group, and stop waiting for the pipes soon after.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 2 * time.Second
-	stderr, err := cmd.StderrPipe()
+	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
-	started := make(chan struct{})
+	defer func() {
+		cancel()
+		cmd.Wait()
+	}()
+	lines := make(chan string, 64)
 	go func() {
-		sc := bufio.NewScanner(stderr)
+		defer close(lines)
+		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
-			if strings.Contains(sc.Text(), "Capturing on") {
-				close(started)
-				break
-			}
-		}
-		for sc.Scan() {
+			lines <- normalize(sc.Text())
 		}
 	}()
-	select {
-	case <-started:
-	case <-ctx.Done():
-		t.Fatal("tshark did not start capturing")
-	}
-	time.Sleep(200 * time.Millisecond) // the filter is attached just after the message
 	va := b.MR.Addr() + 16
-	a.Post(t, verbs.SendWR{ID: 1, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{a.MR.SGE(0, 2500)},
-		RemoteAddr: va, RKey: b.MR.RKey()})
-	require.Equal(t, verbs.StatusSuccess, a.Wait(t).Status)
-	require.NoError(t, cmd.Wait(), "tshark")
-
+	var want []string // the packets of the WRITEs posted, as tshark should show them
 	psn := a.QP.Endpoint().PSN
-	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	require.Len(t, lines, 3, out.String())
-	want := []string{
-		fmt.Sprintf("6,%d,%d,%d,%d,2500", b.QP.Num(), psn, va, b.MR.RKey()), // RC RDMA WRITE First with RETH
-		fmt.Sprintf("7,%d,%d,,,", b.QP.Num(), psn+1),                        // Middle
-		fmt.Sprintf("8,%d,%d,,,", b.QP.Num(), psn+2),                        // Last
-	}
-	for i, line := range lines {
-		require.Equal(t, want[i], normalize(line), "packet %d as tshark decoded it", i)
+	for id := uint64(1); ; id++ {
+		a.Post(t, verbs.SendWR{ID: id, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{a.MR.SGE(0, 2500)},
+			RemoteAddr: va, RKey: b.MR.RKey()})
+		require.Equal(t, verbs.StatusSuccess, a.Wait(t).Status)
+		want = append(want,
+			fmt.Sprintf("6,%d,%d,%d,%d,2500", b.QP.Num(), psn, va, b.MR.RKey()), // RC RDMA WRITE First with RETH
+			fmt.Sprintf("7,%d,%d,,,", b.QP.Num(), psn+1),                        // Middle
+			fmt.Sprintf("8,%d,%d,,,", b.QP.Num(), psn+2))                        // Last
+		psn += 3
+		// Collect what tshark shows within a second; a whole WRITE ends it.
+		var got []string
+		timeout := time.After(time.Second)
+	collect:
+		for {
+			select {
+			case l, ok := <-lines:
+				require.True(t, ok, "tshark ended")
+				got = append(got, l)
+				if n := len(got); n >= 3 && strings.HasPrefix(got[n-3], "6,") {
+					break collect
+				}
+			case <-timeout:
+				break collect
+			case <-ctx.Done():
+				t.Fatal("tshark never showed a whole WRITE")
+			}
+		}
+		for _, l := range got {
+			require.Contains(t, want, l, "a packet as tshark decoded it")
+		}
+		if n := len(got); n >= 3 && strings.HasPrefix(got[n-3], "6,") {
+			i := slices.Index(want, got[n-3])
+			require.Equal(t, want[i:i+3], got[n-3:], "a WRITE's packets, in order")
+			return
+		}
 	}
 }
 
