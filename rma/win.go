@@ -584,6 +584,13 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 		return nil, opErr(name, target, err)
 	}
 	if !signal {
+		if rw.notify == 0 {
+			// Nothing happens at the target before a synchronisation
+			// (fence, complete, unlock, flush) whose marker follows: the
+			// put may wait for it, so a run of small puts leaves in one
+			// batch. A notified window's puts are their own signal.
+			wrs[len(wrs)-1].Flags |= verbs.FlagDefer
+		}
 		return nil, w.postUnsignalled(qp, target, wrs)
 	}
 	return w.postOps(name, qp, target, wrs, nil)

@@ -131,9 +131,12 @@ type QP struct {
 
 	conn connAttrs
 
-	req  requester
-	resp responder
-	rq   recvQueue
+	req requester
+	// deferred holds the packets of FlagDefer requests built but not sent
+	// yet, oldest first (progressSend sends them ahead of what it builds).
+	deferred []*wire.Packet
+	resp     responder
+	rq       recvQueue
 
 	// requester events since creation, for QP.Stats (atomic: read
 	// without mu)
@@ -440,6 +443,7 @@ func (qp *QP) Reset() error {
 	}
 	qp.stopTimerLocked()
 	qp.detachLocked()
+	qp.dropDeferred()
 	qp.state = StateReset
 	qp.remote = Endpoint{}
 	qp.req.init(&qp.cfg)
@@ -462,6 +466,7 @@ func (qp *QP) Destroy() error {
 		return ErrClosed
 	}
 	qp.detachLocked()
+	qp.dropDeferred()
 	qp.closed = true
 	qp.state = StateError
 	qp.resp.gen++
@@ -562,6 +567,14 @@ func (qp *QP) PostSend(wrs []SendWR) (int, error) {
 	ob := outboxPool.Get().(*outbox)
 	qp.mu.Lock()
 	n, err := qp.postSendLocked(wrs, ob)
+	if n > 0 && n == len(wrs) && wrs[n-1].Flags&FlagDefer != 0 && qp.state == StateReadyToSend &&
+		len(ob.pkts) > 0 && len(ob.pkts) < DeferMax && !ob.memory {
+		// The packets of earlier deferred requests are in ob too
+		// (progressSend took them first): all wait for the next post.
+		qp.deferred = append(qp.deferred, ob.pkts...)
+		clear(ob.pkts)
+		ob.pkts = ob.pkts[:0]
+	}
 	qp.mu.Unlock()
 	ob.flush(qp.port)
 	outboxPool.Put(ob)
@@ -824,6 +837,7 @@ func (qp *QP) toErrorLocked() {
 		return
 	}
 	qp.detachLocked()
+	qp.dropDeferred()
 	qp.state = StateError
 	qp.stopTimerLocked()
 	for w := qp.req.head(); w != nil; w = qp.req.head() {

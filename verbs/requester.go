@@ -179,6 +179,12 @@ func (qp *QP) progressSend(now time.Time, ob *outbox) {
 	if qp.state != StateReadyToSend {
 		return
 	}
+	if len(qp.deferred) > 0 {
+		// Deferred packets are older than any built now: they go first.
+		ob.pkts = append(ob.pkts, qp.deferred...)
+		clear(qp.deferred)
+		qp.deferred = qp.deferred[:0]
+	}
 	if !r.rnrUntil.IsZero() {
 		if now.Before(r.rnrUntil) {
 			qp.armTimer(r.rnrUntil)
@@ -285,6 +291,7 @@ func (qp *QP) completeDone() {
 func (qp *QP) goBack(p uint32) {
 	r := &qp.req
 	r.rto.resent(p)
+	qp.dropDeferred() // rebuilt from p
 	for seq := r.headSeq; seq < r.tailSeq; seq++ {
 		w := r.at(seq)
 		if w.contains(p) {
@@ -294,6 +301,16 @@ func (qp *QP) goBack(p uint32) {
 		}
 	}
 	r.txSeq, r.txOff, r.txPSN = r.tailSeq, 0, r.nextPSN
+}
+
+// dropDeferred releases the packets of FlagDefer requests not yet sent:
+// the QP goes back to rebuild them, or will never send them.
+func (qp *QP) dropDeferred() {
+	for _, p := range qp.deferred {
+		p.Release()
+	}
+	clear(qp.deferred)
+	qp.deferred = qp.deferred[:0]
 }
 
 // checkTimers handles the retransmission and RNR timers.

@@ -171,7 +171,19 @@ const (
 	// (and does not hold later ones back). For data whose order does not
 	// matter, such as a counter that only grows. Not part of ibverbs.
 	FlagUnordered
+	// FlagDefer lets the request's packets wait in the QP until a request
+	// posted without it sends them together with its own (or until
+	// DeferMax packets wait), as a chain of requests posted at once rings
+	// the doorbell once: a run of small WRITEs then leaves in one batch
+	// (one system call and one acknowledgement over UDP). Only for
+	// requests that a later one is sure to follow, such as puts before
+	// their flush; until then they make no progress. Not part of ibverbs.
+	FlagDefer
 )
+
+// DeferMax is how many packets of FlagDefer requests a QP holds before it
+// sends them anyway: one batch of the UDP provider's trains.
+const DeferMax = 64
 
 // SGE is a scatter/gather element: Length bytes at Addr inside the memory
 // region whose local key is LKey.

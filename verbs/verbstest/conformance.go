@@ -29,6 +29,7 @@ func Run(t *testing.T, env Env) {
 		{"ZeroLengthWrite", testZeroLengthWrite},
 		{"AtomicNoResult", testAtomicNoResult},
 		{"Unsignaled", testUnsignaled},
+		{"Deferred", testDeferred},
 		{"RemoteAccessViolations", testRemoteAccessViolations},
 		{"LocalErrors", testLocalErrors},
 		{"ReceiveErrors", testReceiveErrors},
@@ -305,6 +306,69 @@ func testUnsignaled(t *testing.T, env Env) {
 		RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()})
 	require.Equal(t, uint64(99), a.Wait(t).WRID, "only the signaled request completes")
 	a.NoCompletion(t, 20*time.Millisecond)
+}
+
+// testDeferred: requests posted with FlagDefer take effect, in order, by
+// the time a later request without it completes; more than DeferMax of
+// them go on their own; under loss and duplication nothing is lost or
+// applied twice out of order; a QP put in error flushes them.
+func testDeferred(t *testing.T, env Env) {
+	t.Run("in order by the next post", func(t *testing.T) {
+		a, b := Pair(t, env, PairConfig{})
+		for i := range 3 * verbs.DeferMax {
+			binary.LittleEndian.PutUint64(a.Buf[8*i:], uint64(i+1))
+			// Each to its own place, and each over one shared place: the
+			// last one wins only if they arrive in order.
+			a.Post(t, verbs.SendWR{Opcode: verbs.OpWrite, Flags: verbs.FlagDefer | verbs.FlagInline, Inline: a.Buf[8*i : 8*i+8],
+				RemoteAddr: b.MR.Addr() + uint64(8*i), RKey: b.MR.RKey()})
+			a.Post(t, verbs.SendWR{Opcode: verbs.OpWrite, Flags: verbs.FlagDefer, SGL: []verbs.SGE{a.MR.SGE(8*i, 8)},
+				RemoteAddr: b.MR.Addr() + 60000, RKey: b.MR.RKey()})
+			if i%100 == 99 || i == 3*verbs.DeferMax-1 {
+				a.Post(t, verbs.SendWR{ID: uint64(i), Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
+					RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()})
+				wc := a.Wait(t)
+				require.Equal(t, verbs.StatusSuccess, wc.Status)
+				for k := 0; k <= i; k++ {
+					require.Equal(t, uint64(k+1), binary.LittleEndian.Uint64(b.Buf[8*k:]), "write %d", k)
+				}
+				require.Equal(t, uint64(i+1), binary.LittleEndian.Uint64(b.Buf[60000:]), "the last write wins")
+			}
+		}
+	})
+	t.Run("under faults", func(t *testing.T) {
+		a, b := Pair(t, env, PairConfig{Connect: verbs.ConnectConfig{MTU: 256, Timeout: 2 * time.Millisecond, Window: 16}})
+		require.NoError(t, a.Dev.SetFaults(-1, verbs.Faults{Drop: 0.05, Duplicate: 0.1, Reorder: 0.1, Seed: 7}))
+		require.NoError(t, b.Dev.SetFaults(-1, verbs.Faults{Drop: 0.05, Seed: 8}))
+		fill(a.Buf[:32<<10], 5)
+		for round := range 20 {
+			for i := range 40 {
+				off := (round*40 + i) * 37 % (30 << 10)
+				a.Post(t, verbs.SendWR{Opcode: verbs.OpWrite, Flags: verbs.FlagDefer, SGL: []verbs.SGE{a.MR.SGE(off, 300)},
+					RemoteAddr: b.MR.Addr() + uint64(off), RKey: b.MR.RKey()})
+			}
+			a.Post(t, verbs.SendWR{ID: uint64(round), Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
+				RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()})
+			require.Equal(t, verbs.StatusSuccess, a.Wait(t).Status)
+		}
+		for round := range 20 {
+			for i := range 40 {
+				off := (round*40 + i) * 37 % (30 << 10)
+				require.Equal(t, a.Buf[off:off+300], b.Buf[off:off+300], "round %d write %d", round, i)
+			}
+		}
+	})
+	t.Run("flushed by an error", func(t *testing.T) {
+		a, b := Pair(t, env, PairConfig{})
+		for i := range 5 {
+			a.Post(t, verbs.SendWR{ID: uint64(i), Opcode: verbs.OpWrite, Flags: verbs.FlagDefer | verbs.FlagSignaled,
+				SGL: []verbs.SGE{a.MR.SGE(0, 64)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()})
+		}
+		require.NoError(t, a.QP.SetError())
+		for i, wc := range a.WaitN(t, 5) {
+			require.Equal(t, uint64(i), wc.WRID)
+			require.Contains(t, []verbs.Status{verbs.StatusSuccess, verbs.StatusFlushed}, wc.Status)
+		}
+	})
 }
 
 // testRemoteAccessViolations: each bad remote access fails at the initiator
