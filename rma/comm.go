@@ -32,7 +32,8 @@ const (
 	EnvRank       = "RVMA_RANK"        // set by rvmarun: this process's rank
 	EnvSize       = "RVMA_SIZE"        // set by rvmarun: the number of ranks
 	EnvKVS        = "RVMA_KVS"         // set by rvmarun: the rendezvous server's TCP address
-	EnvRendezvous = "RVMA_RENDEZVOUS"  // Slurm jobs: host:port where rank 0 serves the rendezvous
+	EnvRendezvous = "RVMA_RENDEZVOUS"  // Slurm jobs, Open MPI jobs across nodes: host:port where rank 0 serves the rendezvous
+	EnvPMI        = "RVMA_PMI"         // "1" or "2": the PMI version spoken over PMI_FD; default PMI-2 if the launcher accepts it, else PMI-1
 	EnvProvider   = "RVMA_PROVIDER"    // auto (default), udp or shm
 	EnvHost       = "RVMA_HOST"        // this rank's host identity for auto (default: boot id and PID namespace)
 	EnvAddr       = "RVMA_ADDR"        // local IP address for the UDP provider; default 127.0.0.1
@@ -456,9 +457,16 @@ func bootstrap(ctx context.Context) (boot, error) {
 		launch.Watch(context.Background(), addr, &launch.WatchConfig{Key: key})
 		return boot{rank: r, size: s, store: cl, own: true, key: key}, nil
 	}
-	// 2. Hydra's PMI-1.
-	if cl, ok, err := pmi.FromEnv(); ok {
+	// 2. PMI over PMI_FD: Hydra's mpiexec, Slurm's srun --mpi=pmi2.
+	version, err := pmiVersion()
+	if err != nil {
+		return fail(err)
+	}
+	if cl, ok, err := pmi.FromEnv(ctx, version); ok {
 		if err != nil {
+			if version != 0 {
+				err = fmt.Errorf("%w (%s=%d)", err, EnvPMI, version)
+			}
 			return fail(fmt.Errorf("%w: %w", ErrBootstrap, err))
 		}
 		key, err := pmiKey(ctx, cl)
@@ -503,11 +511,24 @@ func bootstrap(ctx context.Context) (boot, error) {
 	return boot{rank: 0, size: 1, store: kvs.NewMem(1), own: true, key: launch.NewKey()}, nil
 }
 
-// pmiKey is the job's key under Hydra: RVMA_KEY or RVMA_KEY_FILE if set,
-// else one that rank 0 makes and publishes through PMI, whose key-value
-// space Hydra serves to the job's processes only (over the descriptors
-// it gave them).
-func pmiKey(ctx context.Context, cl *pmi.Client) ([]byte, error) {
+// pmiVersion is the PMI version RVMA_PMI forces: 1, 2, or 0 (unset: ask
+// for PMI-2, speak PMI-1 if the launcher answers so).
+func pmiVersion() (int, error) {
+	switch s := os.Getenv(EnvPMI); s {
+	case "":
+		return 0, nil
+	case "1", "2":
+		return int(s[0] - '0'), nil
+	default:
+		return 0, fmt.Errorf("%w: %s=%q: want 1 or 2 (unset: PMI-2 if the launcher speaks it, else PMI-1)", ErrBootstrap, EnvPMI, s)
+	}
+}
+
+// pmiKey is the job's key under a PMI launcher: RVMA_KEY or RVMA_KEY_FILE
+// if set, else one that rank 0 makes and publishes through PMI, whose
+// key-value space the launcher serves to the job's processes only (over
+// the descriptors it gave them).
+func pmiKey(ctx context.Context, cl pmi.Session) ([]byte, error) {
 	key, err := launch.KeyFromEnv()
 	if !errors.Is(err, launch.ErrNoKey) {
 		return key, err
