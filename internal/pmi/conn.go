@@ -12,10 +12,18 @@ import (
 	"time"
 )
 
-// ErrBroken reports a session that can no longer be used: a request was
-// cut short (its reply may still be on its way, so the stream is out of
-// step), the server closed the connection, or it was closed.
+// ErrBroken reports a session that can no longer be used: a request's
+// reply did not come within Grace of its context's end (the stream is out
+// of step), the server closed the connection, or Close did.
 var ErrBroken = errors.New("pmi: session unusable")
+
+// Grace is how long a request whose context has ended may still wait for
+// its reply, in the background, before the connection is cut. The caller
+// has its error at once; the reply, when it comes, keeps the stream in
+// step for the next request (a get of a key not there yet is answered at
+// once, so giving up on one costs nothing). A fence waits for the other
+// ranks, which may never come: cut after Grace, the session is unusable.
+var Grace = 10 * time.Second
 
 // closeTimeout bounds the finalize exchange of Close.
 const closeTimeout = 10 * time.Second
@@ -27,16 +35,21 @@ type deadliner interface {
 }
 
 // conn carries one request and its reply at a time over a launcher's
-// connection, cutting it when the request's ctx ends.
+// connection.
 type conn struct {
 	rw  io.ReadWriteCloser
 	r   *bufio.Reader
-	sem chan struct{} // held by the exchange in progress
+	sem chan struct{} // held by the exchange in progress, until its reply or cut
 	dl  deadliner     // nil: cutting a request closes rw
 
-	mu     sync.Mutex
-	broken error // why the session is unusable, or nil
+	mu       sync.Mutex
+	broken   error  // why the session is unusable, or nil
+	inFlight string // the command of the exchange in progress, or ""
 }
+
+// waits names the commands whose reply waits for the other ranks, which
+// Close does not wait for.
+var waits = map[string]bool{"kvs-fence": true, "barrier_in": true}
 
 // newConn makes a conn of rw. A socket given as an *os.File (as an
 // inherited descriptor is) becomes a net.Conn on a close-on-exec
@@ -75,44 +88,95 @@ func (c *conn) breakWith(err error) {
 	}
 }
 
+type result struct {
+	reply string
+	err   error
+}
+
 // exchange sends req and reads its reply with read. Requests are
-// serialised; waiting for the turn and the exchange itself end with ctx.
-// A request cut short leaves the session unusable, and so does a failed
-// read or write: what (the command) names it in errors.
+// serialised; the caller waits for its turn and for the reply until ctx
+// ends, while the request itself goes on for Grace more (see Grace). A
+// failed read or write leaves the session unusable; what (the command)
+// names the request in errors.
 func (c *conn) exchange(ctx context.Context, what string, req []byte, read func(*bufio.Reader) (string, error)) (string, error) {
 	select {
 	case c.sem <- struct{}{}:
 	case <-ctx.Done():
 		return "", fmt.Errorf("pmi: %s: %w", what, ctx.Err())
 	}
-	defer func() { <-c.sem }()
 	if err := c.err(); err != nil {
+		<-c.sem
 		return "", fmt.Errorf("%w (%w)", ErrBroken, err)
 	}
-	fired := make(chan struct{})
-	stop := context.AfterFunc(ctx, func() {
-		defer close(fired)
-		if c.dl != nil {
-			c.dl.SetDeadline(time.Unix(1, 0))
-		} else {
-			c.breakWith(fmt.Errorf("%s cut short: %w", what, ctx.Err()))
+	c.mu.Lock()
+	c.inFlight = what
+	c.mu.Unlock()
+	res := make(chan result, 1)
+	go func() {
+		reply, err := c.roundTrip(ctx, what, req, read)
+		c.mu.Lock()
+		c.inFlight = ""
+		c.mu.Unlock()
+		<-c.sem // before the caller has the result: its next request may go
+		res <- result{reply, err}
+	}()
+	select {
+	case r := <-res:
+		return r.reply, r.err
+	case <-ctx.Done():
+		select {
+		case r := <-res: // both at once: the reply counts
+			return r.reply, r.err
+		default:
+			return "", fmt.Errorf("pmi: %s: %w", what, ctx.Err())
 		}
+	}
+}
+
+// roundTrip writes req and reads the reply; Grace after ctx ends, a
+// deadline (or closing the connection) cuts it.
+func (c *conn) roundTrip(ctx context.Context, what string, req []byte, read func(*bufio.Reader) (string, error)) (string, error) {
+	var (
+		mu    sync.Mutex
+		ended bool        // the round trip is over: arm no timer
+		timer *time.Timer // the cut, armed when ctx ends
+	)
+	cut := make(chan struct{}) // closed once the cut has been made
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if ended {
+			return
+		}
+		timer = time.AfterFunc(Grace, func() {
+			defer close(cut)
+			if c.dl != nil {
+				c.dl.SetDeadline(time.Unix(1, 0))
+			} else {
+				c.breakWith(fmt.Errorf("no reply to %s within %v of its cancellation", what, Grace))
+			}
+		})
 	})
 	_, err := c.rw.Write(req)
 	var reply string
 	if err == nil {
 		reply, err = read(c.r)
 	}
-	if !stop() {
-		<-fired
+	stop()
+	mu.Lock()
+	ended = true
+	t := timer
+	mu.Unlock()
+	if t != nil && !t.Stop() {
+		<-cut
 		if err == nil && c.dl != nil {
-			// The reply arrived before the cut: the stream is in step.
+			// The reply came before the cut: the stream is in step.
 			c.dl.SetDeadline(time.Time{})
 			return reply, nil
 		}
-		cause := fmt.Errorf("%s cut short: %w", what, ctx.Err())
-		c.breakWith(cause)
-		return "", fmt.Errorf("pmi: %s: %w", what, ctx.Err())
+		err = fmt.Errorf("no reply to %s within %v of its cancellation: %w", what, Grace, ctx.Err())
+		c.breakWith(err)
+		return "", fmt.Errorf("pmi: %w", err)
 	}
 	if err != nil {
 		if prior := c.err(); prior != nil { // Close cut it
@@ -129,14 +193,19 @@ func (c *conn) exchange(ctx context.Context, what string, req []byte, read func(
 	return reply, nil
 }
 
-// close closes the connection once the exchange in progress, if any, has
-// ended; finalize runs before it when the session is usable.
+// close finalizes the session when it is usable, then closes the
+// connection. A request still in progress (one whose caller gave up) is
+// waited for, unless it waits for the other ranks (a fence): that one is
+// cut.
 func (c *conn) close(finalize func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	c.mu.Lock()
+	idle := !waits[c.inFlight]
+	c.mu.Unlock()
 	var err error
-	if c.err() == nil && finalize != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	if idle && c.err() == nil && finalize != nil {
 		err = finalize(ctx)
-		cancel()
 	}
 	c.breakWith(errors.New("closed"))
 	return err

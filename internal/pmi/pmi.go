@@ -11,8 +11,10 @@
 // visible after a barrier (PMI-2's fence) that both have entered, which
 // is how rma uses it; Get polls until the key appears or its context
 // ends. Sessions are safe for concurrent use (requests are serialised),
-// and every request ends with its context: a request cut short leaves the
-// session unusable (ErrBroken), as its reply may still be on its way.
+// and every call returns when its context ends; the request itself may
+// wait Grace longer for its reply, in the background, so that the stream
+// stays in step, and is then cut, leaving the session unusable
+// (ErrBroken).
 //
 // FromEnv chooses the protocol: PMI-2 is asked for first, and PMI-1
 // spoken if the launcher answers with version 1; a caller may force
@@ -184,8 +186,8 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// Barrier implements kvs.Store. Cut short by ctx, it leaves the session
-// unusable.
+// Barrier implements kvs.Store. If ctx ends first, the barrier stays
+// entered: it goes on in the background for Grace, then is cut.
 func (c *Client) Barrier(ctx context.Context) error {
 	_, err := c.do(ctx, "cmd=barrier_in", "barrier_out")
 	return err

@@ -256,8 +256,8 @@ func (c *Client2) Get(ctx context.Context, key string) (string, error) {
 }
 
 // Barrier implements kvs.Store with kvs-fence, which also makes the keys
-// put before it visible. Cut short by ctx, it leaves the session
-// unusable.
+// put before it visible. If ctx ends first, the fence stays entered: it
+// goes on in the background for Grace, then is cut.
 func (c *Client2) Barrier(ctx context.Context) error {
 	_, err := c.do(ctx, "kvs-fence")
 	return err

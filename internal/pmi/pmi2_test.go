@@ -233,11 +233,14 @@ func TestPMI2Hangup(t *testing.T) {
 	}
 }
 
-// A fence that the other ranks never enter ends with its context, over a
-// net.Conn (a deadline cuts it) or a plain file (closing it does); the
-// session is unusable afterwards. Waiting for another request's turn
-// ends with ctx too.
+// A fence that the other ranks never enter returns when its context
+// ends; Grace later it is cut, over a net.Conn (by a deadline) or a
+// connection without deadlines (by closing it), and the session is
+// unusable afterwards. Waiting for another request's turn ends with ctx
+// too.
 func TestPMI2Cancel(t *testing.T) {
+	defer func(g time.Duration) { Grace = g }(Grace)
+	Grace = 200 * time.Millisecond
 	for _, raw := range []bool{false, true} {
 		t.Run(fmt.Sprintf("raw=%v", raw), func(t *testing.T) {
 			srv := pmitest.New(2)
@@ -264,8 +267,11 @@ func TestPMI2Cancel(t *testing.T) {
 			case <-time.After(5 * time.Second):
 				t.Fatal("a cancelled fence did not return")
 			}
-			require.Less(t, time.Since(t0), 2*time.Second)
-			require.ErrorIs(t, s.Put(ctx, "k", "v"), ErrBroken)
+			require.Less(t, time.Since(t0), Grace)
+			err = s.Put(ctx, "k", "v") // waits for the fence's cut
+			require.ErrorIs(t, err, ErrBroken)
+			require.ErrorContains(t, err, "no reply to kvs-fence within 200ms of its cancellation")
+			require.GreaterOrEqual(t, time.Since(t0), Grace)
 			require.NoError(t, s.Close())
 		})
 	}
