@@ -1,8 +1,9 @@
 // Package pmi is a client of the two wire protocols through which
 // launchers give a job's processes a key-value space: PMI-1, which MPICH's
 // Hydra (mpiexec) and Slurm's pmi2 plugin speak, and PMI-2, which both
-// speak too (and the only one MPICH uses under srun --mpi=pmi2). Either is
-// spoken over the socket whose descriptor PMI_FD names. A Session
+// speak too (an MPICH built for Slurm, --with-pmi=pmi2, speaks only it
+// under srun --mpi=pmi2). Either is spoken over the socket whose
+// descriptor PMI_FD names. A Session
 // implements kvs.Store (put, get, barrier, close) and tells the process
 // its rank and the job's size, so a job started by such a launcher finds
 // its ranks' addresses through it.
