@@ -32,7 +32,8 @@ const (
 	EnvRank       = "RVMA_RANK"        // set by rvmarun: this process's rank
 	EnvSize       = "RVMA_SIZE"        // set by rvmarun: the number of ranks
 	EnvKVS        = "RVMA_KVS"         // set by rvmarun: the rendezvous server's TCP address
-	EnvRendezvous = "RVMA_RENDEZVOUS"  // Slurm jobs: host:port where rank 0 serves the rendezvous
+	EnvRendezvous = "RVMA_RENDEZVOUS"  // Slurm jobs, Open MPI jobs across nodes: host:port where rank 0 serves the rendezvous
+	EnvPMI        = "RVMA_PMI"         // "1" or "2": the PMI version spoken over PMI_FD; default PMI-2 if the launcher accepts it, else PMI-1
 	EnvProvider   = "RVMA_PROVIDER"    // auto (default), udp or shm
 	EnvHost       = "RVMA_HOST"        // this rank's host identity for auto (default: boot id and PID namespace)
 	EnvAddr       = "RVMA_ADDR"        // local IP address for the UDP provider; default 127.0.0.1
@@ -267,6 +268,7 @@ type Comm struct {
 	store      kvs.Store
 	ownStore   bool
 	kvServer   *kvs.Server
+	published  string // boot.published until the rendezvous barrier
 	key        []byte // the job's: authenticates the rendezvous and every connection handshake
 
 	dev    *verbs.Device
@@ -350,10 +352,14 @@ func (c *Comm) Device() *verbs.Device { return c.dev }
 
 // Init bootstraps the communicator of this process from its environment,
 // first match wins: rvmarun's variables (RVMA_RANK, RVMA_SIZE, RVMA_KVS);
-// the PMI-1 protocol of MPICH's Hydra (PMI_FD, PMI_RANK, PMI_SIZE); Slurm
-// (SLURM_PROCID, SLURM_NTASKS and RVMA_RENDEZVOUS=host:port, where rank 0
-// serves the rendezvous); otherwise a world of size 1. It is collective:
-// it returns once every rank has published its address.
+// a PMI server over PMI_FD (MPICH's Hydra mpiexec, Slurm's srun
+// --mpi=pmi2), spoken in PMI-2 if it accepts it, else PMI-1 (RVMA_PMI=1
+// or 2 forces one); Open MPI's mpirun (OMPI_COMM_WORLD_RANK and _SIZE:
+// within one node rank 0 publishes the rendezvous in a file of the job's
+// session directory, across nodes RVMA_RENDEZVOUS must name it); Slurm
+// without PMI (SLURM_PROCID, SLURM_NTASKS and RVMA_RENDEZVOUS=host:port,
+// where rank 0 serves the rendezvous); otherwise a world of size 1. It is
+// collective: it returns once every rank has published its address.
 func Init(ctx context.Context, cfg *Config) (*Comm, error) {
 	env, err := cfg.fromEnv()
 	if err != nil {
@@ -388,6 +394,9 @@ func Init(ctx context.Context, cfg *Config) (*Comm, error) {
 		if b.srv != nil {
 			b.srv.Close()
 		}
+		if b.published != "" {
+			os.Remove(b.published)
+		}
 		return nil, fmt.Errorf("%w: %w", ErrBootstrap, err)
 	}
 	c, err := newComm(ctx, b, dev, conf)
@@ -421,8 +430,9 @@ type boot struct {
 	rank, size int
 	store      kvs.Store
 	own        bool        // store is this rank's to close
-	srv        *kvs.Server // Slurm's rank 0 serves the rendezvous
+	srv        *kvs.Server // rank 0 serves the rendezvous (Slurm, Open MPI)
 	key        []byte
+	published  string // a file that publishes the rendezvous, removed once every rank has joined (Open MPI)
 }
 
 func bootstrap(ctx context.Context) (boot, error) {
@@ -456,9 +466,16 @@ func bootstrap(ctx context.Context) (boot, error) {
 		launch.Watch(context.Background(), addr, &launch.WatchConfig{Key: key})
 		return boot{rank: r, size: s, store: cl, own: true, key: key}, nil
 	}
-	// 2. Hydra's PMI-1.
-	if cl, ok, err := pmi.FromEnv(); ok {
+	// 2. PMI over PMI_FD: Hydra's mpiexec, Slurm's srun --mpi=pmi2.
+	version, err := pmiVersion()
+	if err != nil {
+		return fail(err)
+	}
+	if cl, ok, err := pmi.FromEnv(ctx, version); ok {
 		if err != nil {
+			if version != 0 {
+				err = fmt.Errorf("%w (%s=%d)", err, EnvPMI, version)
+			}
 			return fail(fmt.Errorf("%w: %w", ErrBootstrap, err))
 		}
 		key, err := pmiKey(ctx, cl)
@@ -468,7 +485,11 @@ func bootstrap(ctx context.Context) (boot, error) {
 		}
 		return boot{rank: cl.Rank(), size: cl.Size(), store: cl, own: true, key: key}, nil
 	}
-	// 3. Slurm.
+	// 3. Open MPI's mpirun.
+	if b, ok, err := ompiBootstrap(ctx); ok {
+		return b, err
+	}
+	// 4. Slurm without PMI-2.
 	if r, ok, err := envInt("SLURM_PROCID"); ok || err != nil {
 		s, _, err2 := envInt("SLURM_NTASKS")
 		if err = errors.Join(err, err2, check(r, s, "SLURM_PROCID/SLURM_NTASKS")); err != nil {
@@ -476,38 +497,58 @@ func bootstrap(ctx context.Context) (boot, error) {
 		}
 		addr := os.Getenv(EnvRendezvous)
 		if addr == "" {
-			return fail(fmt.Errorf("%w: a Slurm job needs %s=host:port (rank 0 serves the rendezvous there)", ErrBootstrap, EnvRendezvous))
+			return fail(fmt.Errorf("%w: a Slurm job without PMI needs srun --mpi=pmi2 (rank and rendezvous through PMI-2), or %s=host:port where rank 0 serves the rendezvous", ErrBootstrap, EnvRendezvous))
 		}
-		// Slurm passes no secret: the job's key comes from a file the
-		// user made (RVMA_KEY_FILE), or RVMA_KEY.
-		key, err := launch.KeyFromEnv()
-		if err != nil {
-			return fail(fmt.Errorf("%w: a Slurm job: %w", ErrBootstrap, err))
-		}
-		var srv *kvs.Server
-		if r == 0 {
-			if srv, err = kvs.ListenConfig(addr, s, &kvs.ServerConfig{Key: key}); err != nil {
-				return fail(fmt.Errorf("%w: %w", ErrBootstrap, err))
-			}
-		}
-		cl, err := kvs.Dial(ctx, addr, key)
-		if err != nil {
-			if srv != nil {
-				srv.Close()
-			}
-			return fail(fmt.Errorf("%w: %w", ErrBootstrap, err))
-		}
-		return boot{rank: r, size: s, store: cl, own: true, srv: srv, key: key}, nil
+		return rendezvousAt(ctx, r, s, addr, "a Slurm job")
 	}
-	// 4. Singleton.
+	// 5. Singleton.
 	return boot{rank: 0, size: 1, store: kvs.NewMem(1), own: true, key: launch.NewKey()}, nil
 }
 
-// pmiKey is the job's key under Hydra: RVMA_KEY or RVMA_KEY_FILE if set,
-// else one that rank 0 makes and publishes through PMI, whose key-value
-// space Hydra serves to the job's processes only (over the descriptors
-// it gave them).
-func pmiKey(ctx context.Context, cl *pmi.Client) ([]byte, error) {
+// rendezvousAt is the bootstrap of rank r of s when the user names the
+// rendezvous's address (Slurm without PMI, Open MPI across nodes): rank 0
+// serves it there. Such launchers pass no secret: the job's key comes
+// from a file the user made (RVMA_KEY_FILE), or RVMA_KEY; job names the
+// launcher in errors.
+func rendezvousAt(ctx context.Context, r, s int, addr, job string) (boot, error) {
+	key, err := launch.KeyFromEnv()
+	if err != nil {
+		return boot{}, fmt.Errorf("%w: %s: %w", ErrBootstrap, job, err)
+	}
+	var srv *kvs.Server
+	if r == 0 {
+		if srv, err = kvs.ListenConfig(addr, s, &kvs.ServerConfig{Key: key}); err != nil {
+			return boot{}, fmt.Errorf("%w: %s: rank 0 serves the rendezvous at %s=%s: %w", ErrBootstrap, job, EnvRendezvous, addr, err)
+		}
+	}
+	cl, err := kvs.Dial(ctx, addr, key)
+	if err != nil {
+		if srv != nil {
+			srv.Close()
+		}
+		return boot{}, fmt.Errorf("%w: %s: %w", ErrBootstrap, job, err)
+	}
+	return boot{rank: r, size: s, store: cl, own: true, srv: srv, key: key}, nil
+}
+
+// pmiVersion is the PMI version RVMA_PMI forces: 1, 2, or 0 (unset: ask
+// for PMI-2, speak PMI-1 if the launcher answers so).
+func pmiVersion() (int, error) {
+	switch s := os.Getenv(EnvPMI); s {
+	case "":
+		return 0, nil
+	case "1", "2":
+		return int(s[0] - '0'), nil
+	default:
+		return 0, fmt.Errorf("%w: %s=%q: want 1 or 2 (unset: PMI-2 if the launcher speaks it, else PMI-1)", ErrBootstrap, EnvPMI, s)
+	}
+}
+
+// pmiKey is the job's key under a PMI launcher: RVMA_KEY or RVMA_KEY_FILE
+// if set, else one that rank 0 makes and publishes through PMI, whose
+// key-value space the launcher serves to the job's processes only (over
+// the descriptors it gave them).
+func pmiKey(ctx context.Context, cl pmi.Session) ([]byte, error) {
 	key, err := launch.KeyFromEnv()
 	if !errors.Is(err, launch.ErrNoKey) {
 		return key, err
@@ -600,7 +641,7 @@ func NewWorld(ctx context.Context, size int, cfg *Config) ([]*Comm, error) {
 
 func newComm(ctx context.Context, b boot, dev *verbs.Device, cfg Config) (_ *Comm, err error) {
 	rank, size, store := b.rank, b.size, b.store
-	c := &Comm{rank: rank, size: size, cfg: cfg, store: store, ownStore: b.own, kvServer: b.srv, key: b.key, dev: dev,
+	c := &Comm{rank: rank, size: size, cfg: cfg, store: store, ownStore: b.own, kvServer: b.srv, published: b.published, key: b.key, dev: dev,
 		byQPN: map[uint32]int{}, wins: map[uint32]*Win{}, done: make(chan struct{}), haulHalf: map[int]*haulPeer{}}
 	c.bg, c.bgStop = context.WithCancel(context.Background())
 	c.peers = make([]*peer, size)
@@ -658,6 +699,7 @@ func newComm(ctx context.Context, b boot, dev *verbs.Device, cfg Config) (_ *Com
 	if err = store.Barrier(ctx); err != nil {
 		return nil, fmt.Errorf("%w: rendezvous barrier: %w", ErrBootstrap, err)
 	}
+	c.unpublish() // every rank has joined: the file is of no more use
 	return c, nil
 }
 
@@ -707,7 +749,16 @@ func (c *Comm) teardown() {
 		if c.kvServer != nil {
 			c.kvServer.Close()
 		}
+		c.unpublish()
 	})
+}
+
+// unpublish removes the file that published the rendezvous, if any.
+func (c *Comm) unpublish() {
+	if c.published != "" {
+		os.Remove(c.published)
+		c.published = ""
+	}
 }
 
 func (c *Comm) closed() bool {

@@ -5,8 +5,9 @@
 //
 // # Processes
 //
-// Init bootstraps a Comm from the environment (rvmarun's variables, the
-// PMI-1 protocol of MPICH's Hydra mpiexec, Slurm with RVMA_RENDEZVOUS, or
+// Init bootstraps a Comm from the environment (rvmarun's variables, PMI-2
+// or PMI-1 over PMI_FD as MPICH's Hydra mpiexec and Slurm's srun
+// --mpi=pmi2 offer it, Open MPI's mpirun, Slurm with RVMA_RENDEZVOUS, or
 // a singleton); NewWorld starts ranks as goroutines of one process, for
 // tests and examples. Ranks publish their connection manager's address in
 // a key-value rendezvous and connect a queue pair to a peer on first use,

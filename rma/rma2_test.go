@@ -451,7 +451,7 @@ func TestUDPWorld(t *testing.T) {
 }
 
 func TestSingletonInit(t *testing.T) {
-	for _, v := range []string{EnvRank, EnvSize, EnvKVS, "PMI_FD", "SLURM_PROCID"} {
+	for _, v := range []string{EnvRank, EnvSize, EnvKVS, "PMI_FD", envOMPIRank, "SLURM_PROCID"} {
 		t.Setenv(v, "") // restored after the test
 		require.NoError(t, os.Unsetenv(v))
 	}

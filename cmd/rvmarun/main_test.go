@@ -198,18 +198,28 @@ func TestRewindRecovers(t *testing.T) {
 }
 
 // Hydra's mpiexec (Debian's mpich package) starts rvma programs through
-// PMI-1.
+// PMI: PMI-2 by default (Hydra accepts it), PMI-1 or PMI-2 when RVMA_PMI
+// forces it. Hydra's -verbose trace shows which the ranks spoke.
 func TestMPIExecHydra(t *testing.T) {
 	hydra, err := exec.LookPath("mpiexec.hydra")
 	if err != nil {
 		t.Skip("mpiexec.hydra not installed (apt-get install mpich); skipping the Hydra launch test")
 	}
-	cmd := exec.Command(hydra, "-n", "4", filepath.Join(bins, "putwin"))
-	cmd.Env = append(os.Environ(), "HYDRA_LAUNCHER=fork")
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, string(out))
-	for r := range 4 {
-		require.Contains(t, string(out), "rank "+string(rune('0'+r))+" of 4 got")
+	for _, tc := range []struct{ pmi, spoken, not string }{
+		{"", "fullinit", "get_my_kvsname"}, {"1", "get_my_kvsname", "fullinit"}, {"2", "fullinit", "get_my_kvsname"},
+	} {
+		t.Run("RVMA_PMI="+tc.pmi, func(t *testing.T) {
+			cmd := exec.Command(hydra, "-verbose", "-n", "4", filepath.Join(bins, "putwin"))
+			cmd.Env = append(os.Environ(), "HYDRA_LAUNCHER=fork", rma.EnvPMI+"="+tc.pmi)
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, string(out))
+			for r := range 4 {
+				require.Contains(t, string(out), "rank "+string(rune('0'+r))+" of 4 got")
+			}
+			require.Contains(t, string(out), "got pmi command (from", "Hydra's trace")
+			require.Contains(t, string(out), tc.spoken)
+			require.NotContains(t, string(out), tc.not)
+		})
 	}
 }
 

@@ -1,12 +1,25 @@
-// Package pmi is a client of the PMI-1 wire protocol that MPICH's Hydra
-// launcher (mpiexec) speaks to its processes over the file descriptor named
-// by PMI_FD: init, the job's key-value space (put, get, barrier) and
-// finalize. It implements kvs.Store, so a job started by mpiexec finds its
-// ranks' addresses through Hydra.
+// Package pmi is a client of the two wire protocols through which
+// launchers give a job's processes a key-value space: PMI-1, which MPICH's
+// Hydra (mpiexec) and Slurm's pmi2 plugin speak, and PMI-2, which both
+// speak too (an MPICH built for Slurm, --with-pmi=pmi2, speaks only it
+// under srun --mpi=pmi2). Either is spoken over the socket whose
+// descriptor PMI_FD names. A Session
+// implements kvs.Store (put, get, barrier, close) and tells the process
+// its rank and the job's size, so a job started by such a launcher finds
+// its ranks' addresses through it.
 //
-// PMI-1 has no blocking get: a value put by another rank is visible after
-// a barrier that both have entered, which is how rma uses it. A Client is
-// safe for concurrent use (requests are serialised).
+// Neither protocol has a blocking get: a value put by another rank is
+// visible after a barrier (PMI-2's fence) that both have entered, which
+// is how rma uses it; Get polls until the key appears or its context
+// ends. Sessions are safe for concurrent use (requests are serialised),
+// and every call returns when its context ends; the request itself may
+// wait Grace longer for its reply, in the background, so that the stream
+// stays in step, and is then cut, leaving the session unusable
+// (ErrBroken).
+//
+// FromEnv chooses the protocol: PMI-2 is asked for first, and PMI-1
+// spoken if the launcher answers with version 1; a caller may force
+// either. See Open.
 package pmi
 
 import (
@@ -15,70 +28,78 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 )
 
-// ErrProtocol reports a reply that does not follow PMI-1.
+// ErrProtocol reports a reply that does not follow the protocol.
 var ErrProtocol = errors.New("pmi: protocol error")
+
+// Session is a process's PMI session with its launcher: the job's
+// key-value space (kvs.Store) and the process's place in the job.
+type Session interface {
+	// Put publishes a key, visible to the other ranks after the next
+	// Barrier.
+	Put(ctx context.Context, key, value string) error
+	// Get returns a key's value, polling until it is there or ctx ends.
+	Get(ctx context.Context, key string) (string, error)
+	// Barrier returns once every rank of the job has entered it, and
+	// makes the keys put before it visible (PMI-2's kvs-fence, PMI-1's
+	// barrier).
+	Barrier(ctx context.Context) error
+	// Close finalizes the session and closes the connection.
+	Close() error
+	// Rank is this process's rank, Size the job's number of ranks.
+	Rank() int
+	Size() int
+	// Version is the protocol spoken: 1 or 2.
+	Version() int
+}
 
 // Client talks PMI-1 over one connection.
 type Client struct {
-	mu      sync.Mutex
-	rw      io.ReadWriteCloser
-	r       *bufio.Reader
+	c       *conn
 	kvsname string
 	rank    int
 	size    int
 }
 
-// FromEnv connects through PMI_FD and reads PMI_RANK and PMI_SIZE. It
-// returns ok=false when PMI_FD is not set.
-func FromEnv() (c *Client, ok bool, err error) {
-	fdStr := os.Getenv("PMI_FD")
-	if fdStr == "" {
-		return nil, false, nil
-	}
-	fd, err := strconv.Atoi(fdStr)
-	if err != nil || fd < 0 {
-		return nil, true, fmt.Errorf("pmi: PMI_FD=%q is not a descriptor", fdStr)
-	}
-	rank, err1 := strconv.Atoi(os.Getenv("PMI_RANK"))
-	size, err2 := strconv.Atoi(os.Getenv("PMI_SIZE"))
-	if err1 != nil || err2 != nil || size < 1 || rank < 0 || rank >= size {
-		return nil, true, fmt.Errorf("pmi: PMI_RANK=%q PMI_SIZE=%q are not a rank of a job",
-			os.Getenv("PMI_RANK"), os.Getenv("PMI_SIZE"))
-	}
-	f := os.NewFile(uintptr(fd), "pmi")
-	c, err = New(f, rank, size)
-	return c, true, err
+// New runs the PMI-1 handshake over rw for the given rank of size. It
+// owns rw from then on, and closes it on failure.
+func New(ctx context.Context, rw io.ReadWriteCloser, rank, size int) (*Client, error) {
+	return newV1(ctx, newConn(rw), rank, size, false)
 }
 
-// New runs the PMI-1 handshake over rw for the given rank of size.
-func New(rw io.ReadWriteCloser, rank, size int) (*Client, error) {
-	c := &Client{rw: rw, r: bufio.NewReader(rw), rank: rank, size: size}
-	m, err := c.do("cmd=init pmi_version=1 pmi_subversion=1", "response_to_init")
+// newV1 starts a PMI-1 session over c, after the init exchange when
+// inited (the launcher answered a PMI-2 init with version 1).
+func newV1(ctx context.Context, c *conn, rank, size int, inited bool) (*Client, error) {
+	cl := &Client{c: c, rank: rank, size: size}
+	fail := func(err error) (*Client, error) {
+		c.breakWith(err)
+		return nil, err
+	}
+	if !inited {
+		m, err := cl.do(ctx, "cmd=init pmi_version=1 pmi_subversion=1", "response_to_init")
+		if err != nil {
+			return fail(err)
+		}
+		if m["pmi_version"] != "1" {
+			return fail(fmt.Errorf("%w: asked for PMI version 1, the server answered version %q", ErrProtocol, m["pmi_version"]))
+		}
+	}
+	if _, err := cl.do(ctx, "cmd=get_maxes", "maxes"); err != nil {
+		return fail(err)
+	}
+	m, err := cl.do(ctx, "cmd=get_my_kvsname", "my_kvsname")
 	if err != nil {
-		return nil, err
+		return fail(err)
 	}
-	if m["pmi_version"] != "1" {
-		return nil, fmt.Errorf("%w: server speaks PMI version %q", ErrProtocol, m["pmi_version"])
+	cl.kvsname = m["kvsname"]
+	if cl.kvsname == "" {
+		return fail(fmt.Errorf("%w: empty kvsname", ErrProtocol))
 	}
-	if _, err := c.do("cmd=get_maxes", "maxes"); err != nil {
-		return nil, err
-	}
-	m, err = c.do("cmd=get_my_kvsname", "my_kvsname")
-	if err != nil {
-		return nil, err
-	}
-	c.kvsname = m["kvsname"]
-	if c.kvsname == "" {
-		return nil, fmt.Errorf("%w: empty kvsname", ErrProtocol)
-	}
-	return c, nil
+	return cl, nil
 }
 
 // Rank returns the process's rank.
@@ -87,20 +108,24 @@ func (c *Client) Rank() int { return c.rank }
 // Size returns the job's size.
 func (c *Client) Size() int { return c.size }
 
+// Version returns 1.
+func (c *Client) Version() int { return 1 }
+
+// readLine reads one PMI-1 reply.
+func readLine(r *bufio.Reader) (string, error) {
+	return r.ReadString('\n')
+}
+
 // do sends one command and reads the reply, which must be cmd=want; a
-// nonzero rc is an error.
-func (c *Client) do(req, want string) (map[string]string, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.rw == nil {
-		return nil, fmt.Errorf("pmi: closed")
+// nonzero rc is an error, returned with the reply's fields.
+func (c *Client) do(ctx context.Context, req, want string) (map[string]string, error) {
+	cmd := req
+	if _, rest, ok := strings.Cut(req, "cmd="); ok {
+		cmd, _, _ = strings.Cut(rest, " ")
 	}
-	if _, err := io.WriteString(c.rw, req+"\n"); err != nil {
-		return nil, fmt.Errorf("pmi: %w", err)
-	}
-	line, err := c.r.ReadString('\n')
+	line, err := c.c.exchange(ctx, cmd, []byte(req+"\n"), readLine)
 	if err != nil {
-		return nil, fmt.Errorf("pmi: reading reply to %q: %w", req, err)
+		return nil, err
 	}
 	m := Parse(line)
 	if m["cmd"] != want {
@@ -123,48 +148,65 @@ func Parse(line string) map[string]string {
 }
 
 // Put implements kvs.Store.
-func (c *Client) Put(_ context.Context, key, value string) error {
+func (c *Client) Put(ctx context.Context, key, value string) error {
 	if strings.ContainsAny(key+value, " \t\n=") || key == "" || value == "" {
 		return fmt.Errorf("pmi: key %q or value %q is empty or holds whitespace or '='", key, value)
 	}
-	_, err := c.do("cmd=put kvsname="+c.kvsname+" key="+key+" value="+value, "put_result")
+	_, err := c.do(ctx, "cmd=put kvsname="+c.kvsname+" key="+key+" value="+value, "put_result")
 	return err
 }
 
 // Get implements kvs.Store. PMI-1 does not wait for a key: Get retries
 // until it appears or ctx ends, so that it also works without a barrier.
 func (c *Client) Get(ctx context.Context, key string) (string, error) {
-	for {
-		m, err := c.do("cmd=get kvsname="+c.kvsname+" key="+key, "get_result")
+	for delay := time.Millisecond; ; delay = min(2*delay, maxPoll) {
+		m, err := c.do(ctx, "cmd=get kvsname="+c.kvsname+" key="+key, "get_result")
 		if err == nil {
 			return m["value"], nil
 		}
 		if m == nil { // transport or protocol failure, not "not found"
 			return "", err
 		}
-		select {
-		case <-ctx.Done():
-			return "", fmt.Errorf("pmi: get %s: %w", key, ctx.Err())
-		case <-time.After(time.Millisecond):
+		if err := sleep(ctx, delay); err != nil {
+			return "", fmt.Errorf("pmi: get %s: %w", key, err)
 		}
 	}
 }
 
-// Barrier implements kvs.Store. PMI-1's barrier cannot be cancelled; it
-// returns when Hydra releases it or the connection fails.
-func (c *Client) Barrier(context.Context) error {
-	_, err := c.do("cmd=barrier_in", "barrier_out")
+// maxPoll bounds the pause between two gets of a key not there yet.
+const maxPoll = 50 * time.Millisecond
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Barrier implements kvs.Store. If ctx ends first, the barrier stays
+// entered: it goes on in the background for Grace, then is cut.
+func (c *Client) Barrier(ctx context.Context) error {
+	_, err := c.do(ctx, "cmd=barrier_in", "barrier_out")
 	return err
 }
 
-// Close finalizes the PMI session.
+// Close finalizes the PMI session and closes the connection.
 func (c *Client) Close() error {
-	if _, err := c.do("cmd=finalize", "finalize_ack"); err != nil {
+	return c.c.close(func(ctx context.Context) error {
+		_, err := c.do(ctx, "cmd=finalize", "finalize_ack")
 		return err
+	})
+}
+
+// parseInt parses a decimal field of a reply.
+func parseInt(cmd, key, v string) (int, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s's %s=%q is not a number", ErrProtocol, cmd, key, v)
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	err := c.rw.Close()
-	c.rw = nil
-	return err
+	return n, nil
 }

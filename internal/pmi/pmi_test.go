@@ -54,11 +54,12 @@ func TestClient(t *testing.T) {
 	a, b := net.Pipe()
 	kv := map[string]string{}
 	go fakeHydra(t, b, kv)
-	c, err := New(a, 1, 4)
+	ctx := context.Background()
+	c, err := New(ctx, a, 1, 4)
 	require.NoError(t, err)
 	require.Equal(t, 1, c.Rank())
 	require.Equal(t, 4, c.Size())
-	ctx := context.Background()
+	require.Equal(t, 1, c.Version())
 	require.NoError(t, c.Put(ctx, "addr-1", "127.0.0.1:5000"))
 	require.NoError(t, c.Barrier(ctx))
 	v, err := c.Get(ctx, "addr-1")
@@ -80,7 +81,7 @@ func TestProtocolErrors(t *testing.T) {
 		r.ReadString('\n')
 		b.Write([]byte("cmd=response_to_init pmi_version=2 rc=0\n"))
 	}()
-	_, err := New(a, 0, 1)
+	_, err := New(context.Background(), a, 0, 1)
 	require.ErrorIs(t, err, ErrProtocol)
 }
 
