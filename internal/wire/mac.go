@@ -37,18 +37,21 @@ func NewMAC(key [16]byte) *MAC {
 	return &MAC{aead: g}
 }
 
-func nonce(seq uint64) [12]byte {
-	var n [12]byte
+// nonce fills n with the nonce of counter seq. The caller's array (in the
+// packet) keeps the slice given to the AEAD off the heap: an array of its
+// own would escape through the interface, an allocation per packet.
+func nonce(n *[12]byte, seq uint64) []byte {
+	*n = [12]byte{}
 	binary.BigEndian.PutUint64(n[4:], seq)
-	return n
+	return n[:]
 }
 
-// seal appends the counter and the tag over b[start:] and the counter.
-func (m *MAC) seal(b []byte, start int) []byte {
+// seal appends the counter and the tag over b[start:] and the counter;
+// n is scratch for the nonce.
+func (m *MAC) seal(b []byte, start int, n *[12]byte) []byte {
 	seq := m.next.Add(1)
 	b = binary.BigEndian.AppendUint64(b, seq)
-	n := nonce(seq)
-	return m.aead.Seal(b, n[:], nil, b[start:])
+	return m.aead.Seal(b, nonce(n, seq), nil, b[start:])
 }
 
 // VerifyMAC reports whether p carries a valid tag under m. It says
@@ -59,11 +62,10 @@ func (p *Packet) VerifyMAC(m *MAC) bool {
 	}
 	full := p.Signed[:len(p.Signed)+TagLen]
 	tag := full[len(p.Signed):]
-	n := nonce(p.Seq)
 	// Open with an empty ciphertext checks the tag only; dst has room so
 	// nothing is allocated.
 	var dst [0]byte
-	_, err := m.aead.Open(dst[:0], n[:], tag, p.Signed)
+	_, err := m.aead.Open(dst[:0], nonce(&p.nonce, p.Seq), tag, p.Signed)
 	return err == nil
 }
 
