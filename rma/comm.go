@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"strconv"
@@ -682,7 +683,12 @@ func newComm(ctx context.Context, b boot, dev *verbs.Device, cfg Config) (_ *Com
 				return nil, err
 			}
 		}
-		if c.ln, err = cm.Listen(ctx, cfg.cmAddr(), &cm.ListenerConfig{Key: c.key}); err != nil {
+		// Every other rank may dial at once (LockAll toward one target,
+		// all on one host): the bounds on pending handshakes, which keep
+		// outsiders' silent connections from crowding the job out, must
+		// hold a job's worth.
+		lc := &cm.ListenerConfig{Key: c.key, MaxPending: max(256, 2*size), MaxPendingPerHost: max(64, 2*size)}
+		if c.ln, err = cm.Listen(ctx, cfg.cmAddr(), lc); err != nil {
 			return nil, err
 		}
 		if err = store.Put(ctx, fmt.Sprintf("rvma-cm-%d", rank), c.ln.Addr().String()); err != nil {
@@ -938,11 +944,29 @@ func (c *Comm) dial(ctx context.Context, r int) (*verbs.QP, error) {
 	}
 	var me [4]byte
 	binary.BigEndian.PutUint32(me[:], uint32(c.rank))
-	if _, err := cm.Dial(ctx, addr, qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: me[:], Key: c.key}); err != nil {
-		c.dropQP(qp)
-		return nil, err
+	for backoff := time.Millisecond; ; backoff = min(2*backoff, 100*time.Millisecond) {
+		_, err := cm.Dial(ctx, addr, qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: me[:], Key: c.key})
+		if err == nil {
+			return qp, nil
+		}
+		if !errors.Is(err, cm.ErrBusy) || ctx.Err() != nil {
+			c.dropQP(qp)
+			return nil, err
+		}
+		// The listener had too many handshakes pending (outsiders'
+		// silent connections, or more of the job than it holds): try
+		// again, as a SYN retransmits, until the deadline.
+		if err := qp.Reset(); err != nil {
+			c.dropQP(qp)
+			return nil, err
+		}
+		select {
+		case <-time.After(backoff/2 + time.Duration(mrand.Int64N(int64(backoff)))):
+		case <-ctx.Done():
+			c.dropQP(qp)
+			return nil, err
+		}
 	}
-	return qp, nil
 }
 
 func (c *Comm) acceptLoop() {

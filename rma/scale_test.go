@@ -70,6 +70,31 @@ func TestManyRanks(t *testing.T) {
 		if sum[0] != int64(n*(n-1)/2) {
 			return fmt.Errorf("allreduce %d", sum[0])
 		}
+		// Every rank puts to rank 0 at once: most dial it now, all
+		// together, as LockAll toward one target does.
+		all, err := c.Allocate(ctx, 8*n, nil)
+		if err != nil {
+			return err
+		}
+		if err := all.Fence(ctx, ModeNoPrecede); err != nil {
+			return err
+		}
+		if err := all.Put(ctx, u64(uint64(me+1)), 0, 8*me); err != nil {
+			return err
+		}
+		if err := all.Fence(ctx, ModeNoSucceed); err != nil {
+			return err
+		}
+		if me == 0 {
+			for r := range n {
+				if got := i64(all.Bytes()[8*r:]); got != int64(r+1) {
+					return fmt.Errorf("rank %d's put to rank 0: %d", r, got)
+				}
+			}
+		}
+		if err := all.Free(ctx); err != nil {
+			return err
+		}
 		if err := nw.Free(ctx); err != nil {
 			return err
 		}

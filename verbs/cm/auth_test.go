@@ -217,11 +217,15 @@ func TestSilentConnectionsAreBounded(t *testing.T) {
 		time.Sleep(5 * time.Millisecond) // accepted in this order
 	}
 	// The fifth and sixth pushed the first two out.
+	require.NotErrorIs(t, &RejectError{Reason: "no"}, ErrBusy)
 	for _, c := range silent[:2] {
 		c.SetReadDeadline(time.Now().Add(2 * time.Second))
 		m, err := readMessage(c)
 		require.NoError(t, err)
 		require.Contains(t, m.reason, "too many pending")
+		rej := &RejectError{Reason: m.reason}
+		require.ErrorIs(t, rej, ErrBusy, "a dialer can tell it may try again")
+		require.ErrorIs(t, rej, ErrRejected)
 	}
 	// A real dial gets in at once, though the bound is reached.
 	_, done := serveOne(ctx, t, l, db, verbs.RC)

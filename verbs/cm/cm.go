@@ -84,6 +84,13 @@ func checkKey(k []byte) error {
 // rejects the request; a *RejectError carries the reason.
 var ErrRejected = errors.New("cm: connection rejected")
 
+// ErrBusy is wrapped by the error Dial returns when the listener dropped
+// the request because too many were pending: the dialer may try again.
+var ErrBusy = errors.New("cm: listener busy")
+
+// reasonBusy is the reason a listener gives a request it drops for room.
+const reasonBusy = "dropped: too many pending connections"
+
 // ErrAuth reports a message whose MAC is missing or wrong: a peer without
 // the key, or a reply that does not answer this request.
 var ErrAuth = errors.New("cm: authentication failed")
@@ -93,6 +100,9 @@ type RejectError struct{ Reason string }
 
 func (e *RejectError) Error() string { return "cm: connection rejected: " + e.Reason }
 func (e *RejectError) Unwrap() error { return ErrRejected }
+
+// Is reports a rejection for lack of room as ErrBusy too.
+func (e *RejectError) Is(target error) bool { return target == ErrBusy && e.Reason == reasonBusy }
 
 // Result describes the peer of an established connection.
 type Result struct {
@@ -324,7 +334,7 @@ func (l *Listener) admit(c net.Conn, ip netip.Addr) bool {
 			}
 		}
 		l.releaseLocked(oldest)
-		oldest.Write(appendMessage(nil, &message{typ: msgREJ, reason: "dropped: too many pending connections"}))
+		oldest.Write(appendMessage(nil, &message{typ: msgREJ, reason: reasonBusy}))
 		oldest.Close()
 	}
 	l.npend++
