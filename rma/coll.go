@@ -56,97 +56,121 @@ func (c *Comm) agree(ctx context.Context, op string, mine error) error {
 // rounds and tells the rest, so every rank finishes and fails with
 // ErrPeer naming it instead of waiting for a message that never comes.
 func (c *Comm) disseminate(ctx context.Context, op string, low uint32) (_ uint32, err error) {
-	dead := uint32(noRank)
 	defer func() {
 		if err != nil || low != noRank {
 			c.troubled.Store(true)
 		}
 	}()
-	var peerErr error // the first failure of a partner, for the error
-	lost := func(r int, e error) error {
-		if !errors.Is(e, ErrPeer) || ctx.Err() != nil {
-			return opErr(op, r, e) // not a dead peer: this rank's own wait ended
-		}
-		dead = min(dead, uint32(r))
-		peerErr = cmp.Or(peerErr, e)
-		return nil
-	}
+	f := collFailure{dead: noRank}
 	tag := c.collTag()
 	var msg [8]byte
 	for k, round := 1, uint32(0); k < c.size; k, round = k*2, round+1 {
 		to, from := (c.rank+k)%c.size, (c.rank-k+c.size)%c.size
 		binary.LittleEndian.PutUint32(msg[:], low)
-		binary.LittleEndian.PutUint32(msg[4:], dead)
+		binary.LittleEndian.PutUint32(msg[4:], f.dead)
 		sent, err := c.sendMsg(ctx, to, kindMsg, tag|round, msg[:], nil)
 		if err != nil {
-			if err := lost(to, err); err != nil {
+			if err := f.lost(ctx, op, to, err); err != nil {
 				return 0, err
 			}
 		}
 		m, err := c.recvMsg(ctx, from, tag|round)
 		switch {
 		case err != nil:
-			if err := lost(from, err); err != nil {
+			if err := f.lost(ctx, op, from, err); err != nil {
 				return 0, err
 			}
 		case len(m) == 8:
 			low = min(low, binary.LittleEndian.Uint32(m))
-			dead = min(dead, binary.LittleEndian.Uint32(m[4:]))
+			f.heard(binary.LittleEndian.Uint32(m[4:]))
 		}
 		if sent != nil {
 			if err := sent.Wait(ctx); err != nil {
-				if err := lost(to, err); err != nil {
+				if err := f.lost(ctx, op, to, err); err != nil {
 					return 0, err
 				}
 			}
 		}
 	}
-	if dead != noRank {
-		if peerErr == nil {
-			peerErr = ErrPeer
-		}
-		return 0, opErr(op, int(dead), fmt.Errorf("%w: rank %d failed (%w)", ErrPeer, dead, peerErr))
+	if err := f.err(op); err != nil {
+		return 0, err
 	}
 	return low, nil
 }
 
 // Bcast copies root's buf into every rank's buf (binomial tree). All ranks
-// pass buffers of the same length.
+// pass buffers of the same length. A rank whose parent in the tree is dead,
+// or sent a length other than its own, passes that on to its subtree
+// instead of data, so every rank returns in bounded time: with ErrPeer
+// naming the dead rank, or ErrDatatype.
 func (c *Comm) Bcast(ctx context.Context, root int, buf []byte) error {
 	if err := c.checkRank("bcast", root); err != nil {
 		return err
 	}
 	tag := c.collTag()
 	vr := (c.rank - root + c.size) % c.size // rank relative to root
+	f := collFailure{dead: noRank}
+	var mismatch error
+	var msg []byte // what this rank passes on: a status byte, then buf or the dead rank
+	if vr == 0 {
+		msg = append([]byte{blocksOK}, buf...)
+	}
 	mask := 1
 	for mask < c.size {
 		if vr&mask != 0 {
 			src := (vr - mask + root) % c.size
 			m, err := c.recvMsg(ctx, src, tag)
-			if err != nil {
-				return opErr("bcast", src, err)
+			switch {
+			case err != nil:
+				if err := f.lost(ctx, "bcast", src, err); err != nil {
+					return err
+				}
+			case len(m) == 5 && m[0] == blocksFailed:
+				f.heard(binary.LittleEndian.Uint32(m[1:]))
+			case len(m) >= 1 && m[0] == blocksMismatch:
+				mismatch = opErr("bcast", src, fmt.Errorf("%w: the broadcast's lengths differ", ErrDatatype))
+			case len(m) != len(buf)+1 || m[0] != blocksOK:
+				mismatch = opErr("bcast", src, fmt.Errorf("%w: %d bytes received into %d", ErrDatatype, max(len(m)-1, 0), len(buf)))
+			default:
+				copy(buf, m[1:])
+				msg = m
 			}
-			if len(m) != len(buf) {
-				return opErr("bcast", src, fmt.Errorf("%w: %d bytes received into %d", ErrDatatype, len(m), len(buf)))
-			}
-			copy(buf, m)
 			break
 		}
 		mask <<= 1
+	}
+	switch {
+	case f.dead != noRank:
+		msg = binary.LittleEndian.AppendUint32([]byte{blocksFailed}, f.dead)
+	case mismatch != nil:
+		msg = []byte{blocksMismatch}
 	}
 	mask >>= 1
 	var reqs []*Request
 	for ; mask > 0; mask >>= 1 {
 		if vr+mask < c.size {
 			dst := (vr + mask + root) % c.size
-			op, err := c.sendMsg(ctx, dst, kindMsg, tag, buf, nil)
+			op, err := c.sendMsg(ctx, dst, kindMsg, tag, msg, nil)
 			if err != nil {
-				return opErr("bcast", dst, err)
+				if err := f.lost(ctx, "bcast", dst, err); err != nil {
+					return err
+				}
+				continue
 			}
 			reqs = append(reqs, &Request{op: op, name: "bcast", rank: dst})
 		}
 	}
-	return WaitAll(ctx, reqs...)
+	for _, r := range reqs {
+		if err := r.Wait(ctx); err != nil {
+			if err := f.lost(ctx, "bcast", r.rank, err); err != nil {
+				return err
+			}
+		}
+	}
+	if err := f.err("bcast"); err != nil {
+		return err
+	}
+	return mismatch
 }
 
 // Allgather returns every rank's contribution, indexed by rank, the same
@@ -165,6 +189,11 @@ func (c *Comm) Bcast(ctx context.Context, root int, buf []byte) error {
 // callers (window descriptions, Allreduce) pass tens of bytes. The ring
 // MPICH takes for long ones would cost size-1 rounds here, and picking by
 // length would need an agreement first, as each rank knows only its own.
+//
+// A rank that finds a partner dead (ErrPeer) goes on with the rounds,
+// sending in place of its blocks the lowest rank it knows dead, so that
+// every rank finishes (none waits for a message that never comes) and
+// fails with ErrPeer naming that rank, as Barrier does.
 func (c *Comm) Allgather(ctx context.Context, mine []byte) (_ [][]byte, err error) {
 	tag := c.collTag()
 	out := make([][]byte, c.size)
@@ -174,23 +203,57 @@ func (c *Comm) Allgather(ctx context.Context, mine []byte) (_ [][]byte, err erro
 			c.troubled.Store(true) // peers may never come: bound Close
 		}
 	}()
+	f := collFailure{dead: noRank}
 	pow2 := c.size&(c.size-1) == 0
 	for d, round := 1, uint32(0); d < c.size; d, round = d*2, round+1 {
 		if pow2 {
 			// Both partners hold aligned groups of d ranks.
 			peer := c.rank ^ d
-			err = c.swapBlocks(ctx, tag|round, peer, c.blocks(c.rank&^(d-1), d, 1), peer, c.blocks(peer&^(d-1), d, 1), out)
+			err = c.swapBlocks(ctx, tag|round, peer, c.blocks(c.rank&^(d-1), d, 1), peer, c.blocks(peer&^(d-1), d, 1), out, &f)
 		} else {
 			// A rank holds itself and the ranks before it.
 			n := min(d, c.size-d)
 			to, from := (c.rank+d)%c.size, (c.rank-d+c.size)%c.size
-			err = c.swapBlocks(ctx, tag|round, to, c.blocks(c.rank, n, -1), from, c.blocks(from, n, -1), out)
+			err = c.swapBlocks(ctx, tag|round, to, c.blocks(c.rank, n, -1), from, c.blocks(from, n, -1), out, &f)
 		}
 		if err != nil {
 			return nil, err
 		}
 	}
+	if err := f.err("allgather"); err != nil {
+		return nil, err
+	}
 	return out, nil
+}
+
+// collFailure is what a rank knows, during a collective, of ranks found
+// dead: the lowest, and the first error that showed one.
+type collFailure struct {
+	dead  uint32
+	first error
+}
+
+// lost records that r failed with e if e says r is dead, and returns nil
+// so that the collective goes on; any other error (this rank's own
+// context ended) it returns, for the collective to stop.
+func (f *collFailure) lost(ctx context.Context, op string, r int, e error) error {
+	if !errors.Is(e, ErrPeer) || ctx.Err() != nil {
+		return opErr(op, r, e)
+	}
+	f.dead = min(f.dead, uint32(r))
+	f.first = cmp.Or(f.first, e)
+	return nil
+}
+
+// heard records a rank that a partner reported dead.
+func (f *collFailure) heard(r uint32) { f.dead = min(f.dead, r) }
+
+// err is the collective's error: ErrPeer naming the lowest dead rank.
+func (f *collFailure) err(op string) error {
+	if f.dead == noRank {
+		return nil
+	}
+	return opErr(op, int(f.dead), fmt.Errorf("%w: rank %d failed (%w)", ErrPeer, f.dead, cmp.Or(f.first, ErrPeer)))
 }
 
 // blocks lists n ranks from first on, step apart, modulo size.
@@ -202,33 +265,56 @@ func (c *Comm) blocks(first, n, step int) []int {
 	return rs
 }
 
+// Allgather and Bcast messages start with a status byte: the data follow,
+// or the lowest rank the sender knows dead.
+const (
+	blocksOK       = 0
+	blocksFailed   = 1
+	blocksMismatch = 2 // Bcast: a length differed above this rank
+)
+
 // swapBlocks is one round of Allgather: it sends the contributions of
-// ranks send to dst and stores those of ranks recv, received from src.
-// It waits for its send even when the receive failed, so that no Op
-// outlives the call (unless ctx has ended: the Op then finishes on its
-// own and only returns its staging buffers).
-func (c *Comm) swapBlocks(ctx context.Context, tag uint32, dst int, send []int, src int, recv []int, out [][]byte) error {
-	var msg []byte
-	for _, r := range send {
-		msg = binary.LittleEndian.AppendUint32(msg, uint32(len(out[r])))
-		msg = append(msg, out[r]...)
+// ranks send to dst and stores those of ranks recv, received from src;
+// once a rank is known dead (f), it sends that instead. A dead partner
+// is recorded in f, not returned. It waits for its send even when the
+// receive failed, so that no Op outlives the call (unless ctx has ended:
+// the Op then finishes on its own and only returns its staging buffers).
+func (c *Comm) swapBlocks(ctx context.Context, tag uint32, dst int, send []int, src int, recv []int, out [][]byte, f *collFailure) error {
+	msg := []byte{blocksOK}
+	if f.dead != noRank {
+		msg = binary.LittleEndian.AppendUint32([]byte{blocksFailed}, f.dead)
+	} else {
+		for _, r := range send {
+			msg = binary.LittleEndian.AppendUint32(msg, uint32(len(out[r])))
+			msg = append(msg, out[r]...)
+		}
 	}
 	sent, err := c.sendMsg(ctx, dst, kindMsg, tag, msg, nil)
 	if err != nil {
-		return opErr("allgather", dst, err)
+		if err := f.lost(ctx, "allgather", dst, err); err != nil {
+			return err
+		}
+		sent = nil
 	}
 	m, err := c.recvMsg(ctx, src, tag)
-	if err == nil {
-		err = decodeBlocks(m, recv, out)
+	switch {
+	case err != nil:
+		err = f.lost(ctx, "allgather", src, err)
+	case len(m) == 5 && m[0] == blocksFailed:
+		f.heard(binary.LittleEndian.Uint32(m[1:]))
+	case len(m) == 0 || m[0] != blocksOK:
+		err = opErr("allgather", src, fmt.Errorf("%w: allgather message of status %v", ErrDatatype, m[:min(len(m), 1)]))
+	case f.dead == noRank:
+		if err = decodeBlocks(m[1:], recv, out); err != nil {
+			err = opErr("allgather", src, err)
+		}
 	}
-	if err != nil {
-		sent.Wait(ctx)
-		return opErr("allgather", src, err)
+	if sent != nil {
+		if werr := sent.Wait(ctx); werr != nil && err == nil {
+			err = f.lost(ctx, "allgather", dst, werr)
+		}
 	}
-	if err := sent.Wait(ctx); err != nil {
-		return opErr("allgather", dst, err)
-	}
-	return nil
+	return err
 }
 
 // decodeBlocks stores the length-prefixed contributions of ranks that m
