@@ -107,7 +107,7 @@ func boolInt(b bool) C.int {
 func rvma_comm_rank(h C.rvma_comm, rank *C.int) C.int {
 	c, err := commOf(h)
 	if err == nil {
-		err = outArg("rvma_comm_rank: rank", unsafe.Pointer(rank))
+		err = outArg("rvma_comm_rank", "rank", unsafe.Pointer(rank))
 	}
 	if err != nil {
 		return fail(err)
@@ -120,7 +120,7 @@ func rvma_comm_rank(h C.rvma_comm, rank *C.int) C.int {
 func rvma_comm_size(h C.rvma_comm, size *C.int) C.int {
 	c, err := commOf(h)
 	if err == nil {
-		err = outArg("rvma_comm_size: size", unsafe.Pointer(size))
+		err = outArg("rvma_comm_size", "size", unsafe.Pointer(size))
 	}
 	if err != nil {
 		return fail(err)
@@ -133,7 +133,7 @@ func rvma_comm_size(h C.rvma_comm, size *C.int) C.int {
 func rvma_comm_transport(h C.rvma_comm, rank C.int, name **C.char) C.int {
 	c, err := commOf(h)
 	if err == nil {
-		err = outArg("rvma_comm_transport: name", unsafe.Pointer(name))
+		err = outArg("rvma_comm_transport", "name", unsafe.Pointer(name))
 	}
 	if err == nil && (rank < 0 || int(rank) >= c.Size()) {
 		err = errorf(codeRank, "rvma_comm_transport: rank %d of %d", int(rank), c.Size())
@@ -170,7 +170,7 @@ func rvma_bcast(h C.rvma_comm, root C.int, buf unsafe.Pointer, n C.size_t) C.int
 	if err != nil {
 		return fail(err)
 	}
-	b, err := cbytes("rvma_bcast: buf", buf, n)
+	b, err := cbytes("rvma_bcast", "buf", buf, n)
 	if err != nil {
 		return fail(err)
 	}
@@ -183,14 +183,14 @@ func rvma_allgather(h C.rvma_comm, mine unsafe.Pointer, n C.size_t, out unsafe.P
 	if err != nil {
 		return fail(err)
 	}
-	in, err := cbytes("rvma_allgather: mine", mine, n)
+	in, err := cbytes("rvma_allgather", "mine", mine, n)
 	if err != nil {
 		return fail(err)
 	}
 	if uint64(n) > maxLen/uint64(c.Size()) {
 		return fail(errorf(codeArg, "rvma_allgather: %d bytes from %d ranks do not fit the address space", uint64(n), c.Size()))
 	}
-	dst, err := cbytes("rvma_allgather: out", out, n*C.size_t(c.Size()))
+	dst, err := cbytes("rvma_allgather", "out", out, n*C.size_t(c.Size()))
 	if err != nil {
 		return fail(err)
 	}
@@ -233,7 +233,7 @@ func rvma_allreduce_int64(h C.rvma_comm, op C.rvma_op, vals *C.int64_t, count C.
 	if err != nil {
 		return fail(err)
 	}
-	b, err := elems("rvma_allreduce_int64: vals", unsafe.Pointer(vals), count, 8)
+	b, err := elems("rvma_allreduce_int64", "vals", unsafe.Pointer(vals), count, 8)
 	if err != nil {
 		return fail(err)
 	}
@@ -254,7 +254,7 @@ func rvma_allreduce_double(h C.rvma_comm, op C.rvma_op, vals *C.double, count C.
 	if err != nil {
 		return fail(err)
 	}
-	b, err := elems("rvma_allreduce_double: vals", unsafe.Pointer(vals), count, 8)
+	b, err := elems("rvma_allreduce_double", "vals", unsafe.Pointer(vals), count, 8)
 	if err != nil {
 		return fail(err)
 	}
@@ -280,7 +280,7 @@ func rvma_send(h C.rvma_comm, dst, tag C.int, buf unsafe.Pointer, n C.size_t) C.
 	}
 	var b []byte
 	if err == nil {
-		b, err = cbytes("rvma_send: buf", buf, n)
+		b, err = cbytes("rvma_send", "buf", buf, n)
 	}
 	if err != nil {
 		return fail(err)
@@ -295,11 +295,11 @@ func rvma_isend(h C.rvma_comm, dst, tag C.int, buf unsafe.Pointer, n C.size_t, r
 		err = checkTag("rvma_isend", tag)
 	}
 	if err == nil {
-		err = outArg("rvma_isend: req", unsafe.Pointer(req))
+		err = outArg("rvma_isend", "req", unsafe.Pointer(req))
 	}
 	var b []byte
 	if err == nil {
-		b, err = cbytes("rvma_isend: buf", buf, n)
+		b, err = cbytes("rvma_isend", "buf", buf, n)
 	}
 	if err != nil {
 		return fail(err)
@@ -315,11 +315,11 @@ func rvma_recv(h C.rvma_comm, src, tag C.int, buf unsafe.Pointer, capacity C.siz
 		err = checkTag("rvma_recv", tag)
 	}
 	if err == nil {
-		err = outArg("rvma_recv: len", unsafe.Pointer(n))
+		err = outArg("rvma_recv", "len", unsafe.Pointer(n))
 	}
 	var b []byte
 	if err == nil {
-		b, err = cbytes("rvma_recv: buf", buf, capacity)
+		b, err = cbytes("rvma_recv", "buf", buf, capacity)
 	}
 	if err != nil {
 		return fail(err)

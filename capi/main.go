@@ -41,25 +41,27 @@ const maxLen = 1 << 47
 
 // cbytes is the C buffer [p, p+n) as a slice (nil for n == 0), checked as
 // far as it can be: not NULL with a length, not past the address space.
-func cbytes(what string, p unsafe.Pointer, n C.size_t) ([]byte, error) {
+// fn and arg name the function and the argument in the message: they are
+// passed apart so that a call that succeeds builds no string.
+func cbytes(fn, arg string, p unsafe.Pointer, n C.size_t) ([]byte, error) {
 	if n == 0 {
 		return nil, nil
 	}
 	if p == nil {
-		return nil, errorf(codeArg, "%s is NULL with length %d", what, uint64(n))
+		return nil, errorf(codeArg, "%s: %s is NULL with length %d", fn, arg, uint64(n))
 	}
 	if uint64(n) > maxLen || uint64(uintptr(p))+uint64(n) < uint64(uintptr(p)) {
-		return nil, errorf(codeArg, "%s: length %d does not fit the address space", what, uint64(n))
+		return nil, errorf(codeArg, "%s: %s: length %d does not fit the address space", fn, arg, uint64(n))
 	}
 	return unsafe.Slice((*byte)(p), int(n)), nil
 }
 
 // elems is cbytes for count elements of size sz.
-func elems(what string, p unsafe.Pointer, count C.size_t, sz int) ([]byte, error) {
+func elems(fn, arg string, p unsafe.Pointer, count C.size_t, sz int) ([]byte, error) {
 	if uint64(count) > maxLen/uint64(sz) {
-		return nil, errorf(codeArg, "%s: count %d does not fit the address space", what, uint64(count))
+		return nil, errorf(codeArg, "%s: %s: count %d does not fit the address space", fn, arg, uint64(count))
 	}
-	return cbytes(what, p, count*C.size_t(sz))
+	return cbytes(fn, arg, p, count*C.size_t(sz))
 }
 
 // disp converts a displacement: rma refuses negative ones as out of
@@ -70,10 +72,10 @@ func disp(d C.int64_t) int { return int(d) }
 // rankArg converts a rank; rma checks the range.
 func rankArg(r C.int) int { return int(r) }
 
-// ptrOK reports whether an output pointer is usable.
-func outArg(what string, p unsafe.Pointer) error {
+// outArg checks that an output pointer is usable.
+func outArg(fn, arg string, p unsafe.Pointer) error {
 	if p == nil {
-		return errorf(codeArg, "%s is NULL", what)
+		return errorf(codeArg, "%s: %s is NULL", fn, arg)
 	}
 	return nil
 }

@@ -162,7 +162,7 @@ func rvma_win_wait(h C.rvma_win) C.int {
 func rvma_win_test(h C.rvma_win, flag *C.int) C.int {
 	w, err := winOf(h)
 	if err == nil {
-		err = outArg("rvma_win_test: flag", unsafe.Pointer(flag))
+		err = outArg("rvma_win_test", "flag", unsafe.Pointer(flag))
 	}
 	if err != nil {
 		return fail(err)
@@ -291,7 +291,7 @@ func rvma_win_wait_epoch(h C.rvma_win, epoch *C.uint64_t) C.int {
 func rvma_win_test_epoch(h C.rvma_win, flag *C.int, epoch *C.uint64_t) C.int {
 	w, err := winOf(h)
 	if err == nil {
-		err = outArg("rvma_win_test_epoch: flag", unsafe.Pointer(flag))
+		err = outArg("rvma_win_test_epoch", "flag", unsafe.Pointer(flag))
 	}
 	if err != nil {
 		return fail(err)
@@ -311,7 +311,7 @@ func rvma_win_test_epoch(h C.rvma_win, flag *C.int, epoch *C.uint64_t) C.int {
 func rvma_win_epoch(h C.rvma_win, epoch *C.uint64_t) C.int {
 	w, err := winOf(h)
 	if err == nil {
-		err = outArg("rvma_win_epoch: epoch", unsafe.Pointer(epoch))
+		err = outArg("rvma_win_epoch", "epoch", unsafe.Pointer(epoch))
 	}
 	if err != nil {
 		return fail(err)

@@ -122,11 +122,11 @@ func newWin(name string, h C.rvma_comm, alloc bool, base unsafe.Pointer, size C.
 		cfg.Notify, err = notifyConfig(nc)
 	}
 	if err == nil {
-		err = outArg(name+": win", unsafe.Pointer(out))
+		err = outArg(name, "win", unsafe.Pointer(out))
 	}
 	var mem []byte
 	if err == nil && !alloc {
-		mem, err = cbytes(name+": base", base, size)
+		mem, err = cbytes(name, "base", base, size)
 	}
 	if err == nil && (uint64(size) > maxLen || unit < 0) {
 		err = errorf(codeArg, "%s: size %d, disp_unit %d", name, uint64(size), int(unit))
@@ -224,20 +224,20 @@ func rvma_win_get_info(h C.rvma_win, base *unsafe.Pointer, size *C.size_t, unit 
 // ---- Data movement ----
 
 // layout converts a C layout and returns the bytes it spans.
-func layout(what string, l *C.rvma_layout) (rma.Layout, C.size_t, error) {
+func layout(fn, arg string, l *C.rvma_layout) (rma.Layout, C.size_t, error) {
 	if l == nil {
-		return rma.Layout{}, 0, errorf(codeArg, "%s is NULL", what)
+		return rma.Layout{}, 0, errorf(codeArg, "%s: %s is NULL", fn, arg)
 	}
 	count, block, stride := int64(l.count), int64(l.block), int64(l.stride)
 	if count < 0 || block < 0 || stride < 0 || (count > 1 && stride < block) {
-		return rma.Layout{}, 0, errorf(codeDatatype, "%s {count %d, block %d, stride %d}: negative, or overlapping itself",
-			what, count, block, stride)
+		return rma.Layout{}, 0, errorf(codeDatatype, "%s: %s {count %d, block %d, stride %d}: negative, or overlapping itself",
+			fn, arg, count, block, stride)
 	}
 	var extent uint64
 	if count > 0 {
 		if stride > 0 && uint64(count-1) > (maxLen-uint64(block))/uint64(stride) || uint64(block) > maxLen {
-			return rma.Layout{}, 0, errorf(codeArg, "%s {count %d, block %d, stride %d} spans more than the address space",
-				what, count, block, stride)
+			return rma.Layout{}, 0, errorf(codeArg, "%s: %s {count %d, block %d, stride %d} spans more than the address space",
+				fn, arg, count, block, stride)
 		}
 		extent = uint64(count-1)*uint64(stride) + uint64(block)
 	}
@@ -247,15 +247,15 @@ func layout(what string, l *C.rvma_layout) (rma.Layout, C.size_t, error) {
 // strided converts the arguments of a strided put or get: the origin
 // slice spans the origin layout.
 func strided(name string, origin unsafe.Pointer, ol, tl *C.rvma_layout) ([]byte, rma.Layout, rma.Layout, error) {
-	o, ext, err := layout(name+": origin layout", ol)
+	o, ext, err := layout(name, "origin layout", ol)
 	if err != nil {
 		return nil, o, o, err
 	}
-	t, _, err := layout(name+": target layout", tl)
+	t, _, err := layout(name, "target layout", tl)
 	if err != nil {
 		return nil, o, t, err
 	}
-	b, err := cbytes(name+": origin", origin, ext)
+	b, err := cbytes(name, "origin", origin, ext)
 	return b, o, t, err
 }
 
@@ -265,7 +265,7 @@ func rvma_put(h C.rvma_win, origin unsafe.Pointer, n C.size_t, target C.int, d C
 	if err != nil {
 		return fail(err)
 	}
-	b, err := cbytes("rvma_put: origin", origin, n)
+	b, err := cbytes("rvma_put", "origin", origin, n)
 	if err != nil {
 		return fail(err)
 	}
@@ -281,7 +281,7 @@ func rvma_get(h C.rvma_win, origin unsafe.Pointer, n C.size_t, target C.int, d C
 	if err != nil {
 		return fail(err)
 	}
-	b, err := cbytes("rvma_get: origin", origin, n)
+	b, err := cbytes("rvma_get", "origin", origin, n)
 	if err != nil {
 		return fail(err)
 	}
@@ -348,12 +348,13 @@ func accArgs(name string, origin, res unsafe.Pointer, count C.size_t, dt C.rvma_
 			err = errorf(codeArg, "%s: count %d does not fit the address space", name, uint64(count))
 			return
 		}
+		// Zeros: rma sends the origin's bytes even when NO_OP ignores them.
 		o = make([]byte, int(count)*d.Size())
-	} else if o, err = elems(name+": origin", origin, count, d.Size()); err != nil {
+	} else if o, err = elems(name, "origin", origin, count, d.Size()); err != nil {
 		return
 	}
 	if fetch {
-		r, err = elems(name+": result", res, count, d.Size())
+		r, err = elems(name, "result", res, count, d.Size())
 	}
 	return
 }
@@ -405,13 +406,13 @@ func casArgs(name string, origin, compare, res unsafe.Pointer, dt C.rvma_datatyp
 	if d, _, err = dtype(name, dt); err != nil {
 		return
 	}
-	if o, err = elems(name+": origin", origin, 1, d.Size()); err != nil {
+	if o, err = elems(name, "origin", origin, 1, d.Size()); err != nil {
 		return
 	}
-	if c, err = elems(name+": compare", compare, 1, d.Size()); err != nil {
+	if c, err = elems(name, "compare", compare, 1, d.Size()); err != nil {
 		return
 	}
-	r, err = elems(name+": result", res, 1, d.Size())
+	r, err = elems(name, "result", res, 1, d.Size())
 	return
 }
 
@@ -434,11 +435,11 @@ func rvma_compare_and_swap(h C.rvma_win, origin, compare, res unsafe.Pointer, dt
 func rvma_rput(h C.rvma_win, origin unsafe.Pointer, n C.size_t, target C.int, d C.int64_t, req *C.rvma_request) C.int {
 	w, err := winOf(h)
 	if err == nil {
-		err = outArg("rvma_rput: req", unsafe.Pointer(req))
+		err = outArg("rvma_rput", "req", unsafe.Pointer(req))
 	}
 	var b []byte
 	if err == nil {
-		b, err = cbytes("rvma_rput: origin", origin, n)
+		b, err = cbytes("rvma_rput", "origin", origin, n)
 	}
 	if err != nil {
 		return fail(err)
@@ -451,11 +452,11 @@ func rvma_rput(h C.rvma_win, origin unsafe.Pointer, n C.size_t, target C.int, d 
 func rvma_rget(h C.rvma_win, origin unsafe.Pointer, n C.size_t, target C.int, d C.int64_t, req *C.rvma_request) C.int {
 	w, err := winOf(h)
 	if err == nil {
-		err = outArg("rvma_rget: req", unsafe.Pointer(req))
+		err = outArg("rvma_rget", "req", unsafe.Pointer(req))
 	}
 	var b []byte
 	if err == nil {
-		b, err = cbytes("rvma_rget: origin", origin, n)
+		b, err = cbytes("rvma_rget", "origin", origin, n)
 	}
 	if err != nil {
 		return fail(err)
@@ -468,7 +469,7 @@ func rvma_rget(h C.rvma_win, origin unsafe.Pointer, n C.size_t, target C.int, d 
 func rvma_rput_strided(h C.rvma_win, origin unsafe.Pointer, ol *C.rvma_layout, target C.int, d C.int64_t, tl *C.rvma_layout, req *C.rvma_request) C.int {
 	w, err := winOf(h)
 	if err == nil {
-		err = outArg("rvma_rput_strided: req", unsafe.Pointer(req))
+		err = outArg("rvma_rput_strided", "req", unsafe.Pointer(req))
 	}
 	if err != nil {
 		return fail(err)
@@ -485,7 +486,7 @@ func rvma_rput_strided(h C.rvma_win, origin unsafe.Pointer, ol *C.rvma_layout, t
 func rvma_rget_strided(h C.rvma_win, origin unsafe.Pointer, ol *C.rvma_layout, target C.int, d C.int64_t, tl *C.rvma_layout, req *C.rvma_request) C.int {
 	w, err := winOf(h)
 	if err == nil {
-		err = outArg("rvma_rget_strided: req", unsafe.Pointer(req))
+		err = outArg("rvma_rget_strided", "req", unsafe.Pointer(req))
 	}
 	if err != nil {
 		return fail(err)
@@ -502,7 +503,7 @@ func rvma_rget_strided(h C.rvma_win, origin unsafe.Pointer, ol *C.rvma_layout, t
 func rvma_raccumulate(h C.rvma_win, origin unsafe.Pointer, count C.size_t, dt C.rvma_datatype, op C.rvma_op, target C.int, d C.int64_t, req *C.rvma_request) C.int {
 	w, err := winOf(h)
 	if err == nil {
-		err = outArg("rvma_raccumulate: req", unsafe.Pointer(req))
+		err = outArg("rvma_raccumulate", "req", unsafe.Pointer(req))
 	}
 	if err != nil {
 		return fail(err)
@@ -519,7 +520,7 @@ func rvma_raccumulate(h C.rvma_win, origin unsafe.Pointer, count C.size_t, dt C.
 func rvma_rget_accumulate(h C.rvma_win, origin, res unsafe.Pointer, count C.size_t, dt C.rvma_datatype, op C.rvma_op, target C.int, d C.int64_t, req *C.rvma_request) C.int {
 	w, err := winOf(h)
 	if err == nil {
-		err = outArg("rvma_rget_accumulate: req", unsafe.Pointer(req))
+		err = outArg("rvma_rget_accumulate", "req", unsafe.Pointer(req))
 	}
 	if err != nil {
 		return fail(err)
@@ -536,7 +537,7 @@ func rvma_rget_accumulate(h C.rvma_win, origin, res unsafe.Pointer, count C.size
 func rvma_rfetch_and_op(h C.rvma_win, origin, res unsafe.Pointer, dt C.rvma_datatype, op C.rvma_op, target C.int, d C.int64_t, req *C.rvma_request) C.int {
 	w, err := winOf(h)
 	if err == nil {
-		err = outArg("rvma_rfetch_and_op: req", unsafe.Pointer(req))
+		err = outArg("rvma_rfetch_and_op", "req", unsafe.Pointer(req))
 	}
 	if err != nil {
 		return fail(err)
@@ -553,7 +554,7 @@ func rvma_rfetch_and_op(h C.rvma_win, origin, res unsafe.Pointer, dt C.rvma_data
 func rvma_rcompare_and_swap(h C.rvma_win, origin, compare, res unsafe.Pointer, dt C.rvma_datatype, target C.int, d C.int64_t, req *C.rvma_request) C.int {
 	w, err := winOf(h)
 	if err == nil {
-		err = outArg("rvma_rcompare_and_swap: req", unsafe.Pointer(req))
+		err = outArg("rvma_rcompare_and_swap", "req", unsafe.Pointer(req))
 	}
 	if err != nil {
 		return fail(err)
