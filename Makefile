@@ -10,7 +10,7 @@ RVMA_VERSION ?= 0.1.0
 # package:FuzzTarget pairs run by fuzz-short
 FUZZ_TARGETS = ./internal/psn:FuzzDiff ./internal/wire:FuzzParse ./verbs/cm:FuzzMessage ./internal/pmi:FuzzParse ./rma:FuzzDecodeAM ./rma:FuzzDecodeWin ./rma:FuzzDecodeBlocks ./internal/sdrwire:FuzzParse ./internal/shmfab:FuzzRing ./internal/shmbox:FuzzOpen ./cmd/haul:FuzzState ./internal/kvs:FuzzServerHandshake ./internal/kvs:FuzzSessionOpen ./cmd/haul:FuzzRepairRequest
 
-.PHONY: all build lib install test soak perf-mem perf-scale bench fuzz-short lint demo demo-verbs demo-haul perf perf-shm perf-rma perf-rma-mpi perf-haul perf-haul-paths clean
+.PHONY: all build lib install perf-capi test soak perf-mem perf-scale bench fuzz-short lint demo demo-verbs demo-haul perf perf-shm perf-rma perf-rma-mpi perf-haul perf-haul-paths clean
 
 all: build
 
@@ -37,6 +37,11 @@ install: lib
 	install -m 0644 lib/librvma.a $(DESTDIR)$(LIBDIR)/
 	install -m 0644 capi/include/rvma.h $(DESTDIR)$(INCLUDEDIR)/
 	$(call rvma_pc,$(PREFIX),$(LIBDIR),$(INCLUDEDIR)) > $(DESTDIR)$(LIBDIR)/pkgconfig/rvma.pc
+
+# What the C API adds per call over the Go API: the same loops in C and
+# in Go, 2 ranks on shm, alternating runs (docs: capi/bench/overhead.c).
+perf-capi:
+	RVMA_CAPI_BENCH=1 $(GO) test -count=1 -run TestOverhead -v -timeout 20m ./capi
 
 # The README's test command; .ci/run runs exactly this.
 test:

@@ -258,3 +258,57 @@ func TestHandles(t *testing.T) {
 		t.Fatal("a made-up handle is valid")
 	}
 }
+
+// TestOverhead measures what a call through librvma costs over the same
+// call from Go (make perf-capi; skipped otherwise): bench/overhead.c and
+// bench/overhead/main.go run the same loop, 2 ranks on shm, alternating,
+// RVMA_CAPI_BENCH_RUNS times each (default 3); it prints every run and
+// the medians.
+func TestOverhead(t *testing.T) {
+	if os.Getenv("RVMA_CAPI_BENCH") != "1" {
+		t.Skip("RVMA_CAPI_BENCH=1 runs the overhead benchmark (make perf-capi)")
+	}
+	dir := built(t)
+	if out, err := exec.Command(cc(), "-O2", "-Iinclude", "-o", filepath.Join(dir, "overhead-c"), "bench/overhead.c",
+		"-L"+dir, "-lrvma", "-Wl,-rpath,"+dir).CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if out, err := exec.Command("go", "build", "-o", filepath.Join(dir, "overhead-go"), "./bench/overhead").CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	runs := 3
+	fmt.Sscan(os.Getenv("RVMA_CAPI_BENCH_RUNS"), &runs)
+	iters := "1000000"
+	if s := os.Getenv("RVMA_CAPI_BENCH_ITERS"); s != "" {
+		iters = s
+	}
+	measure := func(bin, op string) float64 {
+		out, err := exec.Command(filepath.Join(dir, "rvmarun"), "-n", "2", "--provider", "shm", "--tag-output=false",
+			filepath.Join(dir, bin), op, iters).CombinedOutput()
+		var ns float64
+		var name string
+		var n int
+		if err == nil {
+			_, err = fmt.Sscanf(strings.TrimSpace(string(out)), "%s %d %g ns/iteration", &name, &n, &ns)
+		}
+		if err != nil {
+			t.Fatalf("%s %s: %v\n%s", bin, op, err, out)
+		}
+		return ns
+	}
+	median := func(v []float64) float64 {
+		s := slices.Sorted(slices.Values(v))
+		return s[len(s)/2]
+	}
+	for _, op := range []string{"rank", "putflush", "fopflush"} {
+		var c, g []float64
+		for range runs {
+			c = append(c, measure("overhead-c", op))
+			g = append(g, measure("overhead-go", op))
+		}
+		t.Logf("%-8s C  %v ns/iteration", op, c)
+		t.Logf("%-8s Go %v ns/iteration", op, g)
+		t.Logf("%-8s median C %.1f, Go %.1f: C adds %.1f ns per iteration (minima %.1f, %.1f: %.1f)", op,
+			median(c), median(g), median(c)-median(g), slices.Min(c), slices.Min(g), slices.Min(c)-slices.Min(g))
+	}
+}
