@@ -8,8 +8,11 @@
  * Conventions
  *
  *   Errors. Every function returns RVMA_SUCCESS (0) or one of the rvma_error
- *   codes below; it changes its output arguments only on success (except
- *   rvma_recv's length on RVMA_ERR_TRUNCATE). rvma_strerror(code) names a
+ *   codes below; it changes its output arguments only on success, except
+ *   rvma_recv's length on RVMA_ERR_TRUNCATE and the handles that
+ *   rvma_win_free and the request calls free whatever the outcome (the
+ *   window or request is gone even when its operation failed).
+ *   rvma_strerror(code) names a
  *   code; rvma_last_error_message() is the full message of the last call
  *   that failed on the calling thread (the operation, the rank and the
  *   cause), valid until that thread's next failing call.
@@ -192,7 +195,7 @@ int rvma_init(rvma_comm *world);
 
 /* Ends the world communicator (collective: waits for every rank, bounded
  * once an operation failed). Windows not freed are released; every handle
- * becomes invalid. */
+ * becomes invalid. Call it when no other thread is inside the library. */
 int rvma_finalize(void);
 
 /* Whether rvma_init, resp. rvma_finalize, has succeeded (callable any
@@ -320,8 +323,8 @@ int rvma_rfetch_and_op(rvma_win win, const void *origin, void *result, rvma_data
 int rvma_rcompare_and_swap(rvma_win win, const void *origin, const void *compare, void *result,
                            rvma_datatype dt, int target, int64_t disp, rvma_request *req);
 
-/* Waits for a request and frees it (*req becomes RVMA_REQUEST_NULL; a null
- * request returns at once). */
+/* Waits for a request and frees it (*req becomes RVMA_REQUEST_NULL, also
+ * when the operation failed; a null request returns at once). */
 int rvma_request_wait(rvma_request *req);
 /* Whether a request has completed, without blocking; if so it is freed as
  * by rvma_request_wait (and *flag is 1; a null request is complete). */
