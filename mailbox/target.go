@@ -611,13 +611,7 @@ func (w *Window) Rewind(k int) (epoch.Record, error) {
 // Poll returns the next completion record of this window, if there is one.
 func (w *Window) Poll() (epoch.Record, bool) {
 	w.mu.Lock()
-	if v := atomic.LoadUint32(w.box.WakeWord()); v != w.seenWake.Load() {
-		// Initiators on the host completed epochs in the box.
-		w.seenWake.Store(v)
-		w.box.Lock()
-		w.settle()
-		w.box.Unlock()
-	}
+	w.settleShared()
 	if w.pendHd == len(w.pending) {
 		w.mu.Unlock()
 		return epoch.Record{}, false
@@ -632,9 +626,29 @@ func (w *Window) Poll() (epoch.Record, bool) {
 	return r, true
 }
 
+// settleShared completes the epochs that initiators on the host completed
+// in the box since it last looked; w.mu is held.
+func (w *Window) settleShared() {
+	if v := atomic.LoadUint32(w.box.WakeWord()); v != w.seenWake.Load() {
+		w.seenWake.Store(v)
+		w.box.Lock()
+		w.settle()
+		w.box.Unlock()
+	}
+}
+
 // Pending returns the number of completion records not yet taken by Poll
-// or Wait.
-func (w *Window) Pending() int { return int(w.npend.Load()) }
+// or Wait, those of epochs that initiators on the host completed in a
+// shared window included (they count only once settled: without that, a
+// caller that polls Pending before Poll would wait for them forever).
+func (w *Window) Pending() int {
+	if atomic.LoadUint32(w.box.WakeWord()) != w.seenWake.Load() {
+		w.mu.Lock()
+		w.settleShared()
+		w.mu.Unlock()
+	}
+	return int(w.npend.Load())
+}
 
 // ready reports, without the lock, whether Poll may have a record.
 func (w *Window) ready() bool {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 	"unsafe"
@@ -332,6 +333,46 @@ func TestNotifiedWindow(t *testing.T) {
 				}
 				if _, ok, err := w.TestEpoch(); ok || err != nil {
 					return fmt.Errorf("an epoch nobody put into: %v %v", ok, err)
+				}
+				return w.Free(ctx)
+			})
+		})
+	}
+}
+
+// TestEpoch must see epochs that origins of this host completed in the
+// shared mailbox themselves (no packet, nothing for the device to
+// deliver): polling it alone, with no WaitEpoch, completes every epoch.
+func TestTestEpochOnShm(t *testing.T) {
+	for _, prov := range []string{"loop", "shm"} {
+		t.Run(prov, func(t *testing.T) {
+			comms := newWorld(t, 2, &Config{Provider: prov})
+			each(t, comms, func(ctx context.Context, c *Comm) error {
+				peer := 1 - c.Rank()
+				w, err := c.Allocate(ctx, 32, &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{peer: 8}}})
+				if err != nil {
+					return err
+				}
+				for e := 1; e <= 5; e++ {
+					if err := w.Put(ctx, u64(uint64(e)), peer, 8*(e%4)); err != nil {
+						return err
+					}
+					for {
+						got, ok, err := w.TestEpoch()
+						if err != nil {
+							return err
+						}
+						if ok {
+							if got != uint64(e) {
+								return fmt.Errorf("epoch %d reported as %d", e, got)
+							}
+							break
+						}
+						if ctx.Err() != nil {
+							return fmt.Errorf("epoch %d never tested complete", e)
+						}
+						runtime.Gosched()
+					}
 				}
 				return w.Free(ctx)
 			})

@@ -32,8 +32,8 @@ var layer = map[string]int{
 	"rma":               5,
 }
 
-// top is the layer of commands, examples and scripts: they may import
-// anything (but a provider).
+// top is the layer of commands, examples, scripts and the C API (capi):
+// they may import anything (but a provider).
 const top = 9
 
 var providers = map[string]bool{"internal/loopfab": true, "internal/udpfab": true, "internal/shmfab": true}
@@ -48,7 +48,12 @@ func layerOf(p string) int {
 	if l, ok := layer[p]; ok {
 		return l
 	}
-	for _, pre := range []string{"cmd/", "examples/", "scripts/"} {
+	// capi is librvma, a command (package main) built as a library: it
+	// stands above everything it exports, as the commands do.
+	if p == "capi" {
+		return top
+	}
+	for _, pre := range []string{"cmd/", "examples/", "scripts/", "capi/"} {
 		if strings.HasPrefix(p, pre) {
 			return top
 		}

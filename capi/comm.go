@@ -1,0 +1,337 @@
+package main
+
+/*
+#define RVMA_TYPES_ONLY
+#include "rvma.h"
+#include "helpers.h"
+*/
+import "C"
+
+import (
+	"sync"
+	"unsafe"
+
+	"github.com/rvma/rvma/rma"
+)
+
+var (
+	comms    = table[*rma.Comm]{kind: kindComm}
+	stateMu  sync.Mutex // serialises init and finalize
+	world    *rma.Comm
+	finished bool
+)
+
+func commOf(h C.rvma_comm) (*rma.Comm, error) {
+	c, ok := comms.get(uint64(h))
+	if !ok {
+		return nil, errorf(codeHandle, "invalid communicator handle %#x", uint64(h))
+	}
+	return c, nil
+}
+
+//export rvma_init
+func rvma_init(out *C.rvma_comm) C.int {
+	if out == nil {
+		return fail(errorf(codeArg, "rvma_init: world is NULL"))
+	}
+	stateMu.Lock()
+	defer stateMu.Unlock()
+	if world != nil || finished {
+		return fail(errorf(codeState, "rvma_init: called already"))
+	}
+	c, err := rma.Init(bg, nil)
+	if err != nil {
+		return fail(err)
+	}
+	h, ok := comms.add(c)
+	if !ok {
+		c.Close(bg)
+		return fail(errorf(codeResource, "rvma_init: no communicator handle left"))
+	}
+	world = c
+	*out = C.rvma_comm(h)
+	return codeOK
+}
+
+//export rvma_finalize
+func rvma_finalize() C.int {
+	stateMu.Lock()
+	defer stateMu.Unlock()
+	if world == nil {
+		return fail(errorf(codeState, "rvma_finalize: not initialized"))
+	}
+	// Handles go first, so that a call racing with finalize fails cleanly.
+	reqs.drain()
+	ws := wins.drain()
+	comms.drain()
+	err := world.Close(bg)
+	// Memory this library allocated for windows outlives the device's
+	// accesses to it: Close has torn the device down.
+	for _, w := range ws {
+		w.freeMem()
+	}
+	world, finished = nil, true
+	return result(err)
+}
+
+//export rvma_initialized
+func rvma_initialized(flag *C.int) C.int {
+	if flag == nil {
+		return fail(errorf(codeArg, "rvma_initialized: flag is NULL"))
+	}
+	stateMu.Lock()
+	defer stateMu.Unlock()
+	*flag = boolInt(world != nil || finished)
+	return codeOK
+}
+
+//export rvma_finalized
+func rvma_finalized(flag *C.int) C.int {
+	if flag == nil {
+		return fail(errorf(codeArg, "rvma_finalized: flag is NULL"))
+	}
+	stateMu.Lock()
+	defer stateMu.Unlock()
+	*flag = boolInt(finished)
+	return codeOK
+}
+
+func boolInt(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+//export rvma_comm_rank
+func rvma_comm_rank(h C.rvma_comm, rank *C.int) C.int {
+	c, err := commOf(h)
+	if err == nil {
+		err = outArg("rvma_comm_rank", "rank", unsafe.Pointer(rank))
+	}
+	if err != nil {
+		return fail(err)
+	}
+	*rank = C.int(c.Rank())
+	return codeOK
+}
+
+//export rvma_comm_size
+func rvma_comm_size(h C.rvma_comm, size *C.int) C.int {
+	c, err := commOf(h)
+	if err == nil {
+		err = outArg("rvma_comm_size", "size", unsafe.Pointer(size))
+	}
+	if err != nil {
+		return fail(err)
+	}
+	*size = C.int(c.Size())
+	return codeOK
+}
+
+//export rvma_comm_transport
+func rvma_comm_transport(h C.rvma_comm, rank C.int, name **C.char) C.int {
+	c, err := commOf(h)
+	if err == nil {
+		err = outArg("rvma_comm_transport", "name", unsafe.Pointer(name))
+	}
+	if err == nil && (rank < 0 || int(rank) >= c.Size()) {
+		err = errorf(codeRank, "rvma_comm_transport: rank %d of %d", int(rank), c.Size())
+	}
+	if err != nil {
+		return fail(err)
+	}
+	// C's static strings: a Go string's bytes may not be kept by C.
+	i := 0
+	switch c.Transport(int(rank)) {
+	case "shm":
+		i = 1
+	case "udp":
+		i = 2
+	case "loop":
+		i = 3
+	}
+	*name = C.rvma__transport_name(C.int(i))
+	return codeOK
+}
+
+//export rvma_barrier
+func rvma_barrier(h C.rvma_comm) C.int {
+	c, err := commOf(h)
+	if err != nil {
+		return fail(err)
+	}
+	return result(c.Barrier(bg))
+}
+
+//export rvma_bcast
+func rvma_bcast(h C.rvma_comm, root C.int, buf unsafe.Pointer, n C.size_t) C.int {
+	c, err := commOf(h)
+	if err != nil {
+		return fail(err)
+	}
+	b, err := cbytes("rvma_bcast", "buf", buf, n)
+	if err != nil {
+		return fail(err)
+	}
+	return result(c.Bcast(bg, int(root), b))
+}
+
+//export rvma_allgather
+func rvma_allgather(h C.rvma_comm, mine unsafe.Pointer, n C.size_t, out unsafe.Pointer) C.int {
+	c, err := commOf(h)
+	if err != nil {
+		return fail(err)
+	}
+	in, err := cbytes("rvma_allgather", "mine", mine, n)
+	if err != nil {
+		return fail(err)
+	}
+	if uint64(n) > maxLen/uint64(c.Size()) {
+		return fail(errorf(codeArg, "rvma_allgather: %d bytes from %d ranks do not fit the address space", uint64(n), c.Size()))
+	}
+	dst, err := cbytes("rvma_allgather", "out", out, n*C.size_t(c.Size()))
+	if err != nil {
+		return fail(err)
+	}
+	all, err := c.Allgather(bg, in)
+	if err != nil {
+		return fail(err)
+	}
+	for r, b := range all {
+		if len(b) != len(in) {
+			return fail(errorf(codeDatatype, "rvma_allgather: rank %d gave %d bytes, this rank %d", r, len(b), len(in)))
+		}
+	}
+	for r, b := range all {
+		copy(dst[r*len(in):], b)
+	}
+	return codeOK
+}
+
+func reduceOp(op C.rvma_op) (rma.ReduceOp, error) {
+	switch op {
+	case C.RVMA_SUM:
+		return rma.ReduceSum, nil
+	case C.RVMA_MIN:
+		return rma.ReduceMin, nil
+	case C.RVMA_MAX:
+		return rma.ReduceMax, nil
+	case C.RVMA_PROD, C.RVMA_BAND, C.RVMA_BOR, C.RVMA_BXOR, C.RVMA_REPLACE, C.RVMA_NO_OP:
+		return 0, errorf(codeUnsupported, "allreduce: operation %d is not a reduction rvma implements (sum, min, max)", int(op))
+	}
+	return 0, errorf(codeArg, "allreduce: unknown operation %d", int(op))
+}
+
+//export rvma_allreduce_int64
+func rvma_allreduce_int64(h C.rvma_comm, op C.rvma_op, vals *C.int64_t, count C.size_t) C.int {
+	c, err := commOf(h)
+	if err != nil {
+		return fail(err)
+	}
+	rop, err := reduceOp(op)
+	if err != nil {
+		return fail(err)
+	}
+	b, err := elems("rvma_allreduce_int64", "vals", unsafe.Pointer(vals), count, 8)
+	if err != nil {
+		return fail(err)
+	}
+	var v []int64
+	if len(b) > 0 {
+		v = unsafe.Slice((*int64)(unsafe.Pointer(vals)), int(count))
+	}
+	return result(c.AllreduceInt64(bg, rop, v))
+}
+
+//export rvma_allreduce_double
+func rvma_allreduce_double(h C.rvma_comm, op C.rvma_op, vals *C.double, count C.size_t) C.int {
+	c, err := commOf(h)
+	if err != nil {
+		return fail(err)
+	}
+	rop, err := reduceOp(op)
+	if err != nil {
+		return fail(err)
+	}
+	b, err := elems("rvma_allreduce_double", "vals", unsafe.Pointer(vals), count, 8)
+	if err != nil {
+		return fail(err)
+	}
+	var v []float64
+	if len(b) > 0 {
+		v = unsafe.Slice((*float64)(unsafe.Pointer(vals)), int(count))
+	}
+	return result(c.AllreduceFloat64(bg, rop, v))
+}
+
+func checkTag(what string, tag C.int) error {
+	if tag < 0 || tag > C.RVMA_TAG_UB {
+		return errorf(codeArg, "%s: tag %d outside 0..%d", what, int(tag), C.RVMA_TAG_UB)
+	}
+	return nil
+}
+
+//export rvma_send
+func rvma_send(h C.rvma_comm, dst, tag C.int, buf unsafe.Pointer, n C.size_t) C.int {
+	c, err := commOf(h)
+	if err == nil {
+		err = checkTag("rvma_send", tag)
+	}
+	var b []byte
+	if err == nil {
+		b, err = cbytes("rvma_send", "buf", buf, n)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	return result(c.Send(bg, int(dst), int(tag), b))
+}
+
+//export rvma_isend
+func rvma_isend(h C.rvma_comm, dst, tag C.int, buf unsafe.Pointer, n C.size_t, req *C.rvma_request) C.int {
+	c, err := commOf(h)
+	if err == nil {
+		err = checkTag("rvma_isend", tag)
+	}
+	if err == nil {
+		err = outArg("rvma_isend", "req", unsafe.Pointer(req))
+	}
+	var b []byte
+	if err == nil {
+		b, err = cbytes("rvma_isend", "buf", buf, n)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	r, err := c.Isend(bg, int(dst), int(tag), b)
+	return request(r, err, req)
+}
+
+//export rvma_recv
+func rvma_recv(h C.rvma_comm, src, tag C.int, buf unsafe.Pointer, capacity C.size_t, n *C.size_t) C.int {
+	c, err := commOf(h)
+	if err == nil {
+		err = checkTag("rvma_recv", tag)
+	}
+	if err == nil {
+		err = outArg("rvma_recv", "len", unsafe.Pointer(n))
+	}
+	var b []byte
+	if err == nil {
+		b, err = cbytes("rvma_recv", "buf", buf, capacity)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	m, err := c.Recv(bg, int(src), int(tag))
+	if err != nil {
+		return fail(err)
+	}
+	copy(b, m)
+	*n = C.size_t(len(m))
+	if len(m) > len(b) {
+		return fail(errorf(codeTruncate, "rvma_recv: a message of %d bytes from rank %d into %d", len(m), int(src), len(b)))
+	}
+	return codeOK
+}
