@@ -595,10 +595,24 @@ func TestUDPMTU(t *testing.T) {
 // Once an operation failed, Close does not wait for ranks that may never
 // come longer than Config.CloseTimeout, and says so.
 func TestCloseBoundedAfterFailure(t *testing.T) {
-	comms, err := NewWorld(context.Background(), 3, &Config{Provider: "loop", CloseTimeout: 100 * time.Millisecond,
+	for _, tc := range []struct {
+		prov    string
+		n, dead int
+	}{{"loop", 2, 1}, {"loop", 3, 2}, {"loop", 5, 0}, {"loop", 7, 4}, {"udp", 3, 1}, {"shm", 4, 2}} {
+		t.Run(fmt.Sprintf("%s/%d-ranks-%d-dead", tc.prov, tc.n, tc.dead), func(t *testing.T) {
+			closeBoundedAfterFailure(t, tc.prov, tc.n, tc.dead)
+		})
+	}
+}
+
+// closeBoundedAfterFailure: once a rank is gone, each other rank's put
+// toward it fails at its flush with ErrPeer, and Close returns in bounded
+// time with an error (it does not wait in a barrier for the dead rank).
+func closeBoundedAfterFailure(t *testing.T, prov string, n, dead int) {
+	comms, err := NewWorld(context.Background(), n, &Config{Provider: prov, CloseTimeout: 100 * time.Millisecond,
 		Connect: verbs.ConnectConfig{Timeout: time.Millisecond, RetryCount: 2}})
 	require.NoError(t, err)
-	wins := make([]*Win, 3)
+	wins := make([]*Win, n)
 	each(t, comms, func(ctx context.Context, c *Comm) error {
 		var err error
 		if wins[c.Rank()], err = c.Allocate(ctx, 64, nil); err != nil {
@@ -606,26 +620,29 @@ func TestCloseBoundedAfterFailure(t *testing.T) {
 		}
 		return wins[c.Rank()].Fence(ctx, 0)
 	})
-	comms[2].teardown() // rank 2 dies
+	comms[dead].teardown()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	errs := make(chan error, 2)
+	errs := make(chan error, n)
 	t0 := time.Now()
-	for r := range 2 {
+	for r := range n {
+		if r == dead {
+			continue
+		}
 		go func() {
 			w := wins[r]
-			if err := w.Put(ctx, u64(1), 2, 0); err != nil {
-				errs <- err
+			if err := w.Put(ctx, u64(1), dead, 0); err != nil && !errors.Is(err, ErrPeer) {
+				errs <- fmt.Errorf("put to the dead rank: %v", err)
 				return
 			}
-			if err := w.Flush(ctx, 2); !errors.Is(err, ErrPeer) {
+			if err := w.Flush(ctx, dead); !errors.Is(err, ErrPeer) {
 				errs <- fmt.Errorf("flush to the dead rank: %v, want ErrPeer", err)
 				return
 			}
 			errs <- comms[r].Close(ctx)
 		}()
 	}
-	for range 2 {
+	for range n - 1 {
 		err := <-errs
 		require.Error(t, err)
 		var oe *OpError
