@@ -11,10 +11,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// rss is the process's resident set in bytes.
+// rss is the process's resident set in bytes (0 where /proc is missing).
 func rss(t *testing.T) int64 {
 	b, err := os.ReadFile("/proc/self/statm")
-	require.NoError(t, err)
+	if err != nil {
+		t.Skip("no /proc/self/statm to measure with")
+	}
 	f := strings.Fields(string(b))
 	pages, err := strconv.ParseInt(f[1], 10, 64)
 	require.NoError(t, err)
@@ -24,13 +26,16 @@ func rss(t *testing.T) int64 {
 // TestMemoryPerPeer reports what one connected peer costs a rank: a world
 // of ranks in this process, every rank connected to every other by a put,
 // the resident memory before and after divided by the connections (each
-// side of a pair counts once). A figure, not a check (set RVMA_MEMPEER=1;
-// make perf-mem).
+// side of a pair counts once), checked against the goal of 1 MiB (a
+// bound twenty times what it measures, so a loaded machine does not fail
+// it; preallocated send queues did, at 4.3 MiB).
 func TestMemoryPerPeer(t *testing.T) {
-	if os.Getenv("RVMA_MEMPEER") == "" {
-		t.Skip("a measurement: set RVMA_MEMPEER=1 (make perf-mem)")
+	// make perf-mem measures 16 ranks; make test checks 8 against the
+	// goal of at most 1 MiB a connected peer (it was 4.3 MiB over udp).
+	n := 8
+	if os.Getenv("RVMA_MEMPEER") != "" {
+		n = 16
 	}
-	const n = 16
 	for _, prov := range []string{"udp", "shm"} {
 		t.Run(prov, func(t *testing.T) {
 			comms := newWorld(t, n, &Config{Provider: prov})
@@ -67,6 +72,7 @@ func TestMemoryPerPeer(t *testing.T) {
 			require.Positive(t, conns)
 			t.Logf("%s: %d ranks, %d connections (ends): %.0f KiB resident per connected peer (%d MiB before, %d MiB after)",
 				prov, n, conns, float64(after-before)/float64(conns)/1024, before>>20, after>>20)
+			require.Less(t, after-before, int64(conns)<<20, "at most 1 MiB of resident memory a connected peer")
 		})
 	}
 }
