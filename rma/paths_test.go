@@ -419,6 +419,20 @@ func TestPathsConfig(t *testing.T) {
 	t.Setenv(EnvPaths, "two")
 	_, err = (&Config{}).fromEnv()
 	require.ErrorIs(t, err, ErrBootstrap)
+	t.Setenv(EnvPaths, "")
+
+	// rvmarun --rc-timeout reaches the ranks as RVMA_RC_TIMEOUT; a value
+	// in the Config wins.
+	t.Setenv(EnvRCTimeout, "150ms")
+	env, err = (&Config{}).fromEnv()
+	require.NoError(t, err)
+	require.Equal(t, 150*time.Millisecond, env.Connect.Timeout)
+	env, err = (&Config{Connect: verbs.ConnectConfig{Timeout: time.Second}}).fromEnv()
+	require.NoError(t, err)
+	require.Equal(t, time.Second, env.Connect.Timeout)
+	t.Setenv(EnvRCTimeout, "soon")
+	_, err = (&Config{}).fromEnv()
+	require.ErrorIs(t, err, ErrBootstrap)
 }
 
 // Over a real namespace testbed with two paths shaped to 100 Mbit/s, the

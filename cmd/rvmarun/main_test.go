@@ -36,6 +36,9 @@ const envRole = "RVMARUN_TEST_ROLE"
 func TestMain(m *testing.M) {
 	if role := os.Getenv(envRole); role == "transport" {
 		os.Exit(reportTransports())
+	} else if role == "env" {
+		fmt.Printf("%s=%s\n", rma.EnvRCTimeout, os.Getenv(rma.EnvRCTimeout))
+		os.Exit(0)
 	} else if role != "" {
 		playRank(role)
 		return
@@ -539,4 +542,15 @@ func TestKeyHiddenFromOtherUsers(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(env), launch.EnvKey+"=")
 	killLauncher(t, cmd, pids)
+}
+
+// --rc-timeout reaches every rank's environment (rma.Init reads it).
+func TestRCTimeoutFlag(t *testing.T) {
+	self, err := os.Executable()
+	require.NoError(t, err)
+	cmd := exec.Command(filepath.Join(bins, "rvmarun"), "-n", "2", "--rc-timeout", "150ms", self)
+	cmd.Env = append(os.Environ(), envRole+"=env")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Equal(t, 2, strings.Count(string(out), rma.EnvRCTimeout+"=150ms"), "%s", out)
 }
