@@ -127,12 +127,22 @@ func (m *msgState) init() {
 // post posts wrs on qp, progressing the device while its send queue is
 // full. It never waits for a completion, so it may run in the receive
 // handler.
+// cqDrainAt is the number of completions waiting in the CQ from which a
+// post takes them itself: a quarter of its capacity (1<<16).
+const cqDrainAt = 1 << 14
+
 func (c *Comm) post(qp *verbs.QP, wrs []verbs.SendWR) (int, error) {
 	done := 0
 	for i := 0; done < len(wrs); i++ {
 		n, err := qp.PostSend(wrs[done:])
 		done += n
 		if err == nil {
+			if c.cq.Len() > cqDrainAt {
+				// Completions pile up when nothing waits (a stream of
+				// FetchAndOps with no flush, as MPI allows): take them
+				// before the CQ overruns.
+				c.eng.Progress()
+			}
 			continue
 		}
 		if !isQueueFull(err) || c.closed() {

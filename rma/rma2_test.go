@@ -722,3 +722,34 @@ func deadRankFailsEveryone(t *testing.T, n, dead int) {
 		}
 	}
 }
+
+// More FetchAndOps than the CQ holds, with no flush between them (MPI puts
+// no bound on operations outstanding): the completions are taken as they
+// pile up, and the flush then finds every result in place.
+func TestManyAtomicsNoFlush(t *testing.T) {
+	for _, prov := range []string{"shm", "loop"} {
+		t.Run(prov, func(t *testing.T) {
+			comms := newWorld(t, 2, &Config{Provider: prov})
+			ctx := context.Background()
+			var w *Win
+			each(t, comms, func(ctx context.Context, c *Comm) error {
+				win, err := c.Allocate(ctx, 64, nil)
+				if c.Rank() == 0 {
+					w = win
+				}
+				return err
+			})
+			require.NoError(t, w.LockAll(ctx))
+			const n = 1<<16 + 10000
+			res := make([]byte, 8)
+			for i := range n {
+				require.NoError(t, w.FetchAndOp(ctx, u64(1), res, Int64, Sum, 1, 0), "op %d", i)
+			}
+			require.NoError(t, w.Flush(ctx, 1))
+			require.NoError(t, w.FetchAndOp(ctx, u64(0), res, Int64, NoOp, 1, 0))
+			require.NoError(t, w.Flush(ctx, 1))
+			require.Equal(t, int64(n), i64(res))
+			require.NoError(t, w.UnlockAll(ctx))
+		})
+	}
+}
