@@ -1,6 +1,7 @@
 package multipath
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -66,7 +67,20 @@ type Config struct {
 	// mailbox's errors passes mailbox.CompletionError: the mailbox layer
 	// sits above this one.
 	Err func(*verbs.WorkCompletion) error
+	// PrivateData travels to the peer once, in path 0's handshake, and
+	// the peer reads it with Conn.PeerData: the way to tell it where to
+	// write (an address and a remote key). At most MaxPrivateData bytes;
+	// default none. A Listener's goes to every peer that connects.
+	PrivateData []byte
 }
+
+// MaxPrivateData is the most Config.PrivateData carries: the connection
+// manager's limit less the path's own hello.
+const MaxPrivateData = 1024 - helloLen
+
+// helloLen is the size of a path's hello: magic, connection id, path,
+// paths, the probe region's address and key.
+const helloLen = 28
 
 func (c *Config) defaults(gids int) Config {
 	var d Config
@@ -142,6 +156,7 @@ type Conn struct {
 	probe     *verbs.MR
 	probeMu   sync.Mutex
 	peerProbe [12]byte // address and rkey
+	peerData  []byte   // the peer's Config.PrivateData
 
 	// guarded by the engine's lock (completions update them)
 	paths []pathStats
@@ -194,6 +209,10 @@ func hello(id uint64, path, paths int, probe []byte) []byte {
 	return append(b, probe...)
 }
 
+// PeerData is the peer's Config.PrivateData, as it was when the
+// connection was made (nil if it sent none). The slice is the caller's.
+func (c *Conn) PeerData() []byte { return bytes.Clone(c.peerData) }
+
 // probeRef is our probe region as the peer addresses it.
 func (c *Conn) probeRef() []byte {
 	b := binary.BigEndian.AppendUint64(nil, c.probe.Addr())
@@ -241,6 +260,9 @@ func Dial(ctx context.Context, pd *verbs.PD, address string, cfg *Config) (*Conn
 	if conf.Paths < 1 || conf.Paths > 64 {
 		return nil, fmt.Errorf("multipath: %d paths, want 1..64", conf.Paths)
 	}
+	if len(conf.PrivateData) > MaxPrivateData {
+		return nil, fmt.Errorf("multipath: private data of %d bytes, max %d", len(conf.PrivateData), MaxPrivateData)
+	}
 	c, err := newConn(pd, conf)
 	if err != nil {
 		return nil, err
@@ -252,9 +274,16 @@ func Dial(ctx context.Context, pd *verbs.PD, address string, cfg *Config) (*Conn
 		qp, err := c.newQP(i)
 		if err == nil {
 			var res *cm.Result
-			res, err = cm.Dial(ctx, address, qp, &cm.Config{Connect: &conf.Connect, PrivateData: hello(id, i, conf.Paths, c.probeRef()), Key: conf.Key})
-			if err == nil && len(res.PrivateData) == len(c.peerProbe) {
+			h := hello(id, i, conf.Paths, c.probeRef())
+			if i == 0 {
+				h = append(h, conf.PrivateData...)
+			}
+			res, err = cm.Dial(ctx, address, qp, &cm.Config{Connect: &conf.Connect, PrivateData: h, Key: conf.Key})
+			if err == nil && len(res.PrivateData) >= len(c.peerProbe) {
 				copy(c.peerProbe[:], res.PrivateData)
+				if i == 0 {
+					c.peerData = bytes.Clone(res.PrivateData[len(c.peerProbe):])
+				}
 			}
 		}
 		if err != nil {
@@ -306,6 +335,9 @@ func Listen(ctx context.Context, pd *verbs.PD, address string, cfg *Config) (*Li
 	var key []byte
 	if cfg != nil {
 		key = cfg.Key
+		if len(cfg.PrivateData) > MaxPrivateData {
+			return nil, fmt.Errorf("multipath: private data of %d bytes, max %d", len(cfg.PrivateData), MaxPrivateData)
+		}
 	}
 	ln, err := cm.Listen(ctx, address, &cm.ListenerConfig{Key: key})
 	if err != nil {
@@ -352,7 +384,7 @@ func (l *Listener) serve() {
 			return
 		}
 		p := req.PrivateData()
-		if len(p) != 28 || binary.BigEndian.Uint32(p) != magic {
+		if len(p) < helloLen || binary.BigEndian.Uint32(p) != magic {
 			req.Reject("not a multipath connection")
 			continue
 		}
@@ -382,7 +414,14 @@ func (l *Listener) serve() {
 		qp, err := c.newQP(path)
 		if err == nil {
 			copy(c.peerProbe[:], p[16:])
-			err = req.Accept(actx, qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: c.probeRef()})
+			reply := c.probeRef()
+			if path == 0 {
+				c.peerData = bytes.Clone(p[helloLen:])
+				if l.cfg != nil {
+					reply = append(reply, l.cfg.PrivateData...)
+				}
+			}
+			err = req.Accept(actx, qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: reply})
 		}
 		acancel()
 		if err != nil {

@@ -332,3 +332,42 @@ func TestAtomics(t *testing.T) {
 	require.Equal(t, uint64(42), binary.LittleEndian.Uint64(a.buf[8:]))
 	require.Equal(t, uint64(7), binary.LittleEndian.Uint64(b.buf))
 }
+
+// Private data crosses once, both ways, up to MaxPrivateData; more is
+// refused before anything is sent.
+func TestPrivateData(t *testing.T) {
+	ctx := context.Background()
+	devA, err := verbs.Open(ctx, "loop://mp-private?gids=2", nil)
+	require.NoError(t, err)
+	defer devA.Close()
+	devB, err := verbs.Open(ctx, "loop://mp-private?gids=2", nil)
+	require.NoError(t, err)
+	defer devB.Close()
+	pdA, _ := devA.AllocPD()
+	pdB, _ := devB.AllocPD()
+	big := bytes.Repeat([]byte{0xAB}, multipath.MaxPrivateData+1)
+	_, err = multipath.Listen(ctx, pdB, "127.0.0.1:0", &multipath.Config{PrivateData: big})
+	require.ErrorContains(t, err, "private data")
+	fromB := bytes.Repeat([]byte("B"), multipath.MaxPrivateData)
+	ln, err := multipath.Listen(ctx, pdB, "127.0.0.1:0", &multipath.Config{PrivateData: fromB})
+	require.NoError(t, err)
+	defer ln.Close()
+	_, err = multipath.Dial(ctx, pdA, ln.Addr(), &multipath.Config{PrivateData: big})
+	require.ErrorContains(t, err, "private data")
+	accepted := make(chan *multipath.Conn, 1)
+	go func() {
+		c, _ := ln.Accept(ctx)
+		accepted <- c
+	}()
+	fromA := []byte("from A")
+	conn, err := multipath.Dial(ctx, pdA, ln.Addr(), &multipath.Config{PrivateData: fromA})
+	require.NoError(t, err)
+	defer conn.Close()
+	peer := <-accepted
+	require.NotNil(t, peer)
+	defer peer.Close()
+	require.Equal(t, fromB, conn.PeerData())
+	require.Equal(t, fromA, peer.PeerData())
+	conn.PeerData()[0] = 'X' // the caller's copy
+	require.Equal(t, fromB, conn.PeerData())
+}

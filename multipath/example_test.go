@@ -103,12 +103,12 @@ func connect(fabric string, cfg *multipath.Config) (pdA, pdB *verbs.PD, conn, pe
 	}
 }
 
-// Dial and Listen carry no application data (multipath's handshake uses
-// the connection manager's private data for itself), so the target tells
-// the initiator where to write with a two-sided message once connected:
-// the initiator posts a receive (PostRecv), the target sends its buffer's
-// address and rkey (Send), the initiator takes it (Recv) and writes. Both
-// sides hold the same Key, which authenticates every path's handshake.
+// Once connected, the target can also tell the initiator where to write
+// with a two-sided message (ExampleConn_PeerData passes it in the
+// handshake instead): the initiator posts a receive (PostRecv), the target
+// sends its buffer's address and rkey (Send), the initiator takes it (Recv)
+// and writes. Both sides hold the same Key, which authenticates every
+// path's handshake.
 func ExampleConn_Write() {
 	ctx := context.Background()
 	cfg := &multipath.Config{Key: []byte("this job's shared key, 32 bytes.")}
@@ -153,6 +153,62 @@ func ExampleConn_Write() {
 	// Output:
 	// message 1 of 12 bytes
 	// 262144 bytes written: true
+}
+
+// The target's listener hands every initiator its buffer's address and
+// rkey in the handshake (Config.PrivateData); the initiator reads them
+// with PeerData and writes, with no message first.
+func ExampleConn_PeerData() {
+	ctx := context.Background()
+	devA, _ := verbs.Open(ctx, "loop://multipath-example-peerdata?gids=2", nil)
+	defer devA.Close()
+	devB, _ := verbs.Open(ctx, "loop://multipath-example-peerdata?gids=2", nil)
+	defer devB.Close()
+	pdA, _ := devA.AllocPD()
+	pdB, _ := devB.AllocPD()
+
+	// Target: memory the initiator may write, announced by the listener.
+	dst := make([]byte, 128<<10)
+	dstMR, _ := pdB.RegisterMR(dst, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	ref := binary.BigEndian.AppendUint64(nil, dstMR.Addr())
+	ref = binary.BigEndian.AppendUint32(ref, dstMR.RKey())
+	ln, err := multipath.Listen(ctx, pdB, "127.0.0.1:0", &multipath.Config{PrivateData: ref})
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	accepted := make(chan *multipath.Conn, 1)
+	go func() {
+		c, _ := ln.Accept(ctx)
+		accepted <- c
+	}()
+
+	// Initiator: its hello may carry data too (the target reads it with
+	// PeerData on the accepted Conn).
+	conn, err := multipath.Dial(ctx, pdA, ln.Addr(), &multipath.Config{PrivateData: []byte("initiator 7")})
+	if err != nil {
+		panic(err)
+	}
+	defer conn.Close()
+	peer := <-accepted
+	defer peer.Close()
+	fmt.Printf("the target was greeted by %q\n", peer.PeerData())
+
+	pd := conn.PeerData()
+	raddr, rkey := binary.BigEndian.Uint64(pd), binary.BigEndian.Uint32(pd[8:])
+	src := bytes.Repeat([]byte("address by hello"), len(dst)/16)
+	srcMR, _ := pdA.RegisterMR(src, 0)
+	req, err := conn.Write(srcMR, 0, len(src), raddr, rkey)
+	if err != nil {
+		panic(err)
+	}
+	if err := req.Wait(ctx); err != nil {
+		panic(err)
+	}
+	fmt.Println(bytes.Equal(src, dst))
+	// Output:
+	// the target was greeted by "initiator 7"
+	// true
 }
 
 // A mailbox put needs no address or key from the target: the initiator
