@@ -273,6 +273,8 @@ func (qp *QP) State() QPState {
 
 // Endpoint returns what a peer needs to connect to this QP.
 func (qp *QP) Endpoint() Endpoint {
+	qp.mu.Lock() // Reset chooses a new PSN and keys
+	defer qp.mu.Unlock()
 	return Endpoint{GID: qp.GID(), QPN: qp.num, PSN: qp.startPSN, MTU: qp.port.MaxPayload(), Secret: qp.localSecret, MACKey: qp.localMACKey}
 }
 
