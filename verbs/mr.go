@@ -125,8 +125,8 @@ func (pd *PD) RegisterMR(buf []byte, access Access) (*MR, error) {
 	for mr.rkey == 0 || rk[mr.rkey] != nil || mr.rkey == mr.lkey {
 		mr.rkey = rand.Uint32()
 	}
-	cow(&d.lkeys, func(m map[uint32]*MR) { m[mr.lkey] = mr })
-	cow(&d.rkeys, func(m map[uint32]*MR) { m[mr.rkey] = mr })
+	cow(d, &d.lkeys, func(m map[uint32]*MR) { m[mr.lkey] = mr })
+	cow(d, &d.rkeys, func(m map[uint32]*MR) { m[mr.rkey] = mr })
 	d.mu.Unlock()
 	mr.export()
 	pd.mu.Lock()
@@ -171,8 +171,8 @@ func (mr *MR) Deregister() error {
 	}
 	d := mr.pd.dev
 	d.mu.Lock()
-	cow(&d.lkeys, func(m map[uint32]*MR) { delete(m, mr.lkey) })
-	cow(&d.rkeys, func(m map[uint32]*MR) { delete(m, mr.rkey) })
+	cow(d, &d.lkeys, func(m map[uint32]*MR) { delete(m, mr.lkey) })
+	cow(d, &d.rkeys, func(m map[uint32]*MR) { delete(m, mr.rkey) })
 	d.mu.Unlock()
 	mr.unexport()
 	for mr.inflight.Load() != 0 {
