@@ -28,6 +28,7 @@
 //     send that may re-enter the engine, before a user's callback);
 //   - AssertHeld panics unless the calling goroutine holds the given
 //     mutex: put it in functions documented as "m is held";
+//     AssertNotHolding panics if it does;
 //   - a Mutex locked again by the goroutine that holds it panics instead
 //     of deadlocking;
 //   - Enter[C] and Exit[C] mark a region of code as holding class C

@@ -41,6 +41,7 @@ func TestRules(t *testing.T) {
 		lockcheck.AssertNotHeld[aLocks]("send")
 		a.Lock()
 		lockcheck.AssertHeld(&a, "a's state")
+		lockcheck.AssertNotHolding(&a2, "a2's rule")
 		lockcheck.AssertNotHeld[bLocks]("b's rule")
 		a.Unlock()
 		lockcheck.AssertNotHeld[aLocks]("send")
@@ -71,6 +72,11 @@ func TestRules(t *testing.T) {
 			lockcheck.AssertNotHeld[aLocks]("Port.Send")
 		}, "holds test: a.mu"},
 		{"held", func() { lockcheck.AssertHeld(&a, "refresh") }, "refresh, but goroutine"},
+		{"holding", func() {
+			a.Lock()
+			defer a.Unlock()
+			lockcheck.AssertNotHolding(&a, "after")
+		}, "after, but goroutine"},
 		{"relock", func() {
 			a.Lock()
 			defer a.Unlock()

@@ -20,6 +20,10 @@ func AssertNotHeld[C Class](rule string) {}
 // m; rule says what needs it.
 func AssertHeld(m *sync.Mutex, rule string) {}
 
+// AssertNotHolding panics, in debug builds, if the calling goroutine holds
+// m; rule says what must not run under it.
+func AssertNotHolding(m *sync.Mutex, rule string) {}
+
 // Enter marks, in debug builds, the calling goroutine as in a region of
 // class C until the matching Exit.
 func Enter[C Class]() {}

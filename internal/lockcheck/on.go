@@ -81,6 +81,14 @@ func AssertHeld(m holder, rule string) {
 	}
 }
 
+// AssertNotHolding panics if the calling goroutine holds m; rule says
+// what must not run under it.
+func AssertNotHolding(m holder, rule string) {
+	if g := goid(); m.heldBy(g) {
+		panic(fmt.Sprintf("rvmadebug: %s, but goroutine %d holds that %s", rule, g, m.class()))
+	}
+}
+
 // Enter marks the calling goroutine as in a region of class C until the
 // matching Exit.
 func Enter[C Class]() { classOf[C]().add(goid(), 1) }
