@@ -207,6 +207,16 @@ func (e *Engine) Locked(f func()) {
 	e.mu.Unlock()
 }
 
+// AssertLocked panics, in a build with -tags rvmadebug, unless the calling
+// goroutine holds the engine's lock; rule names what needs it. Otherwise
+// it does nothing.
+func (e *Engine) AssertLocked(rule string) { lockcheck.AssertHeld(&e.mu, rule) }
+
+// AssertUnlocked panics, in a build with -tags rvmadebug, if the calling
+// goroutine holds the engine's lock; rule names what must not run under
+// it. Otherwise it does nothing.
+func (e *Engine) AssertUnlocked(rule string) { lockcheck.AssertNotHolding(&e.mu, rule) }
+
 // Wake wakes the waiters so that they re-evaluate their conditions, after
 // the caller changed state they wait on.
 func (e *Engine) Wake() {
