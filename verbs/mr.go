@@ -16,8 +16,11 @@ import (
 // be used together, and a remote key only opens memory to QPs of its PD.
 // A PD is safe for concurrent use.
 type PD struct {
-	dev    *Device
-	id     uint64 // names the PD in shared tables (fabric.Memory)
+	dev *Device // immutable
+	id  uint64  // immutable; names the PD in shared tables (fabric.Memory)
+
+	// mu guards the counts and closed; Close takes the device's mu
+	// under it.
 	mu     sync.Mutex
 	mrs    int
 	qps    int

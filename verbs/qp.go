@@ -121,10 +121,12 @@ type QP struct {
 	// since that code may re-enter the engine (the loop fabric delivers
 	// inline, to this device too, and a handler may post): packets made
 	// under mu go into an outbox that is flushed after it is released,
-	// and mailboxExec releases mu around the handler. Completions are
-	// pushed to the CQs under it (CQ.mu nests inside QP.mu; a CQ calls
-	// nothing back). Under -tags rvmadebug the rule is checked (see
-	// outbox.flush, mailboxExec and internal/lockcheck).
+	// and mailboxExec releases mu around the handler. What is called
+	// under it calls nothing back: completions are pushed to the CQs
+	// (CQ.mu nests inside QP.mu), receives taken from an SRQ (SRQ.mu
+	// too), and on shm a request is executed directly through the
+	// port's memory (its locks too). Under -tags rvmadebug the rule is
+	// checked (see outbox.flush, mailboxExec and internal/lockcheck).
 	mu     lockcheck.Mutex[qpLocks]
 	state  QPState
 	closed bool
@@ -134,7 +136,7 @@ type QP struct {
 	localSecret uint64
 	localMACKey [16]byte          // zero: no MAC expected
 	rxMAC       *wire.MAC         // checks packets sent to this QP
-	txMAC       *wire.MAC         // signs packets to the remote QP, if it asked for a MAC (replaced, never modified: packets in an outbox keep theirs)
+	txMAC       *wire.MAC         // signs packets to the remote QP, if it asked for a MAC (replaced, never modified, and safe for concurrent use: packets in an outbox sign with it after mu is released)
 	replay      wire.ReplayWindow // counters of packets accepted since connecting
 	startPSN    uint32
 
