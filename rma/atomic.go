@@ -114,6 +114,7 @@ func (w *Win) amCall(ctx context.Context, name string, target int, h amHdr, call
 	h.id, h.win = call.id, w.id
 	// fail runs under the engine's lock; call.after must not.
 	fail := func(err error) {
+		c.eng.AssertLocked("rma: an active message fails")
 		if c.msg.am[call.id] == call {
 			delete(c.msg.am, call.id)
 			c.eng.FinishLocked(op, err)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/rvma/rvma/internal/kvs"
 	"github.com/rvma/rvma/internal/launch"
+	"github.com/rvma/rvma/internal/lockcheck"
 	"github.com/rvma/rvma/internal/pmi"
 	"github.com/rvma/rvma/internal/progress"
 	"github.com/rvma/rvma/internal/spin"
@@ -263,7 +264,19 @@ func (c *Config) check() error {
 }
 
 // Comm is a group of ranks that communicate: the world of a job.
+//
+// Lock order, outermost first (a lock may be taken while holding those
+// before it, never the other way): a Win's mu; a txState's mu; a Win's
+// unsigMu; the engine's lock (c.eng.Locked, OnDone callbacks, Wait
+// conditions); a peer's mu; qpnMu; then verbs' locks (a QP's, inside
+// QP methods). winMu, hostMu, mpMu, haulMu, a peer's sendMu, mpMu and
+// haulMu, and the registration cache's and send pool's locks are taken
+// on their own or innermost. Nothing waits for the network or for an
+// Op while holding the engine's lock or a peer's mu. Builds with -tags
+// rvmadebug check the rules stated as "held" or "not held" in this
+// package (see internal/lockcheck).
 type Comm struct {
+	// Set by newComm before c is shared, then read-only: no lock.
 	rank, size int
 	cfg        Config
 	store      kvs.Store
@@ -271,76 +284,99 @@ type Comm struct {
 	kvServer   *kvs.Server
 	published  string // boot.published until the rendezvous barrier
 	key        []byte // the job's: authenticates the rendezvous and every connection handshake
+	dev        *verbs.Device
+	pd         *verbs.PD
+	cq         *verbs.CQ
+	srq        *verbs.SRQ
+	eng        *progress.Engine
+	target     *mailbox.Target
+	ln         *cm.Listener
+	mpLn       *multipath.Listener // with Config.Paths > 1: where other ranks' multipath connections arrive
+	bg         context.Context     // ends at teardown; bounds waits on paths
+	bgStop     context.CancelFunc
+	done       chan struct{} // closed by teardown
+	peers      []*peer       // one per rank; each guards its own state
+	shmGID     int           // provider "auto": the shm port's GID index (-1 without one)
+	recv       recvPool      // a slot belongs to its posted receive, then to OnRecv until reposted
 
-	dev    *verbs.Device
-	pd     *verbs.PD
-	cq     *verbs.CQ
-	srq    *verbs.SRQ
-	eng    *progress.Engine
-	target *mailbox.Target
-	ln     *cm.Listener
+	// mpMu guards mpIn: the multipath connections that arrived (kept for
+	// Close).
+	mpMu sync.Mutex
+	mpIn []*multipath.Conn
 
-	// With Config.Paths > 1: the listener other ranks' multipath
-	// connections arrive at, and the ones that arrived (kept for Close).
-	mpLn    *multipath.Listener
-	mpMu    sync.Mutex
-	mpIn    []*multipath.Conn
-	mpWG    sync.WaitGroup  // the multipath accept loop
-	bg      context.Context // ends at teardown; bounds waits on paths
-	bgStop  context.CancelFunc
-	bridges sync.WaitGroup // goroutines finishing operations bridged from other CQs
-
-	// Long-haul connections other ranks dialed, each served by a goroutine.
+	// haulMu guards the long-haul connections other ranks dialed, each
+	// served by a goroutine.
 	haulMu   sync.Mutex
 	haulIn   []*haulPeer
 	haulHalf map[int]*haulPeer // pairs whose second connection has not arrived
-	haulWG   sync.WaitGroup
 
-	peers []*peer
+	// qpnMu guards byQPN.
 	qpnMu sync.Mutex
 	byQPN map[uint32]int // local QP number -> peer rank
 
-	// Provider "auto": the shm port's GID index (-1 without one), and the
-	// other ranks' hosts as they published them, looked up on first use.
-	shmGID int
+	// hostMu guards hosts: provider "auto", the other ranks' hosts as they
+	// published them, looked up on first use.
 	hostMu sync.Mutex
 	hosts  map[int]string
 
-	msg  msgState // guarded by the engine's lock
-	recv recvPool
-	reg  regCache
-
+	// winMu guards wins and nextWin. The poller reads wins to find an
+	// active message's window: a window is added once the fields its
+	// handler reads are set (see Win).
 	winMu   sync.Mutex
 	wins    map[uint32]*Win
 	nextWin uint32
-	collSeq atomic.Uint32 // collective sequence number; collectives are called in order
 
-	troubled  atomic.Bool   // an operation or connection failed (see Close)
-	ticks     atomic.Uint64 // probeEvery periods since the start (see wakeProbes)
+	// msg is guarded by the engine's lock, but for msg.partial (OnRecv's)
+	// and msg.send (its own lock): see msgState.
+	msg msgState
+	reg regCache // its own lock
+
+	// Atomics.
+	collSeq  atomic.Uint32 // collective sequence number; collectives are called in order
+	troubled atomic.Bool   // an operation or connection failed (see Close)
+	ticks    atomic.Uint64 // probeEvery periods since the start (see wakeProbes)
+
+	// Goroutines and teardown.
+	mpWG      sync.WaitGroup // the multipath accept loop
+	haulWG    sync.WaitGroup // the long-haul serving goroutines
+	bridges   sync.WaitGroup // goroutines finishing operations bridged from other CQs
+	acceptWG  sync.WaitGroup // the connection accept loop
 	closeOnce sync.Once
-	done      chan struct{}
-	acceptWG  sync.WaitGroup
 }
 
 type peer struct {
-	mu        sync.Mutex
+	ready chan struct{} // immutable; closed once qp is connected (or err set)
+
+	// mu guards the connection's state. A connection is made without it
+	// (dialing or accepting says one is under way), but for a rank's
+	// connection to itself, which does not block. The engine's lock and
+	// a txState's mu may be held when it is taken (Comm.broken, txDrain).
+	mu        lockcheck.Mutex[peerLocks]
 	qp        *verbs.QP
-	ready     chan struct{} // closed once qp is connected (or err set)
 	err       error
 	dialing   bool
 	accepting bool
-	sendMu    sync.Mutex // one message's fragments are posted together
 
-	// This rank's multipath connection to the peer, for large puts and
-	// gets (Config.Paths > 1), dialed on first use.
+	// sendMu is held while one message's fragments are posted, so they
+	// follow each other on the QP. It guards no field.
+	sendMu sync.Mutex
+
+	// mpMu guards mp, this rank's multipath connection to the peer, for
+	// large puts and gets (Config.Paths > 1), dialed on first use with
+	// mpMu held.
 	mpMu sync.Mutex
 	mp   *multipath.Conn
 
-	// This rank's reliability connection to the peer (Config.LongHaul),
-	// dialed on first use.
+	// haulMu guards haul, this rank's reliability connection to the peer
+	// (Config.LongHaul), dialed on first use with haulMu held.
 	haulMu sync.Mutex
 	haul   *haulPeer
 }
+
+// peerLocks is the lock class of peers' mu (see internal/lockcheck).
+type peerLocks struct{}
+
+func (peerLocks) LockClass() string { return "an rma peer's mu" }
 
 // Rank returns this process's rank.
 func (c *Comm) Rank() int { return c.rank }
@@ -911,6 +947,7 @@ func (c *Comm) conn(ctx context.Context, r int) (*verbs.QP, error) {
 
 // established records a connected QP; p.mu is held.
 func (c *Comm) established(r int, p *peer, qp *verbs.QP) {
+	lockcheck.AssertHeld(&p.mu, "rma: a connection is recorded")
 	p.qp = qp
 	close(p.ready)
 }

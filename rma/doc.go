@@ -129,4 +129,8 @@
 // Progress: a background goroutine per Comm handles incoming messages
 // (accumulates, replies, synchronisation) while the application computes;
 // waiting calls poll for a few microseconds, then block.
+//
+// A build with -tags rvmadebug checks the library's internal locking
+// rules as it runs, and panics, naming the rule, where one is broken (it
+// is slower: for tests).
 package rma

@@ -87,6 +87,9 @@ func (h *haulLink) close() {
 }
 
 // haulPeer is the header and data connections toward (or from) a peer.
+// It is built under the dialing peer's haulMu, or under c.haulMu while
+// half of an accepted pair waits in c.haulHalf; once complete it is
+// read-only.
 type haulPeer struct {
 	hdr, data *haulLink
 	in        *mailbox.ReliableInitiator // the dialing side's

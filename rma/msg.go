@@ -35,7 +35,9 @@ const (
 	userTagLimit = 1 << 30
 )
 
-// recvPool is the registered memory behind the SRQ's receive slots.
+// recvPool is the registered memory behind the SRQ's receive slots. Set
+// by init, then read-only; a slot's bytes belong to its posted receive,
+// then to OnRecv until it reposts the slot.
 type recvPool struct {
 	mem []byte
 	mr  *verbs.MR
@@ -65,7 +67,7 @@ func (p *recvPool) repost(i uint64) {
 
 // sendPool holds registered staging chunks for outgoing messages.
 type sendPool struct {
-	mu   sync.Mutex
+	mu   sync.Mutex // guards free and mrs; innermost (see Comm)
 	free [][]byte
 	mrs  map[*byte]*verbs.MR
 }
@@ -101,14 +103,19 @@ type inboxKey struct {
 	tag uint32
 }
 
-// msgState is the receive side's matching state; guarded by the engine's
-// lock.
+// msgState is the receive side's matching state.
 type msgState struct {
-	inbox   map[inboxKey][][]byte
+	// Guarded by the engine's lock: receivers take messages from inbox
+	// in Wait conditions, OnRecv adds them in Locked.
+	inbox  map[inboxKey][][]byte
+	am     map[uint64]*amCall // outstanding active messages by request id
+	nextAM uint64
+
+	// partial is owned by OnRecv, which the poller role runs one
+	// completion at a time: no lock.
 	partial map[int]*partialMsg // per source: the message being reassembled
-	send    sendPool
-	am      map[uint64]*amCall // outstanding active messages by request id
-	nextAM  uint64
+
+	send sendPool // its own lock (taken under the engine's, in OnDone)
 }
 
 type partialMsg struct {

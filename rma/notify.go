@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sync"
 
+	"github.com/rvma/rvma/internal/lockcheck"
 	"github.com/rvma/rvma/mailbox"
 )
 
@@ -58,17 +58,31 @@ const (
 )
 
 type notifyState struct {
+	// Immutable after newNotify (the mailboxes have their own locks).
 	w     *Win
 	mode  uint8
 	cfg   NotifyConfig
 	boxes []*mailbox.Window
+
+	// snaps is owned by the goroutine making the window's synchronisation
+	// calls (WaitEpoch, TestEpoch, AbandonEpoch, Rewind): one at a time,
+	// as the package documentation requires.
 	snaps [][]byte // most recent last
 
-	mu      sync.Mutex        // guards epoch, total (which origins' credit requests read in the poller) and credits
+	// mu guards the fields below, which origins' credit requests read in
+	// the poller. It is taken alone (answers are sent after it is
+	// released).
+	mu      lockcheck.Mutex[notifyLocks]
 	epoch   uint64            // epochs completed and waited for
 	total   uint64            // epochs consumed ever, as added to the origins' credit words (rewinds do not lower it)
 	credits map[int]creditReq // per origin: a credit request waiting for a buffer
 }
+
+// notifyLocks is the lock class of notified windows' mu (see
+// internal/lockcheck).
+type notifyLocks struct{}
+
+func (notifyLocks) LockClass() string { return "an rma notified window's mu" }
 
 func newNotify(w *Win, cfg NotifyConfig) (*notifyState, error) {
 	if cfg.Depth == 0 {

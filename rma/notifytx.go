@@ -6,12 +6,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rvma/rvma/internal/lockcheck"
 	"github.com/rvma/rvma/internal/progress"
 	"github.com/rvma/rvma/verbs"
 )
@@ -44,17 +44,26 @@ var errDropped = errors.New("rma: put dropped by a rewind before it was sent")
 
 // txState is this rank's position in one target's per-origin mailbox.
 type txState struct {
-	mu      sync.Mutex // held from deciding a put's epoch to posting it, so epochs follow posting order
-	synced  bool       // false after a rewind, until the target's answer says where it stands
-	epoch   uint64     // the epoch the next put lands in, from 1
-	acc     int        // bytes (or puts) of that epoch counted so far
-	granted uint64     // the target has posted buffers for the epochs up to here
-	queue   []txWR     // puts waiting for their epoch's buffer, in posting order
-	ask     *amCall    // the credit request in flight, if any
+	// mu guards the fields below. It is held from deciding a put's epoch
+	// to posting it, so epochs follow posting order; the engine's lock,
+	// a peer's mu and a Win's unsigMu nest inside it, and a Win's mu
+	// outside (see Comm).
+	mu      lockcheck.Mutex[txLocks]
+	synced  bool    // false after a rewind, until the target's answer says where it stands
+	epoch   uint64  // the epoch the next put lands in, from 1
+	acc     int     // bytes (or puts) of that epoch counted so far
+	granted uint64  // the target has posted buffers for the epochs up to here
+	queue   []txWR  // puts waiting for their epoch's buffer, in posting order
+	ask     *amCall // the credit request in flight, if any
 	// The target's epoch was base when its credit word read word0: the
 	// word's growth since then is epochs consumed.
 	base, word0 uint64
 }
+
+// txLocks is the lock class of txStates' mu (see internal/lockcheck).
+type txLocks struct{}
+
+func (txLocks) LockClass() string { return "an rma per-origin window's tx.mu" }
 
 // txWR is one queued work request and what it counts.
 type txWR struct {
@@ -112,6 +121,7 @@ func (ws *words) free() {
 // refresh raises what tx knows is granted from the credit word (tx.mu
 // held).
 func (w *Win) refresh(tx *txState, target int) {
+	lockcheck.AssertHeld(&tx.mu, "rma: refresh")
 	if !tx.synced {
 		return
 	}
@@ -253,6 +263,7 @@ func (w *Win) waitBridged(ctx context.Context, target int) error {
 // fit (ok, ending at epoch e, acc a), else as one tracked operation whose
 // requests are posted as their buffers are posted.
 func (w *Win) txSubmit(tx *txState, qp *verbs.QP, target int, wrs []verbs.SendWR, units func(*verbs.SendWR) int, signal, ok bool, e uint64, a int) (*Request, error) {
+	lockcheck.AssertHeld(&tx.mu, "rma: txSubmit")
 	if ok {
 		tx.epoch, tx.acc = e, a
 		if !signal {
@@ -275,6 +286,7 @@ func (w *Win) txSubmit(tx *txState, qp *verbs.QP, target int, wrs []verbs.SendWR
 // txDrain posts the queued puts whose buffers are posted and asks for
 // credit for the rest (tx.mu held). It may run in the poller.
 func (w *Win) txDrain(tx *txState, target int) {
+	lockcheck.AssertHeld(&tx.mu, "rma: txDrain")
 	if !tx.synced {
 		w.askCredit(tx, target, 0)
 		return
@@ -321,11 +333,13 @@ func (w *Win) txDrain(tx *txState, target int) {
 // flight already (tx.mu held). The request is no operation of the window
 // (flushes wait for the puts, not for it).
 func (w *Win) askCredit(tx *txState, target int, want uint64) {
+	lockcheck.AssertHeld(&tx.mu, "rma: askCredit")
 	if tx.ask != nil {
 		return
 	}
 	var call *amCall
 	call = &amCall{result: make([]byte, 16), free: true, after: func(err error) {
+		w.c.eng.AssertUnlocked("rma: a credit answer takes tx.mu, which precedes the engine's lock")
 		tx.mu.Lock()
 		defer tx.mu.Unlock()
 		if tx.ask != call {
@@ -355,6 +369,7 @@ func (w *Win) askCredit(tx *txState, target int, want uint64) {
 
 // txFail fails every queued put (tx.mu held).
 func (w *Win) txFail(tx *txState, target int, err error) {
+	lockcheck.AssertHeld(&tx.mu, "rma: txFail")
 	for _, q := range tx.queue {
 		w.c.eng.Posted(q.op, q.wr.ID, 1, 0, opErr("put", target, err))
 	}
@@ -409,6 +424,7 @@ type creditReq struct{ id, want uint64 }
 // standing is a credit answer: the epochs consumed, and the credit words'
 // count at the same time (n.mu held).
 func (n *notifyState) standing() []byte {
+	lockcheck.AssertHeld(&n.mu, "rma: a credit answer is made")
 	return binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, n.epoch), n.total)
 }
 

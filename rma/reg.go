@@ -1,9 +1,9 @@
 package rma
 
 import (
-	"sync"
 	"unsafe"
 
+	"github.com/rvma/rvma/internal/lockcheck"
 	"github.com/rvma/rvma/verbs"
 )
 
@@ -14,11 +14,21 @@ import (
 // the oldest; an evicted region is deregistered, which waits for the
 // operations that are using it.
 type regCache struct {
-	pd   *verbs.PD
-	mu   sync.Mutex
+	pd *verbs.PD // set by newComm, then read-only
+
+	// mu guards the lists. It is taken under a Win's mu (release) or a
+	// txState's mu (a split put), and only verbs' locks under it; a
+	// registration or an eviction's Deregister runs under it.
+	mu   lockcheck.Mutex[regLocks]
 	mrs  []*verbs.MR // oldest first
 	wins []*verbs.MR // window regions, searched first, never evicted
 }
+
+// regLocks is the lock class of registration caches' mu (see
+// internal/lockcheck).
+type regLocks struct{}
+
+func (regLocks) LockClass() string { return "an rma registration cache's mu" }
 
 const regCacheCap = 1024
 
@@ -26,6 +36,7 @@ func base(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))
 
 // find returns a region holding b, or nil; r.mu is held.
 func (r *regCache) find(b []byte) *verbs.MR {
+	lockcheck.AssertHeld(&r.mu, "rma: a registration is looked up")
 	p, n := base(b), uintptr(len(b))
 	for _, list := range [][]*verbs.MR{r.wins, r.mrs} {
 		for _, mr := range list {

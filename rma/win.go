@@ -13,6 +13,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/rvma/rvma/internal/lockcheck"
 	"github.com/rvma/rvma/internal/progress"
 	"github.com/rvma/rvma/mailbox"
 	"github.com/rvma/rvma/verbs"
@@ -170,23 +171,38 @@ const (
 
 // Win is a window: memory of every rank that the others may access.
 type Win struct {
-	c      *Comm
-	id     uint32
-	mem    []byte
-	mr     *verbs.MR
-	unit   int
-	remote []remoteWin
-
-	lockMem []uint64 // this rank's lock word, then one result slot per target
+	// Set by create before it returns, then read-only: no lock. The
+	// poller's active-message handler (handleAM, apply) reads mem,
+	// notify and unalignedMu as soon as setup publishes the window in
+	// c.wins (under winMu), so those are set before it; remote and tx
+	// are set after, and read only by the application's calls and what
+	// they start (a credit request's answer, in the poller).
+	c       *Comm
+	id      uint32
+	mem     []byte
+	mr      *verbs.MR
+	unit    int
+	remote  []remoteWin
+	lockMem []uint64 // this rank's lock word, then one result slot per target (atomics)
 	lockMR  *verbs.MR
-	credits words // notified windows: a credit word per target (notifytx.go)
+	credits words // notified windows: a credit word per target, written by peers, read with atomic loads (notifytx.go)
+	// Per-origin notified windows: where this rank's puts stand in each
+	// target's epochs, and the puts waiting for the target to post a
+	// buffer; each txState has its own lock.
+	tx     []txState
+	notify *notifyState
 
-	mu         sync.Mutex // guards the epoch state below
+	// mu guards the epoch state below and freed. Lock order: mu before
+	// a txState's mu, c.winMu and the registration cache's lock (see
+	// release); access and the synchronisation calls take it briefly and
+	// never wait under it.
+	mu         lockcheck.Mutex[winLocks]
 	fence      bool
 	startGroup []int
 	postGroup  []int
 	locks      map[int]LockType
 	lockAll    bool
+	freed      bool
 
 	// Per target, guarded by the engine's lock: operations in flight, the
 	// first failure since the last flush (reported by it), operations
@@ -200,19 +216,22 @@ type Win struct {
 	reads   []int
 	amOut   []int
 
+	// unsigMu guards unsig, the unsignalled puts per target since the
+	// last flush marker. It is held across posting those puts and the
+	// marker, so that a marker follows the puts it counts (the engine's
+	// lock nests inside it).
 	unsigMu sync.Mutex
-	unsig   []int // unsignalled puts per target since the last flush marker
+	unsig   []int
 
-	unalignedMu sync.Mutex // makes atomics on unaligned elements of this rank's memory atomic (see apply)
-
-	// Per-origin notified windows: where this rank's puts stand in each
-	// target's epochs, and the puts waiting for the target to post a
-	// buffer (see txState).
-	tx []txState
-
-	notify *notifyState
-	freed  bool
+	// unalignedMu makes atomics on unaligned elements of this rank's
+	// memory atomic (see apply); it guards no field.
+	unalignedMu sync.Mutex
 }
+
+// winLocks is the lock class of windows' mu (see internal/lockcheck).
+type winLocks struct{}
+
+func (winLocks) LockClass() string { return "an rma window's mu" }
 
 // Allocate creates a window of size bytes that the library allocates
 // (page-aligned, zeroed) as device memory (verbs.PD.AllocMR): on shm it is
@@ -380,7 +399,8 @@ func (w *Win) release() {
 	w.credits.free()
 }
 
-// access checks that an operation may go to target now; w.mu is not held.
+// access checks that an operation may go to target now; w.mu is not held
+// (under -tags rvmadebug, taking it again panics).
 func (w *Win) access(op string, target int, notified bool) error {
 	if err := w.c.checkRank(op, target); err != nil {
 		return err

@@ -28,20 +28,29 @@ type CQConfig struct {
 // A CQ is safe for concurrent use; completions are delivered in the order
 // the engine produced them.
 type CQ struct {
-	dev  *Device
-	spin time.Duration
+	// Immutable after CreateCQ: read without a lock.
+	dev    *Device
+	spin   time.Duration
+	notify chan struct{} // a completion (or an overrun) for a waiter
+	done   chan struct{} // closed by close
 
+	// mu guards the fields below. The engine pushes completions with a
+	// QP's mu held, so mu nests inside QP.mu (and inside Device.mu, in
+	// Device.Close), and nothing under it calls out of the CQ: push
+	// wakes a waiter through notify and returns.
 	mu      sync.Mutex
-	ring    []WorkCompletion
+	ring    []WorkCompletion // the slots from head, count of them, are stored completions
 	head    int
 	overrun bool
 	closed  bool
-	qps     int
+	qps     int // QPs that complete into this CQ
 
-	count   atomic.Int32 // mirrors the number of stored completions
+	// Atomics. count mirrors the number of stored completions: written
+	// under mu, read without it by the fast paths of Poll, Len and Wait
+	// (which take mu before touching ring). waiters counts goroutines
+	// blocked in Wait, so that push skips the wake-up when there are none.
+	count   atomic.Int32
 	waiters atomic.Int32
-	notify  chan struct{}
-	done    chan struct{}
 }
 
 // CreateCQ creates a completion queue.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rvma/rvma/internal/fabric"
+	"github.com/rvma/rvma/internal/lockcheck"
 	"github.com/rvma/rvma/internal/loopfab"
 	"github.com/rvma/rvma/internal/shmfab"
 	"github.com/rvma/rvma/internal/udpfab"
@@ -49,25 +50,36 @@ type DeviceConfig struct {
 //
 // A Device is safe for concurrent use.
 type Device struct {
-	uri    string
-	log    *slog.Logger
-	ports  []*fabric.FaultPort
-	gids   []GID
-	kinds  []Provider       // provider of each GID
-	noMAC  bool             // DeviceConfig.NoMAC
-	alloc  fabric.Allocator // shm: AllocMR memory is shared with the host's processes
+	// Immutable after Open: read without a lock.
+	uri   string
+	log   *slog.Logger
+	ports []*fabric.FaultPort
+	gids  []GID
+	kinds []Provider       // provider of each GID
+	noMAC bool             // DeviceConfig.NoMAC
+	alloc fabric.Allocator // shm: AllocMR memory is shared with the host's processes
+
+	// Atomics.
 	closed atomic.Bool
 	// handling counts receive handlers running; Close waits for them, so
 	// what they received is acknowledged before the QPs go away. A counter,
 	// not a lock: handlers nest when the loop fabric delivers inline.
 	handling atomic.Int32
-	idle     chan struct{} // after Close began: the last handler returned
+	mbox     atomic.Pointer[mailboxBox] // replaced whole by SetMailboxHandler
+	stats    deviceStats                // counters, each an atomic
+	idle     chan struct{}              // made at Open; after Close began: the last handler returned
 
-	mu     sync.Mutex // guards the maps' writers, nextIOVA, objects
-	qps    atomic.Pointer[map[uint32]*QP]
-	lkeys  atomic.Pointer[map[uint32]*MR]
-	rkeys  atomic.Pointer[map[uint32]*MR]
-	mbox   atomic.Pointer[mailboxBox]
+	// qps, lkeys and rkeys are copy-on-write maps: every received packet
+	// and work request reads them without a lock, and writers replace
+	// them whole under mu (see cow).
+	qps   atomic.Pointer[map[uint32]*QP]
+	lkeys atomic.Pointer[map[uint32]*MR]
+	rkeys atomic.Pointer[map[uint32]*MR]
+
+	// mu serialises the writers of qps, lkeys and rkeys, and guards the
+	// fields below. Lock order: PD.mu, then mu, then CQ.mu; no QP's mu
+	// is held when it is taken (QP.Destroy releases its own first).
+	mu     lockcheck.Mutex[deviceLocks]
 	nextIO uint64
 	nextPD uint64
 	pds    map[*PD]struct{}
@@ -75,10 +87,14 @@ type Device struct {
 
 	// atomicMu serialises atomics on memory that is not 8-byte aligned in
 	// the host address space (alignment in IOVA space is checked per WR).
+	// It guards no field.
 	atomicMu sync.Mutex
-
-	stats deviceStats
 }
+
+// deviceLocks is the lock class of Devices' mu (see internal/lockcheck).
+type deviceLocks struct{}
+
+func (deviceLocks) LockClass() string { return "a verbs Device's mu" }
 
 type deviceStats struct {
 	rxPackets, rxDropped, unknownQP, badSource, badSecret, badPort atomic.Uint64
@@ -454,8 +470,10 @@ func (d *Device) Close() error {
 	return nil
 }
 
-// cow applies f to a copy of the map in p and publishes it; d.mu is held.
-func cow[K comparable, V any](p *atomic.Pointer[map[K]V], f func(map[K]V)) {
+// cow applies f to a copy of the map in p, one of d's, and publishes it;
+// d.mu is held.
+func cow[K comparable, V any](d *Device, p *atomic.Pointer[map[K]V], f func(map[K]V)) {
+	lockcheck.AssertHeld(&d.mu, "verbs: a device's map is replaced")
 	old := *p.Load()
 	m := make(map[K]V, len(old)+1)
 	for k, v := range old {
@@ -538,6 +556,7 @@ type outbox struct {
 var outboxPool = sync.Pool{New: func() any { return &outbox{pkts: make([]*wire.Packet, 0, 64)} }}
 
 func (o *outbox) flush(p fabric.Port) {
+	lockcheck.AssertNotHeld[qpLocks]("verbs: Port.Send (an outbox flush) while a QP's mu is held: a send may re-enter the engine")
 	if len(o.pkts) == 0 {
 		return
 	}

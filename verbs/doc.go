@@ -50,7 +50,11 @@
 //
 // Every object is safe for concurrent use. Requests posted to one QP
 // execute in post order. Completions carry values only; Poll copies them
-// into the caller's slice and allocates nothing.
+// into the caller's slice and allocates nothing. The engine calls out
+// (to a provider's Send, to a MailboxHandler) only with none of its QPs'
+// locks held, so a handler may post; a build with -tags rvmadebug checks
+// that rule, and the engine's other locking rules, and panics where one is
+// broken (make test-debug).
 //
 // The caller owns every buffer. A registered buffer must stay registered
 // while requests that name it are outstanding; the initiator's source bytes

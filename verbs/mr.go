@@ -15,8 +15,11 @@ import (
 // be used together, and a remote key only opens memory to QPs of its PD.
 // A PD is safe for concurrent use.
 type PD struct {
-	dev    *Device
-	id     uint64 // names the PD in shared tables (fabric.Exporter)
+	dev *Device // immutable
+	id  uint64  // immutable; names the PD in shared tables (fabric.Exporter)
+
+	// mu guards the counts and closed; Close takes the device's mu
+	// under it.
 	mu     sync.Mutex
 	mrs    int
 	qps    int
@@ -124,8 +127,8 @@ func (pd *PD) RegisterMR(buf []byte, access Access) (*MR, error) {
 	for mr.rkey == 0 || rk[mr.rkey] != nil || mr.rkey == mr.lkey {
 		mr.rkey = rand.Uint32()
 	}
-	cow(&d.lkeys, func(m map[uint32]*MR) { m[mr.lkey] = mr })
-	cow(&d.rkeys, func(m map[uint32]*MR) { m[mr.rkey] = mr })
+	cow(d, &d.lkeys, func(m map[uint32]*MR) { m[mr.lkey] = mr })
+	cow(d, &d.rkeys, func(m map[uint32]*MR) { m[mr.rkey] = mr })
 	d.mu.Unlock()
 	mr.export()
 	pd.mu.Lock()
@@ -170,8 +173,8 @@ func (mr *MR) Deregister() error {
 	}
 	d := mr.pd.dev
 	d.mu.Lock()
-	cow(&d.lkeys, func(m map[uint32]*MR) { delete(m, mr.lkey) })
-	cow(&d.rkeys, func(m map[uint32]*MR) { delete(m, mr.rkey) })
+	cow(d, &d.lkeys, func(m map[uint32]*MR) { delete(m, mr.lkey) })
+	cow(d, &d.rkeys, func(m map[uint32]*MR) { delete(m, mr.rkey) })
 	d.mu.Unlock()
 	mr.unexport()
 	for mr.inflight.Load() != 0 {

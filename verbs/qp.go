@@ -5,11 +5,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	mrand "math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/rvma/rvma/internal/fabric"
+	"github.com/rvma/rvma/internal/lockcheck"
 	"github.com/rvma/rvma/internal/psn"
 	"github.com/rvma/rvma/internal/wire"
 )
@@ -100,7 +100,7 @@ const NoRetry = -1
 // A QP is safe for concurrent use: posting from several goroutines is
 // serialised; requests are executed in post order.
 type QP struct {
-	// Set at creation, then read-only: no lock.
+	// Immutable after CreateQP: read without a lock.
 	dev    *Device
 	pd     *PD
 	typ    QPType
@@ -111,12 +111,23 @@ type QP struct {
 	recvCQ *CQ
 	srq    *SRQ
 	cfg    QPConfig
+	timer  *time.Timer // the requester's retransmission and RNR timer (onTimer)
+	// ackTimer is the responder's delayed ACK (onAckTimer).
+	ackTimer *time.Timer
 
-	// mu guards every field below it but the atomic counters. It is never
-	// held across Port.Send: packets made under it go into an outbox that
-	// is flushed after it is released, since a send may re-enter the
-	// engine (the loop fabric delivers inline, to this device too).
-	mu     sync.Mutex
+	// mu guards the fields below (the atomics at the end excepted). The
+	// re-entrancy rule: no goroutine calls Port.Send, a MailboxHandler or
+	// any other code outside the engine while it holds the mu of any QP,
+	// since that code may re-enter the engine (the loop fabric delivers
+	// inline, to this device too, and a handler may post): packets made
+	// under mu go into an outbox that is flushed after it is released,
+	// and mailboxExec releases mu around the handler. What is called
+	// under it calls nothing back: completions are pushed to the CQs
+	// (CQ.mu nests inside QP.mu), receives taken from an SRQ (SRQ.mu
+	// too), and on shm a request is executed directly through the
+	// port's memory (its locks too). Under -tags rvmadebug the rule is
+	// checked (see outbox.flush, mailboxExec and internal/lockcheck).
+	mu     lockcheck.Mutex[qpLocks]
 	state  QPState
 	closed bool
 
@@ -125,28 +136,33 @@ type QP struct {
 	localSecret uint64
 	localMACKey [16]byte          // zero: no MAC expected
 	rxMAC       *wire.MAC         // checks packets sent to this QP
-	txMAC       *wire.MAC         // signs packets to the remote QP, if it asked for a MAC
+	txMAC       *wire.MAC         // signs packets to the remote QP, if it asked for a MAC (replaced, never modified, and safe for concurrent use: packets in an outbox sign with it after mu is released)
 	replay      wire.ReplayWindow // counters of packets accepted since connecting
 	startPSN    uint32
 
 	conn connAttrs
 
-	req requester
+	req  requester
+	resp responder // but resp.mw: see responder
+	rq   recvQueue // unused with an SRQ (which has its own lock)
 	// deferred holds the packets of FlagDefer requests built but not sent
 	// yet, oldest first (progressSend sends them ahead of what it builds).
 	deferred []*wire.Packet
-	resp     responder
-	rq       recvQueue
 
-	// requester events since creation, for QP.Stats (atomic: read
-	// without mu)
-	timeouts, seqNaks, rnrNaks atomic.Uint64
-
-	timer     *time.Timer
 	timerAt   time.Time
 	timerLive bool
-	ackTimer  *time.Timer // the responder's delayed ACK
+
+	// Atomics: requester events since creation, for QP.Stats (read
+	// without mu, written under it).
+	timeouts, seqNaks, rnrNaks atomic.Uint64
 }
+
+// qpLocks is the lock class of every QP's mu (see internal/lockcheck): the
+// re-entrancy rule above is about all of them, since a send from one QP
+// may reach another's handler inline.
+type qpLocks struct{}
+
+func (qpLocks) LockClass() string { return "a verbs QP's mu" }
 
 type connAttrs struct {
 	timeout     time.Duration
@@ -228,7 +244,7 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	for qp.num < 2 || qps[qp.num] != nil {
 		qp.num = mrand.Uint32() & psn.Mask
 	}
-	cow(&d.qps, func(m map[uint32]*QP) { m[qp.num] = qp })
+	cow(d, &d.qps, func(m map[uint32]*QP) { m[qp.num] = qp })
 	d.mu.Unlock()
 	pd.mu.Lock()
 	pd.qps++
@@ -276,6 +292,8 @@ func (qp *QP) State() QPState {
 
 // Endpoint returns what a peer needs to connect to this QP.
 func (qp *QP) Endpoint() Endpoint {
+	qp.mu.Lock() // Reset chooses a new PSN and keys
+	defer qp.mu.Unlock()
 	return Endpoint{GID: qp.GID(), QPN: qp.num, PSN: qp.startPSN, MTU: qp.port.MaxPayload(), Secret: qp.localSecret, MACKey: qp.localMACKey}
 }
 
@@ -366,6 +384,7 @@ func (qp *QP) ReadyToReceive(remote Endpoint, cfg *ConnectConfig) error {
 // detachLocked ends the peer's direct accesses on this QP's behalf (see
 // fabric.Exporter.Attach): it left the ready states.
 func (qp *QP) detachLocked() {
+	lockcheck.AssertHeld(&qp.mu, "verbs: QP.detachLocked")
 	if x := qp.port.Exporter(); x != nil && qp.state != StateReset && qp.state != StateInit {
 		x.Detach(qp.num)
 	}
@@ -474,7 +493,7 @@ func (qp *QP) Destroy() error {
 	qp.mu.Unlock()
 	d := qp.dev
 	d.mu.Lock()
-	cow(&d.qps, func(m map[uint32]*QP) { delete(m, qp.num) })
+	cow(d, &d.qps, func(m map[uint32]*QP) { delete(m, qp.num) })
 	d.mu.Unlock()
 	qp.sendCQ.attach(-1)
 	qp.recvCQ.attach(-1)
@@ -485,6 +504,7 @@ func (qp *QP) Destroy() error {
 }
 
 func (qp *QP) usableLocked() error {
+	lockcheck.AssertHeld(&qp.mu, "verbs: QP.usableLocked")
 	if qp.closed || qp.dev.closed.Load() {
 		return ErrClosed
 	}
@@ -582,6 +602,7 @@ func (qp *QP) PostSend(wrs []SendWR) (int, error) {
 }
 
 func (qp *QP) postSendLocked(wrs []SendWR, ob *outbox) (int, error) {
+	lockcheck.AssertHeld(&qp.mu, "verbs: QP.postSendLocked")
 	if err := qp.usableLocked(); err != nil {
 		return 0, err
 	}
@@ -833,6 +854,7 @@ func (qp *QP) fail(st Status, vendor uint32) {
 // toErrorLocked enters the error state and flushes every outstanding work
 // request.
 func (qp *QP) toErrorLocked() {
+	lockcheck.AssertHeld(&qp.mu, "verbs: QP.toErrorLocked")
 	if qp.state == StateError {
 		return
 	}
@@ -849,6 +871,7 @@ func (qp *QP) toErrorLocked() {
 }
 
 func (qp *QP) flushRecvLocked() {
+	lockcheck.AssertHeld(&qp.mu, "verbs: QP.flushRecvLocked")
 	if qp.srq != nil {
 		return
 	}
@@ -868,6 +891,7 @@ func (qp *QP) armTimer(at time.Time) {
 }
 
 func (qp *QP) stopTimerLocked() {
+	lockcheck.AssertHeld(&qp.mu, "verbs: QP.stopTimerLocked")
 	qp.timer.Stop()
 	qp.timerLive = false
 	qp.ackTimer.Stop()

@@ -59,6 +59,9 @@ func (w *sendWQE) contains(p uint32) bool {
 // state, and because loss on the paths RC is meant for is rare; lossy
 // long-haul paths use UC with the reliability package's selective repeat
 // and erasure coding instead.
+//
+// qp.mu guards all of it, the send-queue slots included. Packets built
+// from a slot leave with slices of the caller's memory, not of the slot.
 type requester struct {
 	ring       []sendWQE // grows to max slots (see push)
 	max        int

@@ -6,11 +6,12 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/rvma/rvma/internal/lockcheck"
 	"github.com/rvma/rvma/internal/psn"
 	"github.com/rvma/rvma/internal/wire"
 )
 
-// responder is the receive side of a QP.
+// responder is the receive side of a QP. qp.mu guards it, but for mw.
 type responder struct {
 	ePSN       uint32 // expected PSN
 	msn        uint32 // completed messages
@@ -36,7 +37,12 @@ type responder struct {
 	}
 	cache     []atomicResult
 	cacheNext int
-	mw        MailboxWrite
+
+	// mw is the mailbox write being handed to the MailboxHandler. It is
+	// owned by the goroutine that runs the port's packet handler (one at
+	// a time per port, and a QP is on one port): mailboxExec fills it
+	// under mu and the handler reads it after mu is released.
+	mw MailboxWrite
 }
 
 type atomicResult struct {
@@ -423,6 +429,7 @@ func (qp *QP) mailboxExec(p *wire.Packet, ob *outbox, starts, ends, retry bool) 
 	// the generation.
 	gen := rs.gen
 	qp.mu.Unlock()
+	lockcheck.AssertNotHeld[qpLocks]("verbs: a MailboxHandler called while a QP's mu is held: it may post")
 	res := box.h.HandleMailboxWrite(mw)
 	qp.mu.Lock()
 	*mw = MailboxWrite{}

@@ -86,7 +86,10 @@ type SRQConfig struct {
 // SRQ is a shared receive queue: several QPs of one PD take their receives
 // from it. It is safe for concurrent use.
 type SRQ struct {
-	pd     *PD
+	pd *PD // immutable
+
+	// mu guards q and closed. QPs take receives under their own mu, so
+	// it nests inside a QP's mu, and nothing under it calls out.
 	mu     sync.Mutex
 	q      recvQueue
 	closed bool

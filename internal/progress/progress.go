@@ -16,15 +16,19 @@
 // waiters then poll for Config.Spin and sleep until the round they are
 // waiting for has been dispatched.
 //
-// An Engine and its Ops are safe for concurrent use.
+// An Engine and its Ops are safe for concurrent use. OnDone callbacks,
+// Wait conditions and Locked functions run under the engine's lock and
+// must not call its other methods (but FinishLocked); OnRecv runs without
+// it and must not wait for an Op. Built with -tags rvmadebug, the engine
+// panics where one of these rules is broken, instead of deadlocking.
 package progress
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/rvma/rvma/internal/lockcheck"
 	"github.com/rvma/rvma/internal/spin"
 	"github.com/rvma/rvma/verbs"
 )
@@ -47,28 +51,54 @@ type Config struct {
 
 // Engine is the progress engine of one CQ.
 type Engine struct {
+	// Immutable after New: read without a lock.
 	cq   *verbs.CQ
 	cfg  Config
 	spin time.Duration
+	stop chan struct{} // closed by Close
+	done chan struct{} // closed when the background goroutine has returned
 
-	mu     sync.Mutex // guards next, ops, round, Op fields and callers' state touched in OnDone
-	next   uint64
-	ops    map[uint64]*Op
-	round  chan struct{}
+	// poller is the poller role: the goroutine that swaps it from false
+	// to true polls the CQ and runs OnRecv, alone, until it stores false.
+	// wcs is owned by the holder of the role.
 	poller atomic.Bool
-	wcs    []verbs.WorkCompletion // owned by the poller
+	wcs    []verbs.WorkCompletion
 
-	stop chan struct{}
-	done chan struct{}
+	// mu guards the fields below, every Op's left, done and err, and the
+	// callers' state that OnDone callbacks, Wait conditions and Locked
+	// functions touch (rma keeps its windows' counters there). Those run
+	// under mu, so they must not call the engine's methods that take it
+	// (Start, Posted, Finish, Wake, Locked, Wait, Progress, Test, Err):
+	// FinishLocked is theirs. mu is not held while the CQ is polled or
+	// OnRecv runs. Under -tags rvmadebug, taking it again in the
+	// goroutine that holds it panics (see internal/lockcheck).
+	mu    lockcheck.Mutex[engineLocks]
+	next  uint64
+	ops   map[uint64]*Op
+	round chan struct{} // closed, and replaced, when waiters should look again
 }
+
+// engineLocks is the lock class of engines' mu (see internal/lockcheck).
+type engineLocks struct{}
+
+func (engineLocks) LockClass() string { return "a progress engine's mu" }
+
+// inOnRecv marks a goroutine running an engine's OnRecv, which must not
+// wait for an Op (it holds the poller role that would finish it).
+type inOnRecv struct{}
+
+func (inOnRecv) LockClass() string { return "a progress engine's OnRecv (the poller role)" }
 
 // Op is a request of one or more work requests in flight.
 type Op struct {
+	// Immutable after Start.
 	e      *Engine
-	left   int
-	done   bool
-	err    error
 	onDone func(error)
+
+	// Guarded by e.mu.
+	left int
+	done bool
+	err  error
 }
 
 // New returns an engine for cq.
@@ -143,7 +173,10 @@ func (e *Engine) Finish(op *Op, err error) {
 
 // FinishLocked is Finish for callers that hold the engine's lock (OnDone
 // callbacks, Locked functions).
-func (e *Engine) FinishLocked(op *Op, err error) { e.finishLocked(op, err) }
+func (e *Engine) FinishLocked(op *Op, err error) {
+	lockcheck.AssertHeld(&e.mu, "progress: FinishLocked")
+	e.finishLocked(op, err)
+}
 
 func (e *Engine) finishLocked(op *Op, err error) {
 	if op.done {
@@ -161,6 +194,7 @@ func (e *Engine) finishLocked(op *Op, err error) {
 
 // nextRound wakes the sleepers of the current round; e.mu is held.
 func (e *Engine) nextRound() {
+	lockcheck.AssertHeld(&e.mu, "progress: a round ends")
 	close(e.round)
 	e.round = make(chan struct{})
 }
@@ -172,6 +206,16 @@ func (e *Engine) Locked(f func()) {
 	f()
 	e.mu.Unlock()
 }
+
+// AssertLocked panics, in a build with -tags rvmadebug, unless the calling
+// goroutine holds the engine's lock; rule names what needs it. Otherwise
+// it does nothing.
+func (e *Engine) AssertLocked(rule string) { lockcheck.AssertHeld(&e.mu, rule) }
+
+// AssertUnlocked panics, in a build with -tags rvmadebug, if the calling
+// goroutine holds the engine's lock; rule names what must not run under
+// it. Otherwise it does nothing.
+func (e *Engine) AssertUnlocked(rule string) { lockcheck.AssertNotHolding(&e.mu, rule) }
 
 // Wake wakes the waiters so that they re-evaluate their conditions, after
 // the caller changed state they wait on.
@@ -211,6 +255,10 @@ func (e *Engine) poll() (int, error) {
 	}
 	e.mu.Unlock()
 	if recv && e.cfg.OnRecv != nil {
+		if lockcheck.Enabled {
+			lockcheck.Enter[inOnRecv]()
+			defer lockcheck.Exit[inOnRecv]() // also when OnRecv panics
+		}
 		for i := range e.wcs[:n] {
 			if e.wcs[i].Opcode >= verbs.WCRecv {
 				e.cfg.OnRecv(&e.wcs[i])
@@ -237,6 +285,7 @@ func (e *Engine) Progress() (bool, error) {
 // Wait blocks until cond (evaluated under the engine's lock) holds, or ctx
 // ends, driving the CQ meanwhile.
 func (e *Engine) Wait(ctx context.Context, cond func() bool) error {
+	lockcheck.AssertNotHeld[inOnRecv]("progress: Wait called from an OnRecv: the poller would wait for itself")
 	var spinUntil time.Time
 	for i := 0; ; i++ {
 		e.mu.Lock()
