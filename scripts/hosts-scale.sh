@@ -2,8 +2,9 @@
 # hosts-scale.sh [HOSTS] [PER_HOST]: jobs over network-namespace hosts
 # (scripts/hostbed), rvma against Open MPI's mpirun on the same hosts.
 #   1. startup: hello (putwin) at 2, 16 and HOSTS*PER_HOST ranks, whole
-#      job timed, rvmarun against mpirun.openmpi of a C MPI hello
-#      (bench/mpi/hello.c: init, barrier, finalize), RUNS alternating runs;
+#      job timed, rvmarun against Open MPI's mpirun and MPICH's Hydra
+#      (mpiexec.hydra) running a C MPI hello (bench/mpi/hello.c: init,
+#      barrier, finalize), RUNS alternating runs;
 #   2. halo3d at HOSTS*PER_HOST ranks: rvma (auto: shm within a host, udp
 #      across) against Open MPI (pml ob1 over btl vader within a host and
 #      tcp across, osc pt2pt: its rdma osc cannot make a window across
@@ -22,6 +23,11 @@ OUT=$(mktemp -d)
 go build -o "$OUT/rvmarun" ./cmd/rvmarun
 go build -o "$OUT/putwin" ./examples/putwin
 go build -o "$OUT/halo3d" ./examples/halo3d
+MPICH=
+if command -v mpicc.mpich >/dev/null && command -v mpiexec.hydra >/dev/null; then
+	mpicc.mpich -O2 -o "$OUT/hello_mpich" bench/mpi/hello.c
+	MPICH=1
+fi
 OMPI=
 if command -v mpicc.openmpi >/dev/null && command -v mpirun.openmpi >/dev/null; then
 	mpicc.openmpi -O2 -o "$OUT/hello" bench/mpi/hello.c
@@ -35,6 +41,12 @@ cat >"$OUT/job.sh" <<'JOB'
 which=$1 n=$2; shift 2
 if [ "$which" = rvma ]; then
 	exec "$OUT/rvmarun" -n "$n" -H "$HOSTBED_HOSTS" --launch-agent "$HOSTBED_AGENT" --rendezvous-addr "$HOSTBED_ADDR0" "$@"
+fi
+if [ "$which" = mpich ]; then
+	# Hydra's proxies connect back over the testbed's interface (same name in every host).
+	IF=$(ip -o -4 addr show | awk '/10\.78\./ {print $2; exit}')
+	UCX_NET_DEVICES=$IF exec mpiexec.hydra -launcher ssh -launcher-exec "$HOSTBED_AGENT" -iface "$IF" \
+		-hosts "$(echo "$HOSTBED_HOSTS" | tr -d ' ')" -n "$n" -bind-to none "$@"
 fi
 exec mpirun.openmpi --allow-run-as-root -n "$n" --host "$HOSTBED_HOSTS" --mca plm_rsh_agent "$HOSTBED_AGENT" \
 	--mca routed direct --mca pml ob1 --mca osc pt2pt --mca btl self,vader,tcp --mca oob_tcp_if_include 10.78.0.0/16 \
@@ -55,12 +67,13 @@ ms() {
 }
 echo "== startup (ms, whole job; $RUNS alternating runs)"
 for n in 2 16 "$N"; do
-	r=() o=()
+	r=() o=() m=()
 	for _ in $(seq "$RUNS"); do
 		r+=("$(ms "$OUT/job.sh" rvma "$n" "$OUT/putwin")")
 		[ -n "${OMPI:-}" ] && o+=("$(ms "$OUT/job.sh" ompi "$n" "$OUT/hello")")
+		[ -n "${MPICH:-}" ] && m+=("$(ms "$OUT/job.sh" mpich "$n" "$OUT/hello_mpich")")
 	done
-	echo "ranks $n: rvmarun putwin ${r[*]}; mpirun.openmpi hello ${o[*]:-skipped}"
+	echo "ranks $n: rvmarun putwin ${r[*]}; mpirun.openmpi hello ${o[*]:-skipped}; mpiexec.hydra hello ${m[*]:-skipped}"
 done
 echo "== halo3d, $N ranks: $HALO"
 "$OUT/job.sh" rvma "$N" "$OUT/halo3d" $HALO 2>&1 | grep -E '^\[0@' &
@@ -79,5 +92,5 @@ if [ -n "${OMPI:-}" ] && [ -x "$OUT/halo3d_ompi" ]; then
 fi
 BENCH
 chmod +x "$OUT/bench.sh"
-OMPI=$OMPI go run ./scripts/hostbed -hosts "$H" -slots "$P" -- env OUT="$OUT" OMPI="$OMPI" "$OUT/bench.sh" "$N" "$RUNS" "$HALO"
+go run ./scripts/hostbed -hosts "$H" -slots "$P" -- env OUT="$OUT" OMPI="$OMPI" MPICH="$MPICH" "$OUT/bench.sh" "$N" "$RUNS" "$HALO"
 rm -rf "$OUT"

@@ -35,6 +35,14 @@ import (
 	"github.com/rvma/rvma/internal/testbed"
 )
 
+// agentScript is the launch agent: "agent [ssh options] HOST COMMAND...".
+// Options before the host (Hydra passes ssh's -x) are skipped.
+const agentScript = `#!/bin/sh
+while [ "${1#-}" != "$1" ]; do shift; done
+host=$1; shift
+exec ip netns exec "$host" unshare --uts sh -c "hostname $host; $*"
+`
+
 func main() {
 	hosts := flag.Int("hosts", 4, "number of hosts (network namespaces), 1..200")
 	slots := flag.Int("slots", 1, "slots per host in HOSTBED_HOSTS")
@@ -63,7 +71,7 @@ func main() {
 	}
 	defer os.RemoveAll(dir)
 	agent := dir + "/agent"
-	if err := os.WriteFile(agent, []byte("#!/bin/sh\nhost=$1; shift\nexec ip netns exec \"$host\" unshare --uts sh -c \"hostname $host; $*\"\n"), 0o755); err != nil {
+	if err := os.WriteFile(agent, []byte(agentScript), 0o755); err != nil {
 		fmt.Fprintln(os.Stderr, "hostbed:", err)
 		os.Exit(1)
 	}
