@@ -225,44 +225,38 @@ func reduceOp(op C.rvma_op) (rma.ReduceOp, error) {
 
 //export rvma_allreduce_int64
 func rvma_allreduce_int64(h C.rvma_comm, op C.rvma_op, vals *C.int64_t, count C.size_t) C.int {
-	c, err := commOf(h)
+	c, rop, v, err := allreduceArgs[int64]("rvma_allreduce_int64", h, op, unsafe.Pointer(vals), count)
 	if err != nil {
 		return fail(err)
-	}
-	rop, err := reduceOp(op)
-	if err != nil {
-		return fail(err)
-	}
-	b, err := elems("rvma_allreduce_int64", "vals", unsafe.Pointer(vals), count, 8)
-	if err != nil {
-		return fail(err)
-	}
-	var v []int64
-	if len(b) > 0 {
-		v = unsafe.Slice((*int64)(unsafe.Pointer(vals)), int(count))
 	}
 	return result(c.AllreduceInt64(bg, rop, v))
 }
 
 //export rvma_allreduce_double
 func rvma_allreduce_double(h C.rvma_comm, op C.rvma_op, vals *C.double, count C.size_t) C.int {
-	c, err := commOf(h)
+	c, rop, v, err := allreduceArgs[float64]("rvma_allreduce_double", h, op, unsafe.Pointer(vals), count)
 	if err != nil {
 		return fail(err)
+	}
+	return result(c.AllreduceFloat64(bg, rop, v))
+}
+
+// allreduceArgs checks an allreduce's arguments and views the C array as
+// count elements of T (8 bytes each).
+func allreduceArgs[T int64 | float64](name string, h C.rvma_comm, op C.rvma_op, vals unsafe.Pointer, count C.size_t) (*rma.Comm, rma.ReduceOp, []T, error) {
+	c, err := commOf(h)
+	if err != nil {
+		return nil, 0, nil, err
 	}
 	rop, err := reduceOp(op)
 	if err != nil {
-		return fail(err)
+		return nil, 0, nil, err
 	}
-	b, err := elems("rvma_allreduce_double", "vals", unsafe.Pointer(vals), count, 8)
-	if err != nil {
-		return fail(err)
+	b, err := elems(name, "vals", vals, count, 8)
+	if err != nil || len(b) == 0 {
+		return c, rop, nil, err
 	}
-	var v []float64
-	if len(b) > 0 {
-		v = unsafe.Slice((*float64)(unsafe.Pointer(vals)), int(count))
-	}
-	return result(c.AllreduceFloat64(bg, rop, v))
+	return c, rop, unsafe.Slice((*T)(vals), int(count)), nil
 }
 
 func checkTag(what string, tag C.int) error {

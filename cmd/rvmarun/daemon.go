@@ -221,7 +221,7 @@ func runHosts(hc *hostsConfig, job *hostJob, listen func(addr string) (string, f
 		cmd.SysProcAttr = rankAttr()
 		in, err := cmd.StdinPipe()
 		if err == nil {
-			err = startCopied(cmd, stdout, stderr, &outMu, &copiers)
+			err = startCopied(cmd, stdout, stderr, "", &outMu, &copiers)
 		}
 		if err != nil {
 			fmt.Fprintf(stderr, "rvmarun: %s: starting %q: %v\n", h.name, strings.Join(argv, " "), err)
@@ -271,9 +271,11 @@ func runHosts(hc *hostsConfig, job *hostJob, listen func(addr string) (string, f
 	return status
 }
 
-// startCopied starts cmd with its output copied line by line to stdout
-// and stderr.
-func startCopied(cmd *exec.Cmd, stdout, stderr io.Writer, mu *sync.Mutex, copiers *sync.WaitGroup) error {
+// startCopied starts cmd with its output copied line by line, each with
+// prefix, to stdout and stderr under mu; copiers counts the copies.
+// Our own pipes rather than exec's: exec's Wait closes them when the
+// process exits, which can cut its last lines.
+func startCopied(cmd *exec.Cmd, stdout, stderr io.Writer, prefix string, mu *sync.Mutex, copiers *sync.WaitGroup) error {
 	po, wo, err := os.Pipe()
 	if err != nil {
 		return err
@@ -301,7 +303,7 @@ func startCopied(cmd *exec.Cmd, stdout, stderr io.Writer, mu *sync.Mutex, copier
 		go func() {
 			defer copiers.Done()
 			defer p.in.Close()
-			copyLines(p.in, p.out, "", mu)
+			copyLines(p.in, p.out, prefix, mu)
 		}()
 	}
 	return nil

@@ -126,41 +126,11 @@ func startGroup(j *hostJob, stdout, stderr io.Writer, outMu *sync.Mutex) (*group
 	for i, r := range j.Ranks {
 		cmd := exec.Command(j.Prog, j.Args...)
 		cmd.Env, cmd.Dir = j.env(r), j.Dir
-		// Our own pipes rather than exec's: exec's Wait closes them when
-		// the process exits, which can cut its last lines.
-		po, wo, err := os.Pipe()
-		if err != nil {
-			return fail(err)
-		}
-		pe, we, err := os.Pipe()
-		if err != nil {
-			po.Close()
-			wo.Close()
-			return fail(err)
-		}
-		cmd.Stdout, cmd.Stderr = wo, we
 		cmd.SysProcAttr = rankAttr()
-		err = cmd.Start()
-		wo.Close()
-		we.Close()
-		if err != nil {
-			po.Close()
-			pe.Close()
+		if err := startCopied(cmd, stdout, stderr, j.tag(r), outMu, &g.copiers); err != nil {
 			return fail(fmt.Errorf("%s: %w", j.where(r), err))
 		}
 		g.cmds[i] = cmd
-		prefix := j.tag(r)
-		for _, p := range []struct {
-			in  *os.File
-			out io.Writer
-		}{{po, stdout}, {pe, stderr}} {
-			g.copiers.Add(1)
-			go func() {
-				defer g.copiers.Done()
-				defer p.in.Close()
-				copyLines(p.in, p.out, prefix, outMu)
-			}()
-		}
 	}
 	for i, cmd := range g.cmds {
 		go func() { g.exits <- exit{j.Ranks[i], cmd.Wait()} }()

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/netip"
-	"strings"
 	"testing"
 )
 
@@ -34,19 +33,15 @@ type Hosts struct {
 // root, no ip or tc). It is removed when t ends.
 func NewHosts(t testing.TB, cfg HostsConfig) *Hosts {
 	t.Helper()
-	if err := Available(); err != nil {
-		t.Skip(err.Error())
-	}
-	h, err := BuildHosts(cfg)
-	if h != nil {
-		t.Cleanup(h.Close)
-	}
-	if err != nil {
-		if strings.Contains(err.Error(), "Operation not permitted") {
-			t.Skipf("testbed: not permitted here: %v", err)
+	var h *Hosts
+	build(t, func() (func(), error) {
+		var err error
+		h, err = BuildHosts(cfg)
+		if h == nil {
+			return nil, err
 		}
-		t.Fatalf("testbed: %v", err)
-	}
+		return h.Close, err
+	})
 	return h
 }
 

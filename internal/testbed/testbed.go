@@ -52,12 +52,29 @@ type Bed struct {
 // tc). It is removed when t ends.
 func New(t testing.TB, cfg Config) *Bed {
 	t.Helper()
+	var b *Bed
+	build(t, func() (func(), error) {
+		var err error
+		b, err = Build(cfg)
+		if b == nil {
+			return nil, err
+		}
+		return b.Close, err
+	})
+	return b
+}
+
+// build builds a testbed for t with make, or skips t when it cannot be
+// built here; what make built (its Close, if not nil) is removed when t
+// ends.
+func build(t testing.TB, make func() (closer func(), err error)) {
+	t.Helper()
 	if err := Available(); err != nil {
 		t.Skip(err.Error())
 	}
-	b, err := Build(cfg)
-	if b != nil {
-		t.Cleanup(b.Close)
+	closer, err := make()
+	if closer != nil {
+		t.Cleanup(closer)
 	}
 	if err != nil {
 		if strings.Contains(err.Error(), "Operation not permitted") {
@@ -65,7 +82,6 @@ func New(t testing.TB, cfg Config) *Bed {
 		}
 		t.Fatalf("testbed: %v", err)
 	}
-	return b
 }
 
 // Available reports why a testbed cannot be built here, or nil.
