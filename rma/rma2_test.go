@@ -753,3 +753,40 @@ func TestManyAtomicsNoFlush(t *testing.T) {
 		})
 	}
 }
+
+// A plain put into a window of this host on shm is a copy into the target's
+// mapped window: no packet moves, the flush has nothing to wait for, and
+// the bytes are there. With faults injected it goes as packets again (a
+// copy would bypass them) and still lands; bounds are checked either way.
+func TestDirectPutsOnSHM(t *testing.T) {
+	comms := newWorld(t, 2, &Config{Provider: "shm"})
+	ctx := context.Background()
+	wins := make([]*Win, 2)
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		var err error
+		wins[c.Rank()], err = c.Allocate(ctx, 4096, nil)
+		return err
+	})
+	w, target := wins[0], wins[1]
+	require.NoError(t, w.LockAll(ctx))
+	require.NoError(t, w.Put(ctx, []byte("warm"), 1, 0)) // connects and maps
+	require.NoError(t, w.Flush(ctx, 1))
+	before := comms[1].dev.Stats().RxPackets
+	for i := range 100 {
+		require.NoError(t, w.Put(ctx, []byte(fmt.Sprintf("put %03d", i)), 1, 8*i))
+	}
+	require.NoError(t, w.Flush(ctx, 1))
+	require.Equal(t, before, comms[1].dev.Stats().RxPackets, "direct puts send no packet")
+	for i := range 100 {
+		require.Equal(t, fmt.Sprintf("put %03d", i), string(target.Bytes()[8*i:8*i+7]))
+	}
+	require.ErrorIs(t, w.Put(ctx, make([]byte, 16), 1, 4090), ErrOutOfBounds)
+
+	require.NoError(t, comms[0].dev.SetFaults(-1, verbs.Faults{Duplicate: 0.5, Seed: 3}))
+	require.NoError(t, w.Put(ctx, []byte("by packet"), 1, 2048))
+	require.NoError(t, w.Flush(ctx, 1))
+	require.Equal(t, "by packet", string(target.Bytes()[2048:2057]))
+	require.Greater(t, comms[1].dev.Stats().RxPackets, before, "under faults the put went as packets")
+	require.NoError(t, comms[0].dev.SetFaults(-1, verbs.Faults{}))
+	require.NoError(t, w.UnlockAll(ctx))
+}

@@ -11,6 +11,7 @@ import (
 	"math/bits"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/rvma/rvma/internal/lockcheck"
@@ -183,7 +184,8 @@ type Win struct {
 	mr      *verbs.MR
 	unit    int
 	remote  []remoteWin
-	lockMem []uint64 // this rank's lock word, then one result slot per target (atomics)
+	direct  []directPeer // per target: its window mapped here, for plain puts (shm)
+	lockMem []uint64     // this rank's lock word, then one result slot per target (atomics)
 	lockMR  *verbs.MR
 	credits words // notified windows: a credit word per target, written by peers, read with atomic loads (notifytx.go)
 	// Per-origin notified windows: where this rank's puts stand in each
@@ -303,6 +305,7 @@ func (c *Comm) create(ctx context.Context, mem []byte, mr *verbs.MR, cfg *WinCon
 		return nil, err
 	}
 	w.remote = make([]remoteWin, c.size)
+	w.direct = make([]directPeer, c.size)
 	for r, b := range all {
 		if w.remote[r], err = decodeWin(b, r, c.rank); err != nil {
 			w.release()
@@ -562,6 +565,52 @@ func (w *Win) check(name string, origin []byte, ol Layout, target, disp int, tl 
 	return ol, tl, off, err
 }
 
+// directPeer is a target's window mapped into this process (shm), so that
+// a plain put is a bounds check and a copy: no work request, no packet, no
+// completion, and its flush has nothing to wait for.
+type directPeer struct {
+	mu    sync.Mutex     // serialises the first attempt to map
+	state atomic.Uint32  // directUntried, directMapped or directNone
+	m     *verbs.Mapping // set before state becomes directMapped
+	dirty atomic.Bool    // a put went through m since the last flush
+}
+
+const (
+	directUntried = iota
+	directMapped
+	directNone
+)
+
+// mapped returns target's window mapped here, mapping it at the first
+// call; nil where it cannot be (another host, memory not from Allocate,
+// a notified window, this rank).
+func (w *Win) mapped(ctx context.Context, target int, rw *remoteWin) *verbs.Mapping {
+	d := &w.direct[target]
+	switch d.state.Load() {
+	case directMapped:
+		return d.m
+	case directNone:
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.state.Load() == directUntried {
+		st := uint32(directNone)
+		if rw.notify == 0 && target != w.c.rank && rw.size > 0 {
+			if qp, err := w.c.conn(ctx, target); err == nil {
+				if m, err := qp.Map(rw.rkey, rw.addr, int(rw.size), verbs.AccessRemoteWrite); err == nil {
+					d.m, st = m, directMapped
+				}
+			}
+		}
+		d.state.Store(st)
+	}
+	if d.state.Load() == directMapped {
+		return d.m
+	}
+	return nil
+}
+
 // put implements the puts; without signal it posts unsignalled work
 // requests and returns no request.
 func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp int, tl Layout, signal bool) (*Request, error) {
@@ -576,6 +625,18 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 		return &Request{op: op, name: name, rank: target}, nil
 	}
 	rw := &w.remote[target]
+	if !signal && rw.notify == 0 && ol.Contiguous() && tl.Contiguous() && !w.spreads(target, tl.Size(), ol, tl) {
+		// Into a window of this host mapped here: the put is a copy.
+		// Puts are not ordered with each other before a synchronisation
+		// (MPI), so this one may overtake earlier ones still in the QP.
+		if m := w.mapped(ctx, target, rw); m != nil && m.Usable() {
+			copy(m.Bytes()[off:off+tl.Size()], origin)
+			if d := &w.direct[target]; !d.dirty.Load() {
+				d.dirty.Store(true)
+			}
+			return nil, nil
+		}
+	}
 	switch {
 	case rw.notify != 0 && w.c.longHaul(target):
 		// Every notified put towards a long-haul peer takes this way, so
@@ -714,6 +775,14 @@ func (w *Win) postUnsignalled(qp *verbs.QP, target int, wrs []verbs.SendWR) erro
 // puts, if there are any: when it completes, they have (RC completes in
 // order, and a failed put fails the marker too).
 func (w *Win) marker(ctx context.Context, target int) error {
+	if d := &w.direct[target]; d.dirty.Load() {
+		// Puts copied into the target's mapped window completed then;
+		// unless the target is gone, which nothing else would tell.
+		d.dirty.Store(false)
+		if d.m.PeerGone() {
+			return fmt.Errorf("%w: its process is gone", ErrPeer)
+		}
+	}
 	w.unsigMu.Lock()
 	defer w.unsigMu.Unlock()
 	if w.unsig[target] == 0 {

@@ -396,3 +396,61 @@ func (pd *PD) resolveRemote(rkey uint32, va, n uint64, need Access) (*MR, []byte
 	}
 	return mr, b, true
 }
+
+// Mapping is a peer's registered memory mapped into this process
+// (QP.Map): loads and stores on Bytes reach the peer's region with no
+// work request, no packet and no completion.
+type Mapping struct {
+	b    []byte
+	gone *atomic.Bool
+	port *fabric.FaultPort
+}
+
+// Bytes is the mapped region.
+func (m *Mapping) Bytes() []byte { return m.b }
+
+// PeerGone reports that the peer's process was found gone (it is looked
+// for every 100 ms): what was stored since may be lost.
+func (m *Mapping) PeerGone() bool { return m.gone.Load() }
+
+// Usable reports whether accesses through the mapping are right now: the
+// peer lives and no faults are being injected on the port (the mapping
+// would bypass them).
+func (m *Mapping) Usable() bool { return !m.gone.Load() && m.port.Accessor() != nil }
+
+// Map returns the peer's registered memory [addr, addr+n) under rkey
+// mapped into this process, when the QP's port reaches it without packets
+// (shm, memory the peer took from PD.AllocMR) and the region grants
+// access (AccessRemoteWrite, AccessRemoteRead, or both); ErrUnsupported
+// otherwise. The rkey, range and rights are checked once, here.
+// Accesses through the mapping bypass the QP: they are not ordered with
+// its requests and complete at once; the caller orders them itself, and
+// stops using the mapping when the peer deregisters the region (the bytes
+// stay mapped, but are no longer the peer's) and before this device
+// closes (then they are unmapped).
+func (qp *QP) Map(rkey uint32, addr uint64, n int, access Access) (*Mapping, error) {
+	var need fabric.Rights
+	if access&AccessRemoteRead != 0 {
+		need |= fabric.RemoteRead
+	}
+	if access&AccessRemoteWrite != 0 {
+		need |= fabric.RemoteWrite
+	}
+	qp.mu.Lock()
+	if err := qp.usableLocked(); err != nil {
+		qp.mu.Unlock()
+		return nil, err
+	}
+	ready := qp.state == StateReadyToSend
+	dst, q := qp.remote.GID, fabric.QP{Num: qp.remote.QPN, Secret: qp.remote.Secret}
+	qp.mu.Unlock()
+	mp := qp.port.Mapper()
+	if !ready || mp == nil || need == 0 || qp.port.Accessor() == nil {
+		return nil, fmt.Errorf("verbs: QP %d: map: %w", qp.num, ErrUnsupported)
+	}
+	b, gone, err := mp.Map(dst, q, rkey, addr, n, need)
+	if err != nil {
+		return nil, fmt.Errorf("verbs: QP %d: map: %w: %v", qp.num, ErrUnsupported, err)
+	}
+	return &Mapping{b: b, gone: gone, port: qp.port}, nil
+}

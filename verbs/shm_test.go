@@ -666,3 +666,53 @@ func TestUnorderedWrite(t *testing.T) {
 		SGL: []verbs.SGE{a.MR.SGE(0, 8)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()}})
 	require.ErrorIs(t, err, verbs.ErrInvalidWR)
 }
+
+// QP.Map hands out the peer's AllocMR memory after the checks a direct
+// access makes; stores through it land in the peer's region. Faults make
+// it unusable; other memory, keys, ranges and rights are refused.
+func TestMap(t *testing.T) {
+	a, b := verbstest.Pair(t, verbstest.SHMAlloc(), verbstest.PairConfig{})
+	m, err := a.QP.Map(b.MR.RKey(), b.MR.Addr()+16, 64, verbs.AccessRemoteWrite|verbs.AccessRemoteRead)
+	require.NoError(t, err)
+	require.Len(t, m.Bytes(), 64)
+	copy(m.Bytes(), "through the mapping")
+	require.Equal(t, "through the mapping", string(b.Buf[16:16+19]))
+	require.True(t, m.Usable())
+	require.False(t, m.PeerGone())
+
+	ro, err := b.PD.AllocMR(4096, verbs.AccessRemoteRead)
+	require.NoError(t, err)
+	for _, c := range []struct {
+		name   string
+		rkey   uint32
+		addr   uint64
+		n      int
+		access verbs.Access
+	}{
+		{"wrong key", b.MR.RKey() ^ 0x55, b.MR.Addr(), 8, verbs.AccessRemoteWrite},
+		{"past the end", b.MR.RKey(), b.MR.Addr() + uint64(b.MR.Len()) - 4, 8, verbs.AccessRemoteWrite},
+		{"before the start", b.MR.RKey(), b.MR.Addr() - 8, 8, verbs.AccessRemoteWrite},
+		{"no bytes", b.MR.RKey(), b.MR.Addr(), 0, verbs.AccessRemoteWrite},
+		{"no rights asked", b.MR.RKey(), b.MR.Addr(), 8, 0},
+		{"write into read-only", ro.RKey(), ro.Addr(), 8, verbs.AccessRemoteWrite},
+	} {
+		_, err := a.QP.Map(c.rkey, c.addr, c.n, c.access)
+		require.ErrorIs(t, err, verbs.ErrUnsupported, c.name)
+	}
+	_, err = a.QP.Map(ro.RKey(), ro.Addr(), 8, verbs.AccessRemoteRead)
+	require.NoError(t, err, "read from read-only")
+
+	require.NoError(t, a.Dev.SetFaults(-1, verbs.Faults{Drop: 0.1, Seed: 1}))
+	require.False(t, m.Usable(), "faults would be bypassed")
+	require.NoError(t, a.Dev.SetFaults(-1, verbs.Faults{}))
+	require.True(t, m.Usable())
+
+	// Memory that is not from AllocMR, and providers without shared
+	// memory, are reached by work requests only.
+	c, d := verbstest.Pair(t, verbstest.SHM(), verbstest.PairConfig{})
+	_, err = c.QP.Map(d.MR.RKey(), d.MR.Addr(), 8, verbs.AccessRemoteWrite)
+	require.ErrorIs(t, err, verbs.ErrUnsupported)
+	e, f := verbstest.Pair(t, verbstest.Loop(), verbstest.PairConfig{})
+	_, err = e.QP.Map(f.MR.RKey(), f.MR.Addr(), 8, verbs.AccessRemoteWrite)
+	require.ErrorIs(t, err, verbs.ErrUnsupported)
+}

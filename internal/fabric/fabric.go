@@ -8,11 +8,13 @@
 // a slice of packets and HandlePackets receives one; a batch of one is the
 // degenerate case. What a provider offers beyond moving packets is named by
 // small interfaces (Progresser, StatsReporter, Exporter, Accessor,
-// BoxSharer, Puller, Allocator, Impairable) that a Port implements or not.
+// BoxSharer, Puller, Allocator, Mapper, Impairable) that a Port implements
+// or not.
 package fabric
 
 import (
 	"net/netip"
+	"sync/atomic"
 
 	"github.com/rvma/rvma/internal/wire"
 )
@@ -173,6 +175,21 @@ type Allocator interface {
 	// allocation's id and descriptor and buf's offset in it, which peers
 	// need to map it. ok is false for any other memory.
 	Locate(buf []byte) (id uint64, fd, off int, ok bool)
+}
+
+// Mapper hands out a peer's exported memory mapped into this process, for
+// a caller that accesses it many times with plain loads and stores (an
+// MPI window's puts). Only memory the peer took from its Allocator
+// qualifies, and the access is checked once, at Map, like an Accessor's:
+// afterwards nothing stands between the caller and the bytes, so the
+// caller must stop when the peer withdraws the region (the mapping stays
+// valid memory until this port closes, but is no longer the peer's).
+type Mapper interface {
+	// Map returns the bytes [va, va+n) of region rkey of the peer at dst,
+	// for its QP q, if need is among the region's rights, and a flag
+	// that turns true (within about 100 ms) once the peer's process is
+	// gone.
+	Map(dst netip.AddrPort, q QP, rkey uint32, va uint64, n int, need Rights) ([]byte, *atomic.Bool, error)
 }
 
 // Impairable is implemented by ports with direct paths (Accessor) that

@@ -104,6 +104,7 @@ type FaultPort struct {
 	boxes  BoxSharer
 	pull   Puller
 	alloc  Allocator
+	mapper Mapper
 	impair Impairable
 
 	faults atomic.Pointer[faultState]
@@ -133,6 +134,7 @@ func NewFaultPort(p Port) *FaultPort {
 	fp.boxes, _ = p.(BoxSharer)
 	fp.pull, _ = p.(Puller)
 	fp.alloc, _ = p.(Allocator)
+	fp.mapper, _ = p.(Mapper)
 	fp.impair, _ = p.(Impairable)
 	fp.timer = time.AfterFunc(time.Hour, fp.release)
 	fp.timer.Stop()
@@ -286,13 +288,14 @@ func (fp *FaultPort) Accessor() Accessor {
 	return fp.acc
 }
 
-// Exporter, BoxSharer, Puller and Allocator return the wrapped port's
+// Exporter, BoxSharer, Puller, Allocator and Mapper return the wrapped port's
 // abilities, or nil when it has none; faults do not change them (a port
 // under faults is reached through packets, see Impairable).
 func (fp *FaultPort) Exporter() Exporter   { return fp.exp }
 func (fp *FaultPort) BoxSharer() BoxSharer { return fp.boxes }
 func (fp *FaultPort) Puller() Puller       { return fp.pull }
 func (fp *FaultPort) Allocator() Allocator { return fp.alloc }
+func (fp *FaultPort) Mapper() Mapper       { return fp.mapper }
 
 // Stats returns the wrapped port's counters (zero if it keeps none).
 func (fp *FaultPort) Stats() Stats {

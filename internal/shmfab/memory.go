@@ -67,6 +67,7 @@ var (
 	_ fabric.BoxSharer     = (*Port)(nil)
 	_ fabric.Puller        = (*Port)(nil)
 	_ fabric.Allocator     = (*Port)(nil)
+	_ fabric.Mapper        = (*Port)(nil)
 	_ fabric.Impairable    = (*Port)(nil)
 	_ fabric.Progresser    = (*Port)(nil)
 	_ fabric.StatsReporter = (*Port)(nil)
@@ -534,6 +535,26 @@ func (p *Port) hold(dst netip.AddrPort, q fabric.QP, rkey uint32, va, n uint64, 
 }
 
 func (t target) done() { atomic.StoreUint64(t.busy, 0) }
+
+// Map hands out the peer's region bytes [va, va+n) mapped here
+// (fabric.Mapper): allocation memory only, checked as a direct access is.
+func (p *Port) Map(dst netip.AddrPort, q fabric.QP, rkey uint32, va uint64, n int, need fabric.Rights) ([]byte, *atomic.Bool, error) {
+	if n <= 0 {
+		return nil, nil, ErrIndirect
+	}
+	p.dmu.Lock()
+	defer p.dmu.Unlock()
+	t, err := p.hold(dst, q, rkey, va, uint64(n), need, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer t.done()
+	if t.mapped == nil {
+		return nil, nil, ErrIndirect // caller memory: reached by system calls only
+	}
+	t.pe.watched.Store(true)
+	return t.mapped, &t.pe.gone, nil
+}
 
 // mapAlloc maps a peer's allocation (once; cached by id); p.dmu is held.
 func (p *Port) mapAlloc(pe *peer, id uint64, fd int) ([]byte, error) {

@@ -142,3 +142,21 @@ func TestRetiredRingDrains(t *testing.T) {
 }
 
 func ownerOf(p *Port, i int) uint64 { return atomic.LoadUint64(u64(p.mem, slot(i)+offOwner)) }
+
+// A peer whose memory was handed out (Map marks it watched) is marked gone
+// within the receiver's watch period once its process dies.
+func TestWatchMarksGonePeers(t *testing.T) {
+	p, _ := open(t, t.Name())
+	cmd, addr := startChild(t, t.Name(), "")
+	p.pmu.Lock()
+	pe := p.peerFor(addr)
+	p.pmu.Unlock()
+	require.NotNil(t, pe)
+	require.False(t, pe.dead)
+	pe.watched.Store(true)
+	p.watch()
+	require.False(t, pe.gone.Load(), "alive")
+	require.NoError(t, cmd.Process.Kill())
+	cmd.Wait()
+	require.Eventually(t, pe.gone.Load, 5*time.Second, 10*time.Millisecond, "the receiver watches every 100 ms")
+}

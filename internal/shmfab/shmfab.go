@@ -179,6 +179,11 @@ type peer struct {
 	maps    map[uint64][]byte
 	noCMA   bool   // cross-memory attach to the peer failed: use packets
 	checked uint64 // Port.reaps when the peer's process was last seen alive
+
+	// watched: a mapping of the peer's memory was handed out (Map), so
+	// the receiver checks every 100 ms whether its process lives, and
+	// sets gone once it does not.
+	watched, gone atomic.Bool
 }
 
 var _ fabric.Port = (*Port)(nil)
@@ -492,6 +497,7 @@ func (p *Port) receive() {
 		now := time.Now()
 		if now.Sub(lastCheck) > 100*time.Millisecond {
 			p.reap()
+			p.watch()
 			p.reaps.Add(1)
 			lastCheck = now
 		}
@@ -658,6 +664,17 @@ func (p *Port) reap() {
 		atomic.StoreUint64(u64(p.mem, s+offTail), atomic.LoadUint64(u64(p.mem, s+offHead)))
 		if atomic.CompareAndSwapUint64(o, owner, 0) {
 			p.inactive(i)
+		}
+	}
+}
+
+// watch marks gone the watched peers whose process is gone (see Map).
+func (p *Port) watch() {
+	p.pmu.Lock()
+	defer p.pmu.Unlock()
+	for _, pe := range p.peers {
+		if pe.watched.Load() && !pe.gone.Load() && !futex.Alive(pe.pid) {
+			pe.gone.Store(true)
 		}
 	}
 }
