@@ -36,11 +36,11 @@ lib:
 # beside rvma.h; mpi/rvmacc compiles against them in place.
 CC          ?= cc
 MPI_CFLAGS  ?= -O2 -g -std=c11 -Wall -Wextra -fPIC -pthread
-MPI_SRC      = mpi/mpi.c mpi/win.c
+MPI_SRC      = mpi/src/mpi.c mpi/src/win.c
 libmpi:
 	mkdir -p lib/include lib/obj
 	cp mpi/include/mpi.h lib/include/
-	for f in $(MPI_SRC); do $(CC) $(MPI_CFLAGS) -Ilib/include -Impi -c -o lib/obj/$$(basename $$f .c).o $$f || exit 1; done
+	for f in $(MPI_SRC); do $(CC) $(MPI_CFLAGS) -Ilib/include -Impi/src -c -o lib/obj/$$(basename $$f .c).o $$f || exit 1; done
 	$(CC) -shared -pthread -o lib/libmpi.so lib/obj/*.o -Llib -lrvma '-Wl,-rpath,$$ORIGIN'
 	rm -f lib/libmpi.a && ar rcs lib/libmpi.a lib/obj/*.o
 
