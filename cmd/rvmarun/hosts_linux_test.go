@@ -140,7 +140,7 @@ func TestHostsRankKilled(t *testing.T) {
 	require.NoError(t, cmd.Start())
 	pids, _ := readyRanks(t, &out, 4)
 	// A rank of the second host, which rvmarun reaches through the agent.
-	m := regexp.MustCompile(`(?m)^\[\d+@`+tb.Names[1]+`\] ready (\d+) `).FindStringSubmatch(out.String())
+	m := regexp.MustCompile(`(?m)^\[\d+@` + tb.Names[1] + `\] ready (\d+) `).FindStringSubmatch(out.String())
 	require.NotNil(t, m, out.String())
 	victim, _ := strconv.Atoi(m[1])
 	require.NoError(t, syscall.Kill(victim, syscall.SIGKILL))
