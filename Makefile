@@ -6,11 +6,12 @@ FUZZTIME    ?= 20s
 PREFIX      ?= /usr/local
 LIBDIR      ?= $(PREFIX)/lib
 INCLUDEDIR  ?= $(PREFIX)/include
+BINDIR      ?= $(PREFIX)/bin
 RVMA_VERSION ?= 0.1.0
 # package:FuzzTarget pairs run by fuzz-short
 FUZZ_TARGETS = ./internal/psn:FuzzDiff ./internal/wire:FuzzParse ./verbs/cm:FuzzMessage ./internal/pmi:FuzzParse ./internal/pmi:FuzzParse2 ./rma:FuzzDecodeAM ./rma:FuzzDecodeWin ./rma:FuzzDecodeBlocks ./internal/sdrwire:FuzzParse ./internal/shmfab:FuzzRing ./internal/shmbox:FuzzOpen ./cmd/haul:FuzzState ./internal/kvs:FuzzServerHandshake ./internal/kvs:FuzzSessionOpen ./cmd/haul:FuzzRepairRequest
 
-.PHONY: all build lib install perf-capi test test-debug soak perf-mem perf-scale bench fuzz-short lint demo demo-verbs demo-haul perf perf-shm perf-rma perf-rma-mpi perf-halo-mpi perf-haul perf-haul-paths clean
+.PHONY: all build lib libmpi install perf-capi test test-debug soak perf-mem perf-scale bench fuzz-short lint demo demo-verbs demo-haul perf perf-shm perf-rma perf-rma-mpi perf-halo-mpi perf-haul perf-haul-paths clean
 
 all: build
 
@@ -28,6 +29,20 @@ lib:
 	rm -f lib/librvma.h
 	cp capi/include/rvma.h lib/include/
 	$(call rvma_pc,$(CURDIR)/lib,$(CURDIR)/lib,$(CURDIR)/lib/include) > lib/pkgconfig/rvma.pc
+	$(MAKE) libmpi
+
+# libmpi, the MPI compatibility library (mpi/: C over librvma), shared
+# (linked against librvma, found by rpath next to it) and static, mpi.h
+# beside rvma.h; mpi/rvmacc compiles against them in place.
+CC          ?= cc
+MPI_CFLAGS  ?= -O2 -g -std=c11 -Wall -Wextra -fPIC -pthread
+MPI_SRC      = mpi/src/mpi.c mpi/src/win.c
+libmpi:
+	mkdir -p lib/include lib/obj
+	cp mpi/include/mpi.h lib/include/
+	for f in $(MPI_SRC); do $(CC) $(MPI_CFLAGS) -Ilib/include -Impi/src -c -o lib/obj/$$(basename $$f .c).o $$f || exit 1; done
+	$(CC) -shared -pthread -o lib/libmpi.so lib/obj/*.o -Llib -lrvma '-Wl,-rpath,$$ORIGIN'
+	rm -f lib/libmpi.a && ar rcs lib/libmpi.a lib/obj/*.o
 
 rvma_pc = sed -e 's|@PREFIX@|$(1)|' -e 's|@LIBDIR@|$(2)|' -e 's|@INCLUDEDIR@|$(3)|' -e 's|@VERSION@|$(RVMA_VERSION)|' capi/rvma.pc.in
 
@@ -37,6 +52,11 @@ install: lib
 	install -m 0644 lib/librvma.a $(DESTDIR)$(LIBDIR)/
 	install -m 0644 capi/include/rvma.h $(DESTDIR)$(INCLUDEDIR)/
 	$(call rvma_pc,$(PREFIX),$(LIBDIR),$(INCLUDEDIR)) > $(DESTDIR)$(LIBDIR)/pkgconfig/rvma.pc
+	install -d $(DESTDIR)$(BINDIR)
+	install -m 0755 lib/libmpi.so $(DESTDIR)$(LIBDIR)/
+	install -m 0644 lib/libmpi.a $(DESTDIR)$(LIBDIR)/
+	install -m 0644 mpi/include/mpi.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 0755 mpi/rvmacc $(DESTDIR)$(BINDIR)/
 
 # What the C API adds per call over the Go API: the same loops in C and
 # in Go, 2 ranks on shm, alternating runs (docs: capi/bench/overhead.c).

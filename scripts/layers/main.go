@@ -32,7 +32,7 @@ var layer = map[string]int{
 	"rma":               5,
 }
 
-// top is the layer of commands, examples, scripts and the C API (capi):
+// top is the layer of commands, examples, scripts and the C APIs (capi, mpi):
 // they may import anything (but a provider).
 const top = 9
 
@@ -49,8 +49,9 @@ func layerOf(p string) int {
 		return l
 	}
 	// capi is librvma, a command (package main) built as a library: it
-	// stands above everything it exports, as the commands do.
-	if p == "capi" {
+	// stands above everything it exports, as the commands do. mpi is
+	// libmpi's test alone (the library is C over librvma).
+	if p == "capi" || p == "mpi" {
 		return top
 	}
 	for _, pre := range []string{"cmd/", "examples/", "scripts/", "capi/"} {

@@ -1,0 +1,272 @@
+// Package mpi_test checks libmpi, rvma's MPI compatibility library (C over
+// librvma; mpi/ has no Go code but this test): it builds librvma and
+// libmpi into a temporary directory, compiles the repository's MPI
+// programs (bench/mpi) unmodified with rvmacc and the C tests (test/*.c),
+// and runs them under rvmarun.
+package mpi_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
+// cc is the C compiler: $CC, else gcc.
+func cc() string {
+	if c := os.Getenv("CC"); c != "" {
+		return c
+	}
+	return "gcc"
+}
+
+// built builds librvma, libmpi, rvmarun, the Go halo3d and the C programs
+// once, and returns where.
+func built(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath(cc()); err != nil {
+		t.Skipf("no C compiler (%s): the MPI library's tests need one", cc())
+	}
+	buildOnce.Do(func() { buildDir, buildErr = buildAll() })
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return buildDir
+}
+
+func buildAll() (string, error) {
+	dir, err := os.MkdirTemp("", "mpi-test")
+	if err != nil {
+		return "", err
+	}
+	run := func(env []string, name string, args ...string) error {
+		cmd := exec.Command(name, args...)
+		cmd.Env = append(os.Environ(), env...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	lib := filepath.Join(dir, "lib")
+	steps := [][]string{
+		{"go", "build", "-buildmode=c-shared", "-o", filepath.Join(lib, "librvma.so"), "../capi"},
+		{"go", "build", "-o", filepath.Join(dir, "rvmarun"), "../cmd/rvmarun"},
+		{"go", "build", "-o", filepath.Join(dir, "halo3d_go"), "../examples/halo3d"},
+	}
+	for _, s := range steps {
+		if err := run(nil, s[0], s[1:]...); err != nil {
+			return dir, err
+		}
+	}
+	// libmpi as the Makefile builds it.
+	srcs, _ := filepath.Glob("src/*.c")
+	args := []string{"-shared", "-fPIC", "-O2", "-g", "-std=c11", "-Wall", "-Wextra", "-Werror", "-pthread",
+		"-Iinclude", "-Isrc", "-I../capi/include", "-o", filepath.Join(lib, "libmpi.so")}
+	args = append(append(args, srcs...), "-L"+lib, "-lrvma", "-Wl,-rpath,$ORIGIN")
+	if err := run(nil, cc(), args...); err != nil {
+		return dir, err
+	}
+	// Headers where rvmacc looks for them.
+	env := []string{"RVMA_LIBDIR=" + lib, "RVMA_INCDIR=" + filepath.Join(dir, "include"), "RVMA_CC=" + cc()}
+	if err := os.MkdirAll(filepath.Join(dir, "include"), 0o755); err != nil {
+		return dir, err
+	}
+	for _, h := range []string{"include/mpi.h", "../capi/include/rvma.h"} {
+		b, err := os.ReadFile(h)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, "include", filepath.Base(h)), b, 0o644)
+		}
+		if err != nil {
+			return dir, err
+		}
+	}
+	// The repository's MPI programs, unmodified, as their comments build
+	// them; our tests with warnings as errors.
+	for _, p := range []string{"halo3d", "rma_bench", "hello"} {
+		if err := run(env, "./rvmacc", "-O2", "-o", filepath.Join(dir, p), "../bench/mpi/"+p+".c"); err != nil {
+			return dir, err
+		}
+	}
+	tests, _ := filepath.Glob("test/*.c")
+	for _, f := range tests {
+		p := strings.TrimSuffix(filepath.Base(f), ".c")
+		if err := run(env, "./rvmacc", "-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o", filepath.Join(dir, p), f); err != nil {
+			return dir, err
+		}
+	}
+	return dir, nil
+}
+
+// job runs prog under rvmarun with n ranks and returns its stdout (ranks'
+// lines untagged); it fails the test if the job fails.
+func job(t *testing.T, dir string, n int, prog string, args ...string) string {
+	t.Helper()
+	out, errb, err := jobErr(dir, n, prog, args...)
+	if err != nil {
+		t.Fatalf("rvmarun -n %d %s %s: %v\nstdout:\n%s\nstderr:\n%s", n, prog, strings.Join(args, " "), err, out, errb)
+	}
+	return out
+}
+
+func jobErr(dir string, n int, prog string, args ...string) (string, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	a := append([]string{"-n", fmt.Sprint(n), "--tag-output=false", filepath.Join(dir, prog)}, args...)
+	cmd := exec.CommandContext(ctx, filepath.Join(dir, "rvmarun"), a...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	return out.String(), errb.String(), err
+}
+
+type halo struct {
+	Sync     string
+	Ranks    int
+	Dims     string
+	Checksum float64
+	OK       bool
+}
+
+func parseHalo(t *testing.T, out string) map[string]halo {
+	t.Helper()
+	rs := map[string]halo{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var r halo
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("%v: %q", err, line)
+		}
+		if !r.OK {
+			t.Fatalf("not ok: %s", line)
+		}
+		rs[r.Sync] = r
+	}
+	return rs
+}
+
+// TestHalo3d runs bench/mpi/halo3d.c built with rvmacc and checks that
+// every variant's checksum equals examples/halo3d's (the Go program on
+// rvma) for the same arguments, bit for bit: both add the ranks' sums in
+// rank order. examples/halo3d's own test ties the Go program to MPICH.
+func TestHalo3d(t *testing.T) {
+	dir := built(t)
+	for _, c := range []struct {
+		ranks int
+		args  []string
+	}{
+		{2, []string{"-n", "6", "--iters", "4", "--warmup", "1"}},
+		{4, []string{"-n", "8", "--iters", "5", "--warmup", "1"}},
+		{4, []string{"-l", "7,4,5", "--iters", "4", "--warmup", "2"}},
+	} {
+		args := append(c.args, "--json")
+		got := parseHalo(t, job(t, dir, c.ranks, "halo3d", args...))
+		want := parseHalo(t, job(t, dir, c.ranks, "halo3d_go", args...))
+		if len(got) != 5 {
+			t.Fatalf("%d ranks %v: %d results, want the 4 variants and serial-ref: %v", c.ranks, c.args, len(got), got)
+		}
+		for sync, g := range got {
+			if w, ok := want[sync]; !ok || w != g {
+				t.Errorf("%d ranks %v, %s: rvmacc's %+v, Go's %+v", c.ranks, c.args, sync, g, w)
+			}
+		}
+		t.Logf("%d ranks %v: checksum %v in both", c.ranks, c.args, got["sendrecv"].Checksum)
+	}
+}
+
+// TestRMABench runs every test of bench/mpi/rma_bench.c on 2 ranks, briefly,
+// and checks that each reports a result (the atomics' tests check the
+// target word themselves and abort if it is wrong).
+func TestRMABench(t *testing.T) {
+	dir := built(t)
+	tests := []string{"rma_put_flush_lat", "rma_get_lat", "rma_acc_lat", "rma_fop_lat", "rma_cas_lat",
+		"rma_put_notify_lat", "rma_put_rate"}
+	out := job(t, dir, 2, "rma_bench", strings.Join(tests, ","), "--iters", "200", "--size", "8,4096", "--json")
+	seen := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var r struct {
+			Test    string
+			Size    int
+			Iters   int
+			Seconds float64
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("%v: %q", err, line)
+		}
+		if r.Iters <= 0 || r.Seconds <= 0 {
+			t.Errorf("no result: %s", line)
+		}
+		seen[r.Test]++
+	}
+	for _, tt := range tests {
+		// one per size (the atomics' tests move 8 bytes whatever it is)
+		if seen[tt] != 2 {
+			t.Errorf("%s: %d results, want 2\n%s", tt, seen[tt], out)
+		}
+	}
+}
+
+func TestHello(t *testing.T) {
+	dir := built(t)
+	for _, n := range []int{2, 4} {
+		if out := job(t, dir, n, "hello"); !strings.Contains(out, fmt.Sprintf("hello from %d ranks", n)) {
+			t.Fatalf("%d ranks: %q", n, out)
+		}
+	}
+}
+
+// TestErrors runs test/errors.c (error classes under MPI_ERRORS_RETURN,
+// then values) on 2 and 4 ranks, and its fatal mode: a window's default
+// handler aborts the job with the class's message.
+func TestErrors(t *testing.T) {
+	dir := built(t)
+	for _, n := range []int{2, 4} {
+		if out := job(t, dir, n, "errors"); !strings.Contains(out, fmt.Sprintf("errors: ok on %d ranks", n)) {
+			t.Fatalf("%d ranks: %q", n, out)
+		}
+	}
+	out, errb, err := jobErr(dir, 2, "errors", "fatal")
+	if err == nil || strings.Contains(out, "not reached") || !strings.Contains(errb, "MPI_Put") ||
+		!strings.Contains(errb, "MPI_ERR_RANK") {
+		t.Fatalf("fatal: %v\nstdout:\n%s\nstderr:\n%s", err, out, errb)
+	}
+}
+
+// TestHeaderCompiles checks that mpi.h stands alone in strict C99 and C++.
+func TestHeaderCompiles(t *testing.T) {
+	if _, err := exec.LookPath(cc()); err != nil {
+		t.Skipf("no C compiler (%s)", cc())
+	}
+	src := filepath.Join(t.TempDir(), "h.c")
+	if err := os.WriteFile(src, []byte("#include \"mpi.h\"\nint main(void) { return MPI_SUCCESS; }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmds := [][]string{{cc(), "-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-fsyntax-only", "-Iinclude", src}}
+	if _, err := exec.LookPath("g++"); err == nil {
+		cmds = append(cmds, []string{"g++", "-x", "c++", "-std=c++11", "-Wall", "-Wextra", "-pedantic", "-Werror", "-fsyntax-only", "-Iinclude", src})
+	}
+	for _, c := range cmds {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			t.Errorf("%v: %v\n%s", c, err, out)
+		}
+	}
+}

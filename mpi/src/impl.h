@@ -1,0 +1,114 @@
+/* The internals of libmpi shared by its files (not installed). */
+#ifndef RVMA_MPI_IMPL_H
+#define RVMA_MPI_IMPL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "mpi.h"
+#include "rvma.h"
+
+/* The world: every communicator of this library is the world or a
+ * duplicate of it (same ranks), so rank r of any of them is rank r of
+ * rv_world. */
+extern rvma_comm rv_world;
+extern int rv_rank, rv_size, rv_up;
+
+/* One lock for the handle tables (held briefly, never across a call into
+ * librvma). */
+extern pthread_mutex_t rv_mu;
+
+/* A growing table of pointers; handle = index, slots below first are
+ * reserved for predefined handles. */
+struct table {
+	void **v;
+	int n, first, hint;
+};
+int tbl_add(struct table *t, void *p); /* the handle, or -1 */
+void *tbl_get(struct table *t, int h);
+void *tbl_del(struct table *t, int h);
+
+/* Errors. Each failing call records a message (thread local), then the
+ * handler decides: return the class, or print and abort. */
+int fail_comm(MPI_Comm comm, int cls, const char *fn, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+int fail_win(MPI_Win win, int cls, const char *fn, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* rvma's code rc as an MPI class (handle: the class of an invalid handle
+ * in this call), with rvma's message. */
+int rv_class(int rc, int handle_class);
+int rvfail_comm(MPI_Comm comm, int rc, const char *fn);
+int rvfail_win(MPI_Win win, int rc, const char *fn);
+
+#define NOT_INIT(fn) (!rv_up ? fail_comm(MPI_COMM_WORLD, MPI_ERR_OTHER, fn, "MPI is not initialized (or finalized)") : 0)
+
+/* Communicators: their tag context (tags are shifted into the upper bits
+ * of rvma's 30-bit tags). */
+int comm_ctx(MPI_Comm comm); /* -1 if invalid, -2 for MPI_COMM_SELF */
+
+/* Groups: world ranks. */
+struct group {
+	int n;
+	int *ranks;
+};
+struct group *group_get(MPI_Group g);
+
+/* Datatypes: a list of blocks (byte offsets and lengths, merged when
+ * adjacent) and, when the blocks are uniform, the strided layout they
+ * form. */
+struct blk {
+	int64_t off, len;
+};
+struct dtype {
+	int predefined, committed;
+	int basic;        /* the predefined type it is made of, 0 if none */
+	int64_t size;     /* bytes of data */
+	int64_t extent;   /* lb is 0 */
+	int64_t nblk;
+	struct blk *blk;
+	int uniform;      /* blk[] is one strided layout: */
+	int64_t off0, lc, lb, ls;
+};
+struct dtype *type_get(MPI_Datatype t); /* NULL if invalid */
+/* rvma's element type of a predefined type, 0 if none. */
+int type_rvma(MPI_Datatype basic);
+/* Checks a datatype and count for a communication call: 0 or a class
+ * (message recorded by the caller through fail_*; *why says). */
+int type_check(MPI_Datatype t, int count, struct dtype **out, const char **why);
+/* The strided layout of count copies of t, if one: 1, else 0. */
+int layout_of(const struct dtype *t, int64_t count, rvma_layout *l, int64_t *off0);
+/* Whether count copies of t are one run of bytes from offset 0. */
+int dense(const struct dtype *t, int64_t count);
+void pack(const struct dtype *t, int64_t count, const void *from, void *to);
+void unpack(const struct dtype *t, int64_t count, const void *from, void *to);
+
+/* A walk over the blocks of count copies of a type. */
+struct walk {
+	const struct dtype *t;
+	int64_t count, i, j, used;
+};
+void walk_init(struct walk *w, const struct dtype *t, int64_t count);
+/* The next run of up to max bytes: 1 with *off and *len, 0 at the end. */
+int walk_next(struct walk *w, int64_t max, int64_t *off, int64_t *len);
+
+/* Requests. */
+enum { REQ_RVMA = 1, REQ_RECV, REQ_DONE };
+struct req {
+	int kind;
+	int n, cap;
+	rvma_request *r; /* REQ_RVMA */
+	/* REQ_RECV */
+	MPI_Comm comm;
+	int src, tag, rtag, active;
+	void *buf;
+	int count;
+	MPI_Datatype type;
+	uint64_t seq;
+	struct req *next;
+	/* REQ_DONE */
+	MPI_Status st;
+	int err;
+};
+struct req *req_new(int kind, MPI_Request *h); /* NULL: out of handles */
+int req_push(struct req *q, rvma_request r);     /* 0 or -1 */
+void req_drop(MPI_Request h);
+
+#endif

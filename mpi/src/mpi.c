@@ -1,0 +1,1403 @@
+/*
+ * libmpi: MPI over librvma (rvma.h). The environment, errors, handle
+ * tables, communicators, groups, datatypes, messages and collectives; the
+ * windows are in win.c.
+ */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <wchar.h>
+
+#include "impl.h"
+
+rvma_comm rv_world;
+int rv_rank, rv_size = 1, rv_up;
+static int rv_done, rv_thread = MPI_THREAD_SINGLE;
+static pthread_t rv_main;
+pthread_mutex_t rv_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* ---- Tables ---------------------------------------------------------- */
+
+int tbl_add(struct table *t, void *p) {
+	pthread_mutex_lock(&rv_mu);
+	int h = -1;
+	int start = t->hint > t->first ? t->hint : t->first;
+	for (int pass = 0; pass < 2 && h < 0; pass++) {
+		for (int i = pass ? t->first : start; i < t->n; i++)
+			if (!t->v[i]) {
+				h = i;
+				break;
+			}
+	}
+	if (h < 0) {
+		int n = t->n < 64 ? 64 : 2 * t->n;
+		if (n < t->first + 1) n = t->first + 64;
+		void **v = realloc(t->v, (size_t)n * sizeof *v);
+		if (v) {
+			memset(v + t->n, 0, (size_t)(n - t->n) * sizeof *v);
+			h = t->n > t->first ? t->n : t->first;
+			t->v = v, t->n = n;
+		}
+	}
+	if (h >= 0) t->v[h] = p, t->hint = h + 1;
+	pthread_mutex_unlock(&rv_mu);
+	return h;
+}
+
+void *tbl_get(struct table *t, int h) {
+	pthread_mutex_lock(&rv_mu);
+	void *p = h > 0 && h < t->n ? t->v[h] : NULL;
+	pthread_mutex_unlock(&rv_mu);
+	return p;
+}
+
+void *tbl_del(struct table *t, int h) {
+	pthread_mutex_lock(&rv_mu);
+	void *p = NULL;
+	if (h > 0 && h < t->n && h >= t->first) {
+		p = t->v[h], t->v[h] = NULL;
+		if (h < t->hint) t->hint = h;
+	}
+	pthread_mutex_unlock(&rv_mu);
+	return p;
+}
+
+/* ---- Errors ------------------------------------------------------------ */
+
+static const char *class_names[] = {
+    "MPI_SUCCESS: no error",
+    "MPI_ERR_BUFFER: invalid buffer pointer",
+    "MPI_ERR_COUNT: invalid count argument",
+    "MPI_ERR_TYPE: invalid datatype",
+    "MPI_ERR_TAG: invalid tag",
+    "MPI_ERR_COMM: invalid communicator",
+    "MPI_ERR_RANK: invalid rank",
+    "MPI_ERR_REQUEST: invalid request",
+    "MPI_ERR_ROOT: invalid root",
+    "MPI_ERR_GROUP: invalid group",
+    "MPI_ERR_OP: invalid operation",
+    "MPI_ERR_TOPOLOGY: invalid topology",
+    "MPI_ERR_DIMS: invalid dimensions",
+    "MPI_ERR_ARG: invalid argument",
+    "MPI_ERR_UNKNOWN: unknown error",
+    "MPI_ERR_TRUNCATE: message truncated",
+    "MPI_ERR_OTHER: other error",
+    "MPI_ERR_INTERN: internal error",
+    "MPI_ERR_IN_STATUS: error code in status",
+    "MPI_ERR_PENDING: pending request",
+    "MPI_ERR_KEYVAL: invalid keyval",
+    "MPI_ERR_NO_MEM: out of memory",
+    "MPI_ERR_BASE: invalid base",
+    "MPI_ERR_INFO_KEY: invalid info key",
+    "MPI_ERR_INFO_VALUE: invalid info value",
+    "MPI_ERR_INFO_NOKEY: no such info key",
+    "MPI_ERR_SPAWN: spawn error",
+    "MPI_ERR_PORT: invalid port",
+    "MPI_ERR_SERVICE: invalid service",
+    "MPI_ERR_NAME: invalid name",
+    "MPI_ERR_WIN: invalid window",
+    "MPI_ERR_SIZE: invalid size",
+    "MPI_ERR_DISP: invalid displacement unit",
+    "MPI_ERR_INFO: invalid info",
+    "MPI_ERR_LOCKTYPE: invalid lock type",
+    "MPI_ERR_ASSERT: invalid assertion",
+    "MPI_ERR_RMA_CONFLICT: conflicting RMA accesses",
+    "MPI_ERR_RMA_SYNC: RMA call outside its synchronisation",
+    "MPI_ERR_RMA_RANGE: RMA access outside the target window",
+    "MPI_ERR_RMA_ATTACH: memory cannot be attached",
+    "MPI_ERR_RMA_SHARED: memory cannot be shared",
+    "MPI_ERR_RMA_FLAVOR: wrong window flavor",
+    "MPI_ERR_UNSUPPORTED_OPERATION: not supported by rvma's MPI library",
+    "MPI_ERR_UNSUPPORTED_DATAREP: unsupported data representation",
+    "MPI_ERR_PROC_ABORTED: a process aborted",
+};
+
+static __thread int last_class;
+static __thread char last_msg[400];
+
+static int valid_handler(MPI_Errhandler e) {
+	return e == MPI_ERRORS_ARE_FATAL || e == MPI_ERRORS_RETURN || e == MPI_ERRORS_ABORT;
+}
+
+static int raise_err(MPI_Errhandler eh, int cls, const char *fn, const char *fmt, va_list ap) {
+	char msg[340];
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	snprintf(last_msg, sizeof last_msg, "%.40s: %.340s", fn, msg);
+	last_class = cls;
+	if (eh != MPI_ERRORS_RETURN) {
+		fprintf(stderr, "rvma MPI: rank %d: %s: %s\n", rv_rank, last_msg,
+		        cls > 0 && cls <= MPI_ERR_LASTCODE ? class_names[cls] : "unknown error class");
+		fflush(stdout);
+		fflush(stderr);
+		exit(cls > 0 && cls < 256 ? cls : 1);
+	}
+	return cls;
+}
+
+struct comm {
+	int ctx;
+	MPI_Errhandler eh;
+};
+/* world (ctx 0), self, then duplicates; 64 contexts */
+enum { NCTX = 64, NCOMM = NCTX + 3 };
+static struct comm comms[NCOMM] = {{0, 0}, {0, MPI_ERRORS_ARE_FATAL}, {-2, MPI_ERRORS_ARE_FATAL}};
+static int comm_used[NCOMM] = {0, 1, 1};
+
+static MPI_Errhandler comm_eh(MPI_Comm c) {
+	pthread_mutex_lock(&rv_mu);
+	MPI_Errhandler e = c > 0 && c < NCOMM && comm_used[c] ? comms[c].eh : comms[MPI_COMM_WORLD].eh;
+	pthread_mutex_unlock(&rv_mu);
+	return e;
+}
+
+int comm_ctx(MPI_Comm c) {
+	pthread_mutex_lock(&rv_mu);
+	int x = c > 0 && c < NCOMM && comm_used[c] ? comms[c].ctx : -1;
+	pthread_mutex_unlock(&rv_mu);
+	return x;
+}
+
+int fail_comm(MPI_Comm comm, int cls, const char *fn, const char *fmt, ...) {
+	va_list ap;
+	va_start(ap, fmt);
+	int r = raise_err(comm_eh(comm), cls, fn, fmt, ap);
+	va_end(ap);
+	return r;
+}
+
+/* win.c's windows keep their handler; this finds it. */
+MPI_Errhandler win_eh(MPI_Win w);
+
+int fail_win(MPI_Win win, int cls, const char *fn, const char *fmt, ...) {
+	va_list ap;
+	va_start(ap, fmt);
+	MPI_Errhandler e = win_eh(win);
+	int r = raise_err(e ? e : comm_eh(MPI_COMM_WORLD), cls, fn, fmt, ap);
+	va_end(ap);
+	return r;
+}
+
+int rv_class(int rc, int handle_class) {
+	switch (rc) {
+	case RVMA_SUCCESS: return MPI_SUCCESS;
+	case RVMA_ERR_ARG: return MPI_ERR_ARG;
+	case RVMA_ERR_HANDLE: return handle_class;
+	case RVMA_ERR_RANK: return MPI_ERR_RANK;
+	case RVMA_ERR_BOUNDS: return MPI_ERR_RMA_RANGE;
+	case RVMA_ERR_EPOCH:
+	case RVMA_ERR_SYNC: return MPI_ERR_RMA_SYNC;
+	case RVMA_ERR_DATATYPE: return MPI_ERR_TYPE;
+	case RVMA_ERR_CLOSED: return handle_class;
+	case RVMA_ERR_TRUNCATE: return MPI_ERR_TRUNCATE;
+	case RVMA_ERR_UNSUPPORTED: return MPI_ERR_UNSUPPORTED_OPERATION;
+	case RVMA_ERR_RESOURCE: return MPI_ERR_NO_MEM;
+	default: return MPI_ERR_OTHER;
+	}
+}
+
+int rvfail_comm(MPI_Comm comm, int rc, const char *fn) {
+	return fail_comm(comm, rv_class(rc, MPI_ERR_COMM), fn, "%s (%s)", rvma_last_error_message(), rvma_strerror(rc));
+}
+
+int rvfail_win(MPI_Win win, int rc, const char *fn) {
+	return fail_win(win, rv_class(rc, MPI_ERR_WIN), fn, "%s (%s)", rvma_last_error_message(), rvma_strerror(rc));
+}
+
+int MPI_Error_string(int code, char *s, int *len) {
+	if (!s || !len) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL string or length");
+	if (code < 0 || code > MPI_ERR_LASTCODE) {
+		*len = snprintf(s, MPI_MAX_ERROR_STRING, "unknown error code %d", code);
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "unknown error code %d", code);
+	}
+	/* The class, and the last failure of this class on this thread. */
+	if (code != MPI_SUCCESS && code == last_class && last_msg[0])
+		snprintf(s, MPI_MAX_ERROR_STRING, "%.80s (last on this thread: %.400s)", class_names[code], last_msg);
+	else
+		snprintf(s, MPI_MAX_ERROR_STRING, "%s", class_names[code]);
+	*len = (int)strlen(s);
+	return MPI_SUCCESS;
+}
+
+int MPI_Error_class(int code, int *cls) {
+	if (!cls) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL class");
+	if (code < 0 || code > MPI_ERR_LASTCODE)
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "unknown error code %d", code);
+	*cls = code;
+	return MPI_SUCCESS;
+}
+
+int MPI_Comm_set_errhandler(MPI_Comm c, MPI_Errhandler e) {
+	if (comm_ctx(c) == -1) return fail_comm(c, MPI_ERR_COMM, __func__, "invalid communicator %d", c);
+	if (!valid_handler(e))
+		return fail_comm(c, e > 3 ? MPI_ERR_UNSUPPORTED_OPERATION : MPI_ERR_ARG, __func__,
+		                 "error handler %d: only MPI_ERRORS_RETURN, MPI_ERRORS_ARE_FATAL and MPI_ERRORS_ABORT", e);
+	pthread_mutex_lock(&rv_mu);
+	comms[c].eh = e;
+	pthread_mutex_unlock(&rv_mu);
+	return MPI_SUCCESS;
+}
+
+int MPI_Comm_get_errhandler(MPI_Comm c, MPI_Errhandler *e) {
+	if (comm_ctx(c) == -1) return fail_comm(c, MPI_ERR_COMM, __func__, "invalid communicator %d", c);
+	if (!e) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL errhandler");
+	*e = comm_eh(c);
+	return MPI_SUCCESS;
+}
+
+int MPI_Errhandler_free(MPI_Errhandler *e) {
+	if (!e || !valid_handler(*e)) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "invalid error handler");
+	*e = MPI_ERRHANDLER_NULL;
+	return MPI_SUCCESS;
+}
+
+/* ---- Environment ------------------------------------------------------- */
+
+int MPI_Init(int *argc, char ***argv) {
+	int provided;
+	return MPI_Init_thread(argc, argv, MPI_THREAD_SINGLE, &provided);
+}
+
+int MPI_Init_thread(int *argc, char ***argv, int required, int *provided) {
+	(void)argc, (void)argv;
+	if (rv_up || rv_done) return fail_comm(MPI_COMM_WORLD, MPI_ERR_OTHER, __func__, "called already");
+	int rc = rvma_init(&rv_world);
+	if (rc) return rvfail_comm(MPI_COMM_WORLD, rc, __func__);
+	rvma_comm_rank(rv_world, &rv_rank);
+	rvma_comm_size(rv_world, &rv_size);
+	rv_main = pthread_self();
+	rv_thread = required < MPI_THREAD_SINGLE ? MPI_THREAD_SINGLE
+	            : required > MPI_THREAD_MULTIPLE ? MPI_THREAD_MULTIPLE
+	                                             : required;
+	if (provided) *provided = rv_thread;
+	rv_up = 1;
+	return MPI_SUCCESS;
+}
+
+int MPI_Initialized(int *flag) {
+	if (!flag) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL flag");
+	*flag = rv_up || rv_done;
+	return MPI_SUCCESS;
+}
+
+int MPI_Finalized(int *flag) {
+	if (!flag) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL flag");
+	*flag = rv_done;
+	return MPI_SUCCESS;
+}
+
+int MPI_Finalize(void) {
+	if (NOT_INIT(__func__)) return MPI_ERR_OTHER;
+	fflush(stdout);
+	int rc = rvma_finalize();
+	rv_up = 0, rv_done = 1;
+	if (rc) return rvfail_comm(MPI_COMM_WORLD, rc, __func__);
+	return MPI_SUCCESS;
+}
+
+/* rvmarun and mpiexec stop the job when a rank exits with a failure. */
+int MPI_Abort(MPI_Comm comm, int code) {
+	(void)comm;
+	fprintf(stderr, "rvma MPI: rank %d: MPI_Abort(%d)\n", rv_rank, code);
+	fflush(stdout);
+	fflush(stderr);
+	_exit(code & 255 ? code & 255 : 1);
+}
+
+int MPI_Query_thread(int *provided) {
+	if (!provided) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL provided");
+	*provided = rv_thread;
+	return MPI_SUCCESS;
+}
+
+int MPI_Is_thread_main(int *flag) {
+	if (!flag) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL flag");
+	*flag = pthread_equal(pthread_self(), rv_main);
+	return MPI_SUCCESS;
+}
+
+int MPI_Get_version(int *v, int *sv) {
+	if (!v || !sv) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL argument");
+	*v = MPI_VERSION, *sv = MPI_SUBVERSION;
+	return MPI_SUCCESS;
+}
+
+int MPI_Get_library_version(char *s, int *len) {
+	if (!s || !len) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL argument");
+	*len = snprintf(s, MPI_MAX_LIBRARY_VERSION_STRING, "rvma MPI compatibility library (rvma.h API %d)",
+	                RVMA_API_VERSION);
+	return MPI_SUCCESS;
+}
+
+int MPI_Get_processor_name(char *name, int *len) {
+	if (!name || !len) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL argument");
+	if (gethostname(name, MPI_MAX_PROCESSOR_NAME) != 0) snprintf(name, MPI_MAX_PROCESSOR_NAME, "localhost");
+	name[MPI_MAX_PROCESSOR_NAME - 1] = 0;
+	*len = (int)strlen(name);
+	return MPI_SUCCESS;
+}
+
+double MPI_Wtime(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+double MPI_Wtick(void) {
+	struct timespec ts;
+	if (clock_getres(CLOCK_MONOTONIC, &ts) != 0) return 1e-9;
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The even split, largest first, of the dimensions left 0. */
+int MPI_Dims_create(int nnodes, int ndims, int dims[]) {
+	if (nnodes < 1 || ndims < 0 || (ndims > 0 && !dims))
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "nnodes %d, ndims %d", nnodes, ndims);
+	int fixed = 1, free_dims = 0;
+	for (int i = 0; i < ndims; i++) {
+		if (dims[i] < 0) return fail_comm(MPI_COMM_WORLD, MPI_ERR_DIMS, __func__, "dims[%d] = %d", i, dims[i]);
+		if (dims[i] > 0)
+			fixed *= dims[i];
+		else
+			free_dims++;
+	}
+	if (nnodes % fixed != 0)
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_DIMS, __func__, "%d nodes do not divide by the fixed dims", nnodes);
+	if (!free_dims) {
+		if (fixed != nnodes) return fail_comm(MPI_COMM_WORLD, MPI_ERR_DIMS, __func__, "dims multiply to %d", fixed);
+		return MPI_SUCCESS;
+	}
+	int p = nnodes / fixed, primes[64], np = 0, d[64];
+	for (int f = 2; f * f <= p; f++)
+		for (; p % f == 0; p /= f) primes[np++] = f;
+	if (p > 1) primes[np++] = p;
+	for (int i = 0; i < free_dims; i++) d[i] = 1;
+	for (int i = np - 1; i >= 0; i--) {
+		int k = 0;
+		for (int j = 1; j < free_dims; j++)
+			if (d[j] < d[k]) k = j;
+		d[k] *= primes[i];
+	}
+	for (int i = 0; i < free_dims; i++)
+		for (int j = i + 1; j < free_dims; j++)
+			if (d[j] > d[i]) {
+				int t = d[i];
+				d[i] = d[j], d[j] = t;
+			}
+	for (int i = 0, k = 0; i < ndims; i++)
+		if (dims[i] == 0) dims[i] = d[k++];
+	return MPI_SUCCESS;
+}
+
+/* ---- Communicators ------------------------------------------------------ */
+
+#define CHECK_COMM(c, fn)                                                                             \
+	do {                                                                                          \
+		if (NOT_INIT(fn)) return MPI_ERR_OTHER;                                               \
+		int x_ = comm_ctx(c);                                                                 \
+		if (x_ == -1) return fail_comm(c, MPI_ERR_COMM, fn, "invalid communicator %d", (int)c); \
+		if (x_ == -2)                                                                         \
+			return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, fn,                        \
+			                 "MPI_COMM_SELF supports rank and size only");                \
+	} while (0)
+
+int MPI_Comm_rank(MPI_Comm c, int *rank) {
+	if (NOT_INIT(__func__)) return MPI_ERR_OTHER;
+	int x = comm_ctx(c);
+	if (x == -1) return fail_comm(c, MPI_ERR_COMM, __func__, "invalid communicator %d", c);
+	if (!rank) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL rank");
+	*rank = x == -2 ? 0 : rv_rank;
+	return MPI_SUCCESS;
+}
+
+int MPI_Comm_size(MPI_Comm c, int *size) {
+	if (NOT_INIT(__func__)) return MPI_ERR_OTHER;
+	int x = comm_ctx(c);
+	if (x == -1) return fail_comm(c, MPI_ERR_COMM, __func__, "invalid communicator %d", c);
+	if (!size) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL size");
+	*size = x == -2 ? 1 : rv_size;
+	return MPI_SUCCESS;
+}
+
+/* Collective: the ranks agree on the lowest context free everywhere. */
+int MPI_Comm_dup(MPI_Comm c, MPI_Comm *out) {
+	CHECK_COMM(c, __func__);
+	if (!out) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL newcomm");
+	uint64_t used = 0, *all = malloc(sizeof(uint64_t) * (size_t)rv_size);
+	if (!all) return fail_comm(c, MPI_ERR_NO_MEM, __func__, "out of memory");
+	pthread_mutex_lock(&rv_mu);
+	for (int h = 1; h < NCOMM; h++)
+		if (comm_used[h] && comms[h].ctx >= 0) used |= 1ULL << comms[h].ctx;
+	pthread_mutex_unlock(&rv_mu);
+	int rc = rvma_allgather(rv_world, &used, sizeof used, all);
+	if (rc) {
+		free(all);
+		return rvfail_comm(c, rc, __func__);
+	}
+	for (int r = 0; r < rv_size; r++) used |= all[r];
+	free(all);
+	int ctx = -1;
+	for (int i = 1; i < NCTX; i++)
+		if (!(used & (1ULL << i))) {
+			ctx = i;
+			break;
+		}
+	if (ctx < 0) return fail_comm(c, MPI_ERR_NO_MEM, __func__, "all %d communicator contexts are in use", NCTX - 1);
+	pthread_mutex_lock(&rv_mu);
+	int h = -1;
+	for (int i = 3; i < NCOMM; i++)
+		if (!comm_used[i]) {
+			h = i;
+			break;
+		}
+	if (h > 0) comm_used[h] = 1, comms[h].ctx = ctx, comms[h].eh = comms[c].eh;
+	pthread_mutex_unlock(&rv_mu);
+	if (h < 0) return fail_comm(c, MPI_ERR_NO_MEM, __func__, "no communicator handle left");
+	*out = h;
+	return MPI_SUCCESS;
+}
+
+int MPI_Comm_free(MPI_Comm *c) {
+	if (NOT_INIT(__func__)) return MPI_ERR_OTHER;
+	if (!c || *c < 3 || *c >= NCOMM || comm_ctx(*c) < 0)
+		return fail_comm(c ? *c : 0, MPI_ERR_COMM, __func__, "not a communicator this program may free");
+	pthread_mutex_lock(&rv_mu);
+	comm_used[*c] = 0;
+	pthread_mutex_unlock(&rv_mu);
+	*c = MPI_COMM_NULL;
+	return MPI_SUCCESS;
+}
+
+int MPI_Comm_compare(MPI_Comm a, MPI_Comm b, int *result) {
+	if (comm_ctx(a) == -1 || comm_ctx(b) == -1) return fail_comm(a, MPI_ERR_COMM, __func__, "invalid communicator");
+	if (!result) return fail_comm(a, MPI_ERR_ARG, __func__, "NULL result");
+	int sa = comm_ctx(a) == -2, sb = comm_ctx(b) == -2;
+	*result = a == b ? MPI_IDENT : sa != sb ? (rv_size == 1 ? MPI_CONGRUENT : MPI_UNEQUAL) : MPI_CONGRUENT;
+	return MPI_SUCCESS;
+}
+
+int MPI_Comm_get_attr(MPI_Comm c, int key, void *val, int *flag) {
+	static int tag_ub = MPI_TAG_UB_VALUE, host = MPI_PROC_NULL, io = MPI_ANY_SOURCE, global = 0;
+	if (comm_ctx(c) == -1) return fail_comm(c, MPI_ERR_COMM, __func__, "invalid communicator %d", c);
+	if (!val || !flag) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL argument");
+	int *p = key == MPI_TAG_UB ? &tag_ub : key == MPI_HOST ? &host : key == MPI_IO ? &io
+	         : key == MPI_WTIME_IS_GLOBAL ? &global : NULL;
+	*flag = p != NULL;
+	if (p) *(int **)val = p;
+	return MPI_SUCCESS;
+}
+
+/* ---- Groups ------------------------------------------------------------- */
+
+static struct table groups = {.first = 2};
+static struct group empty_group;
+
+struct group *group_get(MPI_Group g) {
+	return g == MPI_GROUP_EMPTY ? &empty_group : tbl_get(&groups, g);
+}
+
+static int group_new(int n, MPI_Group *out) {
+	struct group *g = calloc(1, sizeof *g);
+	if (g) g->ranks = malloc(sizeof(int) * (size_t)(n ? n : 1));
+	if (!g || !g->ranks) {
+		if (g) free(g);
+		return -1;
+	}
+	g->n = n;
+	int h = tbl_add(&groups, g);
+	if (h < 0) {
+		free(g->ranks), free(g);
+		return -1;
+	}
+	*out = h;
+	return 0;
+}
+
+int MPI_Comm_group(MPI_Comm c, MPI_Group *out) {
+	if (NOT_INIT(__func__)) return MPI_ERR_OTHER;
+	int x = comm_ctx(c);
+	if (x == -1) return fail_comm(c, MPI_ERR_COMM, __func__, "invalid communicator %d", c);
+	if (!out) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL group");
+	int n = x == -2 ? 1 : rv_size;
+	MPI_Group h;
+	if (group_new(n, &h)) return fail_comm(c, MPI_ERR_NO_MEM, __func__, "out of memory");
+	struct group *g = group_get(h);
+	for (int i = 0; i < n; i++) g->ranks[i] = x == -2 ? rv_rank : i;
+	*out = h;
+	return MPI_SUCCESS;
+}
+
+int MPI_Win_get_group(MPI_Win win, MPI_Group *out);
+
+static int group_pick(MPI_Group gh, int n, const int ranks[], MPI_Group *out, int excl, const char *fn) {
+	if (NOT_INIT(fn)) return MPI_ERR_OTHER;
+	struct group *g = group_get(gh);
+	if (!g) return fail_comm(MPI_COMM_WORLD, MPI_ERR_GROUP, fn, "invalid group %d", gh);
+	if (n < 0 || (n > 0 && !ranks) || !out) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, fn, "n %d or NULL", n);
+	if (n > g->n) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, fn, "%d ranks of a group of %d", n, g->n);
+	char *seen = calloc((size_t)g->n + 1, 1);
+	if (!seen) return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, fn, "out of memory");
+	for (int i = 0; i < n; i++) {
+		if (ranks[i] < 0 || ranks[i] >= g->n || seen[ranks[i]]) {
+			free(seen);
+			return fail_comm(MPI_COMM_WORLD, MPI_ERR_RANK, fn, "ranks[%d] = %d: not a distinct rank of a group of %d", i,
+			                 ranks[i], g->n);
+		}
+		seen[ranks[i]] = 1;
+	}
+	int m = excl ? g->n - n : n;
+	MPI_Group h;
+	if (group_new(m, &h)) {
+		free(seen);
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, fn, "out of memory");
+	}
+	struct group *ng = group_get(h);
+	if (excl) {
+		for (int i = 0, k = 0; i < g->n; i++)
+			if (!seen[i]) ng->ranks[k++] = g->ranks[i];
+	} else {
+		for (int i = 0; i < n; i++) ng->ranks[i] = g->ranks[ranks[i]];
+	}
+	free(seen);
+	*out = h;
+	return MPI_SUCCESS;
+}
+
+int MPI_Group_incl(MPI_Group g, int n, const int ranks[], MPI_Group *out) {
+	return group_pick(g, n, ranks, out, 0, __func__);
+}
+
+int MPI_Group_excl(MPI_Group g, int n, const int ranks[], MPI_Group *out) {
+	return group_pick(g, n, ranks, out, 1, __func__);
+}
+
+int MPI_Group_free(MPI_Group *gh) {
+	if (!gh) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL group");
+	if (*gh == MPI_GROUP_EMPTY) {
+		*gh = MPI_GROUP_NULL;
+		return MPI_SUCCESS;
+	}
+	struct group *g = tbl_del(&groups, *gh);
+	if (!g) return fail_comm(MPI_COMM_WORLD, MPI_ERR_GROUP, __func__, "invalid group %d", *gh);
+	free(g->ranks), free(g);
+	*gh = MPI_GROUP_NULL;
+	return MPI_SUCCESS;
+}
+
+int MPI_Group_size(MPI_Group gh, int *size) {
+	struct group *g = group_get(gh);
+	if (!g) return fail_comm(MPI_COMM_WORLD, MPI_ERR_GROUP, __func__, "invalid group %d", gh);
+	if (!size) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL size");
+	*size = g->n;
+	return MPI_SUCCESS;
+}
+
+int MPI_Group_rank(MPI_Group gh, int *rank) {
+	struct group *g = group_get(gh);
+	if (!g) return fail_comm(MPI_COMM_WORLD, MPI_ERR_GROUP, __func__, "invalid group %d", gh);
+	if (!rank) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL rank");
+	*rank = MPI_UNDEFINED;
+	for (int i = 0; i < g->n; i++)
+		if (g->ranks[i] == rv_rank) *rank = i;
+	return MPI_SUCCESS;
+}
+
+int MPI_Group_translate_ranks(MPI_Group g1, int n, const int r1[], MPI_Group g2, int r2[]) {
+	struct group *a = group_get(g1), *b = group_get(g2);
+	if (!a || !b) return fail_comm(MPI_COMM_WORLD, MPI_ERR_GROUP, __func__, "invalid group");
+	if (n < 0 || (n > 0 && (!r1 || !r2))) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "bad n or NULL");
+	for (int i = 0; i < n; i++)
+		if (r1[i] != MPI_PROC_NULL && (r1[i] < 0 || r1[i] >= a->n))
+			return fail_comm(MPI_COMM_WORLD, MPI_ERR_RANK, __func__, "ranks1[%d] = %d", i, r1[i]);
+	for (int i = 0; i < n; i++) {
+		if (r1[i] == MPI_PROC_NULL) {
+			r2[i] = MPI_PROC_NULL;
+			continue;
+		}
+		r2[i] = MPI_UNDEFINED;
+		for (int j = 0; j < b->n; j++)
+			if (b->ranks[j] == a->ranks[r1[i]]) r2[i] = j;
+	}
+	return MPI_SUCCESS;
+}
+
+int MPI_Group_compare(MPI_Group g1, MPI_Group g2, int *result) {
+	struct group *a = group_get(g1), *b = group_get(g2);
+	if (!a || !b) return fail_comm(MPI_COMM_WORLD, MPI_ERR_GROUP, __func__, "invalid group");
+	if (!result) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL result");
+	if (a->n != b->n) {
+		*result = MPI_UNEQUAL;
+		return MPI_SUCCESS;
+	}
+	int same = 1, similar = 1;
+	for (int i = 0; i < a->n; i++) {
+		if (a->ranks[i] != b->ranks[i]) same = 0;
+		int found = 0;
+		for (int j = 0; j < b->n; j++) found |= b->ranks[j] == a->ranks[i];
+		similar &= found;
+	}
+	*result = same ? MPI_IDENT : similar ? MPI_SIMILAR : MPI_UNEQUAL;
+	return MPI_SUCCESS;
+}
+
+/* ---- Info ------------------------------------------------------------------ */
+
+static struct table infos = {.first = 2};
+
+int MPI_Info_create(MPI_Info *info) {
+	if (!info) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL info");
+	int h = tbl_add(&infos, malloc(1));
+	if (h < 0) return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, __func__, "out of info handles");
+	*info = h;
+	return MPI_SUCCESS;
+}
+
+int MPI_Info_set(MPI_Info info, const char *key, const char *value) {
+	if (!tbl_get(&infos, info)) return fail_comm(MPI_COMM_WORLD, MPI_ERR_INFO, __func__, "invalid info %d", info);
+	if (!key || !value) return fail_comm(MPI_COMM_WORLD, MPI_ERR_INFO_KEY, __func__, "NULL key or value");
+	return MPI_SUCCESS; /* hints: ignored */
+}
+
+int MPI_Info_free(MPI_Info *info) {
+	void *p = info ? tbl_del(&infos, *info) : NULL;
+	if (!p) return fail_comm(MPI_COMM_WORLD, MPI_ERR_INFO, __func__, "invalid info");
+	free(p);
+	*info = MPI_INFO_NULL;
+	return MPI_SUCCESS;
+}
+
+/* ---- Datatypes ---------------------------------------------------------- */
+
+enum { K_NONE, K_I8, K_I16, K_I32, K_I64, K_U8, K_U16, K_U32, K_U64, K_F32, K_F64, K_LD, K_BOOL, K_BYTE };
+
+static const struct {
+	int64_t size;
+	int kind;
+} basics[] = {
+    [1] = {1, K_I8},                         /* CHAR */
+    [2] = {1, K_I8},                         /* SIGNED_CHAR */
+    [3] = {1, K_U8},                         /* UNSIGNED_CHAR */
+    [4] = {1, K_BYTE},                       /* BYTE */
+    [5] = {2, K_I16},                        /* SHORT */
+    [6] = {2, K_U16},                        /* UNSIGNED_SHORT */
+    [7] = {4, K_I32},                        /* INT */
+    [8] = {4, K_U32},                        /* UNSIGNED */
+    [9] = {sizeof(long), sizeof(long) == 8 ? K_I64 : K_I32},
+    [10] = {sizeof(long), sizeof(long) == 8 ? K_U64 : K_U32},
+    [11] = {8, K_I64},                       /* LONG_LONG */
+    [12] = {8, K_U64},                       /* UNSIGNED_LONG_LONG */
+    [13] = {4, K_F32},                       /* FLOAT */
+    [14] = {8, K_F64},                       /* DOUBLE */
+    [15] = {sizeof(long double), K_LD},      /* LONG_DOUBLE */
+    [16] = {1, K_I8},  [17] = {2, K_I16}, [18] = {4, K_I32}, [19] = {8, K_I64},
+    [20] = {1, K_U8},  [21] = {2, K_U16}, [22] = {4, K_U32}, [23] = {8, K_U64},
+    [24] = {sizeof(MPI_Aint), sizeof(MPI_Aint) == 8 ? K_I64 : K_I32}, /* AINT */
+    [25] = {8, K_I64},                       /* OFFSET */
+    [26] = {8, K_I64},                       /* COUNT */
+    [27] = {sizeof(_Bool), K_BOOL},          /* C_BOOL */
+    [28] = {sizeof(wchar_t), K_NONE},        /* WCHAR */
+    [29] = {1, K_BYTE},                      /* PACKED */
+};
+enum { NBASIC = 30 };
+
+static struct dtype predef[NBASIC];
+static struct blk predef_blk[NBASIC];
+static struct table types = {.first = NBASIC};
+
+static void init_predef(void) {
+	for (int i = 1; i < NBASIC; i++) {
+		int64_t s = basics[i].size;
+		predef_blk[i] = (struct blk){0, s};
+		predef[i] = (struct dtype){.predefined = 1, .committed = 1, .basic = i, .size = s, .extent = s, .nblk = 1,
+		                           .blk = &predef_blk[i], .uniform = 1, .off0 = 0, .lc = 1, .lb = s, .ls = s};
+	}
+}
+
+struct dtype *type_get(MPI_Datatype t) {
+	if (t > 0 && t < NBASIC) {
+		if (!predef[1].size) init_predef();
+		return &predef[t];
+	}
+	return t >= NBASIC ? tbl_get(&types, t) : NULL;
+}
+
+int type_rvma(MPI_Datatype basic) {
+	if (basic <= 0 || basic >= NBASIC) return 0;
+	switch (basics[basic].kind) {
+	case K_I32: return RVMA_INT32;
+	case K_I64: return RVMA_INT64;
+	case K_U32: return RVMA_UINT32;
+	case K_U64: return RVMA_UINT64;
+	case K_F32: return RVMA_FLOAT;
+	case K_F64: return RVMA_DOUBLE;
+	default: return 0;
+	}
+}
+
+int type_check(MPI_Datatype t, int count, struct dtype **out, const char **why) {
+	struct dtype *d = type_get(t);
+	if (!d) {
+		*why = "invalid datatype";
+		return MPI_ERR_TYPE;
+	}
+	if (!d->committed) {
+		*why = "datatype not committed";
+		return MPI_ERR_TYPE;
+	}
+	if (count < 0) {
+		*why = "negative count";
+		return MPI_ERR_COUNT;
+	}
+	*out = d;
+	return 0;
+}
+
+int layout_of(const struct dtype *t, int64_t count, rvma_layout *l, int64_t *off0) {
+	if (!t->uniform) return 0;
+	*off0 = t->off0;
+	int64_t c, b, s;
+	if (count == 1) {
+		c = t->lc, b = t->lb, s = t->ls;
+	} else if (t->lc <= 1 || t->lb == t->ls) {
+		int64_t run = t->lc * t->lb;
+		if (run == t->extent)
+			c = 1, b = count * run, s = b;
+		else
+			c = count, b = run, s = t->extent;
+	} else if (t->ls * t->lc == t->extent) {
+		c = count * t->lc, b = t->lb, s = t->ls;
+	} else {
+		return 0;
+	}
+	if (c <= 1 || b == s) b = c * b, c = 1, s = b;
+	*l = (rvma_layout){c, b, s};
+	return 1;
+}
+
+int dense(const struct dtype *t, int64_t count) {
+	rvma_layout l;
+	int64_t off0;
+	return count == 0 || t->size == 0 || (layout_of(t, count, &l, &off0) && off0 == 0 && l.count == 1);
+}
+
+void walk_init(struct walk *w, const struct dtype *t, int64_t count) {
+	*w = (struct walk){.t = t, .count = t->nblk ? count : 0};
+}
+
+int walk_next(struct walk *w, int64_t max, int64_t *off, int64_t *len) {
+	if (w->i >= w->count) return 0;
+	const struct blk *b = &w->t->blk[w->j];
+	*off = w->i * w->t->extent + b->off + w->used;
+	int64_t n = b->len - w->used;
+	if (n > max) n = max;
+	*len = n;
+	w->used += n;
+	if (w->used == b->len) {
+		w->used = 0;
+		if (++w->j == w->t->nblk) w->j = 0, w->i++;
+	}
+	return 1;
+}
+
+void pack(const struct dtype *t, int64_t count, const void *from, void *to) {
+	struct walk w;
+	int64_t off, len, at = 0;
+	walk_init(&w, t, count);
+	while (walk_next(&w, INT64_MAX, &off, &len)) memcpy((char *)to + at, (const char *)from + off, (size_t)len), at += len;
+}
+
+void unpack(const struct dtype *t, int64_t count, const void *from, void *to) {
+	struct walk w;
+	int64_t off, len, at = 0;
+	walk_init(&w, t, count);
+	while (walk_next(&w, INT64_MAX, &off, &len)) memcpy((char *)to + off, (const char *)from + at, (size_t)len), at += len;
+}
+
+enum { MAX_BLOCKS = 1 << 24 };
+
+/* count blocks of blocklen copies of old, stride bytes apart. */
+static int type_make(const char *fn, int64_t count, int64_t blocklen, int64_t stride, MPI_Datatype oldh,
+                     MPI_Datatype *out) {
+	if (NOT_INIT(fn)) return MPI_ERR_OTHER;
+	struct dtype *old = type_get(oldh);
+	if (!old) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, fn, "invalid old datatype %d", oldh);
+	if (count < 0 || blocklen < 0)
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_COUNT, fn, "count %lld, blocklength %lld", (long long)count,
+		                 (long long)blocklen);
+	if (!out) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, fn, "NULL newtype");
+	if (stride < 0 && count > 1)
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_UNSUPPORTED_OPERATION, fn,
+		                 "negative stride %lld: rvma's layouts go forward only", (long long)stride);
+	if (count && blocklen && old->nblk > MAX_BLOCKS / count / blocklen)
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, fn, "more than %d blocks", MAX_BLOCKS);
+	int64_t nmax = count * blocklen * old->nblk;
+	struct dtype *t = calloc(1, sizeof *t);
+	struct blk *blk = malloc(sizeof *blk * (size_t)(nmax ? nmax : 1));
+	if (!t || !blk) {
+		free(t), free(blk);
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, fn, "out of memory");
+	}
+	int64_t n = 0;
+	for (int64_t i = 0; i < count; i++)
+		for (int64_t k = 0; k < blocklen; k++)
+			for (int64_t j = 0; j < old->nblk; j++) {
+				int64_t off = i * stride + k * old->extent + old->blk[j].off, len = old->blk[j].len;
+				if (n > 0 && blk[n - 1].off + blk[n - 1].len == off)
+					blk[n - 1].len += len;
+				else
+					blk[n++] = (struct blk){off, len};
+			}
+	t->blk = blk, t->nblk = n;
+	t->basic = old->basic;
+	t->size = count * blocklen * old->size;
+	t->extent = count ? (count - 1) * stride + blocklen * old->extent : 0;
+	t->uniform = 1;
+	if (n == 0) {
+		t->lc = 0, t->lb = 0, t->ls = 0;
+	} else {
+		t->off0 = blk[0].off, t->lc = n, t->lb = blk[0].len, t->ls = n > 1 ? blk[1].off - blk[0].off : blk[0].len;
+		for (int64_t i = 1; i < n; i++)
+			if (blk[i].len != t->lb || blk[i].off - blk[i - 1].off != t->ls) t->uniform = 0;
+	}
+	int h = tbl_add(&types, t);
+	if (h < 0) {
+		free(blk), free(t);
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, fn, "out of datatype handles");
+	}
+	*out = h;
+	return MPI_SUCCESS;
+}
+
+int MPI_Type_contiguous(int count, MPI_Datatype old, MPI_Datatype *out) {
+	return type_make(__func__, 1, count, 0, old, out);
+}
+
+int MPI_Type_vector(int count, int blocklength, int stride, MPI_Datatype old, MPI_Datatype *out) {
+	struct dtype *o = type_get(old);
+	return type_make(__func__, count, blocklength, o ? (int64_t)stride * o->extent : 0, old, out);
+}
+
+int MPI_Type_create_hvector(int count, int blocklength, MPI_Aint stride, MPI_Datatype old, MPI_Datatype *out) {
+	return type_make(__func__, count, blocklength, stride, old, out);
+}
+
+int MPI_Type_commit(MPI_Datatype *t) {
+	struct dtype *d = t ? type_get(*t) : NULL;
+	if (!d) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, __func__, "invalid datatype");
+	d->committed = 1;
+	return MPI_SUCCESS;
+}
+
+int MPI_Type_free(MPI_Datatype *t) {
+	if (!t) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL datatype");
+	if (*t > 0 && *t < NBASIC)
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, __func__, "a predefined datatype cannot be freed");
+	struct dtype *d = *t >= NBASIC ? tbl_del(&types, *t) : NULL;
+	if (!d) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, __func__, "invalid datatype %d", *t);
+	free(d->blk), free(d);
+	*t = MPI_DATATYPE_NULL;
+	return MPI_SUCCESS;
+}
+
+int MPI_Type_size(MPI_Datatype t, int *size) {
+	struct dtype *d = type_get(t);
+	if (!d) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, __func__, "invalid datatype %d", t);
+	if (!size) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL size");
+	*size = d->size > INT32_MAX ? MPI_UNDEFINED : (int)d->size;
+	return MPI_SUCCESS;
+}
+
+int MPI_Type_get_extent(MPI_Datatype t, MPI_Aint *lb, MPI_Aint *extent) {
+	struct dtype *d = type_get(t);
+	if (!d) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, __func__, "invalid datatype %d", t);
+	if (!lb || !extent) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL argument");
+	*lb = 0, *extent = (MPI_Aint)d->extent;
+	return MPI_SUCCESS;
+}
+
+int MPI_Get_count(const MPI_Status *st, MPI_Datatype t, int *count) {
+	struct dtype *d = type_get(t);
+	if (!d) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, __func__, "invalid datatype %d", t);
+	if (!st || !count) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL argument");
+	if (d->size == 0)
+		*count = st->rvma_bytes == 0 ? 0 : MPI_UNDEFINED;
+	else
+		*count = st->rvma_bytes % d->size ? MPI_UNDEFINED : (int)(st->rvma_bytes / d->size);
+	return MPI_SUCCESS;
+}
+
+/* ---- Requests ------------------------------------------------------------- */
+
+static struct table reqs = {.first = 1};
+static struct req *pending; /* posted receives, in posting order */
+static uint64_t recv_seq;
+
+struct req *req_new(int kind, MPI_Request *h) {
+	struct req *q = calloc(1, sizeof *q);
+	if (!q) return NULL;
+	q->kind = kind;
+	int x = tbl_add(&reqs, q);
+	if (x < 0) {
+		free(q);
+		return NULL;
+	}
+	*h = x;
+	return q;
+}
+
+int req_push(struct req *q, rvma_request r) {
+	if (r == RVMA_REQUEST_NULL) return 0;
+	if (q->n == q->cap) {
+		int cap = q->cap ? 2 * q->cap : 4;
+		rvma_request *v = realloc(q->r, sizeof *v * (size_t)cap);
+		if (!v) return -1;
+		q->r = v, q->cap = cap;
+	}
+	q->r[q->n++] = r;
+	return 0;
+}
+
+void req_drop(MPI_Request h) {
+	struct req *q = tbl_del(&reqs, h);
+	if (q) free(q->r), free(q);
+}
+
+static void set_status(MPI_Status *st, int src, int tag, int err, long long bytes) {
+	if (!st) return;
+	st->MPI_SOURCE = src, st->MPI_TAG = tag, st->MPI_ERROR = err, st->rvma_bytes = bytes, st->rvma_cancelled = 0;
+}
+
+/* Receives q's message now (its earlier receives of the same source and
+ * tag first, so that messages match in posting order); q becomes
+ * REQ_DONE with its status. */
+static void recv_now(struct req *q) {
+	for (;;) {
+		struct req *e = NULL;
+		pthread_mutex_lock(&rv_mu);
+		for (struct req *p = pending; p && p != q; p = p->next)
+			if (p->src == q->src && p->rtag == q->rtag && !p->active) {
+				e = p, p->active = 1;
+				break;
+			}
+		if (!e) q->active = 1;
+		pthread_mutex_unlock(&rv_mu);
+		if (!e) break;
+		recv_now(e);
+	}
+	struct dtype *d = type_get(q->type);
+	int64_t bytes = d ? d->size * q->count : 0;
+	int direct = d && dense(d, q->count);
+	void *tmp = direct ? q->buf : malloc((size_t)(bytes ? bytes : 1));
+	size_t len = 0;
+	int rc = tmp ? rvma_recv(rv_world, q->src, q->rtag, tmp, (size_t)bytes, &len) : RVMA_ERR_RESOURCE;
+	int err = MPI_SUCCESS;
+	if (rc) {
+		snprintf(last_msg, sizeof last_msg, "MPI_Recv: %s (%s)", rvma_last_error_message(), rvma_strerror(rc));
+		err = last_class = rv_class(rc, MPI_ERR_COMM);
+	}
+	if (!direct && tmp) {
+		if (rc == RVMA_SUCCESS) unpack(d, q->count, tmp, q->buf);
+		free(tmp);
+	}
+	pthread_mutex_lock(&rv_mu);
+	for (struct req **p = &pending; *p; p = &(*p)->next)
+		if (*p == q) {
+			*p = q->next;
+			break;
+		}
+	pthread_mutex_unlock(&rv_mu);
+	set_status(&q->st, q->src, q->tag, err, (long long)(len < (size_t)bytes ? len : (size_t)bytes));
+	q->err = err;
+	q->kind = REQ_DONE;
+}
+
+static int p2p_args(const char *fn, MPI_Comm c, int count, MPI_Datatype t, int peer, int tag, int recv,
+                    struct dtype **d, int *rtag) {
+	CHECK_COMM(c, fn);
+	const char *why;
+	int cls = type_check(t, count, d, &why);
+	if (cls) return fail_comm(c, cls, fn, "%s (%d)", why, (int)t);
+	if (recv && peer == MPI_ANY_SOURCE)
+		return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, fn, "MPI_ANY_SOURCE: rvma receives from one source");
+	if (recv && tag == MPI_ANY_TAG)
+		return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, fn, "MPI_ANY_TAG: rvma receives by tag");
+	if (peer != MPI_PROC_NULL && (peer < 0 || peer >= rv_size))
+		return fail_comm(c, MPI_ERR_RANK, fn, "rank %d not in a communicator of %d", peer, rv_size);
+	if (tag < 0 || tag > MPI_TAG_UB_VALUE) return fail_comm(c, MPI_ERR_TAG, fn, "tag %d outside 0..%d", tag, MPI_TAG_UB_VALUE);
+	*rtag = tag | comm_ctx(c) << 24;
+	return 0;
+}
+
+static int send_msg(const char *fn, const void *buf, int count, MPI_Datatype t, int dest, int tag, MPI_Comm c,
+                    rvma_request *rq) {
+	struct dtype *d;
+	int rtag, cls = p2p_args(fn, c, count, t, dest, tag, 0, &d, &rtag);
+	if (cls) return cls;
+	if (dest == MPI_PROC_NULL) return MPI_SUCCESS;
+	int64_t bytes = d->size * count;
+	const void *from = buf;
+	void *tmp = NULL;
+	if (!dense(d, count)) {
+		if (!(tmp = malloc((size_t)bytes))) return fail_comm(c, MPI_ERR_NO_MEM, fn, "out of memory");
+		pack(d, count, buf, tmp);
+		from = tmp;
+	}
+	int rc = rq ? rvma_isend(rv_world, dest, rtag, from, (size_t)bytes, rq)
+	            : rvma_send(rv_world, dest, rtag, from, (size_t)bytes);
+	free(tmp);
+	return rc ? rvfail_comm(c, rc, fn) : MPI_SUCCESS;
+}
+
+int MPI_Send(const void *buf, int count, MPI_Datatype t, int dest, int tag, MPI_Comm c) {
+	return send_msg(__func__, buf, count, t, dest, tag, c, NULL);
+}
+
+int MPI_Isend(const void *buf, int count, MPI_Datatype t, int dest, int tag, MPI_Comm c, MPI_Request *request) {
+	if (!request) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL request");
+	rvma_request r = RVMA_REQUEST_NULL;
+	int cls = send_msg(__func__, buf, count, t, dest, tag, c, &r);
+	if (cls) return cls;
+	struct req *q = req_new(REQ_RVMA, request);
+	if (!q || req_push(q, r)) {
+		rvma_request_wait(&r);
+		if (q) req_drop(*request);
+		return fail_comm(c, MPI_ERR_NO_MEM, __func__, "out of request handles");
+	}
+	set_status(&q->st, MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_SUCCESS, 0);
+	return MPI_SUCCESS;
+}
+
+int MPI_Irecv(void *buf, int count, MPI_Datatype t, int src, int tag, MPI_Comm c, MPI_Request *request) {
+	struct dtype *d;
+	int rtag, cls = p2p_args(__func__, c, count, t, src, tag, 1, &d, &rtag);
+	if (cls) return cls;
+	if (!request) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL request");
+	if (!buf && count > 0 && d->size > 0) return fail_comm(c, MPI_ERR_BUFFER, __func__, "NULL buffer");
+	struct req *q = req_new(src == MPI_PROC_NULL ? REQ_DONE : REQ_RECV, request);
+	if (!q) return fail_comm(c, MPI_ERR_NO_MEM, __func__, "out of request handles");
+	q->comm = c, q->src = src, q->tag = tag, q->rtag = rtag, q->buf = buf, q->count = count, q->type = t;
+	set_status(&q->st, MPI_PROC_NULL, MPI_ANY_TAG, MPI_SUCCESS, 0);
+	if (src == MPI_PROC_NULL) return MPI_SUCCESS;
+	pthread_mutex_lock(&rv_mu);
+	q->seq = ++recv_seq;
+	struct req **p = &pending;
+	while (*p) p = &(*p)->next;
+	*p = q;
+	pthread_mutex_unlock(&rv_mu);
+	return MPI_SUCCESS;
+}
+
+/* Completes request h, frees it, and returns its class (0 when it
+ * succeeded), the failing call's message recorded. */
+static int req_finish(MPI_Request *h, MPI_Status *st, int block, int *flag) {
+	if (*h == MPI_REQUEST_NULL) {
+		set_status(st, MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_SUCCESS, 0);
+		if (flag) *flag = 1;
+		return MPI_SUCCESS;
+	}
+	struct req *q = tbl_get(&reqs, *h);
+	if (!q) {
+		snprintf(last_msg, sizeof last_msg, "invalid request %d", *h);
+		return last_class = MPI_ERR_REQUEST;
+	}
+	int err = MPI_SUCCESS;
+	if (q->kind == REQ_RECV) {
+		if (!block) {
+			snprintf(last_msg, sizeof last_msg,
+			         "MPI_Test on a pending MPI_Irecv: rvma.h has no non-blocking receive (use MPI_Wait)");
+			return last_class = MPI_ERR_UNSUPPORTED_OPERATION;
+		}
+		recv_now(q);
+	}
+	if (q->kind == REQ_RVMA) {
+		for (int i = 0; i < q->n; i++) {
+			int rc, done = 1;
+			if (block)
+				rc = rvma_request_wait(&q->r[i]);
+			else
+				rc = rvma_request_test(&q->r[i], &done);
+			if (rc && !err) {
+				snprintf(last_msg, sizeof last_msg, "request: %s (%s)", rvma_last_error_message(), rvma_strerror(rc));
+				err = last_class = rv_class(rc, MPI_ERR_REQUEST);
+			}
+			if (!done) {
+				*flag = 0;
+				return MPI_SUCCESS;
+			}
+		}
+		q->n = 0;
+		q->st.MPI_ERROR = err;
+	} else {
+		err = q->err;
+	}
+	if (st) *st = q->st;
+	if (flag) *flag = 1;
+	req_drop(*h);
+	*h = MPI_REQUEST_NULL;
+	return err;
+}
+
+int MPI_Wait(MPI_Request *h, MPI_Status *st) {
+	if (!h) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL request");
+	int err = req_finish(h, st, 1, NULL);
+	return err ? fail_comm(MPI_COMM_WORLD, err, __func__, "%s", last_msg) : MPI_SUCCESS;
+}
+
+int MPI_Test(MPI_Request *h, int *flag, MPI_Status *st) {
+	if (!h || !flag) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL request or flag");
+	*flag = 0;
+	int err = req_finish(h, st, 0, flag);
+	return err ? fail_comm(MPI_COMM_WORLD, err, __func__, "%s", last_msg) : MPI_SUCCESS;
+}
+
+int MPI_Waitall(int n, MPI_Request hs[], MPI_Status sts[]) {
+	if (n < 0 || (n > 0 && !hs)) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "count %d or NULL", n);
+	int first = MPI_SUCCESS;
+	char msg[MPI_MAX_ERROR_STRING] = "";
+	for (int i = 0; i < n; i++) {
+		int err = req_finish(&hs[i], sts ? &sts[i] : NULL, 1, NULL);
+		if (sts) sts[i].MPI_ERROR = err;
+		if (err && !first) first = err, snprintf(msg, sizeof msg, "request %d: %.400s", i, last_msg);
+	}
+	if (first) return fail_comm(MPI_COMM_WORLD, sts ? MPI_ERR_IN_STATUS : first, __func__, "%s", msg);
+	return MPI_SUCCESS;
+}
+
+int MPI_Request_free(MPI_Request *h) {
+	if (!h) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL request");
+	struct req *q = tbl_get(&reqs, *h);
+	if (!q) return fail_comm(MPI_COMM_WORLD, MPI_ERR_REQUEST, __func__, "invalid request %d", *h);
+	if (q->kind == REQ_RECV)
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_UNSUPPORTED_OPERATION, __func__,
+		                 "freeing a pending MPI_Irecv: its message would be lost");
+	/* Sends and RMA requests complete in the background; wait now. */
+	return MPI_Wait(h, MPI_STATUS_IGNORE);
+}
+
+int MPI_Recv(void *buf, int count, MPI_Datatype t, int src, int tag, MPI_Comm c, MPI_Status *st) {
+	MPI_Request h;
+	int cls = MPI_Irecv(buf, count, t, src, tag, c, &h);
+	if (cls) return cls;
+	int err = req_finish(&h, st, 1, NULL);
+	return err ? fail_comm(c, err, __func__, "%s", last_msg) : MPI_SUCCESS;
+}
+
+int MPI_Sendrecv(const void *sbuf, int scount, MPI_Datatype stype, int dest, int stag, void *rbuf, int rcount,
+                 MPI_Datatype rtype, int src, int rtag, MPI_Comm c, MPI_Status *st) {
+	MPI_Request r, s;
+	int cls = MPI_Irecv(rbuf, rcount, rtype, src, rtag, c, &r);
+	if (cls) return cls;
+	if ((cls = MPI_Isend(sbuf, scount, stype, dest, stag, c, &s))) return cls;
+	int err = req_finish(&r, st, 1, NULL);
+	int err2 = req_finish(&s, NULL, 1, NULL);
+	if (!err) err = err2;
+	return err ? fail_comm(c, err, __func__, "%s", last_msg) : MPI_SUCCESS;
+}
+
+/* ---- Collectives ----------------------------------------------------------- */
+
+int MPI_Barrier(MPI_Comm c) {
+	CHECK_COMM(c, __func__);
+	int rc = rvma_barrier(rv_world);
+	return rc ? rvfail_comm(c, rc, __func__) : MPI_SUCCESS;
+}
+
+int MPI_Bcast(void *buf, int count, MPI_Datatype t, int root, MPI_Comm c) {
+	CHECK_COMM(c, __func__);
+	struct dtype *d;
+	const char *why;
+	int cls = type_check(t, count, &d, &why);
+	if (cls) return fail_comm(c, cls, __func__, "%s (%d)", why, (int)t);
+	if (root < 0 || root >= rv_size) return fail_comm(c, MPI_ERR_ROOT, __func__, "root %d of %d", root, rv_size);
+	int64_t bytes = d->size * count;
+	int direct = dense(d, count);
+	void *tmp = direct ? buf : malloc((size_t)(bytes ? bytes : 1));
+	if (!tmp) return fail_comm(c, MPI_ERR_NO_MEM, __func__, "out of memory");
+	if (!direct && rv_rank == root) pack(d, count, buf, tmp);
+	int rc = rvma_bcast(rv_world, root, tmp, (size_t)bytes);
+	if (!direct) {
+		if (!rc) unpack(d, count, tmp, buf);
+		free(tmp);
+	}
+	return rc ? rvfail_comm(c, rc, __func__) : MPI_SUCCESS;
+}
+
+/* inout[i] = inout[i] op in[i] */
+#define ARITH(T)                                                                             \
+	do {                                                                                 \
+		T *a = inout;                                                                \
+		const T *b = in;                                                             \
+		for (int64_t i = 0; i < n; i++) switch (op) {                                \
+			case MPI_SUM: a[i] = a[i] + b[i]; break;                             \
+			case MPI_PROD: a[i] = a[i] * b[i]; break;                            \
+			case MPI_MIN: a[i] = b[i] < a[i] ? b[i] : a[i]; break;               \
+			case MPI_MAX: a[i] = b[i] > a[i] ? b[i] : a[i]; break;               \
+			case MPI_LAND: a[i] = a[i] && b[i]; break;                           \
+			case MPI_LOR: a[i] = a[i] || b[i]; break;                            \
+			case MPI_LXOR: a[i] = !a[i] != !b[i]; break;                         \
+			default: return MPI_ERR_OP;                                          \
+			}                                                                    \
+	} while (0)
+#define BITS(T)                                                                             \
+	do {                                                                                \
+		T *a = inout;                                                               \
+		const T *b = in;                                                            \
+		for (int64_t i = 0; i < n; i++) switch (op) {                               \
+			case MPI_BAND: a[i] = a[i] & b[i]; break;                           \
+			case MPI_BOR: a[i] = a[i] | b[i]; break;                            \
+			case MPI_BXOR: a[i] = a[i] ^ b[i]; break;                           \
+			default: return MPI_ERR_OP;                                         \
+			}                                                                   \
+	} while (0)
+#define INTEGER(T)                                                                 \
+	do {                                                                       \
+		if (op == MPI_BAND || op == MPI_BOR || op == MPI_BXOR)             \
+			BITS(T);                                                   \
+		else                                                               \
+			ARITH(T);                                                  \
+	} while (0)
+
+static int reduce_local(void *inout, const void *in, int64_t n, int kind, MPI_Op op) {
+	switch (kind) {
+	case K_I8: INTEGER(int8_t); break;
+	case K_I16: INTEGER(int16_t); break;
+	case K_I32: INTEGER(int32_t); break;
+	case K_I64: INTEGER(int64_t); break;
+	case K_U8: INTEGER(uint8_t); break;
+	case K_U16: INTEGER(uint16_t); break;
+	case K_U32: INTEGER(uint32_t); break;
+	case K_U64: INTEGER(uint64_t); break;
+	case K_BYTE: BITS(uint8_t); break;
+	case K_BOOL: {
+		_Bool *a = inout;
+		const _Bool *b = in;
+		for (int64_t i = 0; i < n; i++) switch (op) {
+			case MPI_LAND: a[i] = a[i] && b[i]; break;
+			case MPI_LOR: a[i] = a[i] || b[i]; break;
+			case MPI_LXOR: a[i] = a[i] != b[i]; break;
+			default: return MPI_ERR_OP;
+			}
+		break;
+	}
+	case K_F32:
+		if (op != MPI_SUM && op != MPI_PROD && op != MPI_MIN && op != MPI_MAX) return MPI_ERR_OP;
+		ARITH(float);
+		break;
+	case K_F64:
+		if (op != MPI_SUM && op != MPI_PROD && op != MPI_MIN && op != MPI_MAX) return MPI_ERR_OP;
+		ARITH(double);
+		break;
+	case K_LD:
+		if (op != MPI_SUM && op != MPI_PROD && op != MPI_MIN && op != MPI_MAX) return MPI_ERR_OP;
+		ARITH(long double);
+		break;
+	default: return MPI_ERR_TYPE;
+	}
+	return MPI_SUCCESS;
+}
+
+/* The reduction of count elements of t over the ranks into out (in may be
+ * out): rvma's allreduce for 8-byte integers and doubles with SUM, MIN and
+ * MAX; otherwise every rank's contribution gathered and reduced here in
+ * rank order. */
+static int allreduce(const char *fn, MPI_Comm c, const void *in, void *out, int count, MPI_Datatype t, MPI_Op op) {
+	CHECK_COMM(c, fn);
+	struct dtype *d = type_get(t);
+	if (!d) return fail_comm(c, MPI_ERR_TYPE, fn, "invalid datatype %d", t);
+	if (!d->predefined)
+		return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, fn, "reductions take predefined datatypes only");
+	if (count < 0) return fail_comm(c, MPI_ERR_COUNT, fn, "count %d", count);
+	if (op < MPI_MAX || op > MPI_BXOR) return fail_comm(c, MPI_ERR_OP, fn, "operation %d: not a reduction this library has", op);
+	size_t bytes = (size_t)d->size * (size_t)count;
+	if (in != out && bytes) memmove(out, in, bytes);
+	int kind = basics[t].kind;
+	int rc;
+	if ((kind == K_I64 || kind == K_F64) && (op == MPI_SUM || op == MPI_MIN || op == MPI_MAX)) {
+		rvma_op rop = op == MPI_SUM ? RVMA_SUM : op == MPI_MIN ? RVMA_MIN : RVMA_MAX;
+		rc = kind == K_I64 ? rvma_allreduce_int64(rv_world, rop, out, (size_t)count)
+		                   : rvma_allreduce_double(rv_world, rop, out, (size_t)count);
+		return rc ? rvfail_comm(c, rc, fn) : MPI_SUCCESS;
+	}
+	/* Check the operation on this rank before the others wait. */
+	char probe[16] = {0};
+	int cls = reduce_local(probe, probe, 1, kind, op);
+	if (cls == MPI_ERR_TYPE) return fail_comm(c, cls, fn, "datatype %d has no arithmetic", t);
+	if (cls) return fail_comm(c, cls, fn, "operation %d does not apply to datatype %d", op, t);
+	char *all = malloc(bytes * (size_t)rv_size + 1);
+	if (!all) return fail_comm(c, MPI_ERR_NO_MEM, fn, "out of memory");
+	rc = rvma_allgather(rv_world, out, bytes, all);
+	if (rc) {
+		free(all);
+		return rvfail_comm(c, rc, fn);
+	}
+	for (int r = 1; r < rv_size; r++) reduce_local(all, all + (size_t)r * bytes, count, kind, op);
+	if (bytes) memcpy(out, all, bytes);
+	free(all);
+	return MPI_SUCCESS;
+}
+
+int MPI_Allreduce(const void *in, void *out, int count, MPI_Datatype t, MPI_Op op, MPI_Comm c) {
+	if (!out && count > 0) return fail_comm(c, MPI_ERR_BUFFER, __func__, "NULL recvbuf");
+	return allreduce(__func__, c, in == MPI_IN_PLACE ? out : in, out, count, t, op);
+}
+
+int MPI_Reduce(const void *in, void *out, int count, MPI_Datatype t, MPI_Op op, int root, MPI_Comm c) {
+	if (root < 0 || root >= rv_size) return fail_comm(c, MPI_ERR_ROOT, __func__, "root %d of %d", root, rv_size);
+	struct dtype *d = type_get(t);
+	if (!d) return fail_comm(c, MPI_ERR_TYPE, __func__, "invalid datatype %d", t);
+	if (rv_rank == root) {
+		if (!out && count > 0) return fail_comm(c, MPI_ERR_BUFFER, __func__, "NULL recvbuf at the root");
+		return allreduce(__func__, c, in == MPI_IN_PLACE ? out : in, out, count, t, op);
+	}
+	size_t bytes = (size_t)d->size * (size_t)(count > 0 ? count : 0);
+	void *tmp = malloc(bytes + 1);
+	if (!tmp) return fail_comm(c, MPI_ERR_NO_MEM, __func__, "out of memory");
+	int cls = allreduce(__func__, c, in, tmp, count, t, op);
+	free(tmp);
+	return cls;
+}
+
+/* Every rank's count elements of st into rank order in out (rcount of rt
+ * each); root < 0: all ranks receive. */
+static int gather(const char *fn, const void *in, int scount, MPI_Datatype st, void *out, int rcount,
+                  MPI_Datatype rt, int root, MPI_Comm c) {
+	CHECK_COMM(c, fn);
+	struct dtype *sd = NULL, *rd;
+	const char *why;
+	int receives = root < 0 || root == rv_rank;
+	int cls = type_check(rt, rcount, &rd, &why);
+	if (cls && receives) return fail_comm(c, cls, fn, "recvtype: %s", why);
+	if (in != MPI_IN_PLACE && (cls = type_check(st, scount, &sd, &why))) return fail_comm(c, cls, fn, "sendtype: %s", why);
+	if (root >= rv_size) return fail_comm(c, MPI_ERR_ROOT, fn, "root %d of %d", root, rv_size);
+	int64_t bytes = in == MPI_IN_PLACE ? rd->size * rcount : sd->size * scount;
+	if (receives && bytes != rd->size * rcount)
+		return fail_comm(c, MPI_ERR_TRUNCATE, fn, "%lld bytes sent, %lld received per rank", (long long)bytes,
+		                 (long long)(rd->size * rcount));
+	char *mine = malloc((size_t)bytes + 1), *all = malloc((size_t)bytes * (size_t)rv_size + 1);
+	if (!mine || !all) {
+		free(mine), free(all);
+		return fail_comm(c, MPI_ERR_NO_MEM, fn, "out of memory");
+	}
+	if (in == MPI_IN_PLACE)
+		pack(rd, rcount, (char *)out + (int64_t)rv_rank * rcount * rd->extent, mine);
+	else
+		pack(sd, scount, in, mine);
+	int rc = rvma_allgather(rv_world, mine, (size_t)bytes, all);
+	if (!rc && receives)
+		for (int r = 0; r < rv_size; r++) unpack(rd, rcount, all + (size_t)r * (size_t)bytes, (char *)out + (int64_t)r * rcount * rd->extent);
+	free(mine), free(all);
+	return rc ? rvfail_comm(c, rc, fn) : MPI_SUCCESS;
+}
+
+int MPI_Allgather(const void *in, int scount, MPI_Datatype st, void *out, int rcount, MPI_Datatype rt, MPI_Comm c) {
+	return gather(__func__, in, scount, st, out, rcount, rt, -1, c);
+}
+
+int MPI_Gather(const void *in, int scount, MPI_Datatype st, void *out, int rcount, MPI_Datatype rt, int root,
+               MPI_Comm c) {
+	if (root < 0) return fail_comm(c, MPI_ERR_ROOT, __func__, "root %d", root);
+	return gather(__func__, in, scount, st, out, rcount, rt, root, c);
+}

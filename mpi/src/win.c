@@ -1,0 +1,503 @@
+/*
+ * libmpi's windows: MPI's one-sided interface over rvma's windows.
+ *
+ * rvma's windows are created with disp_unit 1 and this file scales
+ * displacements by the target's disp_unit (gathered at creation), so that
+ * derived datatypes' byte offsets add to them. Datatypes become rvma
+ * layouts: one strided layout per side when both sides have one (a
+ * vector, or a contiguous run), else the sides are walked run by run.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "impl.h"
+
+struct win {
+	rvma_win w;
+	MPI_Comm comm;
+	void *base;
+	MPI_Aint size;
+	int disp_unit, flavor, model;
+	int *units; /* every rank's disp_unit */
+	MPI_Errhandler eh;
+};
+
+static struct table wins = {.first = 1};
+
+MPI_Errhandler win_eh(MPI_Win h);
+MPI_Errhandler win_eh(MPI_Win h) {
+	struct win *w = tbl_get(&wins, h);
+	return w ? w->eh : 0;
+}
+
+#define GET_WIN(w, h, fn)                                                                      \
+	if (NOT_INIT(fn)) return MPI_ERR_OTHER;                                                \
+	struct win *w = tbl_get(&wins, h);                                                     \
+	if (!w) return fail_win(h, MPI_ERR_WIN, fn, "invalid window %d", (int)h)
+
+static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp_unit, MPI_Comm c, void *baseptr,
+                  MPI_Win *out) {
+	if (NOT_INIT(fn)) return MPI_ERR_OTHER;
+	int x = comm_ctx(c);
+	if (x == -1) return fail_comm(c, MPI_ERR_COMM, fn, "invalid communicator %d", c);
+	if (x == -2) return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, fn, "windows over MPI_COMM_SELF");
+	if (size < 0) return fail_comm(c, MPI_ERR_SIZE, fn, "size %lld", (long long)size);
+	if (disp_unit <= 0) return fail_comm(c, MPI_ERR_DISP, fn, "disp_unit %d", disp_unit);
+	if (!out || (alloc && !baseptr)) return fail_comm(c, MPI_ERR_ARG, fn, "NULL win or baseptr");
+	if (!alloc && !base && size > 0) return fail_comm(c, MPI_ERR_BASE, fn, "NULL base with size %lld", (long long)size);
+	struct win *w = calloc(1, sizeof *w);
+	int *units = malloc(sizeof(int) * (size_t)rv_size);
+	if (!w || !units) {
+		free(w), free(units);
+		return fail_comm(c, MPI_ERR_NO_MEM, fn, "out of memory");
+	}
+	int rc = alloc ? rvma_win_allocate(rv_world, (size_t)size, 1, &w->base, &w->w)
+	               : rvma_win_create(rv_world, base, (size_t)size, 1, &w->w);
+	if (!rc) rc = rvma_allgather(rv_world, &disp_unit, sizeof disp_unit, units);
+	if (rc) {
+		if (w->w) rvma_win_free(&w->w);
+		free(w), free(units);
+		return rvfail_comm(c, rc, fn);
+	}
+	if (!alloc) w->base = base;
+	w->comm = c, w->size = size, w->disp_unit = disp_unit, w->units = units;
+	w->flavor = alloc ? MPI_WIN_FLAVOR_ALLOCATE : MPI_WIN_FLAVOR_CREATE, w->model = MPI_WIN_UNIFIED;
+	w->eh = MPI_ERRORS_ARE_FATAL;
+	int h = tbl_add(&wins, w);
+	if (h < 0) {
+		rvma_win_free(&w->w);
+		free(w), free(units);
+		return fail_comm(c, MPI_ERR_NO_MEM, fn, "out of window handles");
+	}
+	if (alloc) *(void **)baseptr = w->base;
+	*out = h;
+	return MPI_SUCCESS;
+}
+
+int MPI_Win_allocate(MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm c, void *baseptr, MPI_Win *win) {
+	(void)info;
+	return create(__func__, 1, NULL, size, disp_unit, c, baseptr, win);
+}
+
+int MPI_Win_create(void *base, MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm c, MPI_Win *win) {
+	(void)info;
+	return create(__func__, 0, base, size, disp_unit, c, NULL, win);
+}
+
+int MPI_Win_allocate_shared(MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm c, void *baseptr, MPI_Win *win) {
+	(void)size, (void)disp_unit, (void)info, (void)baseptr, (void)win;
+	return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, __func__,
+	                 "rvma.h does not give the address of a peer's memory (MPI_Win_shared_query): use MPI_Win_allocate, "
+	                 "whose memory rvma shares between the ranks of a host");
+}
+
+int MPI_Win_free(MPI_Win *h) {
+	if (!h) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL win");
+	GET_WIN(w, *h, __func__);
+	MPI_Errhandler eh = w->eh;
+	tbl_del(&wins, *h);
+	int rc = rvma_win_free(&w->w);
+	free(w->units), free(w);
+	MPI_Win old = *h;
+	*h = MPI_WIN_NULL;
+	if (rc) {
+		int cls = rv_class(rc, MPI_ERR_WIN);
+		if (eh == MPI_ERRORS_RETURN) return cls;
+		return fail_win(old, cls, __func__, "%s", rvma_last_error_message());
+	}
+	return MPI_SUCCESS;
+}
+
+int MPI_Win_get_attr(MPI_Win h, int key, void *val, int *flag) {
+	GET_WIN(w, h, __func__);
+	if (!val || !flag) return fail_win(h, MPI_ERR_ARG, __func__, "NULL attribute_val or flag");
+	*flag = 1;
+	switch (key) {
+	case MPI_WIN_BASE: *(void **)val = w->base; break;
+	case MPI_WIN_SIZE: *(MPI_Aint **)val = &w->size; break;
+	case MPI_WIN_DISP_UNIT: *(int **)val = &w->disp_unit; break;
+	case MPI_WIN_CREATE_FLAVOR: *(int **)val = &w->flavor; break;
+	case MPI_WIN_MODEL: *(int **)val = &w->model; break;
+	default: *flag = 0;
+	}
+	return MPI_SUCCESS;
+}
+
+int MPI_Win_get_group(MPI_Win h, MPI_Group *g) {
+	GET_WIN(w, h, __func__);
+	return MPI_Comm_group(w->comm, g);
+}
+
+int MPI_Win_set_errhandler(MPI_Win h, MPI_Errhandler e) {
+	GET_WIN(w, h, __func__);
+	if (e != MPI_ERRORS_RETURN && e != MPI_ERRORS_ARE_FATAL && e != MPI_ERRORS_ABORT)
+		return fail_win(h, e > 3 ? MPI_ERR_UNSUPPORTED_OPERATION : MPI_ERR_ARG, __func__,
+		                "error handler %d: only MPI_ERRORS_RETURN, MPI_ERRORS_ARE_FATAL and MPI_ERRORS_ABORT", e);
+	w->eh = e;
+	return MPI_SUCCESS;
+}
+
+int MPI_Win_get_errhandler(MPI_Win h, MPI_Errhandler *e) {
+	GET_WIN(w, h, __func__);
+	if (!e) return fail_win(h, MPI_ERR_ARG, __func__, "NULL errhandler");
+	*e = w->eh;
+	return MPI_SUCCESS;
+}
+
+/* ---- Data movement -------------------------------------------------------- */
+
+/* The target's displacement in bytes: 0, or a class (message recorded). */
+static int target_bytes(const char *fn, MPI_Win h, struct win *w, int target, MPI_Aint disp, int64_t *out) {
+	if (target < 0 || target >= rv_size)
+		return fail_win(h, MPI_ERR_RANK, fn, "target rank %d not in the window's group of %d", target, rv_size);
+	int64_t b;
+	if (__builtin_mul_overflow((int64_t)disp, (int64_t)w->units[target], &b))
+		return fail_win(h, MPI_ERR_RMA_RANGE, fn, "displacement %lld times disp_unit %d overflows", (long long)disp,
+		                w->units[target]);
+	*out = b;
+	return 0;
+}
+
+static int check_types(const char *fn, MPI_Win h, MPI_Datatype ot, int oc, struct dtype **od, MPI_Datatype tt, int tc,
+                       struct dtype **td) {
+	const char *why;
+	int cls = type_check(ot, oc, od, &why);
+	if (cls) return fail_win(h, cls, fn, "origin: %s (%d)", why, (int)ot);
+	if ((cls = type_check(tt, tc, td, &why))) return fail_win(h, cls, fn, "target: %s (%d)", why, (int)tt);
+	if ((*od)->size * oc != (*td)->size * tc)
+		return fail_win(h, MPI_ERR_TYPE, fn, "origin moves %lld bytes, target %lld", (long long)((*od)->size * oc),
+		                (long long)((*td)->size * tc));
+	return 0;
+}
+
+/* Put (put=1) or get: one rvma call when both sides have a strided
+ * layout, else one per run. Requests go into q if given. */
+static int move(const char *fn, int put, void *origin, int oc, MPI_Datatype ot, int target, MPI_Aint disp, int tc,
+                MPI_Datatype tt, MPI_Win h, struct req *q) {
+	GET_WIN(w, h, fn);
+	struct dtype *od, *td;
+	int cls = check_types(fn, h, ot, oc, &od, tt, tc, &td);
+	if (cls) return cls;
+	if (target == MPI_PROC_NULL) return MPI_SUCCESS;
+	int64_t tb;
+	if ((cls = target_bytes(fn, h, w, target, disp, &tb))) return cls;
+	int64_t bytes = od->size * oc;
+	if (bytes == 0) return MPI_SUCCESS;
+	if (!origin) return fail_win(h, MPI_ERR_BUFFER, fn, "NULL origin buffer");
+	rvma_layout ol, tl;
+	int64_t oo, to;
+	int rc = 0;
+	rvma_request r = RVMA_REQUEST_NULL, *rp = q ? &r : NULL;
+	if (layout_of(od, oc, &ol, &oo) && layout_of(td, tc, &tl, &to)) {
+		char *o = (char *)origin + oo;
+		if (ol.count == 1 && tl.count == 1) {
+			if (put)
+				rc = q ? rvma_rput(w->w, o, (size_t)bytes, target, tb + to, rp) : rvma_put(w->w, o, (size_t)bytes, target, tb + to);
+			else
+				rc = q ? rvma_rget(w->w, o, (size_t)bytes, target, tb + to, rp) : rvma_get(w->w, o, (size_t)bytes, target, tb + to);
+		} else if (put) {
+			rc = q ? rvma_rput_strided(w->w, o, &ol, target, tb + to, &tl, rp)
+			       : rvma_put_strided(w->w, o, &ol, target, tb + to, &tl);
+		} else {
+			rc = q ? rvma_rget_strided(w->w, o, &ol, target, tb + to, &tl, rp)
+			       : rvma_get_strided(w->w, o, &ol, target, tb + to, &tl);
+		}
+		if (!rc && q && req_push(q, r)) return fail_win(h, MPI_ERR_NO_MEM, fn, "out of memory");
+		return rc ? rvfail_win(h, rc, fn) : MPI_SUCCESS;
+	}
+	struct walk wo, wt;
+	walk_init(&wo, od, oc);
+	walk_init(&wt, td, tc);
+	int64_t left = bytes, toff = 0, tlen = 0;
+	while (left > 0 && !rc) {
+		if (tlen == 0) walk_next(&wt, INT64_MAX, &toff, &tlen);
+		int64_t off, len;
+		walk_next(&wo, tlen, &off, &len);
+		char *o = (char *)origin + off;
+		if (put)
+			rc = q ? rvma_rput(w->w, o, (size_t)len, target, tb + toff, rp) : rvma_put(w->w, o, (size_t)len, target, tb + toff);
+		else
+			rc = q ? rvma_rget(w->w, o, (size_t)len, target, tb + toff, rp) : rvma_get(w->w, o, (size_t)len, target, tb + toff);
+		if (!rc && q && req_push(q, r)) return fail_win(h, MPI_ERR_NO_MEM, fn, "out of memory");
+		toff += len, tlen -= len, left -= len;
+	}
+	return rc ? rvfail_win(h, rc, fn) : MPI_SUCCESS;
+}
+
+int MPI_Put(const void *origin, int oc, MPI_Datatype ot, int target, MPI_Aint disp, int tc, MPI_Datatype tt, MPI_Win h) {
+	return move(__func__, 1, (void *)origin, oc, ot, target, disp, tc, tt, h, NULL);
+}
+
+int MPI_Get(void *origin, int oc, MPI_Datatype ot, int target, MPI_Aint disp, int tc, MPI_Datatype tt, MPI_Win h) {
+	return move(__func__, 0, origin, oc, ot, target, disp, tc, tt, h, NULL);
+}
+
+/* A request for the calls of fn; on failure its rvma requests are waited
+ * for and it is dropped. */
+static int with_request(const char *fn, MPI_Win h, MPI_Request *request, struct req **q) {
+	if (!request) return fail_win(h, MPI_ERR_ARG, fn, "NULL request");
+	if (!(*q = req_new(REQ_RVMA, request))) return fail_win(h, MPI_ERR_NO_MEM, fn, "out of request handles");
+	return 0;
+}
+
+static int end_request(int cls, struct req *q, MPI_Request *request) {
+	if (cls) {
+		rvma_request_waitall((size_t)q->n, q->r);
+		req_drop(*request);
+		*request = MPI_REQUEST_NULL;
+	}
+	return cls;
+}
+
+int MPI_Rput(const void *origin, int oc, MPI_Datatype ot, int target, MPI_Aint disp, int tc, MPI_Datatype tt,
+             MPI_Win h, MPI_Request *request) {
+	struct req *q;
+	int cls = with_request(__func__, h, request, &q);
+	if (cls) return cls;
+	return end_request(move(__func__, 1, (void *)origin, oc, ot, target, disp, tc, tt, h, q), q, request);
+}
+
+int MPI_Rget(void *origin, int oc, MPI_Datatype ot, int target, MPI_Aint disp, int tc, MPI_Datatype tt, MPI_Win h,
+             MPI_Request *request) {
+	struct req *q;
+	int cls = with_request(__func__, h, request, &q);
+	if (cls) return cls;
+	return end_request(move(__func__, 0, origin, oc, ot, target, disp, tc, tt, h, q), q, request);
+}
+
+static int rvma_op_of(MPI_Op op) {
+	switch (op) {
+	case MPI_SUM: return RVMA_SUM;
+	case MPI_PROD: return RVMA_PROD;
+	case MPI_MIN: return RVMA_MIN;
+	case MPI_MAX: return RVMA_MAX;
+	case MPI_BAND: return RVMA_BAND;
+	case MPI_BOR: return RVMA_BOR;
+	case MPI_BXOR: return RVMA_BXOR;
+	case MPI_REPLACE: return RVMA_REPLACE;
+	case MPI_NO_OP: return RVMA_NO_OP;
+	default: return 0;
+	}
+}
+
+/* The rvma element type and op of an accumulate: 0 or a class. */
+static int acc_kind(const char *fn, MPI_Win h, const struct dtype *d, MPI_Datatype t, MPI_Op op, int *rt, int *rop,
+                    int64_t *esz) {
+	*rop = rvma_op_of(op);
+	if (!*rop) {
+		if (op >= MPI_LAND && op <= MPI_MAXLOC)
+			return fail_win(h, MPI_ERR_UNSUPPORTED_OPERATION, fn, "operation %d: rvma's accumulates have SUM, PROD, "
+			                "MIN, MAX, BAND, BOR, BXOR, REPLACE and NO_OP", op);
+		return fail_win(h, MPI_ERR_OP, fn, "invalid operation %d", op);
+	}
+	*rt = type_rvma(d->basic);
+	if (!*rt)
+		return fail_win(h, MPI_ERR_TYPE, fn, "datatype %d: rvma's accumulates and atomics take 4- and 8-byte integers, "
+		                "float and double", (int)t);
+	struct dtype *b = type_get(d->basic);
+	*esz = b->size;
+	return 0;
+}
+
+static int accumulate(const char *fn, const void *origin, int oc, MPI_Datatype ot, int target, MPI_Aint disp, int tc,
+                      MPI_Datatype tt, MPI_Op op, MPI_Win h, struct req *q) {
+	GET_WIN(w, h, fn);
+	struct dtype *od, *td;
+	int cls = check_types(fn, h, ot, oc, &od, tt, tc, &td);
+	if (cls) return cls;
+	int rt, rop, rt2, rop2;
+	int64_t esz, esz2;
+	if ((cls = acc_kind(fn, h, od, ot, op, &rt, &rop, &esz)) || (cls = acc_kind(fn, h, td, tt, op, &rt2, &rop2, &esz2)))
+		return cls;
+	if (rt != rt2) return fail_win(h, MPI_ERR_TYPE, fn, "origin and target datatypes have different elements");
+	if (target == MPI_PROC_NULL) return MPI_SUCCESS;
+	int64_t tb;
+	if ((cls = target_bytes(fn, h, w, target, disp, &tb))) return cls;
+	int64_t left = od->size * oc;
+	if (left && !origin) return fail_win(h, MPI_ERR_BUFFER, fn, "NULL origin buffer");
+	struct walk wo, wt;
+	walk_init(&wo, od, oc);
+	walk_init(&wt, td, tc);
+	int64_t toff = 0, tlen = 0;
+	int rc = 0;
+	while (left > 0 && !rc) {
+		if (tlen == 0) walk_next(&wt, INT64_MAX, &toff, &tlen);
+		int64_t off, len;
+		walk_next(&wo, tlen, &off, &len);
+		const char *o = (const char *)origin + off;
+		size_t n = (size_t)(len / esz);
+		rvma_request r = RVMA_REQUEST_NULL;
+		rc = q ? rvma_raccumulate(w->w, o, n, rt, rop, target, tb + toff, &r)
+		       : rvma_accumulate(w->w, o, n, rt, rop, target, tb + toff);
+		if (!rc && q && req_push(q, r)) return fail_win(h, MPI_ERR_NO_MEM, fn, "out of memory");
+		toff += len, tlen -= len, left -= len;
+	}
+	return rc ? rvfail_win(h, rc, fn) : MPI_SUCCESS;
+}
+
+int MPI_Accumulate(const void *origin, int oc, MPI_Datatype ot, int target, MPI_Aint disp, int tc, MPI_Datatype tt,
+                   MPI_Op op, MPI_Win h) {
+	return accumulate(__func__, origin, oc, ot, target, disp, tc, tt, op, h, NULL);
+}
+
+int MPI_Raccumulate(const void *origin, int oc, MPI_Datatype ot, int target, MPI_Aint disp, int tc, MPI_Datatype tt,
+                    MPI_Op op, MPI_Win h, MPI_Request *request) {
+	struct req *q;
+	int cls = with_request(__func__, h, request, &q);
+	if (cls) return cls;
+	return end_request(accumulate(__func__, origin, oc, ot, target, disp, tc, tt, op, h, q), q, request);
+}
+
+/* Get_accumulate takes contiguous data on all three sides. */
+static int get_accumulate(const char *fn, const void *origin, int oc, MPI_Datatype ot, void *result, int rc_,
+                          MPI_Datatype rtype, int target, MPI_Aint disp, int tc, MPI_Datatype tt, MPI_Op op, MPI_Win h,
+                          struct req *q) {
+	GET_WIN(w, h, fn);
+	struct dtype *rd, *td, *od = NULL;
+	int cls = check_types(fn, h, rtype, rc_, &rd, tt, tc, &td);
+	if (cls) return cls;
+	if (op != MPI_NO_OP) {
+		const char *why;
+		if ((cls = type_check(ot, oc, &od, &why))) return fail_win(h, cls, fn, "origin: %s (%d)", why, (int)ot);
+		if (od->size * oc != td->size * tc) return fail_win(h, MPI_ERR_TYPE, fn, "origin and target sizes differ");
+	}
+	int rt, rop, rt2, rop2;
+	int64_t esz, esz2;
+	if ((cls = acc_kind(fn, h, td, tt, op, &rt, &rop, &esz)) || (cls = acc_kind(fn, h, rd, rtype, op, &rt2, &rop2, &esz2)))
+		return cls;
+	if (od && (cls = acc_kind(fn, h, od, ot, op, &rt2, &rop2, &esz2))) return cls;
+	if (rt2 != rt) return fail_win(h, MPI_ERR_TYPE, fn, "the datatypes have different elements");
+	if (!dense(td, tc) || !dense(rd, rc_) || (od && !dense(od, oc)))
+		return fail_win(h, MPI_ERR_TYPE, fn, "rvma's get_accumulate takes contiguous data only");
+	if (target == MPI_PROC_NULL) return MPI_SUCCESS;
+	int64_t tb;
+	if ((cls = target_bytes(fn, h, w, target, disp, &tb))) return cls;
+	size_t n = (size_t)(td->size * tc / esz);
+	if (n == 0) return MPI_SUCCESS;
+	rvma_request r = RVMA_REQUEST_NULL;
+	const void *o = op == MPI_NO_OP ? NULL : origin;
+	int rc = q ? rvma_rget_accumulate(w->w, o, result, n, rt, rop, target, tb, &r)
+	           : rvma_get_accumulate(w->w, o, result, n, rt, rop, target, tb);
+	if (!rc && q && req_push(q, r)) return fail_win(h, MPI_ERR_NO_MEM, fn, "out of memory");
+	return rc ? rvfail_win(h, rc, fn) : MPI_SUCCESS;
+}
+
+int MPI_Get_accumulate(const void *origin, int oc, MPI_Datatype ot, void *result, int rcount, MPI_Datatype rt,
+                       int target, MPI_Aint disp, int tc, MPI_Datatype tt, MPI_Op op, MPI_Win h) {
+	return get_accumulate(__func__, origin, oc, ot, result, rcount, rt, target, disp, tc, tt, op, h, NULL);
+}
+
+int MPI_Rget_accumulate(const void *origin, int oc, MPI_Datatype ot, void *result, int rcount, MPI_Datatype rt,
+                        int target, MPI_Aint disp, int tc, MPI_Datatype tt, MPI_Op op, MPI_Win h, MPI_Request *request) {
+	struct req *q;
+	int cls = with_request(__func__, h, request, &q);
+	if (cls) return cls;
+	return end_request(get_accumulate(__func__, origin, oc, ot, result, rcount, rt, target, disp, tc, tt, op, h, q), q,
+	                   request);
+}
+
+int MPI_Fetch_and_op(const void *origin, void *result, MPI_Datatype t, int target, MPI_Aint disp, MPI_Op op, MPI_Win h) {
+	GET_WIN(w, h, __func__);
+	struct dtype *d = type_get(t);
+	if (!d || !d->predefined) return fail_win(h, MPI_ERR_TYPE, __func__, "datatype %d: a predefined one is needed", t);
+	int rt, rop, cls;
+	int64_t esz;
+	if ((cls = acc_kind(__func__, h, d, t, op, &rt, &rop, &esz))) return cls;
+	if (target == MPI_PROC_NULL) return MPI_SUCCESS;
+	int64_t tb;
+	if ((cls = target_bytes(__func__, h, w, target, disp, &tb))) return cls;
+	int rc = rvma_fetch_and_op(w->w, op == MPI_NO_OP ? NULL : origin, result, rt, rop, target, tb);
+	return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;
+}
+
+int MPI_Compare_and_swap(const void *origin, const void *compare, void *result, MPI_Datatype t, int target,
+                         MPI_Aint disp, MPI_Win h) {
+	GET_WIN(w, h, __func__);
+	struct dtype *d = type_get(t);
+	if (!d || !d->predefined) return fail_win(h, MPI_ERR_TYPE, __func__, "datatype %d: a predefined one is needed", t);
+	int rt, rop, cls;
+	int64_t esz;
+	if ((cls = acc_kind(__func__, h, d, t, MPI_REPLACE, &rt, &rop, &esz))) return cls;
+	if (target == MPI_PROC_NULL) return MPI_SUCCESS;
+	int64_t tb;
+	if ((cls = target_bytes(__func__, h, w, target, disp, &tb))) return cls;
+	int rc = rvma_compare_and_swap(w->w, origin, compare, result, rt, target, tb);
+	return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;
+}
+
+/* ---- Synchronisation ---------------------------------------------------- */
+
+static int rv_assert(int a) {
+	return (a & MPI_MODE_NOCHECK ? RVMA_MODE_NOCHECK : 0) | (a & MPI_MODE_NOSTORE ? RVMA_MODE_NOSTORE : 0) |
+	       (a & MPI_MODE_NOPUT ? RVMA_MODE_NOPUT : 0) | (a & MPI_MODE_NOPRECEDE ? RVMA_MODE_NOPRECEDE : 0) |
+	       (a & MPI_MODE_NOSUCCEED ? RVMA_MODE_NOSUCCEED : 0);
+}
+
+#define SIMPLE(name, call)                                               \
+	int name(MPI_Win h) {                                            \
+		GET_WIN(w, h, __func__);                                 \
+		int rc = call;                                           \
+		return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;   \
+	}
+
+SIMPLE(MPI_Win_complete, rvma_win_complete(w->w))
+SIMPLE(MPI_Win_wait, rvma_win_wait(w->w))
+SIMPLE(MPI_Win_unlock_all, rvma_win_unlock_all(w->w))
+SIMPLE(MPI_Win_flush_all, rvma_win_flush_all(w->w))
+SIMPLE(MPI_Win_flush_local_all, rvma_win_flush_local_all(w->w))
+SIMPLE(MPI_Win_sync, rvma_win_sync(w->w))
+
+#define RANKED(name, call)                                                      \
+	int name(int rank, MPI_Win h) {                                         \
+		GET_WIN(w, h, __func__);                                        \
+		if (rank == MPI_PROC_NULL) return MPI_SUCCESS;                  \
+		int rc = call;                                                  \
+		return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;          \
+	}
+
+RANKED(MPI_Win_unlock, rvma_win_unlock(w->w, rank))
+RANKED(MPI_Win_flush, rvma_win_flush(w->w, rank))
+RANKED(MPI_Win_flush_local, rvma_win_flush_local(w->w, rank))
+
+int MPI_Win_fence(int a, MPI_Win h) {
+	GET_WIN(w, h, __func__);
+	int rc = rvma_win_fence(w->w, rv_assert(a));
+	return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;
+}
+
+static int pscw(const char *fn, int post, MPI_Group gh, int a, MPI_Win h) {
+	GET_WIN(w, h, fn);
+	struct group *g = group_get(gh);
+	if (!g) return fail_win(h, MPI_ERR_GROUP, fn, "invalid group %d", gh);
+	int rc = post ? rvma_win_post(w->w, g->ranks, g->n, rv_assert(a)) : rvma_win_start(w->w, g->ranks, g->n, rv_assert(a));
+	return rc ? rvfail_win(h, rc, fn) : MPI_SUCCESS;
+}
+
+int MPI_Win_post(MPI_Group g, int a, MPI_Win h) { return pscw(__func__, 1, g, a, h); }
+
+int MPI_Win_start(MPI_Group g, int a, MPI_Win h) { return pscw(__func__, 0, g, a, h); }
+
+int MPI_Win_test(MPI_Win h, int *flag) {
+	GET_WIN(w, h, __func__);
+	if (!flag) return fail_win(h, MPI_ERR_ARG, __func__, "NULL flag");
+	int rc = rvma_win_test(w->w, flag);
+	return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;
+}
+
+int MPI_Win_lock(int type, int rank, int a, MPI_Win h) {
+	(void)a;
+	GET_WIN(w, h, __func__);
+	if (type != MPI_LOCK_SHARED && type != MPI_LOCK_EXCLUSIVE)
+		return fail_win(h, MPI_ERR_LOCKTYPE, __func__, "lock type %d", type);
+	if (rank == MPI_PROC_NULL) return MPI_SUCCESS;
+	int rc = rvma_win_lock(w->w, type == MPI_LOCK_SHARED ? RVMA_LOCK_SHARED : RVMA_LOCK_EXCLUSIVE, rank);
+	return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;
+}
+
+int MPI_Win_lock_all(int a, MPI_Win h) {
+	(void)a;
+	GET_WIN(w, h, __func__);
+	int rc = rvma_win_lock_all(w->w);
+	return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;
+}

@@ -1,0 +1,153 @@
+/* Error classes under MPI_ERRORS_RETURN: each bad call returns the class
+ * a user expects, with a message (MPI_Error_string), and leaves the
+ * window usable; then a put of a vector type and an accumulate check that
+ * it is. Prints "errors: ok on N ranks" on rank 0. */
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int me = -1;
+
+#define EXPECT(cond, ...)                                                          \
+	do {                                                                       \
+		if (!(cond)) {                                                     \
+			fprintf(stderr, "[%d] %s:%d: %s: ", me, __FILE__, __LINE__, #cond); \
+			fprintf(stderr, __VA_ARGS__);                              \
+			fprintf(stderr, "\n");                                     \
+			exit(1);                                                   \
+		}                                                                  \
+	} while (0)
+
+#define EXPECT_CLASS(want, call)                                                                       \
+	do {                                                                                           \
+		int rc_ = (call), cls_ = -1, len_;                                                     \
+		char s_[MPI_MAX_ERROR_STRING];                                                         \
+		MPI_Error_class(rc_, &cls_);                                                           \
+		MPI_Error_string(rc_, s_, &len_);                                                      \
+		EXPECT(cls_ == (want), "%s: class %d, want %s (%d): %s", #call, cls_, #want, want, s_); \
+		EXPECT(len_ > 0 && (size_t)len_ == strlen(s_), "%s: empty error string", #call);         \
+	} while (0)
+
+#define OK(call) EXPECT_CLASS(MPI_SUCCESS, call)
+
+int main(int argc, char **argv) {
+	int np;
+	OK(MPI_Init(&argc, &argv));
+	OK(MPI_Comm_rank(MPI_COMM_WORLD, &me));
+	OK(MPI_Comm_size(MPI_COMM_WORLD, &np));
+	OK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+	int next = (me + 1) % np;
+
+	int64_t *base;
+	MPI_Win win;
+	OK(MPI_Win_allocate(8 * 16, 8, MPI_INFO_NULL, MPI_COMM_WORLD, &base, &win));
+	if (argc > 1 && !strcmp(argv[1], "fatal")) {
+		/* A window's handler is its own (MPI_ERRORS_ARE_FATAL), not its
+		 * communicator's: this aborts the job with the class's message. */
+		int64_t v = 0;
+		OK(MPI_Win_lock_all(0, win));
+		MPI_Put(&v, 1, MPI_INT64_T, np, 0, 1, MPI_INT64_T, win);
+		printf("errors: not reached\n");
+		return 0;
+	}
+	OK(MPI_Win_set_errhandler(win, MPI_ERRORS_RETURN));
+	MPI_Errhandler eh;
+	OK(MPI_Win_get_errhandler(win, &eh));
+	EXPECT(eh == MPI_ERRORS_RETURN, "errhandler %d", eh);
+	int64_t buf[16] = {0};
+
+	/* Outside an epoch. */
+	EXPECT_CLASS(MPI_ERR_RMA_SYNC, MPI_Put(buf, 1, MPI_INT64_T, next, 0, 1, MPI_INT64_T, win));
+	OK(MPI_Win_lock_all(0, win));
+
+	/* Ranks. */
+	EXPECT_CLASS(MPI_ERR_RANK, MPI_Put(buf, 1, MPI_INT64_T, np, 0, 1, MPI_INT64_T, win));
+	EXPECT_CLASS(MPI_ERR_RANK, MPI_Get(buf, 1, MPI_INT64_T, -5, 0, 1, MPI_INT64_T, win));
+	EXPECT_CLASS(MPI_ERR_RANK, MPI_Accumulate(buf, 1, MPI_INT64_T, np + 3, 0, 1, MPI_INT64_T, MPI_SUM, win));
+	EXPECT_CLASS(MPI_ERR_RANK, MPI_Send(buf, 1, MPI_INT, np, 0, MPI_COMM_WORLD));
+	/* Displacements (in disp_unit 8: 16 elements). */
+	EXPECT_CLASS(MPI_ERR_RMA_RANGE, MPI_Put(buf, 1, MPI_INT64_T, next, 16, 1, MPI_INT64_T, win));
+	EXPECT_CLASS(MPI_ERR_RMA_RANGE, MPI_Put(buf, 2, MPI_INT64_T, next, 15, 2, MPI_INT64_T, win));
+	EXPECT_CLASS(MPI_ERR_RMA_RANGE, MPI_Get(buf, 1, MPI_INT64_T, next, -1, 1, MPI_INT64_T, win));
+	EXPECT_CLASS(MPI_ERR_RMA_RANGE, MPI_Get(buf, 1, MPI_INT64_T, next, INTPTR_MAX / 2, 1, MPI_INT64_T, win));
+	EXPECT_CLASS(MPI_ERR_RMA_RANGE, MPI_Fetch_and_op(buf, buf + 1, MPI_INT64_T, next, 16, MPI_SUM, win));
+	/* Window handles: made up, null, freed below. */
+	EXPECT_CLASS(MPI_ERR_WIN, MPI_Put(buf, 1, MPI_INT64_T, next, 0, 1, MPI_INT64_T, win + 1000));
+	EXPECT_CLASS(MPI_ERR_WIN, MPI_Win_flush(next, MPI_WIN_NULL));
+	/* Datatypes, operations, lock types, tags, communicators. */
+	EXPECT_CLASS(MPI_ERR_TYPE, MPI_Put(buf, 1, (MPI_Datatype)12345, next, 0, 1, MPI_INT64_T, win));
+	EXPECT_CLASS(MPI_ERR_TYPE, MPI_Put(buf, 2, MPI_INT, next, 0, 1, MPI_INT, win));
+	EXPECT_CLASS(MPI_ERR_TYPE, MPI_Accumulate(buf, 1, MPI_BYTE, next, 0, 1, MPI_BYTE, MPI_SUM, win));
+	EXPECT_CLASS(MPI_ERR_UNSUPPORTED_OPERATION, MPI_Accumulate(buf, 1, MPI_INT64_T, next, 0, 1, MPI_INT64_T, MPI_LAND, win));
+	EXPECT_CLASS(MPI_ERR_COUNT, MPI_Put(buf, -1, MPI_INT64_T, next, 0, -1, MPI_INT64_T, win));
+	MPI_Datatype vec;
+	OK(MPI_Type_vector(4, 1, 2, MPI_INT64_T, &vec));
+	EXPECT_CLASS(MPI_ERR_TYPE, MPI_Put(buf, 1, vec, next, 0, 1, vec, win)); /* not committed */
+	OK(MPI_Type_commit(&vec));
+	EXPECT_CLASS(MPI_ERR_LOCKTYPE, MPI_Win_lock(99, next, 0, win));
+	EXPECT_CLASS(MPI_ERR_TAG, MPI_Send(buf, 1, MPI_INT, next, -7, MPI_COMM_WORLD));
+	EXPECT_CLASS(MPI_ERR_COMM, MPI_Barrier((MPI_Comm)999));
+	EXPECT_CLASS(MPI_ERR_UNSUPPORTED_OPERATION, MPI_Recv(buf, 1, MPI_INT, MPI_ANY_SOURCE, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+	EXPECT_CLASS(MPI_ERR_UNSUPPORTED_OPERATION, MPI_Win_allocate_shared(8, 1, MPI_INFO_NULL, MPI_COMM_WORLD, &base, &win));
+	EXPECT_CLASS(MPI_ERR_REQUEST, MPI_Wait(&(MPI_Request){4242}, MPI_STATUS_IGNORE));
+	EXPECT_CLASS(MPI_ERR_ROOT, MPI_Bcast(buf, 1, MPI_INT, np, MPI_COMM_WORLD));
+	EXPECT_CLASS(MPI_ERR_GROUP, MPI_Group_free(&(MPI_Group){777}));
+
+	/* The window still works: a vector put (every other element) and
+	 * an accumulate from every rank. */
+	OK(MPI_Barrier(MPI_COMM_WORLD));
+	int64_t src[8];
+	for (int i = 0; i < 8; i++) src[i] = 100 * me + i;
+	OK(MPI_Put(src, 1, vec, next, 0, 1, vec, win));
+	OK(MPI_Win_flush(next, win));
+	int64_t one = 1;
+	OK(MPI_Accumulate(&one, 1, MPI_INT64_T, 0, 15, 1, MPI_INT64_T, MPI_SUM, win));
+	OK(MPI_Win_flush_all(win));
+	OK(MPI_Barrier(MPI_COMM_WORLD));
+	OK(MPI_Win_sync(win));
+	int prev = (me + np - 1) % np;
+	for (int i = 0; i < 8; i++)
+		EXPECT(base[i] == (i % 2 ? 0 : 100 * prev + i), "base[%d] = %lld", i, (long long)base[i]);
+	if (me == 0) EXPECT(base[15] == np, "counter %lld, want %d", (long long)base[15], np);
+	int64_t got = -1;
+	OK(MPI_Fetch_and_op(NULL, &got, MPI_INT64_T, 0, 15, MPI_NO_OP, win));
+	OK(MPI_Win_flush(0, win));
+	EXPECT(got == np, "fetched %lld, want %d", (long long)got, np);
+	OK(MPI_Win_unlock_all(win));
+
+	/* Attributes. */
+	void *b;
+	MPI_Aint *size;
+	int *unit, *model, flag;
+	OK(MPI_Win_get_attr(win, MPI_WIN_BASE, &b, &flag));
+	EXPECT(flag && b == base, "base");
+	OK(MPI_Win_get_attr(win, MPI_WIN_SIZE, &size, &flag));
+	EXPECT(flag && *size == 128, "size");
+	OK(MPI_Win_get_attr(win, MPI_WIN_DISP_UNIT, &unit, &flag));
+	EXPECT(flag && *unit == 8, "disp_unit");
+	OK(MPI_Win_get_attr(win, MPI_WIN_MODEL, &model, &flag));
+	EXPECT(flag && *model == MPI_WIN_UNIFIED, "model");
+
+	OK(MPI_Type_free(&vec));
+	MPI_Win old = win;
+	OK(MPI_Win_free(&win));
+	EXPECT(win == MPI_WIN_NULL, "freed window not null");
+	EXPECT_CLASS(MPI_ERR_WIN, MPI_Win_fence(0, old));
+
+	/* Reductions the library does itself: int, float and PROD. */
+	int iv = me + 1, isum;
+	OK(MPI_Allreduce(&iv, &isum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
+	EXPECT(isum == np * (np + 1) / 2, "int sum %d", isum);
+	double dv = me + 1;
+	OK(MPI_Allreduce(MPI_IN_PLACE, &dv, 1, MPI_DOUBLE, MPI_PROD, MPI_COMM_WORLD));
+	double fact = 1;
+	for (int r = 1; r <= np; r++) fact *= r;
+	EXPECT(dv == fact, "double prod %g", dv);
+
+	OK(MPI_Barrier(MPI_COMM_WORLD));
+	if (me == 0) printf("errors: ok on %d ranks\n", np);
+	OK(MPI_Finalize());
+	return 0;
+}
