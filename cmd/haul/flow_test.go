@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/internal/fabric"
+	"github.com/rvma/rvma/internal/linkem"
 )
 
 // startRecvOpts runs haul recv with its options set by set.
@@ -73,4 +76,29 @@ func TestSlowReceiver(t *testing.T) {
 	t.Logf("without flow control: %.3fs, %.3f Gbit/s, wire overhead %.3f, repeats %.4f, %d timeouts; receiver: %v",
 		without.Seconds, without.Gbps, without.Overhead, without.Repeats, without.Timeouts, rwo)
 	require.Zero(t, without.Flow.WindowMax)
+}
+
+// The probe train, sent faster than a 200 Mbit/s link, comes back
+// dispersed to about the link's rate: the report carries it (logged, not
+// asserted: it is a measurement of time).
+func TestProbeDispersion(t *testing.T) {
+	dir := t.TempDir()
+	in, out := filepath.Join(dir, "in"), filepath.Join(dir, "out")
+	writeRandom(t, in, 2<<20)
+	l, err := linkem.Start(linkem.Config{Rate: 25e6, Faults: fabric.Faults{Delay: 5 * time.Millisecond}})
+	require.NoError(t, err)
+	defer l.Close()
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := start(ctx, "recv", "--listen", addr, "--out", out, "--via", l.AddrB().String(), "--json")
+	waitListening(t, addr)
+	s := start(ctx, "send", "--to", addr, "--via", l.AddrA().String(), "--rate", "2gbit", "--json", in)
+	require.NoError(t, s.wait(t), s.stderr.String())
+	require.NoError(t, r.wait(t), r.stderr.String())
+	var rep report
+	require.NoError(t, json.Unmarshal([]byte(s.stdout.String()), &rep), s.stdout.String())
+	require.NotNil(t, rep.Probe)
+	require.Positive(t, rep.Probe.DispersionMbps)
+	t.Logf("link 200 Mbit/s, train paced at 2 Gbit/s: echoes dispersed at %.0f Mbit/s (%d of %d echoed)", rep.Probe.DispersionMbps, rep.Probe.Echoed, rep.Probe.Sent)
 }

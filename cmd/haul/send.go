@@ -158,7 +158,7 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 			return fmt.Errorf("probing the path: %w", err)
 		}
 		probe = &probeRep{Sent: pr.Sent, Echoed: pr.Echoed, Loss: pr.Loss, RTTms: float64(pr.Median.Microseconds()) / 1e3,
-			Seconds: pr.Duration.Seconds()}
+			Seconds: pr.Duration.Seconds(), DispersionMbps: pr.Dispersion * 8 / 1e6}
 		if o.verbose {
 			fmt.Fprintf(stderr, "haul: probe: %v\n", pr)
 		}
@@ -323,8 +323,8 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "haul: sent %s: %d bytes in %.3fs, %.3f Gbit/s goodput (ideal %.3fs at %.0f Mbit/s and %.1f ms RTT: %.2fx)\n",
 			o.path, todoBytes, rep.Seconds, rep.Gbps, rep.Ideal, o.rate*8/1e6, rep.RTTms, rep.Seconds/rep.Ideal)
 		if rep.Probe != nil {
-			fmt.Fprintf(stdout, "haul: probe: %d of %d echoed (loss %.2g a packet), RTT %.1f ms, %.3fs\n",
-				rep.Probe.Echoed, rep.Probe.Sent, rep.Probe.Loss, rep.Probe.RTTms, rep.Probe.Seconds)
+			fmt.Fprintf(stdout, "haul: probe: %d of %d echoed (loss %.2g a packet), RTT %.1f ms, %.3fs; echoes dispersed at %.0f Mbit/s\n",
+				rep.Probe.Echoed, rep.Probe.Sent, rep.Probe.Loss, rep.Probe.RTTms, rep.Probe.Seconds, rep.Probe.DispersionMbps)
 		}
 		if f := rep.Flow; f.WindowMax > 0 {
 			fmt.Fprintf(stdout, "haul: flow control: the receiver's window %s to %s (shrank %d times); waited for it %.3fs\n",
@@ -432,6 +432,9 @@ type probeRep struct {
 	Loss    float64 `json:"loss"` // per packet, one way
 	RTTms   float64 `json:"rtt_ms"`
 	Seconds float64 `json:"seconds"` // before the transfer's clock starts, as the connection setup
+	// DispersionMbps is the rate the echoes came back at: the path's
+	// bottleneck if below --rate (the train is paced at --rate).
+	DispersionMbps float64 `json:"dispersion_mbps"`
 }
 
 // flowRep is flow control's account in the report: the receiver's
