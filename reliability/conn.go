@@ -88,6 +88,25 @@ type Config struct {
 	// DefaultRecvDepth; the QP must have MaxRecvWR ≥ RecvDepth (see
 	// QPConfig) and its CQ room for RecvDepth completions.
 	RecvDepth int
+	// RecvWindow is the receiver's flow-control window to start from, and
+	// its floor: the bytes of chunks it lets the sender have in flight
+	// toward it (sent, neither acknowledged nor declared lost). It grows
+	// while this end keeps up, at most to about four times what arrives
+	// in a round trip, and halves when this end falls behind: when Drops
+	// reports packets dropped before they reached it, or when completions
+	// pile up unhandled. Default a quarter of RecvDepth's chunks, at most
+	// 2 MiB; -1: no window (the sender is limited by its rate only).
+	RecvWindow int
+	// MaxRecvWindow caps the window. Default 1 GiB.
+	MaxRecvWindow int
+	// Drops, if set, counts packets toward this end dropped before the
+	// Conn saw them (a socket's receive buffer overflowing, for the udp
+	// provider); the window shrinks when it grows.
+	Drops func() uint64
+	// ChunkDelay makes this end take that long over each chunk it
+	// receives, as a receiver that cannot keep up: for tests and
+	// demonstrations of flow control. Default 0.
+	ChunkDelay time.Duration
 	// Logger receives diagnostics. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -134,6 +153,15 @@ func (c *Config) setDefaults(mtu int) error {
 	}
 	if c.RecvDepth == 0 {
 		c.RecvDepth = DefaultRecvDepth
+	}
+	if c.RecvWindow == 0 {
+		c.RecvWindow = min(c.RecvDepth/4*c.Chunk, 2<<20)
+	}
+	if c.MaxRecvWindow == 0 {
+		c.MaxRecvWindow = 1 << 30
+	}
+	if c.RecvWindow > 0 && (c.RecvWindow < c.Chunk || c.MaxRecvWindow < c.RecvWindow) {
+		return fmt.Errorf("%w: receive window %d (at least a chunk, %d, and at most MaxRecvWindow, %d)", ErrConfig, c.RecvWindow, c.Chunk, c.MaxRecvWindow)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -214,6 +242,7 @@ type Conn struct {
 	err      error
 	srtt     time.Duration
 	rttvar   time.Duration // mean deviation of the samples, as TCP's
+	minRTT   time.Duration // the smallest sample: the path without queues
 	measured bool
 	heard    time.Duration // when the peer was last heard from
 
@@ -224,6 +253,7 @@ type Conn struct {
 	post    uint64   // sequence number of the next Post
 	floor   uint64   // every receive below floor is complete
 	scratch rxScratch
+	rw      recvWindow
 
 	// send side
 	cts       map[uint64]*sdrwire.Message // clear-to-send of messages not started
@@ -240,6 +270,7 @@ type Conn struct {
 	probe     *probeState
 	tx        txScratch
 	pathBytes []uint64 // chunk bytes sent per path
+	fw        sendWindow
 
 	// testDrop, set by tests before traffic, loses chunk writes by
 	// position: idx is the chunk index (parity follows the data), try the
@@ -502,7 +533,9 @@ func (c *Conn) poll() {
 				c.onChunkLocked(wc.Imm, now)
 			case verbs.WCRecv:
 				b := c.rq.Bytes()[int(wc.WRID)*ctlSize:][:wc.ByteLen]
-				if err := sdrwire.Parse(b, &msg); err != nil {
+				if err := sdrwire.Parse(b, &msg); errors.Is(err, sdrwire.ErrVersion) {
+					c.failLocked(fmt.Errorf("%w: %w", ErrPeer, err))
+				} else if err != nil {
 					c.log.Debug("reliability: bad control message", "err", err)
 				} else {
 					c.onControlLocked(&msg, now)
@@ -514,7 +547,21 @@ func (c *Conn) poll() {
 			p := int(wc.WRID) / c.cfg.RecvDepth
 			repost[p] = append(repost[p], verbs.RecvWR{ID: wc.WRID, SGL: sges[i : i+1]})
 		}
+		if c.cfg.RecvWindow > 0 && c.cq.Len() > c.cfg.RecvDepth/4 {
+			c.rw.behind = true // completions arrive faster than handled
+		}
 		c.mu.Unlock()
+		if d := c.cfg.ChunkDelay; d > 0 {
+			chunks := 0
+			for i := range wcs[:n] {
+				if wcs[i].Opcode == verbs.WCRecvWriteImm {
+					chunks++
+				}
+			}
+			if chunks > 0 {
+				time.Sleep(time.Duration(chunks) * d)
+			}
+		}
 		for p, wrs := range repost {
 			if len(wrs) == 0 {
 				continue
@@ -550,6 +597,9 @@ func (c *Conn) onControlLocked(m *sdrwire.Message, now time.Duration) {
 func (c *Conn) rttSampleLocked(sample time.Duration) {
 	if sample <= 0 || sample > time.Minute {
 		return
+	}
+	if c.minRTT == 0 || sample < c.minRTT {
+		c.minRTT = sample
 	}
 	if !c.measured {
 		c.srtt, c.rttvar, c.measured = sample, sample/2, true
@@ -594,6 +644,7 @@ func (c *Conn) tick() {
 				c.sendStatusLocked(r, now)
 			}
 		}
+		c.windowLocked(now)
 		if now-lastScan >= rtt/4 {
 			lastScan = now
 			c.scanLocked(now)

@@ -19,16 +19,23 @@ type ProbeResult struct {
 	MinRTT   time.Duration
 	Median   time.Duration // RTT
 	Duration time.Duration // from the first probe sent to the end of the wait for echoes
+	// Dispersion is the rate in bytes per second (wire bytes) at which
+	// the echoes came back, first to last: the path's bottleneck rate
+	// (packet-train dispersion) when the train went out faster than it,
+	// else the rate it was sent at (Config.Rate), a lower bound. 0: fewer
+	// than two echoes.
+	Dispersion float64
 }
 
 func (r ProbeResult) String() string {
-	return fmt.Sprintf("%d of %d probes echoed (loss %.2g a packet), RTT %v median, %v min, in %v",
-		r.Echoed, r.Sent, r.Loss, r.Median.Round(time.Microsecond), r.MinRTT.Round(time.Microsecond), r.Duration.Round(time.Millisecond))
+	return fmt.Sprintf("%d of %d probes echoed (loss %.2g a packet), RTT %v median, %v min, in %v; echoes dispersed at %.0f Mbit/s",
+		r.Echoed, r.Sent, r.Loss, r.Median.Round(time.Microsecond), r.MinRTT.Round(time.Microsecond), r.Duration.Round(time.Millisecond), r.Dispersion*8/1e6)
 }
 
 type probeState struct {
-	stamps []int64 // when each probe went out; 0: echoed already
-	rtts   []time.Duration
+	stamps      []int64 // when each probe went out; 0: echoed already
+	rtts        []time.Duration
+	first, last time.Duration // arrivals of the first and last echo
 }
 
 // probeBatch is how many probes go out under one lock: the control ring
@@ -132,6 +139,9 @@ func (c *Conn) Probe(ctx context.Context, n int) (ProbeResult, error) {
 	sorted := slices.Clone(ps.rtts)
 	slices.Sort(sorted)
 	res.MinRTT, res.Median = sorted[0], sorted[len(sorted)/2]
+	if d := ps.last - ps.first; res.Echoed > 1 && d > 0 {
+		res.Dispersion = float64(res.Echoed-1) * float64(sdrwire.MaxLen+packetOverhead) / d.Seconds()
+	}
 	// n round trips are about 2n one-way trials of a packet.
 	c.observeLossLocked(res.Loss*float64(2*n), float64(2*n))
 	c.broadcastLocked()
@@ -146,6 +156,10 @@ func (c *Conn) onEchoLocked(m *sdrwire.Message, now time.Duration) {
 		return // late, of an earlier train, or forged: ignored
 	}
 	ps.stamps[m.Seq] = 0
+	if len(ps.rtts) == 0 {
+		ps.first = now
+	}
+	ps.last = now
 	sample := now - time.Duration(m.Stamp)
 	ps.rtts = append(ps.rtts, sample)
 	first := !c.measured

@@ -181,7 +181,7 @@ func (c *Conn) sendStatusLocked(r *Recv, now time.Duration) {
 	m := &sdrwire.Message{Type: sdrwire.TypeStatus, Seq: r.seq, Floor: c.floor,
 		Chunk: uint32(r.chunk), K: uint16(r.k), MaxM: uint16(r.mx), Len: uint64(len(r.buf)),
 		RKey: r.mr.RKey(), Addr: r.mr.Addr(), ParRKey: r.parMR.RKey(), ParAddr: r.parMR.Addr(), ParLen: uint64(len(r.par)),
-		Arrived: uint32(r.stats.Arrived), Decoded: uint32(r.stats.Decoded)}
+		Arrived: uint32(r.stats.Arrived), Decoded: uint32(r.stats.Decoded), Window: c.rw.advertised(&c.cfg)}
 	if r.done {
 		m.Flags = sdrwire.FlagComplete
 		if r.stats.Partial {
@@ -215,7 +215,12 @@ func (c *Conn) onChunkLocked(imm uint32, now time.Duration) {
 	if r == nil || r.done || uint32(r.seq%(1<<idBits)) != id {
 		return // a late chunk of an old message: its keys are gone, nothing landed
 	}
-	if r.onChunk(idx) {
+	before := r.stats.Arrived
+	full := r.onChunk(idx)
+	if r.stats.Arrived > before {
+		c.rw.rx += int64(r.chunk)
+	}
+	if full {
 		r.finishLocked(true)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/bits"
 	"slices"
 	"time"
 
@@ -90,6 +91,11 @@ type Send struct {
 	sent       []int64
 	tries      []uint8
 	acked      *Bitmap
+	fl         []bool  // data chunks in flight (flow control)
+	fly        int64   // their bytes
+	pfly       []int32 // parity bytes in flight per stripe
+	pflyAll    int64
+	pdone      int // stripes whose parity is no longer in flight
 	res        SendResult
 	start      time.Duration
 	lastStatus time.Duration
@@ -165,6 +171,8 @@ func (c *Conn) startLocked(s *Send, m *sdrwire.Message) {
 	s.acked = NewBitmap(s.n)
 	s.stripes = (s.n + s.k - 1) / s.k
 	s.sm = make([]uint8, s.stripes)
+	s.fl = make([]bool, s.n)
+	s.pfly = make([]int32, s.stripes)
 	s.res = SendResult{Seq: s.seq, Bytes: len(s.data), Chunk: s.chunk}
 	c.peerChunk = s.chunk
 	c.wake()
@@ -368,6 +376,7 @@ func (s *Send) finishLocked(err error) {
 	s.err = err
 	s.mr.Deregister()
 	c := s.c
+	c.flyDone(s)
 	delete(c.sends, s.seq)
 	for i, o := range c.order {
 		if o == s {
@@ -385,6 +394,7 @@ func (s *Send) finishLocked(err error) {
 
 // onStatusLocked is the sender's state machine for a receiver's status.
 func (c *Conn) onStatusLocked(m *sdrwire.Message, now time.Duration) {
+	c.peerWindowLocked(m.Window)
 	if s := c.sends[m.Seq]; s != nil && s.ready {
 		s.res.Decoded = max(s.res.Decoded, int(m.Decoded))
 		s.res.Partial = m.Flags&sdrwire.FlagTaken != 0
@@ -412,6 +422,7 @@ func (c *Conn) onStatusLocked(m *sdrwire.Message, now time.Duration) {
 	}
 	if m.Flags&sdrwire.FlagComplete != 0 {
 		s.finishLocked(nil)
+		c.windowOpenLocked()
 		return
 	}
 	s.lastStatus = now
@@ -422,11 +433,28 @@ func (c *Conn) onStatusLocked(m *sdrwire.Message, now time.Duration) {
 		c.observeLossLocked(float64(k-s.obsSkip), float64((h-s.obsHigh)*pkts))
 		s.obsHigh, s.obsSkip = h, k
 	}
+	// The chunks it acknowledges are round trips too, the receiver's
+	// handling included, which pings (answered ahead of a backlog of
+	// chunks) miss: the status's freshest first send is one sample.
 	cum := min(int(m.Cum), s.n)
+	var fresh int64
 	for i := s.acked.NextClear(0); i < cum; i = s.acked.NextClear(i) {
-		s.acked.Set(i)
+		fresh = max(fresh, c.ackLocked(s, i))
 	}
-	s.acked.Merge(cum, m.Words)
+	for w, v := range m.Words {
+		for v != 0 {
+			j := bits.TrailingZeros64(v)
+			v &= v - 1
+			if i := cum + 64*w + j; i < s.n {
+				fresh = max(fresh, c.ackLocked(s, i))
+			}
+		}
+	}
+	if fresh > 0 {
+		c.rttSampleLocked(now - time.Duration(fresh))
+		c.fw.backoff = 0
+	}
+	c.parityPast(s, cum)
 	known := min(int(m.Highest), cum+64*len(m.Words), s.n)
 	repair, fallback := c.repairDelays()
 	queued := false
@@ -437,6 +465,15 @@ func (c *Conn) onStatusLocked(m *sdrwire.Message, now time.Duration) {
 		}
 	}
 	if queued {
+		c.wake()
+	}
+	c.windowOpenLocked()
+}
+
+// windowOpenLocked wakes the injector if it waits for the window and
+// there is room now.
+func (c *Conn) windowOpenLocked() {
+	if f := &c.fw; f.blocked && (f.peer == 0 || float64(f.inflight+int64(c.peerChunk)) <= f.peer || f.inflight == 0) {
 		c.wake()
 	}
 }
@@ -452,7 +489,8 @@ func (s *Send) wait(i int, repair, fallback time.Duration) time.Duration {
 }
 
 func (c *Conn) queueLocked(s *Send, i int) {
-	s.sent[i] = -1 // queued
+	c.unfly(s, i, false) // declared lost: its repeat counts afresh
+	s.sent[i] = -1       // queued
 	c.retx = append(c.retx, chunkRef{s, i})
 }
 
@@ -461,7 +499,18 @@ func (c *Conn) queueLocked(s *Send, i int) {
 func (c *Conn) scanLocked(now time.Duration) {
 	repair, fallback := c.repairDelays()
 	rto := c.srtt + max(time.Duration(c.cfg.Alpha*float64(c.srtt)), 4*c.rttvar) + time.Millisecond
-	queued := false
+	// A chunk sent before one the receiver acknowledged (less a
+	// reordering margin) was passed: lost, or the receiver would have
+	// reported on it. One sent after is behind the others, in the path
+	// or at a receiver that is slow to handle them, unless nothing was
+	// acknowledged for an RTO: then the tail was lost.
+	// A timeout on a stall backs off as TCP's does (doubling, until a
+	// first send is acknowledged): a receiver slower than the pings say
+	// must not have everything in flight sent again every RTO.
+	passed := time.Duration(c.fw.ackedSent) - max(c.minRTT/4, time.Millisecond)
+	rto <<= c.fw.backoff
+	stalled := now-c.fw.ackedAt >= rto
+	queued, backoff := false, false
 	for _, s := range c.order {
 		if !s.ready {
 			continue
@@ -475,7 +524,8 @@ func (c *Conn) scanLocked(now time.Duration) {
 			if s.sm[i/s.k] > 0 && s.tries[i] == 1 {
 				w += fallback
 			}
-			if now >= time.Duration(s.sent[i])+max(w, repair) {
+			if now >= time.Duration(s.sent[i])+max(w, repair) && (stalled || time.Duration(s.sent[i]) < passed) {
+				backoff = backoff || time.Duration(s.sent[i]) >= passed
 				s.res.Timeouts++
 				c.queueLocked(s, i)
 				queued, late = true, true
@@ -490,6 +540,9 @@ func (c *Conn) scanLocked(now time.Duration) {
 	}
 	if queued {
 		c.wake()
+	}
+	if backoff && c.fw.backoff < 6 {
+		c.fw.backoff++
 	}
 }
 
@@ -545,6 +598,7 @@ func (c *Conn) inject() {
 		if len(tx.wrs) > 0 {
 			_, err = c.qps[p].PostSend(tx.wrs)
 			c.pathBytes[p] += uint64(bytes)
+			c.sentLocked(c.now())
 		}
 		c.mu.Unlock()
 		if err != nil {
@@ -614,6 +668,10 @@ func (c *Conn) fillLocked(now time.Duration, rate float64) int {
 		if r.s.done || r.s.acked.Test(r.idx) || r.s.sent[r.idx] != -1 {
 			continue
 		}
+		if !c.room(r.s.chunk) {
+			c.retx = append([]chunkRef{r}, c.retx...)
+			return bytes
+		}
 		r.s.res.Retransmissions++
 		bytes += c.addData(r.s, r.idx, now)
 	}
@@ -635,6 +693,12 @@ func (c *Conn) fillLocked(now time.Duration, rate float64) int {
 				s.sm[st] = uint8(m)
 			}
 			kk, m := min(s.k, s.n-st*s.k), int(s.sm[st])
+			// A stripe's parity goes out whole once begun (it shares one
+			// scratch area): the window is checked before each data chunk
+			// and before the parity.
+			if s.j <= kk && !c.room(s.chunk) {
+				return bytes
+			}
 			if s.j < kk {
 				bytes += c.addData(s, st*s.k+s.j, now)
 				s.advance(kk + m)
@@ -707,6 +771,7 @@ func (c *Conn) addData(s *Send, idx int, now time.Duration) int {
 	}
 	s.res.Transmissions++
 	s.res.WireBytes += int64(n)
+	c.fly(s, idx, n)
 	if c.testDrop != nil && c.testDrop(s.seq, idx, int(s.tries[idx])) {
 		tx.wrs = tx.wrs[:j]
 	}
@@ -722,6 +787,11 @@ func (c *Conn) addParity(s *Send, stripe, j int) int {
 		RemoteAddr: s.paddr + uint64(p*s.chunk), RKey: s.prkey, Imm: imm(s, s.n+p)})
 	s.res.Transmissions++
 	s.res.WireBytes += int64(s.chunk)
+	if stripe >= s.pdone { // else the receiver has the stripe's data already
+		s.pfly[stripe] += int32(s.chunk)
+		s.pflyAll += int64(s.chunk)
+		c.fw.inflight += int64(s.chunk)
+	}
 	if c.testDrop != nil && c.testDrop(s.seq, s.n+p, 0) {
 		tx.wrs = tx.wrs[:k]
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rvma/rvma/internal/launch"
+	"github.com/rvma/rvma/internal/sdrwire"
 	"github.com/rvma/rvma/verbs"
 	"github.com/rvma/rvma/verbs/cm"
 )
@@ -114,7 +115,7 @@ func TestKeyedReceiverRefusesOutsiders(t *testing.T) {
 	err = rcDialer(t, f.addr, k, []byte("not an offer"))
 	require.ErrorIs(t, err, cm.ErrRejected)
 	require.ErrorContains(t, err, "malformed offer")
-	bogus := offer{Name: "x", Size: 5 << 20, SHA256: sha256Hex([]byte("x")), Region: 1 << 20, Manifest: sha256Hex(nil), K: 32}
+	bogus := offer{Name: "x", Size: 5 << 20, SHA256: sha256Hex([]byte("x")), Region: 1 << 20, Manifest: sha256Hex(nil), K: 32, Wire: sdrwire.Version}
 	err = rcDialer(t, f.addr, k, mustJSON(bogus))
 	require.ErrorIs(t, err, cm.ErrRejected)
 	require.ErrorContains(t, err, "QP type")

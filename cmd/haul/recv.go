@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rvma/rvma/internal/sdrwire"
 	"github.com/rvma/rvma/reliability"
 	"github.com/rvma/rvma/verbs/cm"
 )
@@ -187,6 +188,8 @@ func parseOffer(b []byte) (*offer, error) {
 		return nil, fmt.Errorf("bad offer: k %d, m %d", off.K, off.M)
 	case off.Nonce != nil && len(off.Nonce) != sessionNonce:
 		return nil, fmt.Errorf("bad offer: a nonce of %d bytes", len(off.Nonce))
+	case off.Wire != sdrwire.Version:
+		return nil, fmt.Errorf("the sender speaks wire format version %d, this receiver %d: run the same haul release at both ends", max(off.Wire, 2), sdrwire.Version)
 	}
 	return &off, nil
 }
@@ -336,15 +339,20 @@ func (r *receiver) session(ctx context.Context, req *cm.Request, out *output) (*
 		return nil, err
 	}
 	cfg := o.relCfg(off.K, 0, max(off.M, 8), reliability.Auto, paths)
+	cfg.ChunkDelay = o.chunkDelay
+	if o.noWindow {
+		cfg.RecvWindow = -1
+	}
 	e, err := open(ctx, r.local, paths, cfg)
 	if err != nil {
 		req.Reject(err.Error())
 		return nil, err
 	}
+	cfg.Drops = socketDrops(e.dev.GIDs())
 	// The device goes before the caller unmaps the output: closing it
 	// waits for its receive handlers, the only writers of the mapping.
 	defer e.close()
-	ans := answer{Have: out.have(), Hashes: out.needHashes()}
+	ans := answer{Have: out.have(), Hashes: out.needHashes(), Wire: sdrwire.Version}
 	var pl *payload
 	if off.Nonce != nil {
 		// The sealed chunks fill the chunks of this end's connection:
@@ -479,11 +487,15 @@ func (r *receiver) conclude(ctx context.Context, c *reliability.Conn, out *outpu
 	if pl != nil {
 		cpu, failed = pl.CPU().Seconds(), pl.failed.Load()
 	}
+	fl := c.Flow()
 	if r.o.json {
 		fmt.Fprintf(r.stdout, "%s\n", mustJSON(map[string]any{"bytes": size, "seconds": elapsed.Seconds(), "gbps": gbps, "sha256": sum, "ok": v.OK,
-			"encrypted": pl != nil, "crypto_cpu_seconds": cpu, "auth_failed_chunks": failed}))
+			"encrypted": pl != nil, "crypto_cpu_seconds": cpu, "auth_failed_chunks": failed,
+			"window_min": fl.WindowMin, "window_max": fl.WindowMax, "window_cuts": fl.Cuts, "socket_drops": fl.Dropped}))
 	} else {
 		fmt.Fprintf(r.stdout, "haul: received %s (%d bytes) in %.3fs, %.3f Gbit/s; sha256 %s %s\n", r.o.out, size, elapsed.Seconds(), gbps, sum, okWord(v.OK))
+		fmt.Fprintf(r.stdout, "haul: flow control: window %s to %s, halved %d times; %d datagrams dropped by the kernel\n",
+			mib(fl.WindowMin), mib(fl.WindowMax), fl.Cuts, fl.Dropped)
 		fmt.Fprintf(r.stdout, "haul: %s\n", cryptoLine(pl != nil, cpu, "opening",
 			fmt.Sprintf("%d chunks failed authentication (never written, fetched again)", failed)))
 	}

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rvma/rvma/internal/sdrwire"
 	"github.com/rvma/rvma/reliability"
 	"github.com/rvma/rvma/verbs/cm"
 )
@@ -47,6 +48,7 @@ type report struct {
 	// receiver that reports late, costs.
 	Repeats    float64    `json:"repeat_overhead"`
 	Probe      *probeRep  `json:"probe,omitempty"`
+	Flow       flowRep    `json:"flow"`
 	Decisions  []decision `json:"decisions"`
 	repairWire int64
 	warning    string
@@ -91,7 +93,7 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 	}
 	defer e.close()
 	off := offer{Name: filepath.Base(o.path), Size: size, SHA256: sha, Region: region, Manifest: sha256Hex(hashes),
-		K: o.k, M: max(o.m, 8)}
+		K: o.k, M: max(o.m, 8), Wire: sdrwire.Version}
 	if o.paths > 1 {
 		off.Paths = o.paths
 	}
@@ -119,6 +121,9 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 				return fmt.Errorf("malformed answer from the receiver: %w", err)
 			}
 		}
+	}
+	if ans.Wire != sdrwire.Version {
+		return fmt.Errorf("the receiver at %s speaks wire format version %d, this sender %d: run the same haul release at both ends", o.to, max(ans.Wire, 2), sdrwire.Version)
 	}
 	var pl *payload
 	if o.encrypt {
@@ -153,7 +158,7 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 			return fmt.Errorf("probing the path: %w", err)
 		}
 		probe = &probeRep{Sent: pr.Sent, Echoed: pr.Echoed, Loss: pr.Loss, RTTms: float64(pr.Median.Microseconds()) / 1e3,
-			Seconds: pr.Duration.Seconds()}
+			Seconds: pr.Duration.Seconds(), DispersionMbps: pr.Dispersion * 8 / 1e6}
 		if o.verbose {
 			fmt.Fprintf(stderr, "haul: probe: %v\n", pr)
 		}
@@ -318,8 +323,14 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "haul: sent %s: %d bytes in %.3fs, %.3f Gbit/s goodput (ideal %.3fs at %.0f Mbit/s and %.1f ms RTT: %.2fx)\n",
 			o.path, todoBytes, rep.Seconds, rep.Gbps, rep.Ideal, o.rate*8/1e6, rep.RTTms, rep.Seconds/rep.Ideal)
 		if rep.Probe != nil {
-			fmt.Fprintf(stdout, "haul: probe: %d of %d echoed (loss %.2g a packet), RTT %.1f ms, %.3fs\n",
-				rep.Probe.Echoed, rep.Probe.Sent, rep.Probe.Loss, rep.Probe.RTTms, rep.Probe.Seconds)
+			fmt.Fprintf(stdout, "haul: probe: %d of %d echoed (loss %.2g a packet), RTT %.1f ms, %.3fs; echoes dispersed at %.0f Mbit/s\n",
+				rep.Probe.Echoed, rep.Probe.Sent, rep.Probe.Loss, rep.Probe.RTTms, rep.Probe.Seconds, rep.Probe.DispersionMbps)
+		}
+		if f := rep.Flow; f.WindowMax > 0 {
+			fmt.Fprintf(stdout, "haul: flow control: the receiver's window %s to %s (shrank %d times); waited for it %.3fs\n",
+				mib(f.WindowMin), mib(f.WindowMax), f.Cuts, f.Waited)
+		} else {
+			fmt.Fprintf(stdout, "haul: flow control: the receiver advertised no window\n")
 		}
 		fmt.Fprintf(stdout, "haul: scheme %s\n", rep.schemeMix)
 		for _, d := range rep.Decisions {
@@ -421,7 +432,22 @@ type probeRep struct {
 	Loss    float64 `json:"loss"` // per packet, one way
 	RTTms   float64 `json:"rtt_ms"`
 	Seconds float64 `json:"seconds"` // before the transfer's clock starts, as the connection setup
+	// DispersionMbps is the rate the echoes came back at: the path's
+	// bottleneck if below --rate (the train is paced at --rate).
+	DispersionMbps float64 `json:"dispersion_mbps"`
 }
+
+// flowRep is flow control's account in the report: the receiver's
+// window as the sender saw it, and how long the sender waited for it.
+type flowRep struct {
+	WindowMin int64   `json:"window_min"` // bytes; 0: no window
+	WindowMax int64   `json:"window_max"`
+	Cuts      int     `json:"window_cuts"` // times it shrank
+	Waited    float64 `json:"waited_seconds"`
+}
+
+// mib spells a byte count in MiB.
+func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 
 // decision is one of the model's choices in the report: when (seconds
 // from the transfer's start), from which byte of the file on, and why.
@@ -458,6 +484,8 @@ func summarise(rep *report, results []reliability.SendResult, offsets []int64, c
 	rep.Loss = l.Loss
 	rep.Ideal = float64(todo)/o.rate + l.RTT.Seconds()
 	rep.Paths, rep.PathBytes = o.paths, c.PathBytes()
+	fl := c.Flow()
+	rep.Flow = flowRep{WindowMin: fl.PeerMin, WindowMax: fl.PeerMax, Cuts: fl.PeerCuts, Waited: fl.Waited.Seconds()}
 	byScheme := map[string]int64{}
 	var wire, repeats int64
 	rep.Decisions = []decision{}

@@ -45,6 +45,12 @@ type recvOpts struct {
 	// round 0) and repair round (region -1) before it is opened, to
 	// tamper with it as an attacker on the path would.
 	sealedHook func(round uint32, region int, sealed []byte)
+	// chunkDelay, set by tests, slows the receiver down: it takes that
+	// long over each chunk, as one that cannot keep up.
+	chunkDelay time.Duration
+	// noWindow, set by tests, turns flow control off (the receiver
+	// advertises no window), to compare with it on.
+	noWindow bool
 }
 
 type sendOpts struct {
@@ -194,6 +200,10 @@ type offer struct {
 	K        int    `json:"k"`
 	M        int    `json:"m"`
 	Paths    int    `json:"paths,omitempty"` // further paths dial after this one with a pathHello
+	// Wire is the version of the data path's format (sdrwire) the sender
+	// speaks; the receiver refuses another (0: a haul from before it was
+	// sent, which speaks version 2).
+	Wire int `json:"wire,omitempty"`
 	// Nonce, with --encrypt, is the sender's half of the session key's
 	// salt (see crypt.go); its presence asks for an encrypted payload.
 	Nonce []byte `json:"nonce,omitempty"`
@@ -214,6 +224,7 @@ type answer struct {
 	// chunk size, which the sealed chunks fill.
 	Nonce []byte `json:"nonce,omitempty"`
 	Chunk int    `json:"chunk,omitempty"`
+	Wire  int    `json:"wire,omitempty"` // as the offer's
 }
 
 // verdict is the receiver's last message: did the file check out, or why

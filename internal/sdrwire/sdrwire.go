@@ -36,11 +36,15 @@ const MaxWords = 96
 // MaxLen is the largest encoded message.
 const MaxLen = statusFixed + 8*MaxWords
 
+// Version is the wire format's version, the first byte of every message.
+// Version 2 added the status's Skipped and the probes; version 3 the
+// status's Window (receiver-driven flow control).
+const Version = 3
+
 const (
-	// Version 2 added the status's Skipped and the probes.
-	version     = 2
+	version     = Version
 	hdrLen      = 2
-	statusFixed = hdrLen + 8 + 8 + 1 + 4 + 2 + 2 + 8 + 4 + 8 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 4 + 2
+	statusFixed = hdrLen + 8 + 8 + 1 + 4 + 2 + 2 + 8 + 4 + 8 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 4 + 8 + 2
 	probeFixed  = hdrLen + 8 + 8
 )
 
@@ -48,6 +52,21 @@ var zeros [MaxLen]byte // probes' padding
 
 // ErrMalformed reports a control message that cannot be parsed.
 var ErrMalformed = errors.New("sdrwire: malformed control message")
+
+// ErrVersion reports a message of another version of the format: the peer
+// runs an older or newer build, and the two cannot work together. It
+// wraps ErrMalformed.
+var ErrVersion = fmt.Errorf("%w: another version of the wire format", ErrMalformed)
+
+// VersionError is the version a message was in, when Parse fails with
+// ErrVersion.
+type VersionError struct{ Got uint8 }
+
+func (e *VersionError) Error() string {
+	return fmt.Sprintf("sdrwire: the peer speaks wire format version %d, this end %d (upgrade both ends to the same release)", e.Got, Version)
+}
+
+func (e *VersionError) Unwrap() error { return ErrVersion }
 
 // Message is one control message; which fields matter depends on Type.
 type Message struct {
@@ -76,7 +95,11 @@ type Message struct {
 	// chunk arrived: first transmissions lost, when the path keeps order.
 	// The sender's loss estimate is Skipped over Highest.
 	Skipped uint32
-	Words   []uint64
+	// Window is the bytes of chunks the receiver will take in flight (sent
+	// and neither acknowledged nor declared lost) across all its slots,
+	// grown while it keeps up and cut when it drops; 0: no limit.
+	Window uint64
+	Words  []uint64
 }
 
 // Append encodes m onto b.
@@ -116,6 +139,7 @@ func Append(b []byte, m *Message) []byte {
 		b = binary.BigEndian.AppendUint32(b, m.Cum)
 		b = binary.BigEndian.AppendUint32(b, m.Highest)
 		b = binary.BigEndian.AppendUint32(b, m.Skipped)
+		b = binary.BigEndian.AppendUint64(b, m.Window)
 		b = binary.BigEndian.AppendUint16(b, uint16(len(words)))
 		for _, w := range words {
 			b = binary.BigEndian.AppendUint64(b, w)
@@ -130,7 +154,7 @@ func Parse(b []byte, m *Message) error {
 		return fmt.Errorf("%w: %d bytes", ErrMalformed, len(b))
 	}
 	if b[0] != version {
-		return fmt.Errorf("%w: version %d", ErrMalformed, b[0])
+		return &VersionError{Got: b[0]}
 	}
 	m.Type = b[1]
 	p := b[hdrLen:]
@@ -176,8 +200,9 @@ func Parse(b []byte, m *Message) error {
 	m.Cum = be.Uint32(p[65:])
 	m.Highest = be.Uint32(p[69:])
 	m.Skipped = be.Uint32(p[73:])
-	n := int(be.Uint16(p[77:]))
-	p = p[79:]
+	m.Window = be.Uint64(p[77:])
+	n := int(be.Uint16(p[85:]))
+	p = p[87:]
 	if n > MaxWords || len(p) != 8*n {
 		return fmt.Errorf("%w: %d bitmap words in %d bytes", ErrMalformed, n, len(p))
 	}

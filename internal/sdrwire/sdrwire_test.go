@@ -13,7 +13,7 @@ func TestRoundTrip(t *testing.T) {
 		{Type: TypeQuery, Seq: 1<<63 + 7},
 		{Type: TypeStatus, Seq: 9, Floor: 4, Flags: FlagComplete | FlagTaken, Chunk: 4096, K: 32, MaxM: 8, Len: 1 << 30,
 			RKey: 0xdeadbeef, Addr: 1 << 40, ParRKey: 7, ParAddr: 1<<40 + 99, ParLen: 12345, Arrived: 4, Decoded: 2,
-			Cum: 17, Highest: 1000, Skipped: 9, Words: []uint64{1, 2, 1 << 63}},
+			Cum: 17, Highest: 1000, Skipped: 9, Window: 1<<33 + 5, Words: []uint64{1, 2, 1 << 63}},
 		{Type: TypeProbe, Stamp: 77, Seq: 12, Pad: 700},
 		{Type: TypeProbe, Stamp: 1, Seq: 0},
 		{Type: TypeEcho, Stamp: -3, Seq: 1 << 40},
@@ -59,6 +59,20 @@ func TestMalformed(t *testing.T) {
 		var m Message
 		require.ErrorIs(t, Parse(b, &m), ErrMalformed, name)
 	}
+}
+
+// A message of another version is refused with an error that names both
+// versions, so that mismatched builds say so instead of timing out.
+func TestVersionMismatch(t *testing.T) {
+	b := Append(nil, &Message{Type: TypeStatus, Seq: 1})
+	b[0] = 2
+	var m Message
+	err := Parse(b, &m)
+	require.ErrorIs(t, err, ErrVersion)
+	var ve *VersionError
+	require.ErrorAs(t, err, &ve)
+	require.EqualValues(t, 2, ve.Got)
+	require.Contains(t, err.Error(), "version 2, this end 3")
 }
 
 func FuzzParse(f *testing.F) {

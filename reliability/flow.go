@@ -1,0 +1,251 @@
+package reliability
+
+import "time"
+
+// Receiver-driven flow control.
+//
+// The receiver advertises a window in every status (sdrwire's Window):
+// the bytes of chunks it lets the sender have in flight toward it. The
+// sender counts a chunk in flight from its send until the receiver's
+// bitmap acknowledges it, or until it is declared lost (queued to be sent
+// again: the repeat counts afresh), or its message completes; a stripe's
+// parity until the receiver's cumulative point passes the stripe. It
+// sends nothing, repeats included, that would take its bytes in flight
+// past the latest window (one chunk always may go when none is in
+// flight).
+//
+// The receiver starts at Config.RecvWindow, which is also the floor.
+// Every half round trip (at least 5 ms) it looks at what arrived: if
+// packets were dropped before it saw them (Config.Drops) or completions
+// piled up unhandled (a quarter of the receive queue), it halves the
+// window, and does not cut again for a round trip (the sender has not
+// seen the cut yet); otherwise it doubles it, up to four times the bytes
+// that arrive in a round trip at the best rate of the last few intervals
+// (plus the floor; the smallest round trip seen, so that the delay of a
+// backlog does not count), and to Config.MaxRecvWindow. A receiver that keeps up
+// so opens the window to what the path holds within a few round trips;
+// one that falls behind slows the sender to what it takes, and the
+// excess waits at the sender instead of being dropped in its socket.
+
+// recvWindow is the receiver's side (under Conn.mu).
+type recvWindow struct {
+	wnd    float64       // bytes; 0: not started
+	at     time.Duration // last update
+	rxAt   int64         // rx at the last update
+	rx     int64         // distinct chunk bytes arrived
+	peak   float64       // bytes/s, the best recent interval's arrival rate, decaying
+	hold   time.Duration // no cut before this
+	drops  uint64        // Config.Drops at the last update
+	seen   bool          // drops is a baseline
+	behind bool          // completions piled up since the last update
+	cuts   int
+	lost   uint64 // packets Config.Drops counted during the transfer
+	min    float64
+	max    float64
+}
+
+// advertised is the window a status carries now (0: none).
+func (w *recvWindow) advertised(cfg *Config) uint64 {
+	if cfg.RecvWindow < 0 {
+		return 0
+	}
+	if w.wnd == 0 {
+		return uint64(cfg.RecvWindow)
+	}
+	return uint64(w.wnd)
+}
+
+// windowLocked updates the receive window (called every tick).
+func (c *Conn) windowLocked(now time.Duration) {
+	w, cfg := &c.rw, &c.cfg
+	if cfg.RecvWindow < 0 {
+		return
+	}
+	floor := float64(cfg.RecvWindow)
+	if w.wnd == 0 {
+		w.wnd, w.at, w.min, w.max = floor, now, floor, floor
+	}
+	iv := max(c.srtt/2, 5*time.Millisecond)
+	if now-w.at < iv {
+		return
+	}
+	dt := (now - w.at).Seconds()
+	rate := float64(w.rx-w.rxAt) / dt
+	w.at, w.rxAt = now, w.rx
+	w.peak = max(rate, w.peak*0.8)
+	var dropped uint64
+	if cfg.Drops != nil {
+		d := cfg.Drops()
+		if w.seen && d > w.drops {
+			dropped = d - w.drops
+		}
+		w.drops, w.seen = d, true
+	}
+	w.lost += dropped
+	behind := w.behind
+	w.behind = false
+	switch {
+	case dropped > 0 || behind:
+		if now >= w.hold {
+			w.wnd = max(floor, w.wnd/2)
+			w.hold = now + c.srtt + iv
+			w.cuts++
+		}
+	case now >= w.hold:
+		// The path's own round trip, not the smoothed one: a receiver
+		// that falls behind delays its pongs, and a window sized by
+		// that delay would grow with the backlog it causes.
+		rtt := c.minRTT
+		if rtt == 0 {
+			rtt = c.srtt
+		}
+		limit := min(float64(cfg.MaxRecvWindow), floor+4*w.peak*max(rtt, cfg.MinRTT).Seconds())
+		if w.wnd < limit {
+			w.wnd = min(w.wnd*2, limit)
+		}
+	}
+	w.min, w.max = min(w.min, w.wnd), max(w.max, w.wnd)
+}
+
+// sendWindow is the sender's side (under Conn.mu).
+type sendWindow struct {
+	peer      float64       // the receiver's latest window; 0: none
+	inflight  int64         // chunk bytes in flight
+	delivered int64         // chunk bytes acknowledged, in all
+	ackedSent int64         // the latest send time of a chunk acknowledged
+	ackedAt   time.Duration // when ackedSent last moved, or the flight began
+	backoff   uint          // the RTO's doublings since a first send was last acknowledged
+	blocked   bool          // the injector stopped at the window
+	since     time.Duration
+	waited    time.Duration
+	min, max  float64
+	cuts      int
+}
+
+// room says whether n more bytes may go.
+func (c *Conn) room(n int) bool {
+	f := &c.fw
+	if f.peer == 0 || f.inflight == 0 || float64(f.inflight+int64(n)) <= f.peer {
+		return true
+	}
+	if !f.blocked {
+		f.blocked, f.since = true, c.now()
+	}
+	return false
+}
+
+// sentLocked notes that the injector sent something: a wait for the
+// window, if any, is over.
+func (c *Conn) sentLocked(now time.Duration) {
+	if f := &c.fw; f.blocked {
+		f.blocked = false
+		f.waited += now - f.since
+	}
+}
+
+// peerWindowLocked takes the window of a receiver's status.
+func (c *Conn) peerWindowLocked(w uint64) {
+	f := &c.fw
+	v := float64(w)
+	if f.peer != 0 && v < f.peer {
+		f.cuts++
+	}
+	if f.peer == 0 && v > 0 {
+		f.min, f.max = v, v
+	}
+	f.peer = v
+	if v > 0 {
+		f.min, f.max = min(f.min, v), max(f.max, v)
+	}
+}
+
+// fly counts data chunk i of s in flight; unfly takes it out (acked:
+// delivered too).
+func (c *Conn) fly(s *Send, i, n int) {
+	if !s.fl[i] {
+		if c.fw.inflight == 0 {
+			c.fw.ackedAt = c.now()
+		}
+		s.fl[i] = true
+		s.fly += int64(n)
+		c.fw.inflight += int64(n)
+	}
+}
+
+func (c *Conn) unfly(s *Send, i int, acked bool) {
+	if s.fl == nil || !s.fl[i] {
+		return
+	}
+	s.fl[i] = false
+	n := int64(min(s.chunk, len(s.data)-i*s.chunk))
+	s.fly -= n
+	c.fw.inflight -= n
+	if acked {
+		c.fw.delivered += n
+	}
+}
+
+// ackLocked sets chunk i of s acknowledged; it returns when the chunk
+// was sent if that was its only send and it was in flight (a round trip
+// that measures), else 0.
+func (c *Conn) ackLocked(s *Send, i int) int64 {
+	if !s.acked.Set(i) {
+		return 0
+	}
+	var t int64
+	if s.tries[i] == 1 && s.fl[i] && s.sent[i] > 0 {
+		t = s.sent[i]
+	}
+	if f := &c.fw; s.sent[i] > f.ackedSent {
+		f.ackedSent, f.ackedAt = s.sent[i], c.now()
+	}
+	c.unfly(s, i, true)
+	return t
+}
+
+// parityPast releases the parity of the stripes the receiver's
+// cumulative point cum passed.
+func (c *Conn) parityPast(s *Send, cum int) {
+	for s.pdone < s.stripes && min((s.pdone+1)*s.k, s.n) <= cum {
+		n := int64(s.pfly[s.pdone])
+		s.pfly[s.pdone] = 0
+		s.pflyAll -= n
+		c.fw.inflight -= n
+		c.fw.delivered += n
+		s.pdone++
+	}
+}
+
+// flyDone takes a finished send's chunks out of flight.
+func (c *Conn) flyDone(s *Send) {
+	c.fw.inflight -= s.fly + s.pflyAll
+	s.fly, s.pflyAll = 0, 0
+}
+
+// FlowStats describes flow control on a Conn: as a sender, the windows
+// its peer advertised and how long it waited for them; as a receiver,
+// its own.
+type FlowStats struct {
+	PeerWindow, PeerMin, PeerMax int64 // bytes; 0: none advertised
+	PeerCuts                     int   // times the peer's window shrank
+	Waited                       time.Duration
+	InFlight                     int64 // chunk bytes in flight now
+
+	Window, WindowMin, WindowMax int64 // this end's, as a receiver
+	Cuts                         int   // times this end halved it
+	Dropped                      uint64
+}
+
+// Flow returns the flow-control figures.
+func (c *Conn) Flow() FlowStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f, w := &c.fw, &c.rw
+	waited := f.waited
+	if f.blocked {
+		waited += c.now() - f.since
+	}
+	return FlowStats{PeerWindow: int64(f.peer), PeerMin: int64(f.min), PeerMax: int64(f.max), PeerCuts: f.cuts,
+		Waited: waited, InFlight: f.inflight,
+		Window: int64(w.wnd), WindowMin: int64(w.min), WindowMax: int64(w.max), Cuts: w.cuts, Dropped: w.lost}
+}
