@@ -587,13 +587,17 @@ func (qp *QP) PostSend(wrs []SendWR) (int, error) {
 	ob := outboxPool.Get().(*outbox)
 	qp.mu.Lock()
 	n, err := qp.postSendLocked(wrs, ob)
-	if n > 0 && n == len(wrs) && wrs[n-1].Flags&FlagDefer != 0 && qp.state == StateReadyToSend &&
-		len(ob.pkts) > 0 && len(ob.pkts) < DeferMax && !ob.memory {
-		// The packets of earlier deferred requests are in ob too
-		// (progressSend took them first): all wait for the next post.
+	switch {
+	case n > 0 && n == len(wrs) && wrs[n-1].Flags&FlagDefer != 0 && qp.state == StateReadyToSend &&
+		len(qp.deferred)+len(ob.pkts) < DeferMax && !ob.memory:
+		// Everything this post built waits too, behind the earlier
+		// deferred packets (progressSend put those ahead of new ones).
 		qp.deferred = append(qp.deferred, ob.pkts...)
 		clear(ob.pkts)
 		ob.pkts = ob.pkts[:0]
+	case len(qp.deferred) > 0 && qp.state == StateReadyToSend:
+		// A post without FlagDefer (or a full batch) sends them.
+		qp.sendDeferred(ob, 0)
 	}
 	qp.mu.Unlock()
 	ob.flush(qp.port)

@@ -2,6 +2,7 @@ package verbs
 
 import (
 	"encoding/binary"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -182,12 +183,15 @@ func (qp *QP) progressSend(now time.Time, ob *outbox) {
 	if qp.state != StateReadyToSend {
 		return
 	}
-	if len(qp.deferred) > 0 {
-		// Deferred packets are older than any built now: they go first.
-		ob.pkts = append(ob.pkts, qp.deferred...)
-		clear(qp.deferred)
-		qp.deferred = qp.deferred[:0]
-	}
+	// Deferred packets are older than any built now: if this builds any,
+	// they go first (else the responder would see a gap), and wait
+	// otherwise.
+	start := len(ob.pkts)
+	defer func() {
+		if len(ob.pkts) > start && len(qp.deferred) > 0 {
+			qp.sendDeferred(ob, start)
+		}
+	}()
 	if !r.rnrUntil.IsZero() {
 		if now.Before(r.rnrUntil) {
 			qp.armTimer(r.rnrUntil)
@@ -306,6 +310,14 @@ func (qp *QP) goBack(p uint32) {
 	r.txSeq, r.txOff, r.txPSN = r.tailSeq, 0, r.nextPSN
 }
 
+// sendDeferred puts the packets of FlagDefer requests into ob at index at,
+// ahead of what follows, and keeps none back.
+func (qp *QP) sendDeferred(ob *outbox, at int) {
+	ob.pkts = slices.Insert(ob.pkts, at, qp.deferred...)
+	clear(qp.deferred)
+	qp.deferred = qp.deferred[:0]
+}
+
 // dropDeferred releases the packets of FlagDefer requests not yet sent:
 // the QP goes back to rebuild them, or will never send them.
 func (qp *QP) dropDeferred() {
@@ -330,6 +342,17 @@ func (qp *QP) checkTimers(now time.Time, ob *outbox) {
 		deadline := r.lastProgress.Add(r.rto.rto())
 		if now.Before(deadline) {
 			qp.armTimer(deadline)
+			return
+		}
+		if len(qp.deferred) > 0 {
+			// Deferred packets waited a timeout for the next post: they
+			// were never sent, so nothing was lost. Send them now (a
+			// deferral lasts at most a retransmission timeout) and time
+			// them from here.
+			r.lastProgress = now
+			qp.sendDeferred(ob, len(ob.pkts))
+			qp.progressSend(now, ob)
+			qp.armTimer(now.Add(r.rto.rto()))
 			return
 		}
 		r.retries++

@@ -173,8 +173,8 @@ const (
 	FlagUnordered
 	// FlagDefer lets the request's packets wait in the QP until a request
 	// posted without it sends them together with its own (or until
-	// DeferMax packets wait), as a chain of requests posted at once rings
-	// the doorbell once: a run of small WRITEs then leaves in one batch
+	// DeferMax packets wait, or the retransmission timeout passes), as a
+	// chain of requests posted at once rings the doorbell once: a run of small WRITEs then leaves in one batch
 	// (one system call and one acknowledgement over UDP). Only for
 	// requests that a later one is sure to follow, such as puts before
 	// their flush; until then they make no progress. Not part of ibverbs.
