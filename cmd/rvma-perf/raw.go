@@ -101,8 +101,18 @@ func udpRaw(ctx context.Context, o *options) (*Result, error) {
 			break
 		}
 	}
-	time.Sleep(20 * time.Millisecond) // let the receiver drain what is in flight
+	// Let the receiver drain what is in flight and queued at its socket:
+	// until its count stops moving (on a loaded host its goroutine may
+	// not have run at all yet), at most a second.
 	el := time.Since(start).Seconds()
+	for last, still, deadline := int64(-1), 0, time.Now().Add(time.Second); still < 4 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+		if g := got.Load(); g == last && g > 0 {
+			still++
+		} else {
+			last, still = g, 0
+		}
+	}
 	rx.Close()
 	wg.Wait()
 	b := got.Load()
