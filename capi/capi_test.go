@@ -12,9 +12,10 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/rvma/rvma/internal/testutil"
 )
 
 // The C test suite (test/*.c) runs against librvma built into a temporary
@@ -25,26 +26,13 @@ import (
 // both rebuild every package, minutes on a small machine, so they are not
 // the default).
 
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-)
+// builds is what the tests build once (removed by TestMain).
+var builds testutil.Built
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
+	builds.Remove()
 	os.Exit(code)
-}
-
-// cc is the C compiler of the tests: $CC, else gcc.
-func cc() string {
-	if c := os.Getenv("CC"); c != "" {
-		return c
-	}
-	return "gcc"
 }
 
 // programs lists the C tests.
@@ -64,14 +52,7 @@ func programs(t *testing.T) []string {
 // and returns where.
 func built(t *testing.T) string {
 	t.Helper()
-	if _, err := exec.LookPath(cc()); err != nil {
-		t.Skipf("no C compiler (%s): the C API's tests need one", cc())
-	}
-	buildOnce.Do(func() { buildDir, buildErr = buildAll(programs(t)) })
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return buildDir
+	return builds.Dir(t, "the C API's tests", func() (string, error) { return buildAll(programs(t)) })
 }
 
 func buildAll(progs []string) (string, error) {
@@ -108,14 +89,14 @@ func buildAll(progs []string) (string, error) {
 	for _, p := range progs {
 		args := append(slices.Clone(cflags), "-o", filepath.Join(dir, p), "test/"+p+".c",
 			"-L"+dir, "-lrvma", "-Wl,-rpath,"+dir)
-		if err := run(nil, cc(), args...); err != nil {
+		if err := run(nil, testutil.CC(), args...); err != nil {
 			return dir, err
 		}
 	}
 	// One program linked against the archive, as a static user would.
 	args := append(slices.Clone(cflags), "-o", filepath.Join(dir, "basic-static"), "test/basic.c",
 		filepath.Join(dir, "static", "librvma.a"), "-lpthread", "-ldl", "-lm")
-	return dir, run(nil, cc(), args...)
+	return dir, run(nil, testutil.CC(), args...)
 }
 
 // job runs prog under rvmarun with n ranks and the extra rvmarun flags,
@@ -195,14 +176,14 @@ func TestHeaderMatchesLibrary(t *testing.T) {
 // TestHeaderCompiles checks that rvma.h stands alone in strict C99 and in
 // C++.
 func TestHeaderCompiles(t *testing.T) {
-	if _, err := exec.LookPath(cc()); err != nil {
-		t.Skipf("no C compiler (%s)", cc())
+	if _, err := exec.LookPath(testutil.CC()); err != nil {
+		t.Skipf("no C compiler (%s)", testutil.CC())
 	}
 	src := filepath.Join(t.TempDir(), "h.c")
 	if err := os.WriteFile(src, []byte("#include \"rvma.h\"\nint main(void) { return rvma_strerror(0) == 0; }\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmds := [][]string{{cc(), "-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-fsyntax-only", "-Iinclude", src}}
+	cmds := [][]string{{testutil.CC(), "-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-fsyntax-only", "-Iinclude", src}}
 	if _, err := exec.LookPath("g++"); err == nil {
 		cmds = append(cmds, []string{"g++", "-x", "c++", "-std=c++11", "-Wall", "-Wextra", "-pedantic", "-Werror", "-fsyntax-only", "-Iinclude", src})
 	}
@@ -269,7 +250,7 @@ func TestOverhead(t *testing.T) {
 		t.Skip("RVMA_CAPI_BENCH=1 runs the overhead benchmark (make perf-capi)")
 	}
 	dir := built(t)
-	if out, err := exec.Command(cc(), "-O2", "-Iinclude", "-o", filepath.Join(dir, "overhead-c"), "bench/overhead.c",
+	if out, err := exec.Command(testutil.CC(), "-O2", "-Iinclude", "-o", filepath.Join(dir, "overhead-c"), "bench/overhead.c",
 		"-L"+dir, "-lrvma", "-Wl,-rpath,"+dir).CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}

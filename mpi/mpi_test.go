@@ -14,45 +14,26 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/rvma/rvma/internal/testutil"
 )
 
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-)
+// builds is what the tests build once (removed by TestMain).
+var builds testutil.Built
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
+	builds.Remove()
 	os.Exit(code)
-}
-
-// cc is the C compiler: $CC, else gcc.
-func cc() string {
-	if c := os.Getenv("CC"); c != "" {
-		return c
-	}
-	return "gcc"
 }
 
 // built builds librvma, libmpi, rvmarun, the Go halo3d and the C programs
 // once, and returns where.
 func built(t *testing.T) string {
 	t.Helper()
-	if _, err := exec.LookPath(cc()); err != nil {
-		t.Skipf("no C compiler (%s): the MPI library's tests need one", cc())
-	}
-	buildOnce.Do(func() { buildDir, buildErr = buildAll() })
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return buildDir
+	return builds.Dir(t, "the MPI library's tests", buildAll)
 }
 
 func buildAll() (string, error) {
@@ -84,11 +65,11 @@ func buildAll() (string, error) {
 	args := []string{"-shared", "-fPIC", "-O2", "-g", "-std=c11", "-Wall", "-Wextra", "-Werror", "-pthread",
 		"-Iinclude", "-Isrc", "-I../capi/include", "-o", filepath.Join(lib, "libmpi.so")}
 	args = append(append(args, srcs...), "-L"+lib, "-lrvma", "-Wl,-rpath,$ORIGIN")
-	if err := run(nil, cc(), args...); err != nil {
+	if err := run(nil, testutil.CC(), args...); err != nil {
 		return dir, err
 	}
 	// Headers where rvmacc looks for them.
-	env := []string{"RVMA_LIBDIR=" + lib, "RVMA_INCDIR=" + filepath.Join(dir, "include"), "RVMA_CC=" + cc()}
+	env := []string{"RVMA_LIBDIR=" + lib, "RVMA_INCDIR=" + filepath.Join(dir, "include"), "RVMA_CC=" + testutil.CC()}
 	if err := os.MkdirAll(filepath.Join(dir, "include"), 0o755); err != nil {
 		return dir, err
 	}
@@ -253,14 +234,14 @@ func TestErrors(t *testing.T) {
 
 // TestHeaderCompiles checks that mpi.h stands alone in strict C99 and C++.
 func TestHeaderCompiles(t *testing.T) {
-	if _, err := exec.LookPath(cc()); err != nil {
-		t.Skipf("no C compiler (%s)", cc())
+	if _, err := exec.LookPath(testutil.CC()); err != nil {
+		t.Skipf("no C compiler (%s)", testutil.CC())
 	}
 	src := filepath.Join(t.TempDir(), "h.c")
 	if err := os.WriteFile(src, []byte("#include \"mpi.h\"\nint main(void) { return MPI_SUCCESS; }\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmds := [][]string{{cc(), "-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-fsyntax-only", "-Iinclude", src}}
+	cmds := [][]string{{testutil.CC(), "-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-fsyntax-only", "-Iinclude", src}}
 	if _, err := exec.LookPath("g++"); err == nil {
 		cmds = append(cmds, []string{"g++", "-x", "c++", "-std=c++11", "-Wall", "-Wextra", "-pedantic", "-Werror", "-fsyntax-only", "-Iinclude", src})
 	}

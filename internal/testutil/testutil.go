@@ -79,3 +79,40 @@ func Start(t testing.TB, cmd *exec.Cmd) *SyncBuffer {
 	})
 	return &out
 }
+
+// CC is the C compiler tests use: $CC, else gcc.
+func CC() string {
+	if c := os.Getenv("CC"); c != "" {
+		return c
+	}
+	return "gcc"
+}
+
+// Built is what a test binary builds once, with a C compiler, into a
+// temporary directory (libraries, programs); TestMain calls Remove.
+type Built struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// Dir runs build once and returns the directory it made; it skips t
+// without a C compiler (what names the tests that need one).
+func (b *Built) Dir(t *testing.T, what string, build func() (string, error)) string {
+	t.Helper()
+	if _, err := exec.LookPath(CC()); err != nil {
+		t.Skipf("no C compiler (%s): %s need one", CC(), what)
+	}
+	b.once.Do(func() { b.dir, b.err = build() })
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.dir
+}
+
+// Remove deletes what was built.
+func (b *Built) Remove() {
+	if b.dir != "" {
+		os.RemoveAll(b.dir)
+	}
+}
