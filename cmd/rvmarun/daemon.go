@@ -111,11 +111,10 @@ func daemonKVS(kvs string) (string, error) {
 
 // remote is one host's daemon, seen from rvmarun.
 type remote struct {
-	name  string
-	cmd   *exec.Cmd
-	in    io.WriteCloser
-	mu    sync.Mutex // guards in after the job was sent
-	ranks int
+	name string
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+	mu   sync.Mutex // guards in after the job was sent
 }
 
 func (d *remote) tell(s string) {
@@ -230,7 +229,7 @@ func runHosts(hc *hostsConfig, job *hostJob, listen func(addr string) (string, f
 			copiers.Wait()
 			return 1
 		}
-		d := &remote{name: h.name, cmd: cmd, in: in, ranks: len(hj.Ranks)}
+		d := &remote{name: h.name, cmd: cmd, in: in}
 		ds = append(ds, d)
 		b, _ := json.Marshal(&hj)
 		d.tell(string(b))
@@ -261,7 +260,7 @@ func runHosts(hc *hostsConfig, job *hostJob, listen func(addr string) (string, f
 					time.Sleep(job.Grace + 5*time.Second)
 					for _, d := range ds {
 						d.hangUp()
-						signalProc(d.cmd, syscall.SIGKILL)
+						signalGroup(d.cmd, syscall.SIGKILL)
 					}
 				}()
 			}
@@ -316,11 +315,13 @@ func waitDaemons(ds []*remote, grace time.Duration) {
 	}
 	time.Sleep(grace)
 	for _, d := range ds {
-		signalProc(d.cmd, syscall.SIGKILL)
+		signalGroup(d.cmd, syscall.SIGKILL)
 	}
 }
 
-func signalProc(c *exec.Cmd, s syscall.Signal) {
+// signalGroup signals the process group c leads (a rank, or a daemon's
+// agent); it fails harmlessly for a process already gone.
+func signalGroup(c *exec.Cmd, s syscall.Signal) {
 	if c != nil && c.Process != nil {
 		syscall.Kill(-c.Process.Pid, s)
 	}

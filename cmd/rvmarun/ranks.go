@@ -214,9 +214,7 @@ func (g *group) kill(grace time.Duration) {
 // ranks already gone.
 func (g *group) signal(s syscall.Signal) {
 	for _, c := range g.cmds {
-		if c != nil && c.Process != nil {
-			syscall.Kill(-c.Process.Pid, s)
-		}
+		signalGroup(c, s)
 	}
 }
 
