@@ -146,11 +146,6 @@ func (p *Port) Send(pkts []*wire.Packet) {
 	defer p.smu.Unlock()
 	var cur *Message
 	for _, pk := range pkts {
-		if (cur == nil || cur.Addr != pk.Dst) && !p.reachable(pk.Dst) {
-			p.sendDropped.Add(1)
-			pk.Release()
-			continue
-		}
 		n := pk.EncodedLen()
 		if cur == nil || !gso || cur.Addr != pk.Dst || cur.Seg == 0 && len(cur.Buf) > 0 ||
 			len(cur.Buf)%cur.Seg != 0 || n > cur.Seg || len(cur.Buf)+n > MaxTrain || len(cur.Buf)/cur.Seg >= MaxSegments {
@@ -168,12 +163,6 @@ func (p *Port) Send(pkts []*wire.Packet) {
 		pk.Release()
 	}
 	p.flush()
-}
-
-// reachable reports whether the socket can send to dst at all: an IPv4
-// socket reaches IPv4 addresses only.
-func (p *Port) reachable(dst netip.AddrPort) bool {
-	return dst.IsValid() && dst.Port() != 0 && (p.addr.Addr().Is6() && !p.addr.Addr().Is4In6() || dst.Addr().Unmap().Is4())
 }
 
 // flush sends the pending trains; p.smu is held.
