@@ -605,10 +605,7 @@ func (w *Win) mapped(ctx context.Context, target int, rw *remoteWin) *verbs.Mapp
 		}
 		d.state.Store(st)
 	}
-	if d.state.Load() == directMapped {
-		return d.m
-	}
-	return nil
+	return d.m // nil unless mapped
 }
 
 // put implements the puts; without signal it posts unsignalled work
