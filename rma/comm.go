@@ -31,20 +31,21 @@ import (
 
 // Environment variables read by Init (see the package documentation).
 const (
-	EnvRank       = "RVMA_RANK"        // set by rvmarun: this process's rank
-	EnvSize       = "RVMA_SIZE"        // set by rvmarun: the number of ranks
-	EnvKVS        = "RVMA_KVS"         // set by rvmarun: the rendezvous server's TCP address
-	EnvRendezvous = "RVMA_RENDEZVOUS"  // Slurm jobs, Open MPI jobs across nodes: host:port where rank 0 serves the rendezvous
-	EnvPMI        = "RVMA_PMI"         // "1" or "2": the PMI version spoken over PMI_FD; default PMI-2 if the launcher accepts it, else PMI-1
-	EnvProvider   = "RVMA_PROVIDER"    // auto (default), udp or shm
-	EnvHost       = "RVMA_HOST"        // this rank's host identity for auto (default: boot id and PID namespace)
-	EnvAddr       = "RVMA_ADDR"        // local IP address for the UDP provider; default 127.0.0.1
-	EnvMTU        = "RVMA_MTU"         // UDP provider's MTU (payload bytes per packet); default the provider's
-	EnvPaths      = "RVMA_PATHS"       // paths (local addresses) per connection; default 1
-	EnvRCTimeout  = "RVMA_RC_TIMEOUT"  // Config.Connect.Timeout, a duration ("50ms"); default verbs' (20ms)
-	EnvNoGSO      = "RVMA_DISABLE_GSO" // "1": Config.Device.NoGSO
-	EnvNoGRO      = "RVMA_DISABLE_GRO" // "1": Config.Device.NoGRO
-	EnvSHMCMA     = "RVMA_SHM_CMA"     // "0": Config.Device.NoCMA
+	EnvRank        = "RVMA_RANK"        // set by rvmarun: this process's rank
+	EnvSize        = "RVMA_SIZE"        // set by rvmarun: the number of ranks
+	EnvKVS         = "RVMA_KVS"         // set by rvmarun: the rendezvous server's TCP address
+	EnvIncarnation = "RVMA_INCARNATION" // set by rvmarun --restart: 0 at the first start, one more at each respawn of the rank
+	EnvRendezvous  = "RVMA_RENDEZVOUS"  // Slurm jobs, Open MPI jobs across nodes: host:port where rank 0 serves the rendezvous
+	EnvPMI         = "RVMA_PMI"         // "1" or "2": the PMI version spoken over PMI_FD; default PMI-2 if the launcher accepts it, else PMI-1
+	EnvProvider    = "RVMA_PROVIDER"    // auto (default), udp or shm
+	EnvHost        = "RVMA_HOST"        // this rank's host identity for auto (default: boot id and PID namespace)
+	EnvAddr        = "RVMA_ADDR"        // local IP address for the UDP provider; default 127.0.0.1
+	EnvMTU         = "RVMA_MTU"         // UDP provider's MTU (payload bytes per packet); default the provider's
+	EnvPaths       = "RVMA_PATHS"       // paths (local addresses) per connection; default 1
+	EnvRCTimeout   = "RVMA_RC_TIMEOUT"  // Config.Connect.Timeout, a duration ("50ms"); default verbs' (20ms)
+	EnvNoGSO       = "RVMA_DISABLE_GSO" // "1": Config.Device.NoGSO
+	EnvNoGRO       = "RVMA_DISABLE_GRO" // "1": Config.Device.NoGRO
+	EnvSHMCMA      = "RVMA_SHM_CMA"     // "0": Config.Device.NoCMA
 )
 
 // Config configures Init and NewWorld. The zero value means defaults.

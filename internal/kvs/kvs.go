@@ -8,6 +8,8 @@
 //	put KEY VALUE   ->  ok
 //	get KEY         ->  val VALUE    (blocks until KEY is put)
 //	barrier         ->  ok           (once Size clients have entered)
+//	join ...        ->  view ...     (recovery: see recover.go's Recoverer)
+//	faults SINCE    ->  faults ...
 //
 // A malformed request is answered "err REASON" and the connection closed;
 // so is a line over the server's bound (ServerConfig.MaxLine), and a
@@ -73,6 +75,7 @@ type Mem struct {
 	size    int
 	entered int
 	gen     int
+	recov   *recovery // nil until a recovery call (recover.go)
 }
 
 // NewMem returns an in-memory store for size ranks.
@@ -536,6 +539,8 @@ func (s *Server) handle(ctx context.Context, line string) (reply string, ok bool
 			return "", false
 		}
 		return "ok", true
+	case len(f) > 0 && (f[0] == "join" || f[0] == "faults"):
+		return s.handleRecovery(ctx, f)
 	default:
 		return "err malformed request", true
 	}
@@ -577,7 +582,9 @@ func Dial(ctx context.Context, address string, key []byte) (*Client, error) {
 // closes it on failure.
 func NewClient(ctx context.Context, c net.Conn, key []byte) (*Client, error) {
 	sc := bufio.NewScanner(c)
-	sc.Buffer(make([]byte, 0, 512), DefaultMaxLine)
+	// Replies may be longer than requests: a recovery view holds every
+	// rank's value.
+	sc.Buffer(make([]byte, 0, 512), 64*DefaultMaxLine)
 	cl := &Client{conn: c, sc: sc}
 	if key == nil {
 		return cl, nil

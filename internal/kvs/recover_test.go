@@ -1,0 +1,175 @@
+package kvs
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// recoverers gives the same Recoverer semantics in process and over TCP,
+// with the launcher's side (Died, Respawned).
+func recoverers(t *testing.T, size int) map[string]func() (func(int) Recoverer, interface {
+	Died(int)
+	Respawned(int, uint32)
+}) {
+	return map[string]func() (func(int) Recoverer, interface {
+		Died(int)
+		Respawned(int, uint32)
+	}){
+		"mem": func() (func(int) Recoverer, interface {
+			Died(int)
+			Respawned(int, uint32)
+		}) {
+			m := NewMem(size)
+			return func(int) Recoverer { return m }, m
+		},
+		"server": func() (func(int) Recoverer, interface {
+			Died(int)
+			Respawned(int, uint32)
+		}) {
+			srv, err := Listen("127.0.0.1:0", size)
+			require.NoError(t, err)
+			t.Cleanup(func() { srv.Close() })
+			return func(int) Recoverer {
+				c, err := Dial(context.Background(), srv.Addr(), nil)
+				require.NoError(t, err)
+				t.Cleanup(func() { c.Close() })
+				return c
+			}, srv
+		},
+	}
+}
+
+func TestJoinRounds(t *testing.T) {
+	for name, mk := range recoverers(t, 3) {
+		t.Run(name, func(t *testing.T) {
+			client, launcher := mk()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			cl := []Recoverer{client(0), client(1), client(2)}
+			watch := client(0)
+
+			// A death is a fault; the rank's state says so.
+			launcher.Died(1)
+			f, err := watch.Faults(ctx, 0)
+			require.NoError(t, err)
+			require.Equal(t, uint64(1), f.N)
+			require.Equal(t, []bool{false, true, false}, f.Dead)
+
+			// The dead incarnation cannot join; ranks 0 and 2 wait for 1's
+			// next one.
+			_, err = cl[1].Join(ctx, 1, 0, "x")
+			require.ErrorIs(t, err, ErrStale)
+			views := make([]View, 3)
+			var wg sync.WaitGroup
+			for _, r := range []int{0, 2} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					v, err := cl[r].Join(ctx, r, 0, fmt.Sprintf("v%d", r))
+					require.NoError(t, err)
+					views[r] = v
+				}()
+			}
+			// The round opening is a fault too: a rank not joined hears of it.
+			f, err = watch.Faults(ctx, 1)
+			require.NoError(t, err)
+			require.Equal(t, uint64(2), f.N)
+			time.Sleep(20 * time.Millisecond)
+			launcher.Respawned(1, 1)
+			v, err := cl[1].Join(ctx, 1, 1, "fresh")
+			require.NoError(t, err)
+			views[1] = v
+			wg.Wait()
+			for _, v := range views {
+				require.Equal(t, View{Gen: 1, Faults: 2, Inc: []uint32{0, 1, 0}, Values: []string{"v0", "fresh", "v2"}}, v)
+			}
+			_, err = cl[1].Join(ctx, 1, 0, "old")
+			require.ErrorIs(t, err, ErrStale)
+
+			// A rank that dies while joined leaves the round: the view
+			// holds its next incarnation's value, never the dead one's.
+			for _, r := range []int{0, 2} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					v, err := cl[r].Join(ctx, r, 0, fmt.Sprintf("g2r%d", r))
+					if r == 2 {
+						require.ErrorIs(t, err, ErrStale)
+						return
+					}
+					require.NoError(t, err)
+					views[r] = v
+				}()
+			}
+			time.Sleep(20 * time.Millisecond)
+			launcher.Died(2)
+			launcher.Respawned(2, 1)
+			done := make(chan View)
+			go func() {
+				v, err := cl[1].Join(ctx, 1, 1, "g2r1")
+				require.NoError(t, err)
+				done <- v
+			}()
+			v, err = client(2).Join(ctx, 2, 1, "new2")
+			require.NoError(t, err)
+			views[1] = <-done
+			wg.Wait()
+			require.Equal(t, uint64(2), v.Gen)
+			require.Equal(t, []uint32{0, 1, 1}, v.Inc)
+			require.Equal(t, []string{"g2r0", "g2r1", "new2"}, v.Values)
+			require.Equal(t, v, views[0])
+			require.Equal(t, v, views[1])
+		})
+	}
+}
+
+func TestJoinCancelLeavesRound(t *testing.T) {
+	m := NewMem(2)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	_, err := m.Join(ctx, 0, 0, "gone")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	// Rank 0's abandoned entry must not complete a round with rank 1 alone.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel2()
+	_, err = m.Join(ctx2, 1, 0, "alone")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+func TestRecoveryBadInput(t *testing.T) {
+	srv, err := Listen("127.0.0.1:0", 2)
+	require.NoError(t, err)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, req := range []string{"join x 0 v", "join 0 -1 v", "faults -3", "faults", "join 0 0"} {
+		c, err := Dial(ctx, srv.Addr(), nil)
+		require.NoError(t, err)
+		_, err = c.do(ctx, req)
+		require.ErrorContains(t, err, "malformed", req)
+		c.Close()
+	}
+	c, err := Dial(ctx, srv.Addr(), nil)
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = c.Join(ctx, 7, 0, "v")
+	require.ErrorContains(t, err, "rank 7 of 2")
+	_, err = c.Join(ctx, 0, 0, "two words")
+	require.Error(t, err)
+}
+
+func FuzzParseFaults(f *testing.F) {
+	f.Add("faults 3 0 d1 2")
+	f.Add("faults x")
+	f.Fuzz(func(t *testing.T, line string) {
+		fl, err := parseFaults(line)
+		if err == nil {
+			require.Equal(t, len(fl.Inc), len(fl.Dead))
+		}
+	})
+}
