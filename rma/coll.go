@@ -13,7 +13,7 @@ import (
 // fresh internal tag, so consecutive collectives never mix.
 
 func (c *Comm) collTag() uint32 {
-	return 1<<31 | (c.collSeq.Add(1)&0x1ffffff)<<5
+	return 1<<31 | c.tagGen() | (c.collSeq.Add(1)&0x1fffff)<<5
 }
 
 // Barrier returns once every rank has entered it (dissemination: log2(size)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	mrand "math/rand/v2"
 	"net"
 	"os"
@@ -285,6 +286,8 @@ type Comm struct {
 	kvServer   *kvs.Server
 	published  string // boot.published until the rendezvous barrier
 	key        []byte // the job's: authenticates the rendezvous and every connection handshake
+	inc        uint32 // this process's incarnation of its rank (0 unless respawned)
+	world      *world // NewWorld's: what respawning a rank in process takes (tests)
 	dev        *verbs.Device
 	pd         *verbs.PD
 	cq         *verbs.CQ
@@ -332,6 +335,9 @@ type Comm struct {
 	msg msgState
 	reg regCache // its own lock
 
+	// rec is the recovery state (recover.go); its own lock.
+	rec recovery
+
 	// Atomics.
 	collSeq  atomic.Uint32 // collective sequence number; collectives are called in order
 	troubled atomic.Bool   // an operation or connection failed (see Close)
@@ -346,7 +352,7 @@ type Comm struct {
 }
 
 type peer struct {
-	ready chan struct{} // immutable; closed once qp is connected (or err set)
+	ready chan struct{} // under mu: closed once qp is connected (or err set); replaced when Recover drops the connection
 
 	// mu guards the connection's state. A connection is made without it
 	// (dialing or accepting says one is under way), but for a rank's
@@ -354,6 +360,7 @@ type peer struct {
 	// a txState's mu may be held when it is taken (Comm.broken, txDrain).
 	mu        lockcheck.Mutex[peerLocks]
 	qp        *verbs.QP
+	inc       uint32 // the incarnation of the peer qp is connected to
 	err       error
 	dialing   bool
 	accepting bool
@@ -471,6 +478,11 @@ type boot struct {
 	srv        *kvs.Server // rank 0 serves the rendezvous (Slurm, Open MPI)
 	key        []byte
 	published  string // a file that publishes the rendezvous, removed once every rank has joined (Open MPI)
+	inc        uint32 // the rank's incarnation (rvmarun --restart)
+	// recover, when the launcher can respawn ranks, is where the ranks
+	// agree after a failure, and watch a second connection to it on which
+	// a goroutine waits for faults (nil: Recover is not supported).
+	recover, watch kvs.Recoverer
 }
 
 func bootstrap(ctx context.Context) (boot, error) {
@@ -502,7 +514,24 @@ func bootstrap(ctx context.Context) (boot, error) {
 		// End with rvmarun, even when started through a wrapper, which
 		// rvmarun's parent-death signal does not reach past.
 		launch.Watch(context.Background(), addr, &launch.WatchConfig{Key: key})
-		return boot{rank: r, size: s, store: cl, own: true, key: key}, nil
+		b := boot{rank: r, size: s, store: cl, own: true, key: key}
+		if inc, ok, err := envInt(EnvIncarnation); ok || err != nil {
+			// An rvmarun that respawns ranks: recovery is possible.
+			if err == nil && (inc < 0 || inc > math.MaxUint32) {
+				err = fmt.Errorf("%w: %s=%d", ErrBootstrap, EnvIncarnation, inc)
+			}
+			if err != nil {
+				cl.Close()
+				return fail(err)
+			}
+			watch, err := kvs.Dial(ctx, addr, key)
+			if err != nil {
+				cl.Close()
+				return fail(fmt.Errorf("%w: %w", ErrBootstrap, err))
+			}
+			b.inc, b.recover, b.watch = uint32(inc), cl, watch
+		}
+		return b, nil
 	}
 	// 2. PMI over PMI_FD: Hydra's mpiexec, Slurm's srun --mpi=pmi2.
 	version, err := pmiVersion()
@@ -659,9 +688,11 @@ func NewWorld(ctx context.Context, size int, cfg *Config) ([]*Comm, error) {
 			if conf.Hosts != nil {
 				rc.Host = conf.Hosts[r]
 			}
-			comms[r], errs[r] = newComm(ctx, boot{rank: r, size: size, store: store, key: key}, dev, rc)
+			comms[r], errs[r] = newComm(ctx, boot{rank: r, size: size, store: store, key: key, recover: store, watch: store}, dev, rc)
 			if errs[r] != nil {
 				dev.Close()
+			} else if conf.Devices == nil {
+				comms[r].world = &world{uri: conf.deviceURI(fabric), store: store, key: key, cfg: rc}
 			}
 		}()
 	}
@@ -677,15 +708,24 @@ func NewWorld(ctx context.Context, size int, cfg *Config) ([]*Comm, error) {
 	return comms, nil
 }
 
+// world is what a rank of NewWorld's needs to be started again.
+type world struct {
+	uri   string
+	store *kvs.Mem
+	key   []byte
+	cfg   Config
+}
+
 func newComm(ctx context.Context, b boot, dev *verbs.Device, cfg Config) (_ *Comm, err error) {
 	rank, size, store := b.rank, b.size, b.store
-	c := &Comm{rank: rank, size: size, cfg: cfg, store: store, ownStore: b.own, kvServer: b.srv, published: b.published, key: b.key, dev: dev,
+	c := &Comm{rank: rank, size: size, cfg: cfg, store: store, ownStore: b.own, kvServer: b.srv, published: b.published, key: b.key, dev: dev, inc: b.inc,
 		byQPN: map[uint32]int{}, wins: map[uint32]*Win{}, done: make(chan struct{}), haulHalf: map[int]*haulPeer{}}
 	c.bg, c.bgStop = context.WithCancel(context.Background())
 	c.peers = make([]*peer, size)
 	for i := range c.peers {
 		c.peers[i] = &peer{ready: make(chan struct{})}
 	}
+	c.rec.init(c, b)
 	defer func() {
 		if err != nil {
 			c.teardown()
@@ -716,7 +756,7 @@ func newComm(ctx context.Context, b boot, dev *verbs.Device, cfg Config) (_ *Com
 	}
 	if size > 1 {
 		if c.shmGID >= 0 {
-			if err = store.Put(ctx, fmt.Sprintf("rvma-host-%d", rank), cfg.Host); err != nil {
+			if err = store.Put(ctx, c.rendezvousKey("host", rank, c.inc), cfg.Host); err != nil {
 				return nil, err
 			}
 		}
@@ -728,7 +768,7 @@ func newComm(ctx context.Context, b boot, dev *verbs.Device, cfg Config) (_ *Com
 		if c.ln, err = cm.Listen(ctx, cfg.cmAddr(), lc); err != nil {
 			return nil, err
 		}
-		if err = store.Put(ctx, fmt.Sprintf("rvma-cm-%d", rank), c.ln.Addr().String()); err != nil {
+		if err = store.Put(ctx, c.rendezvousKey("cm", rank, c.inc), c.ln.Addr().String()); err != nil {
 			return nil, err
 		}
 		c.acceptWG.Add(1)
@@ -739,10 +779,17 @@ func newComm(ctx context.Context, b boot, dev *verbs.Device, cfg Config) (_ *Com
 			}
 		}
 	}
+	if c.inc > 0 {
+		// A respawned rank: the others passed the rendezvous barrier long
+		// ago; it joins them in Recover.
+		c.rec.start()
+		return c, nil
+	}
 	if err = store.Barrier(ctx); err != nil {
 		return nil, fmt.Errorf("%w: rendezvous barrier: %w", ErrBootstrap, err)
 	}
 	c.unpublish() // every rank has joined: the file is of no more use
+	c.rec.start()
 	return c, nil
 }
 
@@ -775,6 +822,7 @@ func (c *Comm) teardown() {
 	c.closeOnce.Do(func() {
 		close(c.done)
 		c.bgStop()
+		c.rec.stop()
 		if c.ln != nil {
 			c.ln.Close()
 		}
@@ -863,7 +911,7 @@ func (c *Comm) gidFor(ctx context.Context, r int) (int, error) {
 	c.hostMu.Unlock()
 	if !ok {
 		var err error
-		if h, err = c.store.Get(ctx, fmt.Sprintf("rvma-host-%d", r)); err != nil {
+		if h, err = c.store.Get(ctx, c.rendezvousKey("host", r, c.rec.incOf(r))); err != nil {
 			return 0, err
 		}
 		c.hostMu.Lock()
@@ -903,12 +951,51 @@ func (c *Comm) dropQP(qp *verbs.QP) {
 	qp.Destroy()
 }
 
-const rejectCrossed = "crossed"
+// Reasons a rank's listener refuses a connection: both ranks dialed at
+// once (the dialer waits for the other's dial); the dialer's incarnation
+// is newer than the last agreed (it retries, until this rank recovers);
+// an incarnation is dead.
+const (
+	rejectCrossed    = "crossed"
+	rejectRecovering = "recovering"
+	rejectStale      = "stale incarnation"
+)
+
+// rendezvousKey is the rendezvous's key for what rank r's incarnation
+// inc publishes (its connection manager's address, its host).
+func (c *Comm) rendezvousKey(what string, r int, inc uint32) string {
+	if inc == 0 {
+		return fmt.Sprintf("rvma-%s-%d", what, r)
+	}
+	return fmt.Sprintf("rvma-%s-%d.%d", what, r, inc)
+}
 
 // conn returns the QP connected to rank r, connecting on first use. When
 // both ranks dial each other at once, the lower rank's dial wins and the
 // other waits for it to arrive through its listener.
 func (c *Comm) conn(ctx context.Context, r int) (*verbs.QP, error) {
+	p := c.peers[r]
+	p.mu.Lock()
+	if p.qp != nil || p.err != nil {
+		qp, err := p.qp, p.err
+		p.mu.Unlock()
+		return qp, err
+	}
+	p.mu.Unlock()
+	// Connecting may wait for a rank that died: a fault ends the wait.
+	ctx, conv, stop := c.interruptible(ctx)
+	defer stop()
+	qp, err := c.connect(ctx, r)
+	if err != nil && !errors.Is(err, ErrPeer) {
+		if e := conv(ctx.Err()); e != nil && errors.Is(e, ErrPeer) {
+			err = opErr("connect", r, e)
+		}
+	}
+	return qp, err
+}
+
+// connect is conn's slow path.
+func (c *Comm) connect(ctx context.Context, r int) (*verbs.QP, error) {
 	p := c.peers[r]
 	p.mu.Lock()
 	if p.qp != nil || p.err != nil {
@@ -949,7 +1036,7 @@ func (c *Comm) conn(ctx context.Context, r int) (*verbs.QP, error) {
 // established records a connected QP; p.mu is held.
 func (c *Comm) established(r int, p *peer, qp *verbs.QP) {
 	lockcheck.AssertHeld(&p.mu, "rma: a connection is recorded")
-	p.qp = qp
+	p.qp, p.inc = qp, c.rec.incOf(r)
 	close(p.ready)
 }
 
@@ -957,8 +1044,11 @@ func (c *Comm) awaitPeer(ctx context.Context, r int) (*verbs.QP, error) {
 	p := c.peers[r]
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
+	p.mu.Lock()
+	ready := p.ready
+	p.mu.Unlock()
 	select {
-	case <-p.ready:
+	case <-ready:
 	case <-ctx.Done():
 		return nil, opErr("connect", r, fmt.Errorf("%w: %w", ErrPeer, ctx.Err()))
 	case <-c.done:
@@ -972,7 +1062,10 @@ func (c *Comm) awaitPeer(ctx context.Context, r int) (*verbs.QP, error) {
 func (c *Comm) dial(ctx context.Context, r int) (*verbs.QP, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
-	addr, err := c.store.Get(ctx, fmt.Sprintf("rvma-cm-%d", r))
+	// The incarnation the ranks last agreed on: a stale entry of a dead
+	// one is never read, and the next one's is waited for.
+	inc := c.rec.incOf(r)
+	addr, err := c.store.Get(ctx, c.rendezvousKey("cm", r, inc))
 	if err != nil {
 		return nil, err
 	}
@@ -980,14 +1073,17 @@ func (c *Comm) dial(ctx context.Context, r int) (*verbs.QP, error) {
 	if err != nil {
 		return nil, err
 	}
-	var me [4]byte
+	var me [12]byte
 	binary.BigEndian.PutUint32(me[:], uint32(c.rank))
+	binary.BigEndian.PutUint32(me[4:], c.inc)
+	binary.BigEndian.PutUint32(me[8:], inc)
 	for backoff := time.Millisecond; ; backoff = min(2*backoff, 100*time.Millisecond) {
 		_, err := cm.Dial(ctx, addr, qp, &cm.Config{Connect: &c.cfg.Connect, PrivateData: me[:], Key: c.key})
 		if err == nil {
 			return qp, nil
 		}
-		if !errors.Is(err, cm.ErrBusy) || ctx.Err() != nil {
+		var rej *cm.RejectError
+		if !errors.Is(err, cm.ErrBusy) && !(errors.As(err, &rej) && rej.Reason == rejectRecovering) || ctx.Err() != nil {
 			c.dropQP(qp)
 			return nil, err
 		}
@@ -1034,11 +1130,15 @@ func (c *Comm) acceptLoop() {
 			}()
 			continue
 		}
-		if len(pd) != 4 || int(binary.BigEndian.Uint32(pd)) >= c.size || req.Type() != verbs.RC {
+		if len(pd) != 12 || int(binary.BigEndian.Uint32(pd)) >= c.size || req.Type() != verbs.RC {
 			req.Reject("not a rank of this job")
 			continue
 		}
 		r := int(binary.BigEndian.Uint32(pd))
+		if reason := c.rec.admit(r, binary.BigEndian.Uint32(pd[4:]), binary.BigEndian.Uint32(pd[8:])); reason != "" {
+			req.Reject(reason)
+			continue
+		}
 		p := c.peers[r]
 		p.mu.Lock()
 		if p.qp != nil || p.accepting || (p.dialing && c.rank < r) {

@@ -258,6 +258,9 @@ func (c *Comm) onRecv(wc *verbs.WorkCompletion) {
 	}
 	switch kind {
 	case kindMsg:
+		if c.staleTag(tag) {
+			return // of a collective a recovery interrupted
+		}
 		if len(whole) > 0 && &whole[0] == &frag[0] {
 			whole = append([]byte(nil), whole...)
 		} else if whole == nil {
@@ -301,6 +304,8 @@ func (c *Comm) wakeProbes() {
 // connection (RC gives up after its retransmission timeouts) and the wait
 // with ErrPeer, in bounded time.
 func (c *Comm) recvMsg(ctx context.Context, src int, tag uint32) ([]byte, error) {
+	ctx, conv, stop := c.interruptible(ctx)
+	defer stop()
 	k := inboxKey{src, tag}
 	var got []byte
 	broken, probe := false, false
@@ -345,6 +350,7 @@ func (c *Comm) recvMsg(ctx context.Context, src int, tag uint32) ([]byte, error)
 	if err == nil && broken && got == nil {
 		err = fmt.Errorf("%w: its connection failed", ErrPeer)
 	}
+	err = conv(err)
 	if err != nil {
 		if errors.Is(err, ErrPeer) {
 			c.troubled.Store(true)

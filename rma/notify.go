@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/rvma/rvma/internal/lockcheck"
 	"github.com/rvma/rvma/mailbox"
@@ -49,6 +51,15 @@ type NotifyConfig struct {
 	// different bytes (double buffering, as halo codes do) or keep origins
 	// from running ahead. Placement pauses while the copy is taken.
 	History int
+	// Every takes a snapshot only every Every epochs (epochs that are
+	// multiples of it), for checkpoints at an interval. Default 1.
+	Every int
+	// Replicate keeps a copy of each snapshot in the memory of a buddy
+	// rank (the next rank, modulo the size), written there with RDMA
+	// WRITEs after WaitEpoch returns, so that a rank that died and was
+	// respawned restores its window from it (Comm.Recover). It needs
+	// History >= 1, and costs the buddy History copies of the window.
+	Replicate bool
 }
 
 const (
@@ -64,10 +75,13 @@ type notifyState struct {
 	cfg   NotifyConfig
 	boxes []*mailbox.Window
 
-	// snaps is owned by the goroutine making the window's synchronisation
-	// calls (WaitEpoch, TestEpoch, AbandonEpoch, Rewind): one at a time,
-	// as the package documentation requires.
-	snaps [][]byte // most recent last
+	// snaps, free and the replica state are owned by the goroutine
+	// making the window's synchronisation calls (WaitEpoch, TestEpoch,
+	// AbandonEpoch, Rewind, Recover): one at a time, as the package
+	// documentation requires.
+	snaps []*snapshot // oldest first
+	free  []*snapshot // buffers not holding a snapshot
+	repl  replicas
 
 	// mu guards the fields below, which origins' credit requests read in
 	// the poller. It is taken alone (answers are sent after it is
@@ -88,10 +102,17 @@ func newNotify(w *Win, cfg NotifyConfig) (*notifyState, error) {
 	if cfg.Depth == 0 {
 		cfg.Depth = 2
 	}
-	if cfg.Depth < 1 || cfg.Depth > 64 || cfg.History < 0 {
-		return nil, fmt.Errorf("%w: notify depth %d, history %d", ErrSync, cfg.Depth, cfg.History)
+	if cfg.Every == 0 {
+		cfg.Every = 1
+	}
+	if cfg.Depth < 1 || cfg.Depth > 64 || cfg.History < 0 || cfg.Every < 1 || (cfg.Replicate && cfg.History < 1) {
+		return nil, fmt.Errorf("%w: notify depth %d, history %d, every %d, replicate %v (replicas need a history)",
+			ErrSync, cfg.Depth, cfg.History, cfg.Every, cfg.Replicate)
 	}
 	n := &notifyState{w: w, cfg: cfg, credits: map[int]creditReq{}}
+	if err := n.allocSnapshots(); err != nil {
+		return nil, err
+	}
 	mcfg := mailbox.Config{Count: cfg.Count, Placement: mailbox.Steered, History: 1}
 	init := func(origin, expect int) error {
 		if expect < 1 {
@@ -147,6 +168,7 @@ func (n *notifyState) close() {
 	for _, b := range n.boxes {
 		b.Close()
 	}
+	n.repl.free()
 }
 
 func (w *Win) notifyState(op string) (*notifyState, error) {
@@ -164,9 +186,14 @@ func (w *Win) WaitEpoch(ctx context.Context) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
+	if err := w.c.usable("wait_epoch"); err != nil {
+		return 0, err
+	}
+	ictx, conv, stop := w.c.interruptible(ctx)
+	defer stop()
 	for _, b := range n.boxes {
-		if _, err := b.Wait(ctx); err != nil {
-			return 0, opErr("wait_epoch", -1, err)
+		if _, err := b.Wait(ictx); err != nil {
+			return 0, opErr("wait_epoch", -1, conv(err))
 		}
 	}
 	for _, b := range n.boxes {
@@ -175,18 +202,48 @@ func (w *Win) WaitEpoch(ctx context.Context) (uint64, error) {
 		}
 	}
 	epoch := n.consumed()
-	if n.cfg.History > 0 {
-		var s []byte
-		if len(n.snaps) == n.cfg.History {
-			s = n.snaps[0]
-			n.snaps = n.snaps[1:]
-		} else {
-			s = make([]byte, len(w.mem))
+	if n.cfg.History > 0 && epoch%uint64(n.cfg.Every) == 0 {
+		if err := n.snapshot(ctx, epoch); err != nil {
+			return epoch, opErr("wait_epoch", -1, err)
 		}
-		n.quiesce(0, func() { copy(s, w.mem) })
-		n.snaps = append(n.snaps, s)
 	}
 	return epoch, nil
+}
+
+// snapshot retains the window's memory as epoch e's, and replicates it.
+func (n *notifyState) snapshot(ctx context.Context, e uint64) error {
+	if i := n.find(e); i >= 0 {
+		n.free = append(n.free, n.snaps[i])
+		n.snaps = slices.Delete(n.snaps, i, i+1)
+	}
+	s, err := n.takeBuffer(ctx)
+	if err != nil {
+		return err
+	}
+	n.quiesce(0, func() { copy(s.mem, n.w.mem) })
+	s.epoch = e
+	n.snaps = append(n.snaps, s)
+	n.replicate(s)
+	return nil
+}
+
+// Snapshot retains the window's memory now as the current epoch's (epoch
+// 0 before the first WaitEpoch), as WaitEpoch does at the end of an
+// epoch: call it once the application has initialised the window, so
+// that a failure before the first snapshot can rewind to the start.
+// Call it when no origin is putting into the window. It needs History.
+func (w *Win) Snapshot(ctx context.Context) error {
+	n, err := w.notifyState("snapshot")
+	if err != nil {
+		return err
+	}
+	if n.cfg.History == 0 {
+		return opErr("snapshot", -1, fmt.Errorf("%w: the window keeps no history", ErrNotRetained))
+	}
+	if err := w.c.usable("snapshot"); err != nil {
+		return err
+	}
+	return opErr("snapshot", -1, n.snapshot(ctx, w.Epoch()))
 }
 
 // TestEpoch reports, without blocking, whether the next epoch is complete;
@@ -279,20 +336,58 @@ func (w *Win) Rewind(k int) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if k < 1 || k > len(n.snaps) {
-		return 0, opErr("rewind", -1, fmt.Errorf("%w: %d epochs back, %d kept", ErrNotRetained, k, len(n.snaps)))
+	n.mu.Lock()
+	cur := n.epoch
+	n.mu.Unlock()
+	if k < 1 || uint64(k) > cur || n.find(cur-uint64(k)+1) < 0 {
+		return 0, opErr("rewind", -1, fmt.Errorf("%w: %d epochs back from epoch %d, %s kept", ErrNotRetained, k, cur, n.kept()))
 	}
-	if err := n.abandon(); err != nil {
+	if err := n.rewindTo(cur - uint64(k) + 1); err != nil {
 		return 0, err
 	}
-	snap := n.snaps[len(n.snaps)-k]
-	n.quiesce(0, func() { copy(w.mem, snap) })
-	n.snaps = n.snaps[:len(n.snaps)-k+1]
+	w.resetTx()
+	return w.Epoch(), nil
+}
+
+// rewindTo abandons the current epoch and restores the snapshot of epoch
+// e, which becomes the window's epoch; later snapshots are dropped.
+func (n *notifyState) rewindTo(e uint64) error {
+	i := n.find(e)
+	if i < 0 {
+		return opErr("rewind", -1, fmt.Errorf("%w: epoch %d, %s kept", ErrNotRetained, e, n.kept()))
+	}
+	if err := n.abandon(); err != nil {
+		return err
+	}
+	snap := n.snaps[i]
+	n.quiesce(0, func() { copy(n.w.mem, snap.mem) })
+	n.free = append(n.free, n.snaps[i+1:]...)
+	n.snaps = n.snaps[:i+1]
 	n.mu.Lock()
-	n.epoch -= uint64(k - 1)
-	epoch := n.epoch
+	n.epoch = e
 	n.mu.Unlock()
 	n.grant(true)
-	w.resetTx()
-	return epoch, nil
+	return nil
+}
+
+// find returns the index of epoch e's snapshot, or -1.
+func (n *notifyState) find(e uint64) int {
+	for i, s := range n.snaps {
+		if s.epoch == e {
+			return i
+		}
+	}
+	return -1
+}
+
+// kept names the epochs retained, for errors.
+func (n *notifyState) kept() string {
+	if len(n.snaps) == 0 {
+		return "none"
+	}
+	es := make([]string, len(n.snaps))
+	for i, s := range n.snaps {
+		es[i] = strconv.FormatUint(s.epoch, 10)
+	}
+	return "epochs " + strings.Join(es, ", ")
 }

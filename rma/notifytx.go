@@ -90,22 +90,33 @@ type words struct {
 
 func (ws *words) alloc(c *Comm, n int) error {
 	var err error
-	if shmPort(c.dev) >= 0 { // AllocMR memory is shared
-		if ws.mr, err = c.pd.AllocMR(8*n, verbs.AccessAll); err != nil {
-			return err
-		}
-	} else {
-		if ws.mmap, err = unix.Mmap(-1, 0, 8*n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE); err != nil {
-			return fmt.Errorf("rma: credit words: %w", err)
-		}
-		if ws.mr, err = c.pd.RegisterMR(ws.mmap, verbs.AccessAll); err != nil {
-			unix.Munmap(ws.mmap)
-			ws.mmap = nil
-			return err
-		}
+	if ws.mr, ws.mmap, err = c.allocNIC(8 * n); err != nil {
+		return fmt.Errorf("rma: credit words: %w", err)
 	}
 	ws.w = unsafe.Slice((*uint64)(unsafe.Pointer(&ws.mr.Bytes()[0])), n)
 	return nil
+}
+
+// allocNIC returns n bytes of registered memory that peers write and this
+// rank reads with atomic loads while they may: device memory where the
+// device shares memory, else memory outside the Go heap (mmap, to unmap
+// after deregistering), where the race detector does not see the NIC's
+// copies as unsynchronised Go writes.
+func (c *Comm) allocNIC(n int) (*verbs.MR, []byte, error) {
+	if shmPort(c.dev) >= 0 { // AllocMR memory is shared
+		mr, err := c.pd.AllocMR(n, verbs.AccessAll)
+		return mr, nil, err
+	}
+	mem, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return nil, nil, err
+	}
+	mr, err := c.pd.RegisterMR(mem, verbs.AccessAll)
+	if err != nil {
+		unix.Munmap(mem)
+		return nil, nil, err
+	}
+	return mr, mem, nil
 }
 
 func (ws *words) free() {

@@ -10,7 +10,7 @@ import (
 )
 
 // Tags of synchronisation messages: internal, per window.
-func (w *Win) syncTag(kind uint32) uint32 { return 3<<30 | (w.id&0xfffff)<<4 | kind }
+func (w *Win) syncTag(kind uint32) uint32 { return 3<<30 | w.c.tagGen() | (w.id&0x3fffff)<<4 | kind }
 
 const (
 	syncPost     = 1
@@ -252,6 +252,9 @@ func (w *Win) Lock(ctx context.Context, lt LockType, target int) error {
 }
 
 func (w *Win) acquire(ctx context.Context, lt LockType, target int) error {
+	// A holder that died never releases: a fault ends the wait.
+	ictx, conv, stop := w.c.interruptible(ctx)
+	defer stop()
 	backoff := time.Microsecond
 	for {
 		if lt == LockExclusive {
@@ -275,8 +278,8 @@ func (w *Win) acquire(ctx context.Context, lt LockType, target int) error {
 			}
 		}
 		select {
-		case <-ctx.Done():
-			return opErr("lock", target, ctx.Err())
+		case <-ictx.Done():
+			return opErr("lock", target, conv(ictx.Err()))
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, time.Millisecond)

@@ -193,6 +193,7 @@ type Win struct {
 	// buffer; each txState has its own lock.
 	tx     []txState
 	notify *notifyState
+	desc   []byte // this rank's description of the window, as published (again by Recover)
 
 	// mu guards the epoch state below and freed. Lock order: mu before
 	// a txState's mu, c.winMu and the registration cache's lock (see
@@ -296,6 +297,16 @@ func (c *Comm) create(ctx context.Context, mem []byte, mr *verbs.MR, cfg *WinCon
 		}
 		desc = me.encode(expectFrom)
 	}
+	w.desc = desc
+	if c.rec.fresh.Load() {
+		// A respawned rank: the others are not creating windows; Recover
+		// exchanges the descriptions.
+		if local != nil {
+			w.release()
+			return nil, opErr("create window", -1, local)
+		}
+		return w, nil
+	}
 	all, err := c.Allgather(ctx, desc)
 	if err == nil && local != nil {
 		err = opErr("create window", -1, local)
@@ -317,6 +328,12 @@ func (c *Comm) create(ctx context.Context, mem []byte, mr *verbs.MR, cfg *WinCon
 	}
 	for r := range w.tx {
 		w.tx[r].init(w.remote[r].depth)
+	}
+	if w.notify != nil {
+		if err := w.notify.exchangeReplicas(ctx); err != nil {
+			w.release()
+			return nil, err
+		}
 	}
 	return w, nil
 }
@@ -406,6 +423,9 @@ func (w *Win) release() {
 // (under -tags rvmadebug, taking it again panics).
 func (w *Win) access(op string, target int, notified bool) error {
 	if err := w.c.checkRank(op, target); err != nil {
+		return err
+	}
+	if err := w.c.usable(op); err != nil {
 		return err
 	}
 	w.mu.Lock()
