@@ -26,12 +26,12 @@ import (
 // (pass signal N to the ranks), "kill RANK T" (--kill: SIGKILL to RANK's
 // current incarnation, T after the job started) and "stop". The end of
 // its input, which is how it learns that rvmarun or the agent died
-// however they died, stops the ranks too: no rank outlives its job on any host. Its output is the
-// ranks' lines, tagged with rank and host, and its status the first
-// failed rank's. With --restart it starts its ranks again as rvmarun
-// does, and records their deaths and incarnations in the job's
-// rendezvous with the died and respawned requests (kvs.Client.Died and
-// Respawned), which it makes with the job's key.
+// however they died, stops the ranks too: no rank outlives its job on
+// any host. Its output is the ranks' lines, tagged with rank and host,
+// and its status the first failed rank's. With --restart it starts its
+// ranks again as rvmarun does, and records their deaths and incarnations
+// in the job's rendezvous with the died and respawned requests
+// (kvs.Client.Died and Respawned), which it makes with the job's key.
 
 // daemonFlag is the hidden flag of the daemon mode.
 const daemonFlag = "--daemon"

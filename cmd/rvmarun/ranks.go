@@ -192,7 +192,8 @@ func copyLines(in io.Reader, out io.Writer, prefix string, mu *sync.Mutex) {
 // one). A rank that fails is started again while it has restarts left
 // (job.Restart) and the job is not ending: it was not stopped, and no
 // signal was forwarded. At the first rank that fails otherwise it stops
-// the others; it returns that failure's status, or 0.
+// the others; it returns that failure's status, or 0. With restarts, the
+// rendezvous records every failure before the job goes on or ends.
 func (g *group) supervise(sigs <-chan os.Signal, forward func(os.Signal) bool, orders <-chan order) int {
 	defer close(g.done)
 	status, left, failed, ending := 0, len(g.cmds), false, false
@@ -229,17 +230,21 @@ func (g *group) supervise(sigs <-chan os.Signal, forward func(os.Signal) bool, o
 			r := g.job.Ranks[e.i]
 			switch {
 			case e.err == nil || failed:
-			case g.job.Restart == 0 || ending:
+			case g.job.Restart == 0:
 				stop(exitStatus(e.err), "rvmarun: %s failed (%v); stopping the others\n", g.job.where(r), e.err)
-			case int(g.inc[e.i]) < g.job.Restart:
+			case ending:
+				g.rec.Died(r) // the job ends: a record that fails changes nothing
+				stop(exitStatus(e.err), "rvmarun: %s failed (%v); stopping the others\n", g.job.where(r), e.err)
+			case int(g.inc[e.i]) >= g.job.Restart:
+				g.rec.Died(r)
+				stop(exitStatus(e.err), "rvmarun: %s (incarnation %d) %s; it died %d times, more than --restart %d allows; stopping the others\n",
+					g.job.where(r), g.inc[e.i], death(e.err), g.inc[e.i]+1, g.job.Restart)
+			default:
 				if err := g.respawn(e); err != nil {
 					stop(1, "rvmarun: %s; stopping the others\n", err)
 					break
 				}
 				continue
-			default:
-				stop(exitStatus(e.err), "rvmarun: %s (incarnation %d) %s; it died %d times, more than --restart %d allows; stopping the others\n",
-					g.job.where(r), g.inc[e.i], death(e.err), g.inc[e.i]+1, g.job.Restart)
 			}
 			left--
 			ended[e.i] = true

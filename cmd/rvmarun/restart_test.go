@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -341,4 +342,19 @@ func TestKillEndedRank(t *testing.T) {
 	require.Contains(t, pids, "1/0", out)
 	require.NotContains(t, pids, "1/1", out)
 	requireAllGone(t, pids)
+}
+
+// A signal forwarded to the ranks ends the job: the ranks it ends are not
+// started again.
+func TestRestartNotAfterSignal(t *testing.T) {
+	cmd := exec.Command(filepath.Join(bins, "rvmarun"), "-n", "2", "--restart", "2", "sh", "-c",
+		`trap 'echo got-int; exit 5' INT; trap '' TERM; echo "ready $RVMA_INCARNATION"; while :; do sleep 0.05; done`)
+	out := testutil.Start(t, cmd)
+	require.Eventually(t, func() bool { return strings.Count(out.String(), "ready 0") == 2 }, 20*time.Second, 10*time.Millisecond)
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	ee := testutil.ExitError(t, cmd, 20*time.Second, out.String)
+	require.Equal(t, 5, ee.ExitCode(), out.String())
+	require.Equal(t, 2, strings.Count(out.String(), "got-int"), out.String())
+	require.NotContains(t, out.String(), "restarting")
+	require.NotContains(t, out.String(), "ready 1")
 }
