@@ -97,8 +97,7 @@ func playIncarnation() int {
 }
 
 // incarnationJob runs rvmarun in process over n ranks of the test binary
-// in the "incarnation" role, rank die dying as how says below incarnation
-// below.
+// in the "incarnation" role, die its envDie ("RANK:BELOW:HOW").
 func incarnationJob(t *testing.T, n int, die string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
 	self, err := os.Executable()
