@@ -23,11 +23,15 @@ import (
 // daemon per host ("rvmarun --daemon"), which starts that host's ranks
 // as rvmarun does on its own host. The daemon reads its hostJob as one
 // JSON line on its standard input, then orders, a line each: "signal N"
-// (pass signal N to the ranks) and "stop". The end of its input, which is
-// how it learns that rvmarun or the agent died however they died, stops
-// the ranks too: no rank outlives its job on any host. Its output is the
-// ranks' lines, tagged with rank and host, and its status the first
-// failed rank's.
+// (pass signal N to the ranks), "kill RANK T" (--kill: SIGKILL to RANK's
+// current incarnation, T after the job started) and "stop". The end of
+// its input, which is how it learns that rvmarun or the agent died
+// however they died, stops the ranks too: no rank outlives its job on
+// any host. Its output is the ranks' lines, tagged with rank and host,
+// and its status the first failed rank's. With --restart it starts its
+// ranks again as rvmarun does, and records their deaths and incarnations
+// in the job's rendezvous with the died and respawned requests
+// (kvs.Client.Died and Respawned), which it makes with the job's key.
 
 // daemonFlag is the hidden flag of the daemon mode.
 const daemonFlag = "--daemon"
@@ -68,7 +72,9 @@ func daemon(stdin io.Reader, stdout, stderr io.Writer) int {
 	sigs, forward := catchSignals()
 	defer signal.Stop(sigs)
 	var outMu sync.Mutex
-	g, err := startGroup(&job, stdout, stderr, &outMu)
+	rec := &clientRecorder{addr: job.KVS, key: job.Key}
+	defer rec.Close()
+	g, err := startGroup(&job, rec, stdout, stderr, &outMu)
 	if err != nil {
 		return fail(err)
 	}
@@ -90,6 +96,12 @@ func readOrders(in *bufio.Reader, orders chan<- order) {
 		case len(f) == 2 && f[0] == "signal":
 			if n, err := strconv.Atoi(f[1]); err == nil && n > 0 && n < 65 {
 				orders <- order{sig: syscall.Signal(n)}
+			}
+		case len(f) == 3 && f[0] == "kill":
+			r, err1 := strconv.Atoi(f[1])
+			at, err2 := time.ParseDuration(f[2])
+			if err1 == nil && err2 == nil {
+				orders <- order{kill: true, rank: r, at: at}
 			}
 		}
 	}
@@ -144,8 +156,9 @@ type hostsConfig struct {
 
 // runHosts runs a job over several hosts. job is the template every
 // host's part copies (Host and Ranks filled in per host); listen opens
-// the rendezvous on an address.
-func runHosts(hc *hostsConfig, job *hostJob, listen func(addr string) (string, func(), error), stdout, stderr io.Writer) int {
+// the rendezvous on an address; kills are --kill's, which the daemons of
+// the ranks' hosts carry out.
+func runHosts(hc *hostsConfig, job *hostJob, kills []killSpec, listen func(addr string) (string, func(), error), stdout, stderr io.Writer) int {
 	self, err := os.Executable()
 	if err != nil {
 		fmt.Fprintf(stderr, "rvmarun: %v\n", err)
@@ -191,6 +204,7 @@ func runHosts(hc *hostsConfig, job *hostJob, listen func(addr string) (string, f
 	}
 	ends := make(chan ended, len(hc.hosts))
 	var ds []*remote
+	daemonOf := map[int]*remote{} // by rank
 	var copiers sync.WaitGroup
 	stopAll := func() {
 		for _, d := range ds {
@@ -234,7 +248,13 @@ func runHosts(hc *hostsConfig, job *hostJob, listen func(addr string) (string, f
 		b, _ := json.Marshal(&hj)
 		d.tell(string(b))
 		go func() { ends <- ended{d, cmd.Wait()} }()
+		for _, r := range hj.Ranks {
+			daemonOf[r] = d
+		}
 	}
+	over := make(chan struct{})
+	defer close(over)
+	go scheduleKills(kills, func(k killSpec) { daemonOf[k.rank].tell(fmt.Sprintf("kill %d %v", k.rank, k.at)) }, over)
 	status, left, failed := 0, len(ds), false
 	for left > 0 {
 		select {

@@ -183,3 +183,32 @@ func requireGone(t *testing.T, pids []int, within time.Duration) {
 		require.Eventually(t, func() bool { return testutil.Exited(p) }, within, 10*time.Millisecond, "pid %d outlived the job", p)
 	}
 }
+
+// With hosts, a daemon restarts its ranks too, and records their deaths
+// and incarnations in the launcher's rendezvous (the died and respawned
+// requests); --kill reaches the rank's daemon as an order. A rank that
+// dies once too often fails its host and the job.
+func TestHostsRestart(t *testing.T) {
+	tb := testbed.NewHosts(t, testbed.HostsConfig{Hosts: 2})
+	self, err := os.Executable()
+	require.NoError(t, err)
+	victim := tb.Names[1]
+	cmd := hostsJob(tb, 2, "-x", envRole+"=incarnation", "-x", envDie+"=3:1:hold", "--restart", "1", "--kill", "3@300ms", self)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "rvmarun: killing rank 3 on "+victim+" (incarnation 0) with SIGKILL at 300ms as --kill asked\n")
+	require.Contains(t, string(out), "rvmarun: rank 3 on "+victim+" (incarnation 0) killed by signal 9 (SIGKILL); restarting it as incarnation 1 (restart 1 of 1)\n")
+	require.Contains(t, string(out), "[3@"+victim+"] incarnation 1 pid ")
+	require.Contains(t, string(out), "[3@"+victim+"] faults 1 0 0 0 1\n", "the launcher's rendezvous saw the death and the new incarnation")
+	pids := incPIDs(t, string(out))
+	require.NotContains(t, pids, "2/1", string(out))
+	requireAllGone(t, pids)
+
+	cmd = hostsJob(tb, 2, "-x", envRole+"=incarnation", "-x", envDie+"=3:9:kill", "-x", envHold+"=1", "--grace", "500ms", "--restart", "1", self)
+	out, err = cmd.CombinedOutput()
+	require.Error(t, err, "%s", out)
+	require.Equal(t, 128+int(syscall.SIGKILL), cmd.ProcessState.ExitCode(), "%s", out)
+	require.Contains(t, string(out), "rvmarun: rank 3 on "+victim+" (incarnation 1) killed by signal 9 (SIGKILL); it died 2 times, more than --restart 1 allows; stopping the others\n")
+	require.Contains(t, string(out), "rvmarun: host "+victim+" failed (exit status 137); stopping the other hosts\n")
+	requireAllGone(t, incPIDs(t, string(out)))
+}

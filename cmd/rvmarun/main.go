@@ -14,6 +14,20 @@
 // SIGHUP, and, when a rank fails, stops the others and exits with the
 // first failure's status.
 //
+// With --restart K a rank whose process dies (a non-zero status or a
+// signal) is started again instead, with the same rank, arguments and
+// environment and the next incarnation number in RVMA_INCARNATION (0 at
+// the first start, set only with --restart), up to K times per rank;
+// the rendezvous records the death as soon as rvmarun sees it, and the
+// new incarnation before it starts (kvs.Server.Died and Respawned), for
+// the survivors' Comm.Recover. A rank's K+1st death, or a death once the
+// job is ending (a signal was forwarded), fails the job as above; so
+// does a restart that cannot start. A rank that exits 0 is done.
+//
+// --kill RANK@DURATION, random@SEED or random@SEED:MIN-MAX has rvmarun
+// kill a rank's current incarnation (its process group) with SIGKILL
+// once, at a time after the ranks started: a demo and test of restarts.
+//
 // The ranks die with rvmarun, even by kill -9: each gets SIGKILL as its
 // parent-death signal, and RVMA_LAUNCHER_PID for rma.Init's watch
 // (launch.Watch), which covers ranks started through a wrapper. They
@@ -66,6 +80,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	npernode := fs.Int("npernode", 0, "ranks per host (0: as --map-by places them)")
 	oversubscribe := fs.Bool("oversubscribe", false, "allow more ranks on a host than its slots")
 	rendezvous := fs.String("rendezvous-addr", "", "with hosts: the `IP` of this host on which the job's rendezvous listens, which every host reaches (default: any address, and each host uses the address its ssh connection came from)")
+	restart := fs.Int("restart", 0, "start a rank whose process dies (fails or is killed) again, as its next incarnation (RVMA_INCARNATION), up to `K` times per rank; 0: the first failure ends the job")
+	var killSpecs []string
+	fs.Func("kill", "kill a rank with SIGKILL at a time after the job's start, for demos and tests: `RANK@DURATION` (1@2.5s), random@SEED, or random@SEED:MIN-MAX (a rank and a time in [MIN,MAX], default 0.5s-3s, drawn from SEED); repeatable", func(v string) error {
+		killSpecs = append(killSpecs, v)
+		return nil
+	})
 	var exports []string
 	fs.Func("x", "pass the environment variable `NAME` (or NAME=VALUE) to every rank on every host; repeatable", func(v string) error {
 		if v == "" || strings.HasPrefix(v, "=") {
@@ -118,6 +138,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "rvmarun: --mem-per-rank %d: want 0 (the estimate) or more MiB\n", *memPerRank)
 		return 2
 	}
+	if *restart < 0 {
+		fmt.Fprintf(stderr, "rvmarun: --restart %d: want 0 (no restarts) or more\n", *restart)
+		return 2
+	}
 	var hc *hostsConfig
 	if *hostList != "" || *hostfile != "" || *npernode != 0 {
 		var err error
@@ -126,6 +150,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		hc.rendezvous = *rendezvous
+	}
+	var kills []killSpec
+	for _, spec := range killSpecs {
+		k, err := parseKill(spec, *n)
+		if err != nil {
+			fmt.Fprintf(stderr, "rvmarun: %v\n", err)
+			return 2
+		}
+		kills = append(kills, k)
 	}
 	if hc == nil {
 		if err := checkHost(*n, *n, *memPerRank); err != nil {
@@ -158,13 +191,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	job := &hostJob{Size: *n, Key: key, Provider: *provider, Addr: *addr, Paths: *paths, RCTimeout: *rcTimeout,
-		Tag: *tag, Grace: *grace, MemPerRank: *memPerRank, Prog: fs.Arg(0), Args: fs.Args()[1:], Env: exports}
+		Tag: *tag, Grace: *grace, MemPerRank: *memPerRank, Prog: fs.Arg(0), Args: fs.Args()[1:], Env: exports,
+		Restart: *restart}
 	if hc != nil {
 		signal.Stop(sigs)
 		if !addrSet(fs) {
 			job.Addr = "" // each host binds its own route to the rendezvous
 		}
-		return runHosts(hc, job, func(addr string) (string, func(), error) {
+		return runHosts(hc, job, kills, func(addr string) (string, func(), error) {
 			srv, err := kvs.ListenConfig(addr, *n, &kvs.ServerConfig{Logger: logger, Key: key})
 			if err != nil {
 				return "", nil, err
@@ -183,12 +217,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 	for r := range job.Ranks {
 		job.Ranks[r] = r
 	}
-	g, err := startGroup(job, stdout, stderr, &outMu)
+	g, err := startGroup(job, serverRecorder{srv}, stdout, stderr, &outMu)
 	if err != nil {
 		fmt.Fprintf(stderr, "rvmarun: %v\n", err)
 		return 1
 	}
-	return g.supervise(sigs, forward, nil)
+	var orders chan order
+	if len(kills) > 0 {
+		orders = make(chan order)
+		go scheduleKills(kills, func(k killSpec) {
+			select {
+			case orders <- order{kill: true, rank: k.rank, at: k.at}:
+			case <-g.done:
+			}
+		}, g.done)
+	}
+	return g.supervise(sigs, forward, orders)
 }
 
 // catchSignals handles the signals rvmarun forwards to the ranks. A

@@ -36,6 +36,8 @@ const envRole = "RVMARUN_TEST_ROLE"
 func TestMain(m *testing.M) {
 	if role := os.Getenv(envRole); role == "transport" {
 		os.Exit(reportTransports())
+	} else if role == "incarnation" {
+		os.Exit(playIncarnation())
 	} else if role == "env" {
 		fmt.Printf("%s=%s\n", rma.EnvRCTimeout, os.Getenv(rma.EnvRCTimeout))
 		os.Exit(0)

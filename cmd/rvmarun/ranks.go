@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rvma/rvma/internal/launch"
 	"github.com/rvma/rvma/internal/spin"
 	"github.com/rvma/rvma/rma"
@@ -39,23 +41,36 @@ type hostJob struct {
 	Args       []string
 	Dir        string   // working directory ("": the current one)
 	Env        []string // variables passed to every rank (NAME=VALUE)
+	Restart    int      // times a rank that dies is started again (--restart; 0: the first failure ends the job)
 }
 
-// exit is how a rank ended.
+// exit is how an incarnation of a rank ended.
 type exit struct {
-	rank int
-	err  error
+	i   int // the rank's index in job.Ranks
+	err error
 }
 
 // group is the ranks of one host, started by rvmarun or by its daemon.
 type group struct {
 	job     *hostJob
-	cmds    []*exec.Cmd
+	cmds    []*exec.Cmd // each rank's current incarnation
+	inc     []uint32    // its number: the rank's restarts so far
 	exits   chan exit
 	copiers sync.WaitGroup
+	stdout  io.Writer
 	outMu   *sync.Mutex
 	stderr  io.Writer
+	rec     recorder      // with job.Restart > 0: where deaths and incarnations are recorded
 	done    chan struct{} // closed when the group is over: no more signals to the ranks' groups
+}
+
+// recorder is the rendezvous's record of deaths and incarnations
+// (kvs.Server's Died and Respawned, in rvmarun or through a client in a
+// daemon): Died as soon as a rank's process is seen dead, Respawned
+// before its next incarnation starts.
+type recorder interface {
+	Died(rank int) error
+	Respawned(rank int, inc uint32) error
 }
 
 // tag is the prefix of a rank's output lines.
@@ -78,8 +93,9 @@ func (j *hostJob) where(r int) string {
 	return fmt.Sprintf("rank %d on %s", r, j.Host)
 }
 
-// env is rank r's environment.
-func (j *hostJob) env(r int) []string {
+// env is rank r's environment at incarnation inc (which it is told only
+// when the job restarts ranks).
+func (j *hostJob) env(r int, inc uint32) []string {
 	env := append(os.Environ(), j.Env...)
 	env = append(env,
 		rma.EnvRank+"="+strconv.Itoa(r), rma.EnvSize+"="+strconv.Itoa(j.Size), rma.EnvKVS+"="+j.KVS,
@@ -93,6 +109,9 @@ func (j *hostJob) env(r int) []string {
 	}
 	if j.RCTimeout > 0 {
 		env = append(env, rma.EnvRCTimeout+"="+j.RCTimeout.String())
+	}
+	if j.Restart > 0 {
+		env = append(env, rma.EnvIncarnation+"="+strconv.FormatUint(uint64(inc), 10))
 	}
 	n := len(j.Ranks)
 	if _, set := os.LookupEnv(spin.EnvSpin); !set && n > runtime.NumCPU() {
@@ -113,10 +132,12 @@ func (j *hostJob) env(r int) []string {
 
 // startGroup starts the ranks of j, copying their output, line by line
 // and tagged, to stdout and stderr under outMu. On an error the ranks
-// already started are stopped.
-func startGroup(j *hostJob, stdout, stderr io.Writer, outMu *sync.Mutex) (*group, error) {
-	g := &group{job: j, cmds: make([]*exec.Cmd, len(j.Ranks)), exits: make(chan exit, len(j.Ranks)),
-		outMu: outMu, stderr: stderr, done: make(chan struct{})}
+// already started are stopped. rec records deaths and incarnations when
+// j restarts ranks.
+func startGroup(j *hostJob, rec recorder, stdout, stderr io.Writer, outMu *sync.Mutex) (*group, error) {
+	g := &group{job: j, cmds: make([]*exec.Cmd, len(j.Ranks)), inc: make([]uint32, len(j.Ranks)),
+		exits: make(chan exit, len(j.Ranks)), stdout: stdout, outMu: outMu, stderr: stderr, rec: rec,
+		done: make(chan struct{})}
 	fail := func(err error) (*group, error) {
 		g.kill(0)
 		close(g.done)
@@ -124,18 +145,35 @@ func startGroup(j *hostJob, stdout, stderr io.Writer, outMu *sync.Mutex) (*group
 		return nil, err
 	}
 	for i, r := range j.Ranks {
-		cmd := exec.Command(j.Prog, j.Args...)
-		cmd.Env, cmd.Dir = j.env(r), j.Dir
-		cmd.SysProcAttr = rankAttr()
-		if err := startCopied(cmd, stdout, stderr, j.tag(r), outMu, &g.copiers); err != nil {
+		if err := g.start(i); err != nil {
 			return fail(fmt.Errorf("%s: %w", j.where(r), err))
 		}
-		g.cmds[i] = cmd
 	}
-	for i, cmd := range g.cmds {
-		go func() { g.exits <- exit{j.Ranks[i], cmd.Wait()} }()
+	for i := range g.cmds {
+		g.wait(i)
 	}
 	return g, nil
+}
+
+// start starts rank j.Ranks[i]'s incarnation g.inc[i].
+func (g *group) start(i int) error {
+	j, r := g.job, g.job.Ranks[i]
+	cmd := exec.Command(j.Prog, j.Args...)
+	cmd.Env, cmd.Dir = j.env(r, g.inc[i]), j.Dir
+	cmd.SysProcAttr = rankAttr()
+	if err := startCopied(cmd, g.stdout, g.stderr, j.tag(r), g.outMu, &g.copiers); err != nil {
+		return err
+	}
+	g.cmds[i] = cmd
+	return nil
+}
+
+// wait reports the end of rank j.Ranks[i]'s current incarnation on
+// g.exits. An incarnation starts only once its predecessor's end has been
+// taken from g.exits, so its room of one per rank is enough.
+func (g *group) wait(i int) {
+	cmd := g.cmds[i]
+	go func() { g.exits <- exit{i, cmd.Wait()} }()
 }
 
 // copyLines copies in to out a line at a time, each with prefix, under mu.
@@ -150,16 +188,26 @@ func copyLines(in io.Reader, out io.Writer, prefix string, mu *sync.Mutex) {
 }
 
 // supervise waits for every rank, forwarding signals (sigs, as forward
-// says) and orders (stop: stop the ranks; sig: signal them). At the first
-// rank that fails it stops the others; it returns the first failure's
-// status, or 0.
+// says) and orders (stop: stop the ranks; sig: signal them; kill: kill
+// one). A rank that fails is started again while it has restarts left
+// (job.Restart) and the job is not ending: it was not stopped, and no
+// signal was forwarded. At the first rank that fails otherwise it stops
+// the others; it returns that failure's status, or 0. With restarts, the
+// rendezvous records every failure before the job goes on or ends.
 func (g *group) supervise(sigs <-chan os.Signal, forward func(os.Signal) bool, orders <-chan order) int {
 	defer close(g.done)
-	status, left, failed := 0, len(g.cmds), false
+	status, left, failed, ending := 0, len(g.cmds), false, false
+	ended := make([]bool, len(g.cmds))
+	stop := func(st int, format string, a ...any) {
+		failed, status = true, st
+		g.say(format, a...)
+		go g.kill(g.job.Grace)
+	}
 	for left > 0 {
 		select {
 		case s := <-sigs:
 			if forward(s) {
+				ending = true
 				g.signal(s.(syscall.Signal))
 			}
 		case o, ok := <-orders:
@@ -172,30 +220,94 @@ func (g *group) supervise(sigs <-chan os.Signal, forward func(os.Signal) bool, o
 					failed = true
 					go g.kill(g.job.Grace)
 				}
+			case o.kill:
+				g.killOrdered(o, ended, failed)
 			default:
+				ending = true
 				g.signal(o.sig)
 			}
 		case e := <-g.exits:
-			left--
-			if e.err != nil && !failed {
-				failed = true
-				status = exitStatus(e.err)
-				g.outMu.Lock()
-				fmt.Fprintf(g.stderr, "rvmarun: %s failed (%v); stopping the others\n", g.job.where(e.rank), e.err)
-				g.outMu.Unlock()
-				go g.kill(g.job.Grace)
+			r := g.job.Ranks[e.i]
+			switch {
+			case e.err == nil || failed:
+			case g.job.Restart == 0:
+				stop(exitStatus(e.err), "rvmarun: %s failed (%v); stopping the others\n", g.job.where(r), e.err)
+			case ending:
+				g.rec.Died(r) // the job ends: a record that fails changes nothing
+				stop(exitStatus(e.err), "rvmarun: %s failed (%v); stopping the others\n", g.job.where(r), e.err)
+			case int(g.inc[e.i]) >= g.job.Restart:
+				g.rec.Died(r)
+				stop(exitStatus(e.err), "rvmarun: %s (incarnation %d) %s; it died %d times, more than --restart %d allows; stopping the others\n",
+					g.job.where(r), g.inc[e.i], death(e.err), g.inc[e.i]+1, g.job.Restart)
+			default:
+				if err := g.respawn(e); err != nil {
+					stop(1, "rvmarun: %s; stopping the others\n", err)
+					break
+				}
+				continue
 			}
+			left--
+			ended[e.i] = true
 		}
 	}
 	g.copiers.Wait()
 	return status
 }
 
-// order is what a daemon's launcher tells it: stop the ranks, or pass
-// them a signal.
+// respawn starts the next incarnation of the rank whose end is e, after
+// recording its death and then its new incarnation.
+func (g *group) respawn(e exit) error {
+	r, inc := g.job.Ranks[e.i], g.inc[e.i]
+	// What the dead incarnation started dies with it: a wrapper's child
+	// must not go on as a second incarnation.
+	signalGroup(g.cmds[e.i], syscall.SIGKILL)
+	if err := g.rec.Died(r); err != nil {
+		return fmt.Errorf("%s (incarnation %d) %s, and recording its death failed: %w", g.job.where(r), inc, death(e.err), err)
+	}
+	g.say("rvmarun: %s (incarnation %d) %s; restarting it as incarnation %d (restart %d of %d)\n",
+		g.job.where(r), inc, death(e.err), inc+1, inc+1, g.job.Restart)
+	if err := g.rec.Respawned(r, inc+1); err != nil {
+		return fmt.Errorf("%s: recording incarnation %d failed: %w", g.job.where(r), inc+1, err)
+	}
+	g.inc[e.i] = inc + 1
+	if err := g.start(e.i); err != nil {
+		return fmt.Errorf("%s: restarting it as incarnation %d: %w", g.job.where(r), inc+1, err)
+	}
+	g.wait(e.i)
+	return nil
+}
+
+// killOrdered kills the current incarnation of the rank o names, if it
+// runs here and the job is not ending.
+func (g *group) killOrdered(o order, ended []bool, failed bool) {
+	for i, r := range g.job.Ranks {
+		switch {
+		case r != o.rank || failed:
+		case ended[i]:
+			g.say("rvmarun: not killing %s at %v as --kill asked: it has ended\n", g.job.where(r), o.at)
+		default:
+			g.say("rvmarun: killing %s (incarnation %d) with SIGKILL at %v as --kill asked\n", g.job.where(r), g.inc[i], o.at)
+			signalGroup(g.cmds[i], syscall.SIGKILL)
+		}
+	}
+}
+
+// say writes a message of rvmarun's to stderr, between the ranks' lines.
+func (g *group) say(format string, a ...any) {
+	g.outMu.Lock()
+	defer g.outMu.Unlock()
+	fmt.Fprintf(g.stderr, format, a...)
+}
+
+// order is what a daemon's launcher tells it: stop the ranks, pass them
+// a signal, or kill one (--kill). rvmarun orders its own ranks' kills
+// the same way.
 type order struct {
 	stop bool
 	sig  syscall.Signal
+	kill bool
+	rank int           // to kill
+	at   time.Duration // when, since the job started: for the message
 }
 
 // kill sends SIGTERM to the ranks' process groups, then SIGKILL after
@@ -216,6 +328,21 @@ func (g *group) signal(s syscall.Signal) {
 	for _, c := range g.cmds {
 		signalGroup(c, s)
 	}
+}
+
+// death says how a rank's process ended: "killed by signal 9 (SIGKILL)",
+// "exited with status 3".
+func death(err error) string {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return fmt.Sprintf("killed by signal %d (%s)", int(ws.Signal()), unix.SignalName(ws.Signal()))
+		}
+		if c := ee.ExitCode(); c > 0 {
+			return fmt.Sprintf("exited with status %d", c)
+		}
+	}
+	return fmt.Sprintf("failed (%v)", err)
 }
 
 func exitStatus(err error) int {

@@ -10,6 +10,8 @@
 //	barrier         ->  ok           (once Size clients have entered)
 //	join ...        ->  view ...     (recovery: see recover.go's Recoverer)
 //	faults SINCE    ->  faults ...
+//	died RANK       ->  ok           (a launcher's, with a key only)
+//	respawned RANK INC  ->  ok
 //
 // A malformed request is answered "err REASON" and the connection closed;
 // so is a line over the server's bound (ServerConfig.MaxLine), and a
@@ -539,7 +541,7 @@ func (s *Server) handle(ctx context.Context, line string) (reply string, ok bool
 			return "", false
 		}
 		return "ok", true
-	case len(f) > 0 && (f[0] == "join" || f[0] == "faults"):
+	case len(f) > 0 && (f[0] == "join" || f[0] == "faults" || f[0] == "died" || f[0] == "respawned"):
 		return s.handleRecovery(ctx, f)
 	default:
 		return "err malformed request", true

@@ -16,6 +16,8 @@ import (
 //
 //	join RANK INC VALUE  ->  view GEN FAULTS INC0 VALUE0 INC1 VALUE1 ...
 //	faults SINCE         ->  faults N STATE0 STATE1 ...
+//	died RANK            ->  ok
+//	respawned RANK INC   ->  ok
 //
 // A join enters the open round; the round completes once every rank's
 // current incarnation has joined it, and every joiner gets the same view:
@@ -29,6 +31,12 @@ import (
 // faults blocks until more than SINCE faults (deaths, rounds opened) have
 // happened, and returns the count and every rank's state: its current
 // incarnation, with a "d" prefix while it is dead.
+//
+// died and respawned are Server.Died and Server.Respawned for a launcher
+// that is not the server's process: the daemon of another host (rvmarun
+// -H), which sees its ranks die first. Only a server with a key accepts
+// them, from clients that proved they hold it: without one, anything that
+// reaches the port could declare ranks dead.
 
 // ErrStale refuses a join from an incarnation that is not its rank's
 // current one.
@@ -210,6 +218,25 @@ func (s *Server) Respawned(rank int, inc uint32) { s.store.Respawned(rank, inc) 
 
 func (s *Server) handleRecovery(ctx context.Context, f []string) (string, bool) {
 	switch {
+	case (len(f) == 2 && f[0] == "died") || (len(f) == 3 && f[0] == "respawned"):
+		rank, err := strconv.Atoi(f[1])
+		var inc uint64
+		if err == nil && len(f) == 3 {
+			inc, err = strconv.ParseUint(f[2], 10, 32)
+		}
+		switch {
+		case err != nil:
+			return "err malformed request", true
+		case s.cfg.Key == nil:
+			return "err " + f[0] + ": only a server with a key takes it", true
+		case rank < 0 || rank >= s.store.size:
+			return fmt.Sprintf("err %s: rank %d of %d", f[0], rank, s.store.size), true
+		case len(f) == 2:
+			s.Died(rank)
+		default:
+			s.Respawned(rank, uint32(inc))
+		}
+		return "ok", true
 	case len(f) == 4 && f[0] == "join":
 		rank, err1 := strconv.Atoi(f[1])
 		inc, err2 := strconv.ParseUint(f[2], 10, 32)
@@ -252,6 +279,27 @@ func (s *Server) handleRecovery(ctx context.Context, f []string) (string, bool) 
 		return b.String(), true
 	}
 	return "err malformed request", true
+}
+
+// Died tells the server that rank's current incarnation is gone, as
+// Server.Died does in the server's process: for a launcher elsewhere.
+func (c *Client) Died(ctx context.Context, rank int) error {
+	return c.expectOK(ctx, "died "+strconv.Itoa(rank))
+}
+
+// Respawned tells the server rank's new incarnation inc before it starts,
+// as Server.Respawned does in the server's process: for a launcher
+// elsewhere. The server has the record when it returns.
+func (c *Client) Respawned(ctx context.Context, rank int, inc uint32) error {
+	return c.expectOK(ctx, fmt.Sprintf("respawned %d %d", rank, inc))
+}
+
+func (c *Client) expectOK(ctx context.Context, req string) error {
+	line, err := c.do(ctx, req)
+	if err == nil && line != "ok" {
+		err = fmt.Errorf("kvs: unexpected reply %.80q", line)
+	}
+	return err
 }
 
 // Join implements Recoverer.

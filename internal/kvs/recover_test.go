@@ -173,3 +173,87 @@ func FuzzParseFaults(f *testing.F) {
 		}
 	})
 }
+
+// A launcher elsewhere (a host's daemon) records deaths and incarnations
+// through an authenticated client: the ranks' watch sees them as it sees
+// the server's own Died and Respawned.
+func TestDiedRespawnedRequests(t *testing.T) {
+	key := []byte("0123456789abcdef0123456789abcdef")
+	srv, err := ListenConfig("127.0.0.1:0", 3, &ServerConfig{Key: key})
+	require.NoError(t, err)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	daemon, err := Dial(ctx, srv.Addr(), key)
+	require.NoError(t, err)
+	defer daemon.Close()
+	watch, err := Dial(ctx, srv.Addr(), key)
+	require.NoError(t, err)
+	defer watch.Close()
+
+	require.NoError(t, daemon.Died(ctx, 2))
+	f, err := watch.Faults(ctx, 0)
+	require.NoError(t, err)
+	require.Equal(t, Faults{N: 1, Inc: []uint32{0, 0, 0}, Dead: []bool{false, false, true}}, f)
+	require.NoError(t, daemon.Respawned(ctx, 2, 1))
+	_, err = watch.Join(ctx, 2, 0, "old")
+	require.ErrorIs(t, err, ErrStale, "the dead incarnation is refused once the next is recorded")
+
+	// The record is there when Respawned returns: the new incarnation
+	// joins at once (with the other two, so that the round completes).
+	views := make(chan View, 3)
+	for r, inc := range []uint32{0, 0, 1} {
+		go func() {
+			c, err := Dial(ctx, srv.Addr(), key)
+			require.NoError(t, err)
+			defer c.Close()
+			v, err := c.Join(ctx, r, inc, fmt.Sprintf("v%d", r))
+			require.NoError(t, err)
+			views <- v
+		}()
+	}
+	for range 3 {
+		require.Equal(t, []uint32{0, 0, 1}, (<-views).Inc)
+	}
+
+	// Out of range: refused by name, and the connection ends.
+	err = daemon.Died(ctx, 3)
+	require.ErrorContains(t, err, "died: rank 3 of 3")
+	bad, err := Dial(ctx, srv.Addr(), key)
+	require.NoError(t, err)
+	defer bad.Close()
+	require.ErrorContains(t, bad.Respawned(ctx, -1, 1), "respawned: rank -1 of 3")
+	for _, req := range []string{"died", "died x", "respawned 1", "respawned 1 -2", "respawned 1 x", "died 1 2"} {
+		c, err := Dial(ctx, srv.Addr(), key)
+		require.NoError(t, err)
+		_, err = c.do(ctx, req)
+		require.ErrorContains(t, err, "malformed", req)
+		c.Close()
+	}
+}
+
+// A server without a key takes no died or respawned: anything that
+// reaches its port could declare ranks dead.
+func TestDiedNeedsKey(t *testing.T) {
+	srv, err := Listen("127.0.0.1:0", 2)
+	require.NoError(t, err)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, req := range []func(c *Client) error{
+		func(c *Client) error { return c.Died(ctx, 1) },
+		func(c *Client) error { return c.Respawned(ctx, 1, 1) },
+	} {
+		c, err := Dial(ctx, srv.Addr(), nil)
+		require.NoError(t, err)
+		require.ErrorContains(t, req(c), "only a server with a key takes it")
+		c.Close()
+	}
+	c, err := Dial(ctx, srv.Addr(), nil)
+	require.NoError(t, err)
+	defer c.Close()
+	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancelShort()
+	_, err = c.Faults(short, 0)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "no fault was recorded")
+}
