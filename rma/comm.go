@@ -911,7 +911,7 @@ func (c *Comm) gidFor(ctx context.Context, r int) (int, error) {
 	c.hostMu.Unlock()
 	if !ok {
 		var err error
-		if h, err = c.store.Get(ctx, c.rendezvousKey("host", r, c.rec.incOf(r))); err != nil {
+		if h, err = c.lookup(ctx, "host", r, c.rec.incOf(r)); err != nil {
 			return 0, err
 		}
 		c.hostMu.Lock()
@@ -960,6 +960,16 @@ const (
 	rejectRecovering = "recovering"
 	rejectStale      = "stale incarnation"
 )
+
+// lookup reads what rank r's incarnation inc published. It is not cut
+// short by ctx's end (a cut request closes the rendezvous's connection for
+// good): the entry is there already, but for a rank still starting, which
+// the job's timeout bounds.
+func (c *Comm) lookup(ctx context.Context, what string, r int, inc uint32) (string, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.Timeout)
+	defer cancel()
+	return c.store.Get(ctx, c.rendezvousKey(what, r, inc))
+}
 
 // rendezvousKey is the rendezvous's key for what rank r's incarnation
 // inc publishes (its connection manager's address, its host).
@@ -1065,7 +1075,7 @@ func (c *Comm) dial(ctx context.Context, r int) (*verbs.QP, error) {
 	// The incarnation the ranks last agreed on: a stale entry of a dead
 	// one is never read, and the next one's is waited for.
 	inc := c.rec.incOf(r)
-	addr, err := c.store.Get(ctx, c.rendezvousKey("cm", r, inc))
+	addr, err := c.lookup(ctx, "cm", r, inc)
 	if err != nil {
 		return nil, err
 	}

@@ -144,7 +144,7 @@ func (c *Comm) haulInitiator(ctx context.Context, r int) (*mailbox.ReliableIniti
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
 	fail := func(err error) error { return opErr("connect", r, fmt.Errorf("%w: long-haul: %w", ErrPeer, err)) }
-	addr, err := c.store.Get(ctx, fmt.Sprintf("rvma-cm-%d", r))
+	addr, err := c.lookup(ctx, "cm", r, c.rec.incOf(r))
 	if err != nil {
 		return nil, fail(err)
 	}

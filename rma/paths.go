@@ -29,7 +29,7 @@ func (c *Comm) listenPaths(ctx context.Context) error {
 		return err
 	}
 	c.mpLn = ln
-	if err := c.store.Put(ctx, fmt.Sprintf("rvma-mp-%d", c.rank), ln.Addr()); err != nil {
+	if err := c.store.Put(ctx, c.rendezvousKey("mp", c.rank, c.inc), ln.Addr()); err != nil {
 		return err
 	}
 	c.mpWG.Add(1)
@@ -90,7 +90,7 @@ func (c *Comm) pathConn(ctx context.Context, r int) (*multipath.Conn, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
-	addr, err := c.store.Get(ctx, fmt.Sprintf("rvma-mp-%d", r))
+	addr, err := c.lookup(ctx, "mp", r, c.rec.incOf(r))
 	if err == nil {
 		cfg := c.cfg.Multipath
 		cfg.Key = c.key

@@ -1,31 +1,36 @@
-// Command rewind shows recovery by rewinding RVMA-notified windows: a
-// timestep simulation on a ring of ranks in which one rank fails in the
-// middle of an epoch (injected), every rank rolls its window back to the
-// last epoch all of them completed, and the simulation continues. The
-// final state must equal a fault-free run's byte for byte, and the program
-// checks that it does.
+// Command rewind shows recovery from a real failure: a timestep simulation
+// on a ring of ranks whose state lives in RVMA-notified windows, run under
+// rvmarun --restart so that a rank killed with SIGKILL is respawned. The
+// survivors' waits fail with ErrPeer, every rank calls Comm.Recover, the
+// windows go back to the last epoch every rank retains (the respawned
+// rank's from its buddy's replica), and the simulation goes on. The final
+// state must equal the fault-free answer, which every rank computes
+// serially at the end, byte for byte.
 //
-//	rvmarun -n 4 rewind [--steps 60] [--fail-rank 1] [--fail-step 25] [--cells 4096]
+//	rvmarun -n 4 --restart 1 --kill 1@500ms rewind [--steps 400] [--cells 4096]
+//	rvmarun -n 4 --restart 1 rewind --fail-rank 2 --fail-step 25
 //
 // Each rank owns a segment of a periodic 1-D field. A step puts the
 // segment's two end cells into the neighbours' notified windows (the
-// window of step e is filled in slot e%2, so a neighbour running one step
-// ahead never overwrites what is being read), waits for the epoch (both
-// neighbours' cells arrived: no fence, no message), and averages each cell
-// with its neighbours. The field itself lives in the window's memory, so
-// the window's snapshots (NotifyConfig.History) hold the whole state.
+// cells of step e land in slot e%2, so a neighbour one step ahead never
+// overwrites what is being read), waits for the epoch (both neighbours'
+// cells arrived: no fence, no message), and averages each cell with its
+// neighbours. The window keeps snapshots every --checkpoint epochs
+// (NotifyConfig.History, Every) and a replica of each at the next rank
+// (Replicate).
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"hash/crc64"
 	"math"
 	"os"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -35,17 +40,21 @@ import (
 type options struct {
 	steps, cells       int
 	failRank, failStep int
-	timeout            time.Duration
+	checkpoint         int
+	history            int
+	pace               time.Duration
 	json               bool
 }
 
 func main() {
 	var o options
-	flag.IntVar(&o.steps, "steps", 60, "timesteps")
+	flag.IntVar(&o.steps, "steps", 400, "timesteps")
 	flag.IntVar(&o.cells, "cells", 4096, "cells per rank")
-	flag.IntVar(&o.failRank, "fail-rank", 1, "rank that fails (-1: none)")
-	flag.IntVar(&o.failStep, "fail-step", 25, "step in which it fails, after half of its puts")
-	flag.DurationVar(&o.timeout, "detect", 200*time.Millisecond, "how long a rank waits for an epoch before it declares a failure")
+	flag.IntVar(&o.failRank, "fail-rank", -1, "rank that kills itself with SIGKILL (-1: none; rvmarun --kill kills from outside)")
+	flag.IntVar(&o.failStep, "fail-step", 25, "step in which it does, after the first of its two puts")
+	flag.IntVar(&o.checkpoint, "checkpoint", 1, "snapshot (and replicate) the window every N epochs")
+	flag.IntVar(&o.history, "history", 0, "snapshots kept (0: enough for the ring: ranks half the ring apart may be that many epochs apart)")
+	flag.DurationVar(&o.pace, "pace", 2*time.Millisecond, "sleep per step, so that a timed kill lands mid-run")
 	flag.BoolVar(&o.json, "json", false, "print a JSON line (rank 0)")
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -77,8 +86,6 @@ func fail(err error) {
 	os.Exit(2)
 }
 
-var errInjected = errors.New("injected failure")
-
 // sim is one rank's part: cells, then ghost slots [left, right] for even
 // and odd steps, all in one notified window.
 type sim struct {
@@ -92,53 +99,43 @@ type sim struct {
 	tmp         []float64
 }
 
-const (
-	slotBytes = 16 // left and right ghost cell of one parity
-)
+const slotBytes = 16 // left and right ghost cell of one parity
 
 func newSim(ctx context.Context, comm *rma.Comm, o options) (*sim, error) {
 	s := &sim{comm: comm, o: o, n: o.cells}
 	p := comm.Size()
 	s.left, s.right = (comm.Rank()+p-1)%p, (comm.Rank()+1)%p
-	words := make([]float64, o.cells+4)
-	s.mem = unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), 8*len(words))
-	s.cells = words[:o.cells]
-	s.tmp = make([]float64, o.cells)
 	expect := map[int]int{s.left: 8, s.right: 8}
 	if p == 1 {
 		expect = map[int]int{0: 16}
 	} else if p == 2 {
 		expect = map[int]int{s.left: 16} // left and right are the same rank
 	}
-	// History 2: a rank that completed the failed epoch must go back two.
+	history := o.history
+	if history == 0 {
+		// Neighbours are at most one epoch apart, so ranks half the ring
+		// apart at most p/2; one more snapshot than that (in checkpoints)
+		// always leaves an epoch every rank retains.
+		history = (p/2+o.checkpoint-1)/o.checkpoint + 2
+	}
 	var err error
-	s.win, err = comm.Create(ctx, s.mem, &rma.WinConfig{Notify: &rma.NotifyConfig{ExpectFrom: expect, History: 2}})
-	return s, err
+	s.win, err = comm.Allocate(ctx, 8*(o.cells+4), &rma.WinConfig{Notify: &rma.NotifyConfig{ExpectFrom: expect,
+		History: history, Every: o.checkpoint, Replicate: true}})
+	if err != nil {
+		return nil, err
+	}
+	s.mem = s.win.Bytes()
+	words := unsafe.Slice((*float64)(unsafe.Pointer(&s.mem[0])), o.cells+4)
+	s.cells = words[:o.cells]
+	s.tmp = make([]float64, o.cells)
+	return s, nil
 }
 
 // ghostOff is the byte offset of the ghost cell a rank receives from its
 // left (side 0) or right (side 1) neighbour in step e.
 func (s *sim) ghostOff(e, side int) int { return 8*s.n + slotBytes*(e%2) + 8*side }
 
-func (s *sim) init() {
-	for i := range s.cells {
-		g := s.comm.Rank()*s.n + i
-		s.cells[i] = float64((g*7919)%1000) / 1000
-	}
-}
-
-// putStep sends my end cells of step e; the failing rank stops halfway.
-func (s *sim) putStep(ctx context.Context, e int, failing bool) error {
-	// My first cell is my left neighbour's right ghost, my last cell my
-	// right neighbour's left ghost.
-	if err := s.win.Put(ctx, s.mem[:8], s.left, s.ghostOff(e, 1)); err != nil {
-		return err
-	}
-	if failing {
-		return errInjected
-	}
-	return s.win.Put(ctx, s.mem[8*(s.n-1):8*s.n], s.right, s.ghostOff(e, 0))
-}
+func initCell(g int) float64 { return float64((g*7919)%1000) / 1000 }
 
 func (s *sim) compute(e int) {
 	gl := math.Float64frombits(binary.LittleEndian.Uint64(s.mem[s.ghostOff(e, 0):]))
@@ -157,129 +154,151 @@ func (s *sim) compute(e int) {
 	copy(c, s.tmp)
 }
 
-type stats struct {
-	perStep     time.Duration
-	failedAt    int
-	rewoundTo   uint64
-	recoveryDur time.Duration
+// recovery is what one rank saw of the failures.
+type recovery struct {
+	failures  int
+	rewoundTo int
+	took      time.Duration
 }
 
-// simulate runs the steps, injecting the failure if asked, and returns
-// the final cells.
-func (s *sim) simulate(ctx context.Context, inject bool) ([]byte, stats, error) {
-	var st stats
-	s.init()
-	base := s.win.Epoch() // epochs of earlier runs; step e is epoch base+e
-	if err := s.comm.Barrier(ctx); err != nil {
-		return nil, st, err
+// recover calls Recover and returns the step to go on from, having redone
+// the computation of the step restored (a snapshot holds the state at the
+// end of its epoch's wait).
+func (s *sim) recover(ctx context.Context, rec *recovery) (int, error) {
+	t0 := time.Now()
+	if err := s.comm.Recover(ctx); err != nil {
+		return 0, err
+	}
+	rec.failures++
+	rec.took += time.Since(t0)
+	e := int(s.win.Epoch())
+	rec.rewoundTo = e
+	if e > 0 {
+		s.compute(e)
+	}
+	return e, nil
+}
+
+// simulate runs the steps from wherever the window is, recovering from
+// failures, and returns the final cells.
+func (s *sim) simulate(ctx context.Context) ([]float64, recovery, time.Duration, error) {
+	var rec recovery
+	c := s.comm
+	e := 0
+	if c.Restarted() {
+		var err error
+		if e, err = s.recover(ctx, &rec); err != nil {
+			return nil, rec, 0, err
+		}
+		fmt.Fprintf(os.Stderr, "rewind: rank %d (incarnation %d) restored its window at step %d from rank %d's replica\n",
+			c.Rank(), c.Incarnation(), e, (c.Rank()+1)%c.Size())
+	} else {
+		for i := range s.cells {
+			s.cells[i] = initCell(c.Rank()*s.n + i)
+		}
+		// Epoch 0 is retained too, so that a failure in the first steps
+		// rewinds to the start.
+		if err := s.win.Snapshot(ctx); err != nil {
+			return nil, rec, 0, err
+		}
+		if err := c.Barrier(ctx); err != nil {
+			return nil, rec, 0, err
+		}
 	}
 	t0 := time.Now()
-	for e := 1; e <= s.o.steps; e++ {
-		failing := inject && e == s.o.failStep && s.comm.Rank() == s.o.failRank
-		if e == s.o.failStep {
-			inject = false // the redo of the step succeeds
+	for e < s.o.steps {
+		e++
+		err := s.win.Put(ctx, s.mem[:8], s.left, s.ghostOff(e, 1))
+		if err == nil && e == s.o.failStep && c.Rank() == s.o.failRank && c.Incarnation() == 0 {
+			// A real failure: the process is gone, its memory with it.
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		}
-		perr := s.putStep(ctx, e, failing)
-		if perr != nil && !errors.Is(perr, errInjected) {
-			return nil, st, perr
+		if err == nil {
+			err = s.win.Put(ctx, s.mem[8*(s.n-1):8*s.n], s.right, s.ghostOff(e, 0))
 		}
-		bad := int64(0)
-		if perr != nil {
-			bad = 1 // this rank failed: it will not complete the epoch
-		} else {
-			wctx, cancel := context.WithTimeout(ctx, s.o.timeout)
-			_, werr := s.win.WaitEpoch(wctx)
-			cancel()
-			if werr != nil {
-				if !errors.Is(werr, context.DeadlineExceeded) {
-					return nil, st, werr
-				}
-				bad = 1 // a neighbour failed
+		if err == nil {
+			_, err = s.win.WaitEpoch(ctx)
+		}
+		if err != nil {
+			if !errors.Is(err, rma.ErrPeer) {
+				return nil, rec, 0, err
 			}
-		}
-		// Agree on whether the step failed; if so, on the last epoch
-		// every rank completed, and rewind to it.
-		flags := []int64{bad, -int64(s.win.Epoch())}
-		if err := s.comm.AllreduceInt64(ctx, rma.ReduceMax, flags); err != nil {
-			return nil, st, err
-		}
-		if flags[0] == 0 {
-			s.compute(e)
+			if e, err = s.recover(ctx, &rec); err != nil {
+				return nil, rec, 0, err
+			}
 			continue
 		}
-		tr := time.Now()
-		agreed := uint64(-flags[1])
-		if err := s.win.FlushAll(ctx); err != nil {
-			return nil, st, err
+		s.compute(e)
+		if s.o.pace > 0 {
+			time.Sleep(s.o.pace)
 		}
-		if err := s.comm.Barrier(ctx); err != nil { // no puts of the failed step in flight
-			return nil, st, err
-		}
-		step := int(agreed - base)
-		if step == 0 {
-			// Failed in the first step: start again from the initial state.
-			if err := s.win.AbandonEpoch(); err != nil {
-				return nil, st, err
-			}
-			s.init()
-		} else if _, err := s.win.Rewind(int(s.win.Epoch()-agreed) + 1); err != nil {
-			return nil, st, err
-		}
-		if err := s.comm.Barrier(ctx); err != nil { // every window rewound before anyone puts again
-			return nil, st, err
-		}
-		st.failedAt, st.rewoundTo, st.recoveryDur = e, uint64(step), time.Since(tr)
-		if step > 0 {
-			// The snapshot holds the state at the end of step's wait: redo
-			// that step's computation, then continue after it.
-			s.compute(step)
-		}
-		e = step
 	}
-	st.perStep = time.Since(t0) / time.Duration(s.o.steps)
-	if err := s.comm.Barrier(ctx); err != nil {
-		return nil, st, err
+	took := time.Since(t0)
+	if err := c.Barrier(ctx); err != nil {
+		return nil, rec, 0, err
 	}
-	return bytes.Clone(s.mem[:8*s.n]), st, nil
+	return s.cells, rec, took, nil
 }
 
+// reference is the fault-free answer for rank's segment: the whole ring,
+// serially.
+func reference(p, n, steps, rank int) []float64 {
+	all := make([]float64, p*n)
+	for i := range all {
+		all[i] = initCell(i)
+	}
+	next := make([]float64, len(all))
+	for range steps {
+		for i := range all {
+			next[i] = (all[(i-1+len(all))%len(all)] + all[i] + all[(i+1)%len(all)]) / 3
+		}
+		all, next = next, all
+	}
+	return all[rank*n : (rank+1)*n]
+}
+
+func bytesOf(f []float64) []byte { return unsafe.Slice((*byte)(unsafe.Pointer(&f[0])), 8*len(f)) }
+
 func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
+	if o.checkpoint < 1 {
+		return false, fmt.Errorf("--checkpoint %d: want 1 or more", o.checkpoint)
+	}
 	s, err := newSim(ctx, comm, o)
 	if err != nil {
 		return false, err
 	}
-	ref, refStats, err := s.simulate(ctx, false)
+	got, rec, took, err := s.simulate(ctx)
 	if err != nil {
-		return false, fmt.Errorf("fault-free run: %w", err)
-	}
-	// The fault-free run leaves the window at epoch steps; the second run
-	// continues the epoch count, which does not matter to rewinding.
-	got, st, err := s.simulate(ctx, o.failRank >= 0)
-	if err != nil {
-		return false, fmt.Errorf("run with a failure: %w", err)
-	}
-	same := []int64{0}
-	if !bytes.Equal(ref, got) {
-		same[0] = 1
-	}
-	if err := comm.AllreduceInt64(ctx, rma.ReduceSum, same); err != nil {
 		return false, err
 	}
-	ok := same[0] == 0
+	want := reference(comm.Size(), o.cells, o.steps, comm.Rank())
+	// Every rank's verdict, failures seen and recovery time.
+	stats := []int64{0, int64(rec.failures), rec.took.Microseconds(), int64(crc64.Checksum(bytesOf(got), crc64.MakeTable(crc64.ECMA)) >> 2)}
+	if string(bytesOf(got)) != string(bytesOf(want)) {
+		stats[0] = 1
+	}
+	sum := []int64{stats[0], stats[3]}
+	if err := comm.AllreduceInt64(ctx, rma.ReduceSum, sum); err != nil {
+		return false, err
+	}
+	most := []int64{stats[1], stats[2]}
+	if err := comm.AllreduceInt64(ctx, rma.ReduceMax, most); err != nil {
+		return false, err
+	}
+	ok := sum[0] == 0
 	if comm.Rank() == 0 {
 		if o.json {
 			b, _ := json.Marshal(map[string]any{"example": "rewind", "ranks": comm.Size(), "steps": o.steps, "cells": o.cells,
-				"us_per_step": float64(refStats.perStep.Nanoseconds()) / 1e3, "failed_step": st.failedAt, "rewound_to_step": st.rewoundTo,
-				"recovery_ms": float64(st.recoveryDur.Microseconds()) / 1e3, "ok": ok})
+				"recoveries": most[0], "recovery_ms_max": float64(most[1]) / 1e3, "rewound_to_step": rec.rewoundTo,
+				"checksum": fmt.Sprintf("%x", uint64(sum[1])), "ok": ok})
 			fmt.Println(string(b))
 		} else {
-			fmt.Printf("rewind: %d ranks, %d steps of %d cells per rank; fault-free %.1f us/step\n", comm.Size(), o.steps, o.cells,
-				float64(refStats.perStep.Nanoseconds())/1e3)
-			if st.failedAt > 0 {
-				fmt.Printf("  rank %d failed in step %d; all ranks rewound to the end of step %d in %v (after %v of failure detection)\n",
-					o.failRank, st.failedAt, st.rewoundTo, st.recoveryDur.Round(time.Microsecond), o.timeout)
+			fmt.Printf("rewind: %d ranks, %d steps of %d cells per rank in %v\n", comm.Size(), o.steps, o.cells, took.Round(time.Millisecond))
+			if most[0] > 0 {
+				fmt.Printf("  recovered from %d failure(s); rank 0 went back to step %d; the longest Recover took %v\n",
+					most[0], rec.rewoundTo, time.Duration(most[1])*time.Microsecond)
 			}
-			fmt.Printf("  final state equals the fault-free run's byte for byte: %v\n", ok)
+			fmt.Printf("  final state equals the fault-free run's byte for byte: %v (checksum %x)\n", ok, uint64(sum[1]))
 		}
 	}
 	return ok, s.win.Free(ctx)
