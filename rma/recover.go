@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -48,6 +47,10 @@ var ErrLost = errors.New("rma: state of a dead rank lost")
 // needs rvmarun (with --restart) or an in-process world.
 var ErrNoRecovery = errors.New("rma: recovery not supported by this launcher")
 
+// testHook, set by tests only, runs at points of Recover ("joined",
+// "restored") to make a rank die there.
+var testHook func(c *Comm, phase string)
+
 // recovery is a Comm's recovery state.
 type recovery struct {
 	c              *Comm
@@ -89,6 +92,10 @@ func (r *recovery) start() {
 }
 
 func (r *recovery) stop() {
+	// Waits interrupted by faults end with the Comm too.
+	r.mu.Lock()
+	r.cancel(opErr("wait", -1, ErrClosed))
+	r.mu.Unlock()
 	if r.stopWatch != nil {
 		r.stopWatch()
 		if cl, ok := r.watcher.(*kvs.Client); ok {
@@ -316,7 +323,9 @@ func (c *Comm) recoverOnce(ctx context.Context) error {
 		return opErr("recover", -1, fmt.Errorf("%w: a view of %d ranks", ErrBootstrap, len(view.Inc)))
 	}
 	plan, planErr := c.plan(view, wins)
-	dbg("rank %d inc %d: view gen %d %v plan %v %v", c.rank, c.inc, view.Gen, view.Values, plan, planErr)
+	if testHook != nil {
+		testHook(c, "joined")
+	}
 
 	// Connections to incarnations that died, and broken ones, go; the
 	// next operation towards such a rank connects to its current one.
@@ -357,11 +366,9 @@ func (c *Comm) recoverOnce(ctx context.Context) error {
 	}
 	// Everything this rank had in flight is done: nothing of before
 	// lands after the others restore.
-	dbg("rank %d: quiet done, barrier 1", c.rank)
 	if err := c.Barrier(ctx); err != nil {
 		return opErr("recover", -1, err)
 	}
-	dbg("rank %d: barrier 1 done", c.rank)
 	for _, w := range wins {
 		if err := w.rejoin(ctx, changed); err != nil {
 			return opErr("recover", -1, err)
@@ -371,6 +378,9 @@ func (c *Comm) recoverOnce(ctx context.Context) error {
 		if err := w.restore(ctx, plan[i], changed); err != nil {
 			return opErr("recover", -1, err)
 		}
+	}
+	if testHook != nil {
+		testHook(c, "restored")
 	}
 	if err := c.Barrier(ctx); err != nil {
 		return opErr("recover", -1, err)
@@ -684,8 +694,3 @@ func (c *Comm) rdma(ctx context.Context, r int, wrs []verbs.SendWR) error {
 	return op.Wait(ctx)
 }
 
-func dbg(f string, a ...any) {
-	if os.Getenv("RVMA_DBG") != "" {
-		fmt.Fprintf(os.Stderr, f+"\n", a...)
-	}
-}

@@ -19,8 +19,11 @@ import (
 // kill ends rank c as kill -9 would: nothing is said to the others, whose
 // launcher then notices the death.
 func kill(c *Comm) {
+	dead := make(chan struct{})
+	killedComms.Store(c, dead)
 	c.teardown()
 	c.world.store.Died(c.rank)
+	close(dead)
 }
 
 // respawn starts rank old's next incarnation, as rvmarun --restart does.
@@ -49,6 +52,8 @@ type ring struct {
 	n, steps    int
 	cells       []float64
 	left, right int
+	recoveries  int
+	others      func(r int) *Comm // the job's current rank r
 }
 
 func ringStart(ctx context.Context, c *Comm, n, steps int, nc NotifyConfig) (*ring, error) {
@@ -87,12 +92,34 @@ func (s *ring) compute(e int) {
 
 var errKilled = errors.New("killed")
 
-// run runs the steps, recovering from failures; killAt > 0 makes this
-// rank die in that step, between its two puts.
-func (s *ring) run(ctx context.Context, killAt int) ([]float64, error) {
+// ringPlan says what happens to a rank during a ring run.
+type ringPlan struct {
+	killAt  int           // die in this step, between the two puts
+	with    []int         // ranks that die at the same instant
+	stallAt int           // sleep stall in this step, before the puts
+	stall   time.Duration //
+}
+
+// recover calls Recover and returns the step to go on from.
+func (s *ring) recover(ctx context.Context) (int, error) {
+	if err := s.c.Recover(ctx); err != nil {
+		return 0, err
+	}
+	s.recoveries++
+	e := int(s.w.Epoch())
+	if e > 0 {
+		s.compute(e) // the snapshot holds the state before the step's compute
+	}
+	return e, nil
+}
+
+// run runs the steps, recovering from failures.
+func (s *ring) run(ctx context.Context, plan ringPlan) ([]float64, error) {
 	c, w := s.c, s.w
+	e := 0
 	if c.Restarted() {
-		if err := c.Recover(ctx); err != nil {
+		var err error
+		if e, err = s.recover(ctx); err != nil {
 			return nil, err
 		}
 	} else {
@@ -106,15 +133,17 @@ func (s *ring) run(ctx context.Context, killAt int) ([]float64, error) {
 			return nil, err
 		}
 	}
-	e := int(w.Epoch())
-	if e > 0 {
-		s.compute(e)
-	}
 	for e < s.steps {
 		e++
+		if e == plan.stallAt && c.Incarnation() == 0 {
+			time.Sleep(plan.stall)
+		}
 		err := w.Put(ctx, w.Bytes()[:8], s.left, s.ghost(e, 1))
-		if err == nil && e == killAt {
+		if err == nil && e == plan.killAt && c.Incarnation() == 0 {
 			kill(c)
+			for _, o := range plan.with {
+				kill(s.others(o))
+			}
 			return nil, errKilled
 		}
 		if err == nil {
@@ -127,11 +156,8 @@ func (s *ring) run(ctx context.Context, killAt int) ([]float64, error) {
 			if !errors.Is(err, ErrPeer) {
 				return nil, err
 			}
-			if err := c.Recover(ctx); err != nil {
+			if e, err = s.recover(ctx); err != nil {
 				return nil, err
-			}
-			if e = int(w.Epoch()); e > 0 {
-				s.compute(e)
 			}
 			continue
 		}
@@ -165,74 +191,167 @@ func ringReference(p, n, steps int) [][]float64 {
 	return out
 }
 
+// ringJob runs a ring of p ranks under plans, respawning every rank that
+// dies (as rvmarun --restart does), and returns each rank's final cells,
+// error and recoveries.
+type ringJob struct {
+	provider string
+	p        int
+	n, steps int
+	nc       NotifyConfig
+	plans    map[int]ringPlan
+}
+
+func (j ringJob) run(t *testing.T) ([][]float64, []error, []int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	comms, err := NewWorld(ctx, j.p, &Config{Provider: j.provider, CloseTimeout: time.Second})
+	require.NoError(t, err)
+	var mu sync.Mutex
+	got := make([][]float64, j.p)
+	errs := make([]error, j.p)
+	recs := make([]int, j.p)
+	var wg sync.WaitGroup
+	for r, c := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			plan := j.plans[r]
+			for {
+				s, err := ringStart(ctx, c, j.n, j.steps, j.nc)
+				if err == nil {
+					s.others = func(o int) *Comm {
+						mu.Lock()
+						defer mu.Unlock()
+						return comms[o]
+					}
+					got[r], err = s.run(ctx, plan)
+					recs[r] += s.recoveries
+				}
+				errs[r] = err
+				if !errors.Is(err, errKilled) && !c.killed() {
+					return
+				}
+				if c, err = respawn(ctx, c); err != nil {
+					errs[r] = err
+					return
+				}
+				mu.Lock()
+				comms[r] = c
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	for _, c := range comms {
+		wg.Add(1)
+		go func() { defer wg.Done(); c.Close(ctx) }()
+	}
+	wg.Wait()
+	return got, errs, recs
+}
+
+var killedComms sync.Map
+
+// killed reports whether the test killed c, once the launcher knows.
+func (c *Comm) killed() bool {
+	dead, ok := killedComms.Load(c)
+	if ok {
+		<-dead.(chan struct{})
+	}
+	return ok
+}
+
 func TestRecoverAfterKill(t *testing.T) {
 	const n, steps = 32, 14
 	for _, tc := range []struct {
-		name         string
-		provider     string
-		p            int
-		victim, step int
-		every        int
+		name     string
+		provider string
+		p        int
+		plans    map[int]ringPlan
+		every    int
 	}{
-		{"loop/4/rank1", "loop", 4, 1, 6, 1},
-		{"loop/3/rank0", "loop", 3, 0, 9, 1},
-		{"loop/5/rank4-every3", "loop", 5, 4, 8, 3},
-		{"loop/4/first-step", "loop", 4, 2, 1, 1},
-		{"udp/4/rank3", "udp", 4, 3, 7, 2},
-		{"shm/4/rank2", "shm", 4, 2, 5, 1},
+		{"loop/4/rank1", "loop", 4, map[int]ringPlan{1: {killAt: 6}}, 1},
+		{"loop/3/rank0", "loop", 3, map[int]ringPlan{0: {killAt: 9}}, 1},
+		{"loop/5/rank4-every3", "loop", 5, map[int]ringPlan{4: {killAt: 8}}, 3},
+		{"loop/4/first-step", "loop", 4, map[int]ringPlan{2: {killAt: 1}}, 1},
+		{"loop/5/two-not-buddies", "loop", 5, map[int]ringPlan{1: {killAt: 7, with: []int{3}}}, 1},
+		{"loop/6/two-apart-in-time", "loop", 6, map[int]ringPlan{0: {killAt: 3}, 4: {killAt: 11}}, 2},
+		{"udp/4/rank3", "udp", 4, map[int]ringPlan{3: {killAt: 7}}, 2},
+		{"shm/4/rank2", "shm", 4, map[int]ringPlan{2: {killAt: 5}}, 1},
+		{"shm/8/rank5", "shm", 8, map[int]ringPlan{5: {killAt: 9}}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
-			comms, err := NewWorld(ctx, tc.p, &Config{Provider: tc.provider, CloseTimeout: time.Second})
-			require.NoError(t, err)
-			got := make([][]float64, tc.p)
-			errs := make([]error, tc.p)
-			var wg sync.WaitGroup
-			// History 4: ranks two apart on the ring may be two epochs apart.
-			nc := NotifyConfig{History: 4, Every: tc.every, Replicate: true}
-			for r, c := range comms {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					s, err := ringStart(ctx, c, n, steps, nc)
-					if err != nil {
-						errs[r] = err
-						return
-					}
-					killAt := 0
-					if r == tc.victim {
-						killAt = tc.step
-					}
-					got[r], errs[r] = s.run(ctx, killAt)
-					if errors.Is(errs[r], errKilled) {
-						c2, err := respawn(ctx, c)
-						if err != nil {
-							errs[r] = err
-							return
-						}
-						comms[r] = c2
-						s2, err := ringStart(ctx, c2, n, steps, nc)
-						if err != nil {
-							errs[r] = err
-							return
-						}
-						got[r], errs[r] = s2.run(ctx, 0)
-					}
-				}()
-			}
-			wg.Wait()
-			for _, c := range comms {
-				wg.Add(1)
-				go func() { defer wg.Done(); c.Close(ctx) }()
-			}
-			wg.Wait()
+			// History 6: ranks half the ring apart may be that many epochs
+			// apart, and a rank may die twice in a test.
+			job := ringJob{provider: tc.provider, p: tc.p, n: n, steps: steps, plans: tc.plans,
+				nc: NotifyConfig{History: 6, Every: tc.every, Replicate: true}}
+			got, errs, recs := job.run(t)
 			want := ringReference(tc.p, n, steps)
 			for r := range tc.p {
 				require.NoError(t, errs[r], "rank %d", r)
 				require.Equal(t, want[r], got[r], "rank %d's cells differ from the fault-free run's", r)
+				require.NotZero(t, recs[r], "rank %d never recovered", r)
 			}
 		})
+	}
+}
+
+// Two ranks that are each other's buddy die together: the state of the
+// first is nowhere, and every rank says so rather than compute wrong data.
+func TestRecoverBuddyLost(t *testing.T) {
+	job := ringJob{provider: "loop", p: 4, n: 16, steps: 10, plans: map[int]ringPlan{1: {killAt: 5, with: []int{2}}},
+		nc: NotifyConfig{History: 4, Replicate: true}}
+	_, errs, _ := job.run(t)
+	for r, err := range errs {
+		require.ErrorIs(t, err, ErrLost, "rank %d", r)
+		require.ErrorContains(t, err, "its buddy, rank 2, died too")
+	}
+	// Without replicas a respawned rank's state is lost too.
+	job.nc.Replicate = false
+	job.plans = map[int]ringPlan{3: {killAt: 4}}
+	_, errs, _ = job.run(t)
+	for r, err := range errs {
+		require.ErrorIs(t, err, ErrLost, "rank %d", r)
+	}
+}
+
+// A rank that dies during Recover (after the round agreed, or after it
+// restored its window) makes the others start over with its next
+// incarnation; the answer is still the fault-free one.
+func TestRecoverDeathDuringRecovery(t *testing.T) {
+	for _, phase := range []string{"joined", "restored"} {
+		t.Run(phase, func(t *testing.T) {
+			var once sync.Once
+			testHook = func(c *Comm, at string) {
+				if at == phase && c.rank == 3 && c.inc == 0 {
+					once.Do(func() { kill(c) })
+				}
+			}
+			defer func() { testHook = nil }()
+			job := ringJob{provider: "loop", p: 5, n: 16, steps: 12, plans: map[int]ringPlan{1: {killAt: 6}},
+				nc: NotifyConfig{History: 6, Replicate: true}}
+			got, errs, _ := job.run(t)
+			want := ringReference(5, 16, 12)
+			for r := range 5 {
+				require.NoError(t, errs[r], "rank %d", r)
+				require.Equal(t, want[r], got[r], "rank %d", r)
+			}
+		})
+	}
+}
+
+// A rank that is slow, not dead (a pause well under the RC timeouts that
+// declare a peer dead), causes no recovery.
+func TestRecoverSlowIsNotDead(t *testing.T) {
+	job := ringJob{provider: "udp", p: 4, n: 16, steps: 8, plans: map[int]ringPlan{2: {stallAt: 4, stall: 1500 * time.Millisecond}},
+		nc: NotifyConfig{History: 4, Replicate: true}}
+	got, errs, recs := job.run(t)
+	want := ringReference(4, 16, 8)
+	for r := range 4 {
+		require.NoError(t, errs[r], "rank %d", r)
+		require.Equal(t, want[r], got[r], "rank %d", r)
+		require.Zero(t, recs[r], "rank %d recovered from a rank that was only slow", r)
 	}
 }
 
