@@ -63,9 +63,9 @@ type recovery struct {
 
 	// mu guards the fields below.
 	mu     sync.Mutex
-	incs   []uint32           // each rank's incarnation, as last agreed
-	ack    uint64             // faults up to here are recovered from
-	fault  context.Context    // ends at the first fault after ack
+	incs   []uint32        // each rank's incarnation, as last agreed
+	ack    uint64          // faults up to here are recovered from
+	fault  context.Context // ends at the first fault after ack
 	cancel context.CancelCauseFunc
 }
 
@@ -693,4 +693,3 @@ func (c *Comm) rdma(ctx context.Context, r int, wrs []verbs.SendWR) error {
 	}
 	return op.Wait(ctx)
 }
-
