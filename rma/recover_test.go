@@ -422,3 +422,114 @@ func FuzzParseRetained(f *testing.F) {
 		_ = math.MaxInt
 	})
 }
+
+// A dead incarnation's packets never land once the others have recovered:
+// a WRITE it sent on a link that delays it arrives after Recover and is
+// refused (without recovery, the control, it lands), and a new connection
+// it tries is refused. The others reach the new incarnation through its
+// own rendezvous entry, never the dead one's, even when that one points
+// somewhere else.
+func TestRecoverRefusesDeadIncarnation(t *testing.T) {
+	const delay = 1500 * time.Millisecond
+	for _, recover := range []bool{false, true} {
+		t.Run(fmt.Sprintf("recover=%v", recover), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			comms, err := NewWorld(ctx, 3, &Config{Provider: "udp", CloseTimeout: time.Second})
+			require.NoError(t, err)
+			wins := make([]*Win, 3)
+			var wg sync.WaitGroup
+			for r, c := range comms {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var err error
+					wins[r], err = c.Allocate(ctx, 64, nil)
+					require.NoError(t, err)
+				}()
+			}
+			wg.Wait()
+			z, wz := comms[2], wins[2]
+			live := comms[:2]
+			marker := []byte("deadbeef")
+			require.NoError(t, wz.Lock(ctx, LockShared, 0)) // connected, before the link slows
+			require.NoError(t, z.dev.SetFaults(-1, verbs.Faults{Delay: delay}))
+			t0 := time.Now()
+			require.NoError(t, wz.Put(ctx, marker, 0, 0)) // lands in delay, if at all
+			if recover {
+				z.world.store.Died(2)
+				// A stale entry under the first incarnation's key, as a
+				// reused port would leave.
+				require.NoError(t, z.world.store.Put(ctx, "rvma-cm-2", "127.0.0.1:9"))
+				c2, err := respawn(ctx, z)
+				require.NoError(t, err)
+				live = append(live, c2)
+				w2, err := c2.Allocate(ctx, 64, nil)
+				require.NoError(t, err)
+				for _, c := range []*Comm{comms[0], comms[1], c2} {
+					wg.Add(1)
+					go func() { defer wg.Done(); require.NoError(t, c.Recover(ctx)) }()
+				}
+				wg.Wait()
+				if time.Since(t0) > delay-500*time.Millisecond {
+					t.Skipf("recovery took %v, longer than the link's delay: nothing to check", time.Since(t0))
+				}
+				// The new incarnation is reached through its own entry.
+				require.NoError(t, wins[0].LockAll(ctx))
+				require.NoError(t, wins[0].Put(ctx, []byte("newrank2"), 2, 8))
+				require.NoError(t, wins[0].UnlockAll(ctx))
+				require.Equal(t, []byte("newrank2"), w2.Bytes()[8:16])
+				// The dead incarnation cannot connect again.
+				err = wz.Put(ctx, marker, 1, 0)
+				if err == nil {
+					err = wz.Flush(ctx, 1)
+				}
+				require.Error(t, err)
+			}
+			time.Sleep(time.Until(t0.Add(delay + time.Second)))
+			// Read through the NIC, which placed the WRITE if it came.
+			at := func(r int) []byte {
+				b := make([]byte, 8)
+				require.NoError(t, wins[r].Lock(ctx, LockShared, r))
+				require.NoError(t, wins[r].Get(ctx, b, r, 0))
+				require.NoError(t, wins[r].Unlock(ctx, r))
+				return b
+			}
+			if recover {
+				require.NotEqual(t, marker, at(0), "a WRITE of the dead incarnation landed after recovery")
+				require.NotEqual(t, marker, at(1))
+			} else {
+				require.Equal(t, marker, at(0), "control: the delayed WRITE should land without recovery")
+			}
+			if recover {
+				z.teardown()
+			} else {
+				require.NoError(t, z.dev.SetFaults(-1, verbs.Faults{}))
+				live = comms
+			}
+			for _, c := range live {
+				wg.Add(1)
+				go func() { defer wg.Done(); c.Close(ctx) }()
+			}
+			wg.Wait()
+		})
+	}
+}
+
+func TestAdmit(t *testing.T) {
+	c := &Comm{rank: 1, size: 3}
+	c.rec.init(c, boot{inc: 2})
+	c.rec.incs[0] = 1
+	for _, tc := range []struct {
+		from      int
+		inc, mine uint32
+		want      string
+	}{
+		{0, 1, 2, ""},
+		{0, 0, 2, rejectStale},      // a dead incarnation of rank 0
+		{0, 2, 2, rejectRecovering}, // rank 0's next one, before this rank agreed on it
+		{2, 0, 1, rejectStale},      // dialed this rank's dead incarnation
+	} {
+		require.Equal(t, tc.want, c.rec.admit(tc.from, tc.inc, tc.mine), "%+v", tc)
+	}
+}
