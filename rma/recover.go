@@ -63,6 +63,7 @@ type recovery struct {
 
 	// mu guards the fields below.
 	mu     sync.Mutex
+	stats  RecoveryStats
 	incs   []uint32        // each rank's incarnation, as last agreed
 	ack    uint64          // faults up to here are recovered from
 	fault  context.Context // ends at the first fault after ack
@@ -300,19 +301,53 @@ func (c *Comm) Recover(ctx context.Context) error {
 	if c.closed() {
 		return opErr("recover", -1, ErrClosed)
 	}
+	t0 := time.Now()
+	var st RecoveryStats
 	for {
-		err := c.recoverOnce(ctx)
+		st.Rounds++
+		err := c.recoverOnce(ctx, &st)
 		if err == nil || ctx.Err() != nil || !errors.Is(err, ErrPeer) {
+			if err == nil {
+				st.Total = time.Since(t0)
+				c.rec.mu.Lock()
+				c.rec.stats = st
+				c.rec.mu.Unlock()
+			}
 			return err
 		}
 		c.cfg.Logger.Info("rma: recovery interrupted; starting over", "rank", c.rank, "err", err)
 	}
 }
 
-func (c *Comm) recoverOnce(ctx context.Context) error {
+// RecoveryStats is where the last successful Recover spent its time
+// (the last round's phases, when a death made it start over).
+type RecoveryStats struct {
+	Rounds    int           // rounds joined (more than 1: a rank died during recovery)
+	Agree     time.Duration // the round: until every rank's current incarnation had joined
+	Quiet     time.Duration // giving up connections, waiting out this rank's operations
+	Reconnect time.Duration // the barrier that connects to new incarnations
+	Exchange  time.Duration // agreeing on the windows' layout and replicas again
+	Restore   time.Duration // rewinding, or reading the window from the buddy
+	Total     time.Duration
+}
+
+// RecoveryStats returns the phases of the last Recover that succeeded.
+func (c *Comm) RecoveryStats() RecoveryStats {
+	c.rec.mu.Lock()
+	defer c.rec.mu.Unlock()
+	return c.rec.stats
+}
+
+func (c *Comm) recoverOnce(ctx context.Context, st *RecoveryStats) error {
 	r := &c.rec
 	wins := c.liveWins()
+	t := time.Now()
+	phase := func(d *time.Duration) {
+		now := time.Now()
+		*d, t = now.Sub(t), now
+	}
 	view, err := r.store.Join(ctx, c.rank, c.inc, c.retained(wins))
+	phase(&st.Agree)
 	if err != nil {
 		if errors.Is(err, kvs.ErrStale) {
 			return opErr("recover", c.rank, fmt.Errorf("%w: the launcher counts this incarnation dead: %w", ErrClosed, err))
@@ -360,6 +395,7 @@ func (c *Comm) recoverOnce(ctx context.Context) error {
 	}
 	r.mu.Unlock()
 
+	phase(&st.Quiet)
 	if planErr != nil {
 		// Every rank computed the same error from the same view.
 		return opErr("recover", -1, planErr)
@@ -369,11 +405,13 @@ func (c *Comm) recoverOnce(ctx context.Context) error {
 	if err := c.Barrier(ctx); err != nil {
 		return opErr("recover", -1, err)
 	}
+	phase(&st.Reconnect)
 	for _, w := range wins {
 		if err := w.rejoin(ctx, changed); err != nil {
 			return opErr("recover", -1, err)
 		}
 	}
+	phase(&st.Exchange)
 	for i, w := range wins {
 		if err := w.restore(ctx, plan[i], changed); err != nil {
 			return opErr("recover", -1, err)
@@ -385,6 +423,7 @@ func (c *Comm) recoverOnce(ctx context.Context) error {
 	if err := c.Barrier(ctx); err != nil {
 		return opErr("recover", -1, err)
 	}
+	phase(&st.Restore)
 	r.fresh.Store(false)
 	return nil
 }
