@@ -128,7 +128,9 @@ func maxRTT(v []time.Duration, from, to time.Duration) time.Duration {
 
 const mbit = 1e6 / 8 // bytes/s
 
-func constRate(r float64) func(time.Duration) float64 { return func(time.Duration) float64 { return r } }
+func constRate(r float64) func(time.Duration) float64 {
+	return func(time.Duration) float64 { return r }
+}
 
 func stepRate(a, b float64, at time.Duration) func(time.Duration) float64 {
 	return func(t time.Duration) float64 {
