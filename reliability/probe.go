@@ -25,17 +25,23 @@ type ProbeResult struct {
 	// else the rate it was sent at (Config.Rate), a lower bound. 0: fewer
 	// than two echoes.
 	Dispersion float64
+	// SendRate is the rate the train went out at, first probe to last,
+	// in the same wire bytes per second: a Dispersion well below it is
+	// the bottleneck's. 0: a train of one.
+	SendRate float64
 }
 
 func (r ProbeResult) String() string {
-	return fmt.Sprintf("%d of %d probes echoed (loss %.2g a packet), RTT %v median, %v min, in %v; echoes dispersed at %.0f Mbit/s",
-		r.Echoed, r.Sent, r.Loss, r.Median.Round(time.Microsecond), r.MinRTT.Round(time.Microsecond), r.Duration.Round(time.Millisecond), r.Dispersion*8/1e6)
+	return fmt.Sprintf("%d of %d probes echoed (loss %.2g a packet), RTT %v median, %v min, in %v; sent at %.0f Mbit/s, echoes dispersed at %.0f Mbit/s",
+		r.Echoed, r.Sent, r.Loss, r.Median.Round(time.Microsecond), r.MinRTT.Round(time.Microsecond), r.Duration.Round(time.Millisecond), r.SendRate*8/1e6, r.Dispersion*8/1e6)
 }
 
 type probeState struct {
 	stamps      []int64 // when each probe went out; 0: echoed already
 	rtts        []time.Duration
 	first, last time.Duration // arrivals of the first and last echo
+	sentFirst   time.Duration // the first probe's send, and the last's
+	sentLast    time.Duration
 }
 
 // probeBatch is how many probes go out under one lock: the control ring
@@ -93,6 +99,10 @@ func (c *Conn) Probe(ctx context.Context, n int) (ProbeResult, error) {
 		for end := min(i+probeBatch, n); i < end; i++ {
 			now := c.now()
 			ps.stamps[i] = int64(now)
+			if i == 0 {
+				ps.sentFirst = now
+			}
+			ps.sentLast = now
 			c.sendCtlLocked(&sdrwire.Message{Type: sdrwire.TypeProbe, Stamp: int64(now), Seq: uint64(i), Pad: sdrwire.MaxLen}) // Append clamps it: the largest message
 		}
 		c.mu.Unlock()
@@ -141,6 +151,16 @@ func (c *Conn) Probe(ctx context.Context, n int) (ProbeResult, error) {
 	res.MinRTT, res.Median = sorted[0], sorted[len(sorted)/2]
 	if d := ps.last - ps.first; res.Echoed > 1 && d > 0 {
 		res.Dispersion = float64(res.Echoed-1) * float64(sdrwire.MaxLen+packetOverhead) / d.Seconds()
+	}
+	if d := ps.sentLast - ps.sentFirst; n > 1 && d > 0 {
+		res.SendRate = float64(n-1) * float64(sdrwire.MaxLen+packetOverhead) / d.Seconds()
+	}
+	if c.rc != nil {
+		// The controller counts payload: chunks, each with its packet's
+		// overhead on the wire.
+		ch := float64(max(c.peerChunk, 1))
+		f := ch / (ch + packetOverhead)
+		c.rc.Start(c.now(), res.Dispersion*f, res.SendRate*f)
 	}
 	// n round trips are about 2n one-way trials of a packet.
 	c.observeLossLocked(res.Loss*float64(2*n), float64(2*n))

@@ -18,7 +18,7 @@ import (
 //
 //   - Startup (gain 2) while the estimate grows by a quarter a round;
 //     three rounds without, or a queue, end it. A dispersed probe train
-//     skips it: the path's rate is known to start with.
+//     skips it for Cruise: the path's rate is known to start with.
 //   - Drain (gain 1/2) until the round's smallest RTT is back within the
 //     queue margin of the path's own.
 //   - Cruise (gain 1) for CruiseRounds rounds, then ProbeUp (gain 5/4)
@@ -28,7 +28,7 @@ import (
 //     has more room and it probes again at once, else back to Cruise.
 //
 // A queue, two rounds in a row whose every RTT sample exceeds the path's
-// smallest by the margin (a quarter of it, at least QueueDelay), means
+// smallest by the margin (an eighth of it plus QueueDelay), means
 // the rate is above the bottleneck: the delivery rate under a standing
 // queue is the bottleneck's, so the estimate becomes that (at most
 // halved at once) and it drains. Loss is not an input: the reliability
@@ -48,16 +48,18 @@ type RateControl struct {
 	hist  []float64
 	gain  float64
 
-	minRTT     time.Duration // the path's own round trip: the smallest sample of the last MinRTTWindow
-	minRTTAt   time.Duration // when it was taken
-	nextMin    time.Duration // the smallest since minRTTAt+MinRTTWindow/2: the next window's
-	rtt        time.Duration // the latest sample
-	started    bool
-	roundAt    time.Duration
-	roundSent  int64
-	roundDeliv int64
-	roundMin   time.Duration // smallest RTT sample this round
-	prevSend   float64       // the previous round's send rate
+	minRTT       time.Duration // the path's own round trip: the smallest sample of the last MinRTTWindow
+	minRTTAt     time.Duration // when it was taken
+	nextMin      time.Duration // the smallest since minRTTAt+MinRTTWindow/2: the next window's
+	rtt          time.Duration // the latest sample
+	started      bool          // Tick began the rounds
+	begun        bool          // Start or Tick said where it starts
+	roundAt      time.Duration
+	roundSent    int64
+	roundDeliv   int64
+	roundDelivAt time.Duration
+	roundMin     time.Duration // smallest RTT sample this round
+	prevSend     float64       // the previous round's send rate
 
 	rounds    int // in this phase
 	flat      int // Startup: rounds without growth
@@ -70,6 +72,9 @@ type RateControl struct {
 	longest   time.Duration
 
 	lo, hi  float64 // the estimate's range after Startup
+	sumBW   float64 // the estimate times seconds, over rounds that delivered
+	sumT    float64
+	drains  int // queues drained with the estimate cut by less than a tenth
 	events  []RateEvent
 	dropped int
 }
@@ -125,7 +130,8 @@ func (p RatePhase) String() string {
 
 // RateEvent is one move of the estimate worth reporting.
 type RateEvent struct {
-	At    time.Duration // from the controller's start
+	At    time.Duration // on the clock passed in
+	Time  time.Time     // the same, set by Conn.RateStats
 	Phase RatePhase     // after the event
 	Rate  float64       // the bottleneck estimate after it, bytes/s
 	Why   string
@@ -136,7 +142,11 @@ type RateEvent struct {
 type RateSample struct {
 	Sent      int64 // put on the wire
 	Delivered int64 // acknowledged by the receiver
-	InFlight  int64 // sent and neither acknowledged nor declared lost
+	// DeliveredAt is when Delivered last moved (0: unknown): the
+	// acknowledgements come in batches, and a round's delivery rate
+	// counts from one batch to another, not from tick to tick.
+	DeliveredAt time.Duration
+	InFlight    int64 // sent and neither acknowledged nor declared lost
 }
 
 // maxRateEvents bounds the events kept; later ones are counted.
@@ -185,14 +195,14 @@ func (r *RateControl) clamp(v float64) float64 {
 // One about equal to it says only that the path is at least that fast:
 // it starts there in Startup.
 func (r *RateControl) Start(now time.Duration, dispersion, train float64) {
+	r.begun = true
 	switch {
 	case dispersion <= 0:
 		r.event(now, fmt.Sprintf("start at %s: the probe train measured no dispersion", mbps(r.bw)))
 	case train > 0 && dispersion < 0.8*train:
 		r.bw = r.clamp(dispersion)
 		r.hist = append(r.hist[:0], r.bw)
-		r.setPhase(RateProbeUp)
-		r.probeFrom = r.bw
+		r.setPhase(RateCruise) // a few rounds at it before probing
 		r.event(now, fmt.Sprintf("start at %s: the probe train, sent at %s, came back dispersed to it (the bottleneck)", mbps(r.bw), mbps(train)))
 	default:
 		r.bw = r.clamp(dispersion)
@@ -229,9 +239,13 @@ func (r *RateControl) OnRTT(now, rtt time.Duration) {
 
 // Tick ends a round if one is due at now, with the counters as they are.
 func (r *RateControl) Tick(now time.Duration, s RateSample) {
+	if !r.begun && s.Sent > 0 {
+		r.begun = true
+		r.event(now, fmt.Sprintf("start at %s without a probe train: startup", mbps(r.bw)))
+	}
 	if !r.started {
 		r.started = true
-		r.roundAt, r.roundSent, r.roundDeliv = now, s.Sent, s.Delivered
+		r.roundAt, r.roundSent, r.roundDeliv, r.roundDelivAt = now, s.Sent, s.Delivered, s.DeliveredAt
 		return
 	}
 	dt := now - r.roundAt
@@ -239,15 +253,21 @@ func (r *RateControl) Tick(now time.Duration, s RateSample) {
 		return
 	}
 	sent, deliv, rtt := s.Sent-r.roundSent, s.Delivered-r.roundDeliv, r.roundMin
-	r.roundAt, r.roundSent, r.roundDeliv, r.roundMin = now, s.Sent, s.Delivered, 0
-	r.endRound(now, dt, sent, deliv, s.InFlight, rtt)
+	ddt := dt
+	if r.roundDelivAt > 0 && s.DeliveredAt-r.roundDelivAt > dt/2 {
+		ddt = s.DeliveredAt - r.roundDelivAt
+	}
+	r.roundAt, r.roundSent, r.roundDeliv, r.roundDelivAt, r.roundMin = now, s.Sent, s.Delivered, s.DeliveredAt, 0
+	r.endRound(now, dt, ddt, sent, deliv, s.InFlight, rtt)
 }
 
 func (r *RateControl) round() time.Duration {
 	return max(r.minRTT, r.cfg.MinRound)
 }
 
-func (r *RateControl) endRound(now, dt time.Duration, sent, deliv, inflight int64, rtt time.Duration) {
+// endRound takes a round of dt that sent sent bytes and delivered deliv
+// over ddt (from one acknowledgement to another).
+func (r *RateControl) endRound(now, dt, ddt time.Duration, sent, deliv, inflight int64, rtt time.Duration) {
 	sec := dt.Seconds()
 	sendRate := float64(sent) / sec
 	if deliv <= 0 {
@@ -276,7 +296,7 @@ func (r *RateControl) endRound(now, dt time.Duration, sent, deliv, inflight int6
 	// earlier: the delivery rate may exceed this round's send rate (the
 	// round after a probe) but not both rounds' (a burst of late
 	// acknowledgements, after a blackout, is no rate).
-	raw := float64(deliv) / sec
+	raw := float64(deliv) / ddt.Seconds()
 	rate := min(raw, max(sendRate, r.prevSend)*1.05)
 	pacing := r.Rate()
 	// A round that sent below its rate (the window, or nothing left to
@@ -290,6 +310,8 @@ func (r *RateControl) endRound(now, dt time.Duration, sent, deliv, inflight int6
 			r.hist = r.hist[1:]
 		}
 	}
+	r.sumBW += r.bw * sec
+	r.sumT += sec
 	old := r.bw
 	if len(r.hist) > 0 {
 		m := 0.0
@@ -302,7 +324,7 @@ func (r *RateControl) endRound(now, dt time.Duration, sent, deliv, inflight int6
 		r.event(now, fmt.Sprintf("%s → %s: no round of the last %d delivered more", mbps(old), mbps(r.bw), r.cfg.BWRounds))
 	}
 
-	queue := rtt > 0 && r.minRTT > 0 && rtt > r.minRTT+max(r.minRTT/4, r.cfg.QueueDelay)
+	queue := rtt > 0 && r.minRTT > 0 && rtt > r.minRTT+r.minRTT/8+r.cfg.QueueDelay
 	if queue {
 		r.queued++
 	} else {
@@ -324,11 +346,13 @@ func (r *RateControl) endRound(now, dt time.Duration, sent, deliv, inflight int6
 				// Half the rate drains a queue in about twice its delay.
 				r.drainBy = now + max(8*r.round(), 3*(rtt-r.minRTT))
 			}
-			move := mbps(was) + " → " + mbps(r.bw)
-			if r.bw == was {
-				move = "stays at " + mbps(was)
+			// Small corrections (a probe's queue, mostly) are counted,
+			// not listed.
+			if r.bw < 0.9*was {
+				r.event(now, fmt.Sprintf("%s → %s: RTT %v over the path's %v, a queue: draining", mbps(was), mbps(r.bw), rtt.Round(100*time.Microsecond), r.minRTT.Round(100*time.Microsecond)))
+			} else {
+				r.drains++
 			}
-			r.event(now, fmt.Sprintf("%s: RTT %v over the path's %v, a queue: draining", move, rtt.Round(100*time.Microsecond), r.minRTT.Round(100*time.Microsecond)))
 			r.track()
 			return
 		}
@@ -422,18 +446,25 @@ func (r *RateControl) MinRTT() time.Duration { return r.minRTT }
 type RateStats struct {
 	Rate, Bottleneck float64 // now, bytes/s
 	Low, High        float64 // the estimate's range after Startup (0: still in it)
+	Mean             float64 // the estimate's mean over the rounds that delivered
 	Phase            RatePhase
 	MinRTT           time.Duration
 	Stalls           int           // times delivery stopped for a second or more
 	LongestStall     time.Duration // the longest of them (ongoing included)
 	Events           []RateEvent
 	Dropped          int // events not kept (beyond the first 64)
+	// Drains is the queues drained with the estimate cut by less than a
+	// tenth (not in Events): a probe's own, mostly.
+	Drains int
 }
 
 // Stats returns the controller's account (Events is a copy).
 func (r *RateControl) Stats() RateStats {
 	st := RateStats{Rate: r.Rate(), Bottleneck: r.bw, Low: r.lo, High: r.hi, Phase: r.phase, MinRTT: r.minRTT,
-		Stalls: r.stalls, LongestStall: r.longest, Events: append([]RateEvent(nil), r.events...), Dropped: r.dropped}
+		Stalls: r.stalls, LongestStall: r.longest, Events: append([]RateEvent(nil), r.events...), Dropped: r.dropped, Drains: r.drains}
+	if r.sumT > 0 {
+		st.Mean = r.sumBW / r.sumT
+	}
 	if r.silent >= time.Second {
 		st.Stalls++
 		st.LongestStall = max(st.LongestStall, r.silent)

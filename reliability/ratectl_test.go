@@ -265,8 +265,8 @@ func TestRateControlStart(t *testing.T) {
 
 	rc = NewRateControl(RateConfig{})
 	rc.Start(0, 200*mbit, 1000*mbit)
-	require.Equal(t, RateProbeUp, rc.Phase())
-	require.InDelta(t, 1.25*200*mbit, rc.Rate(), 1)
+	require.Equal(t, RateCruise, rc.Phase())
+	require.InDelta(t, 200*mbit, rc.Rate(), 1)
 
 	rc = NewRateControl(RateConfig{Start: 10 * mbit, Max: 15 * mbit})
 	rc.Start(0, 0, 0)

@@ -26,6 +26,7 @@ type common struct {
 	slots   int
 	rates   []float64 // bytes/s per path (the sender's; one value for all)
 	rate    float64   // bytes/s, all paths together
+	auto    bool      // --rate auto (the sender's): a controller paces, and rate is the probe train's pace
 	peerT   time.Duration
 	keyFile string
 	key     []byte // authenticates the CM's handshakes; nil: none
@@ -69,7 +70,7 @@ func commonFlags(fs *flag.FlagSet, c *common) (chunk, rate, via *string) {
 	fs.BoolVar(&c.json, "json", false, "print the final report as one JSON line")
 	fs.BoolVar(&c.verbose, "v", false, "print each message's counters (sender) or the device's (receiver)")
 	chunk = fs.String("chunk", "", "chunk size, a multiple of the MTU (default one MTU, 4096)")
-	rate = fs.String("rate", "", "injection rate per path, as tc spells it (500mbit), or one per path, comma-separated; set it to the path's rate (default 1gbit)")
+	rate = fs.String("rate", "auto", "injection rate: auto (found from the path's delivery rate and round trip), or per path as tc spells it (500mbit), or one per path, comma-separated")
 	fs.IntVar(&c.slots, "slots", 8, "messages in flight (a power of two, 1..64)")
 	fs.DurationVar(&c.peerT, "peer-timeout", 10*time.Second, "give up when the peer is silent this long")
 	fs.StringVar(&c.cpuprof, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof reads it)")
@@ -103,8 +104,9 @@ func (c *common) finish(chunk, rate, via string, paths int) error {
 			return fmt.Errorf("--via: %d relays for %d paths", len(c.vias), paths)
 		}
 	}
+	c.auto = rate == "" || rate == "auto"
 	rates := []string{"1gbit"}
-	if rate != "" {
+	if !c.auto {
 		rates = strings.Split(rate, ",")
 	}
 	if paths > 0 && len(rates) != 1 && len(rates) != paths {
@@ -143,7 +145,9 @@ func parseRecv(args []string, stderr io.Writer) (*recvOpts, error) {
 	if o.wait < 0 {
 		return nil, fmt.Errorf("--wait %v: want a duration of 0 or more", o.wait)
 	}
-	return o, o.finish(*chunk, *rate, *via, 0)
+	err := o.finish(*chunk, *rate, *via, 0)
+	o.auto = false // the receiver sends only its verdict and requests: paced at 1 Gbit/s
+	return o, err
 }
 
 func parseSend(args []string, stderr io.Writer) (*sendOpts, error) {
@@ -262,6 +266,12 @@ func (e *endpoint) close() {
 func (c *common) relCfg(k, m, maxParity int, scheme reliability.Scheme, paths int) reliability.Config {
 	cfg := reliability.Config{Chunk: c.chunk, Slots: c.slots, Rate: c.rate, Scheme: scheme, K: k, M: m,
 		MaxParity: maxParity, PeerTimeout: c.peerT, RTT: 20 * time.Millisecond}
+	if c.auto {
+		// The controller paces; the probe train goes at the old default
+		// of 1 Gbit/s, which its echoes' dispersion measures below.
+		cfg.AutoRate = true
+		return cfg
+	}
 	if len(c.rates) == paths {
 		cfg.PathRates = c.rates
 	}
