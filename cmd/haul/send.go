@@ -527,6 +527,9 @@ func summarise(rep *report, results []reliability.SendResult, offsets []int64, c
 		if o.auto {
 			why = "the receiver reports late (it cannot keep up), or the path dropped what the rate controller sent before it backed off"
 		}
+		if rep.Rate.Stalls > 0 {
+			why = fmt.Sprintf("the path went down (for %.1fs at the longest): what was in flight then was sent again", rep.Rate.LongestStall)
+		}
 		rep.warning = fmt.Sprintf("%.1f%% of the payload was sent again (%d timeouts): the loss is high, or %s",
 			100*rep.Repeats, rep.Timeouts, why)
 	}
