@@ -349,7 +349,7 @@ func (r *RateControl) endRound(now, dt, ddt time.Duration, sent, deliv, inflight
 			// Small corrections (a probe's queue, mostly) are counted,
 			// not listed.
 			if r.bw < 0.9*was {
-				r.event(now, fmt.Sprintf("%s → %s: RTT %v over the path's %v, a queue: draining", mbps(was), mbps(r.bw), rtt.Round(100*time.Microsecond), r.minRTT.Round(100*time.Microsecond)))
+				r.event(now, fmt.Sprintf("%s → %s: RTT %v over the path's %v, a queue: draining", mbps(was), mbps(r.bw), roundRTT(rtt), roundRTT(r.minRTT)))
 			} else {
 				r.drains++
 			}
@@ -470,6 +470,14 @@ func (r *RateControl) Stats() RateStats {
 		st.LongestStall = max(st.LongestStall, r.silent)
 	}
 	return st
+}
+
+// roundRTT rounds a round trip for a message: to 10µs below 10ms.
+func roundRTT(d time.Duration) time.Duration {
+	if d < 10*time.Millisecond {
+		return d.Round(10 * time.Microsecond)
+	}
+	return d.Round(100 * time.Microsecond)
 }
 
 func mbps(v float64) string { return fmt.Sprintf("%.0f Mbit/s", v*8/1e6) }
