@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -161,4 +162,28 @@ func TestPrintRate(t *testing.T) {
 	b.Reset()
 	printRate(&b, &rateRep{Mode: "fixed", IdealMbps: 500})
 	require.Equal(t, "haul: rate 500 Mbit/s, as given (--rate)\n", b.String())
+}
+
+// --rate is auto unless a rate is given; the receiver paces its few
+// messages at the old default whatever it is told.
+func TestParseRate(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		auto bool
+		rate float64
+	}{
+		{nil, true, 125e6},
+		{[]string{"--rate", "auto"}, true, 125e6},
+		{[]string{"--rate", "500mbit"}, false, 62.5e6},
+	} {
+		o, err := parseSend(append(append([]string{"--to", "127.0.0.1:1"}, tc.args...), "f"), io.Discard)
+		require.NoError(t, err)
+		require.Equal(t, tc.auto, o.auto, tc.args)
+		require.Equal(t, tc.rate, o.rate, tc.args)
+		cfg := o.relCfg(32, 0, 8, 0, 1)
+		require.Equal(t, tc.auto, cfg.AutoRate)
+		r, err := parseRecv(append([]string{"--listen", "127.0.0.1:1", "--out", "f"}, tc.args...), io.Discard)
+		require.NoError(t, err)
+		require.False(t, r.auto)
+	}
 }
