@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -94,7 +92,7 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 	}
 	defer e.close()
 	off := offer{Name: filepath.Base(o.path), Size: size, SHA256: sha, Region: region, Manifest: sha256Hex(hashes),
-		K: o.k, M: max(o.m, 8), Wire: sdrwire.Version}
+		K: o.k, M: max(o.m, 8), Wire: sdrwire.Version, Hashing: hashChain}
 	if o.paths > 1 {
 		off.Paths = o.paths
 	}
@@ -125,6 +123,9 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 	}
 	if ans.Wire != sdrwire.Version {
 		return fmt.Errorf("the receiver at %s speaks wire format version %d, this sender %d: run the same haul release at both ends", o.to, max(ans.Wire, 2), sdrwire.Version)
+	}
+	if ans.Hashing != hashChain {
+		return fmt.Errorf("the receiver at %s checks regions by their own SHA-256, this sender by the file's (%s): run the same haul release at both ends", o.to, hashChain)
 	}
 	var pl *payload
 	if o.encrypt {
@@ -585,23 +586,6 @@ func pickRegion(flag, size int64) (int64, error) {
 		return 0, fmt.Errorf("a file of %d bytes is too large: at most %d regions of %d bytes", size, maxRegions, int64(maxRegion))
 	}
 	return r, nil
-}
-
-// hashFile returns the SHA-256 of b and of each of its regions (back to
-// back), the two computed side by side.
-func hashFile(b []byte, region int64) (string, []byte) {
-	var sum string
-	var wg sync.WaitGroup
-	wg.Go(func() { sum = sha256Hex(b) })
-	n := regions(int64(len(b)), region)
-	hashes := make([]byte, 0, n*hashLen)
-	for i := range n {
-		lo := int64(i) * region
-		h := sha256.Sum256(b[lo:min(lo+region, int64(len(b)))])
-		hashes = append(hashes, h[:]...)
-	}
-	wg.Wait()
-	return sum, hashes
 }
 
 // ready waits for the first round trip, or for the verdict: a receiver

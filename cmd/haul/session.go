@@ -178,8 +178,8 @@ func parseSend(args []string, stderr io.Writer) (*sendOpts, error) {
 		return nil, fmt.Errorf("--k %d --m %d: want 1 <= k <= 128, 0 <= m <= 128, k+m <= 256", o.k, o.m)
 	}
 	if *region != "" {
-		if o.region, err = units.ParseSize(*region); err != nil || o.region < minRegion || o.region > maxRegion {
-			return nil, fmt.Errorf("--region %q: want %d bytes to 4GiB", *region, minRegion)
+		if o.region, err = units.ParseSize(*region); err != nil || o.region < minRegion || o.region > maxRegion || o.region%hashBlock != 0 {
+			return nil, fmt.Errorf("--region %q: want %d bytes to 4GiB, a multiple of %d", *region, minRegion, hashBlock)
 		}
 	}
 	if o.probes < 0 || o.probes > 1<<16 {
@@ -197,13 +197,17 @@ type offer struct {
 	Size   int64  `json:"size"`
 	SHA256 string `json:"sha256"`
 	Region int64  `json:"region"`
-	// Manifest is the SHA-256 of the regions' SHA-256s, back to back: the
-	// receiver checks the hashes it is sent (the first message when it
-	// asks for them) against it, and each region against its hash.
+	// Manifest is the SHA-256 of the region hashes (see chain.go), back
+	// to back: the receiver checks the hashes it is sent (the first
+	// message when it asks for them) against it, and each region against
+	// its hash.
 	Manifest string `json:"manifest"`
-	K        int    `json:"k"`
-	M        int    `json:"m"`
-	Paths    int    `json:"paths,omitempty"` // further paths dial after this one with a pathHello
+	// Hashing names the region hashes' scheme: hashChain (an older
+	// sender, which hashed each region on its own, sends none).
+	Hashing string `json:"hashing,omitempty"`
+	K       int    `json:"k"`
+	M       int    `json:"m"`
+	Paths   int    `json:"paths,omitempty"` // further paths dial after this one with a pathHello
 	// Wire is the version of the data path's format (sdrwire) the sender
 	// speaks; the receiver refuses another (0: a haul from before it was
 	// sent, which speaks version 2).
@@ -226,9 +230,10 @@ type answer struct {
 	Hashes bool   `json:"hashes,omitempty"`
 	// With an encrypted payload: the receiver's half of the salt, and its
 	// chunk size, which the sealed chunks fill.
-	Nonce []byte `json:"nonce,omitempty"`
-	Chunk int    `json:"chunk,omitempty"`
-	Wire  int    `json:"wire,omitempty"` // as the offer's
+	Nonce   []byte `json:"nonce,omitempty"`
+	Chunk   int    `json:"chunk,omitempty"`
+	Wire    int    `json:"wire,omitempty"`    // as the offer's
+	Hashing string `json:"hashing,omitempty"` // as the offer's
 }
 
 // verdict is the receiver's last message: did the file check out, or why

@@ -92,8 +92,8 @@ func checkLayout(size, region int64) error {
 	if size < 0 {
 		return fmt.Errorf("size %d", size)
 	}
-	if region < minRegion || region > maxRegion {
-		return fmt.Errorf("region %d, want %d..%d bytes", region, minRegion, int64(maxRegion))
+	if region < minRegion || region > maxRegion || region%hashBlock != 0 {
+		return fmt.Errorf("region %d, want %d..%d bytes, a multiple of %d", region, minRegion, int64(maxRegion), hashBlock)
 	}
 	if n := (size-1)/region + 1; size > 0 && n > maxRegions {
 		return fmt.Errorf("%d regions of %d bytes, at most %d", n, region, maxRegions)
