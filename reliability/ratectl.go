@@ -20,7 +20,9 @@ import (
 //     three rounds without, or a queue, end it. A dispersed probe train
 //     skips it for Cruise: the path's rate is known to start with.
 //   - Drain (gain 1/2) until the round's smallest RTT is back within the
-//     queue margin of the path's own.
+//     queue margin of the path's own, or until half the rate should have
+//     drained the queue it entered with (a queue that stays is not this
+//     sender's).
 //   - Cruise (gain 1) for CruiseRounds rounds, then ProbeUp (gain 5/4)
 //     for one round and ProbeDown (gain 3/4) for the next, which also
 //     measures what the probe delivered (acknowledgements come a round
@@ -51,7 +53,6 @@ type RateControl struct {
 	minRTT       time.Duration // the path's own round trip: the smallest sample of the last MinRTTWindow
 	minRTTAt     time.Duration // when it was taken
 	nextMin      time.Duration // the smallest since minRTTAt+MinRTTWindow/2: the next window's
-	rtt          time.Duration // the latest sample
 	started      bool          // Tick began the rounds
 	begun        bool          // Start or Tick said where it starts
 	roundAt      time.Duration
@@ -220,7 +221,6 @@ func (r *RateControl) OnRTT(now, rtt time.Duration) {
 	if rtt <= 0 {
 		return
 	}
-	r.rtt = rtt
 	if r.roundMin == 0 || rtt < r.roundMin {
 		r.roundMin = rtt
 	}

@@ -20,6 +20,7 @@ type rateLink struct {
 	rate     func(t time.Duration) float64 // bytes/s
 	base     time.Duration
 	loss     float64
+	jitter   time.Duration // uniform in [0, jitter) added to each RTT sample
 	down     func(t time.Duration) bool
 	queueCap float64 // bytes
 	window   float64 // in-flight bytes the sender keeps within
@@ -59,7 +60,10 @@ func (l rateLink) run(rc *RateControl, d time.Duration) *rateTrace {
 			deliv += ring[i].bytes
 			pipe -= ring[i].bytes
 			lastRTT = ring[i].rtt
-			rc.OnRTT(t, ring[i].rtt)
+			if l.jitter > 0 {
+				lastRTT += time.Duration(rng.Int64N(int64(l.jitter)))
+			}
+			rc.OnRTT(t, lastRTT)
 		}
 		// Send at the pacing rate within the window.
 		out := rc.Rate() * step.Seconds()
@@ -202,6 +206,18 @@ func TestRateControl(t *testing.T) {
 			// stays near the rate less the loss.
 			require.Greater(t, low(tr.bw, time.Second, 20*time.Second), 0.8*100*mbit)
 			require.Greater(t, low(tr.pace, time.Second, 20*time.Second), 0.8*0.5*100*mbit, "never below a drain's half")
+			require.Greater(t, tr.mean(tr.deliv, 2*time.Second, 20*time.Second), 0.85*100*mbit)
+		},
+	}, {
+		name: "random loss 1e-2 and RTT jitter, no queue", link: func() rateLink {
+			l := newLink(constRate(100 * mbit))
+			l.loss, l.jitter = 1e-2, 10*time.Millisecond
+			return l
+		}(), dispersion: 95 * mbit, d: 20 * time.Second,
+		check: func(t *testing.T, tr *rateTrace) {
+			// Jitter is no queue either: some round's samples come
+			// near the path's own round trip.
+			require.Greater(t, low(tr.bw, time.Second, 20*time.Second), 0.8*100*mbit)
 			require.Greater(t, tr.mean(tr.deliv, 2*time.Second, 20*time.Second), 0.85*100*mbit)
 		},
 	}, {
