@@ -206,6 +206,12 @@ func (r *RateControl) Start(now time.Duration, dispersion, train float64) {
 		r.setPhase(RateCruise) // a few rounds at it before probing
 		r.event(now, fmt.Sprintf("start at %s: the probe train, sent at %s, came back dispersed to it (the bottleneck)", mbps(r.bw), mbps(train)))
 	default:
+		// Echoes that came back faster than the train went out were
+		// bunched on the way (a late first echo): the send rate is the
+		// bound then.
+		if train > 0 {
+			dispersion = min(dispersion, train)
+		}
 		r.bw = r.clamp(dispersion)
 		r.setPhase(RateStartup)
 		how := "unpaced"
@@ -297,7 +303,8 @@ func (r *RateControl) endRound(now, dt, ddt time.Duration, sent, deliv, inflight
 	// round after a probe) but not both rounds' (a burst of late
 	// acknowledgements, after a blackout, is no rate).
 	raw := float64(deliv) / ddt.Seconds()
-	rate := min(raw, max(sendRate, r.prevSend)*1.05)
+	sentRate := max(sendRate, r.prevSend) // what this round's acknowledgements can be for
+	rate := min(raw, sentRate*1.05)
 	pacing := r.Rate()
 	// A round that sent below its rate (the window, or nothing left to
 	// send), or drained on purpose, says nothing of the path when it
@@ -331,11 +338,13 @@ func (r *RateControl) endRound(now, dt, ddt time.Duration, sent, deliv, inflight
 		r.queued = 0
 	}
 	r.rounds++
-	if r.queued >= 2 || (queue && r.phase == RateDrain) {
-		// A standing queue: the path delivers its own rate, and this
-		// sender exceeds it.
-		// What a standing queue lets through is the line's rate, faster
-		// than this sender's while it drains.
+	// A standing queue: the path delivers its own rate, and this sender
+	// exceeds it. What the queue lets through is the line's rate (faster
+	// than this sender's while it drains). Draining, the estimate is cut
+	// again only if the path delivers well below even the drain's rate:
+	// else the delivery rate is the drain's own, and the RTT may be
+	// high for another reason (a receiver busy for a moment).
+	if r.queued >= 2 && r.phase != RateDrain || queue && r.phase == RateDrain && raw < 0.8*sentRate {
 		nb := r.clamp(max(raw, r.bw/2))
 		if nb < r.bw || r.phase != RateDrain {
 			was := r.bw

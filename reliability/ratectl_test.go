@@ -280,6 +280,11 @@ func TestRateControlStart(t *testing.T) {
 	require.InDelta(t, 2*990*mbit, rc.Rate(), 1)
 
 	rc = NewRateControl(RateConfig{})
+	rc.Start(0, 2000*mbit, 1000*mbit)
+	require.Equal(t, RateStartup, rc.Phase())
+	require.InDelta(t, 1000*mbit, rc.Bottleneck(), 1, "bunched echoes: no faster than the train went")
+
+	rc = NewRateControl(RateConfig{})
 	rc.Start(0, 200*mbit, 1000*mbit)
 	require.Equal(t, RateCruise, rc.Phase())
 	require.InDelta(t, 200*mbit, rc.Rate(), 1)
