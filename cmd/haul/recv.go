@@ -633,7 +633,7 @@ func receiveRegions(ctx context.Context, c *reliability.Conn, out *output, slots
 		bad += b
 	}
 	if bad > 0 {
-		return fmt.Errorf("%d regions arrived corrupted (their SHA-256 differs from the sender's); the next run fetches them again", bad)
+		return fmt.Errorf("%d regions arrived corrupted (they do not match the sender's hashes); the next run fetches them again", bad)
 	}
 	return nil
 }

@@ -51,7 +51,7 @@ type state struct {
 	Manifest string `json:"manifest"` // SHA-256 of Hashes, as the offer says
 	Hashed   bool   `json:"hashed"`   // the region hashes are in the file
 	Have     []byte `json:"have"`     // bitmap of regions in place and verified
-	Hashes   []byte `json:"-"`        // each region's SHA-256, once Hashed
+	Hashes   []byte `json:"-"`        // the region hashes (chain.go), once Hashed
 }
 
 func statePath(out string) string { return out + ".haul" }
