@@ -39,7 +39,7 @@ func (r ProbeResult) String() string {
 type probeState struct {
 	stamps      []int64 // when each probe went out; 0: echoed already
 	rtts        []time.Duration
-	first, last time.Duration // arrivals of the first and last echo
+	arrivals    []time.Duration // of the echoes, in order
 	sentFirst   time.Duration // the first probe's send, and the last's
 	sentLast    time.Duration
 }
@@ -149,9 +149,7 @@ func (c *Conn) Probe(ctx context.Context, n int) (ProbeResult, error) {
 	sorted := slices.Clone(ps.rtts)
 	slices.Sort(sorted)
 	res.MinRTT, res.Median = sorted[0], sorted[len(sorted)/2]
-	if d := ps.last - ps.first; res.Echoed > 1 && d > 0 {
-		res.Dispersion = float64(res.Echoed-1) * float64(sdrwire.MaxLen+packetOverhead) / d.Seconds()
-	}
+	res.Dispersion = dispersion(ps.arrivals, float64(sdrwire.MaxLen+packetOverhead))
 	if d := ps.sentLast - ps.sentFirst; n > 1 && d > 0 {
 		res.SendRate = float64(n-1) * float64(sdrwire.MaxLen+packetOverhead) / d.Seconds()
 	}
@@ -168,6 +166,33 @@ func (c *Conn) Probe(ctx context.Context, n int) (ProbeResult, error) {
 	return res, nil
 }
 
+// dispersion is the rate in bytes per second at which echoes of size
+// bytes arrived at times at (in order): the slower of first to last and
+// of the middle 80% (0: fewer than two). A train's echoes can come
+// bunched, after a first one held up (a receiver descheduled for a
+// moment): the middle then shows the spacing the path gave them, and
+// the slower of the two errs low, which probing corrects, rather than
+// high, which would start above the path's rate.
+func dispersion(at []time.Duration, size float64) float64 {
+	n := len(at)
+	if n < 2 {
+		return 0
+	}
+	rate := func(i, j int) float64 {
+		if d := at[j] - at[i]; j > i && d > 0 {
+			return float64(j-i) * size / d.Seconds()
+		}
+		return 0
+	}
+	r := rate(0, n-1)
+	if n >= 10 {
+		if m := rate(n/10, n-1-n/10); m > 0 && (r == 0 || m < r) {
+			r = m
+		}
+	}
+	return r
+}
+
 // onEchoLocked takes a probe's echo: a round trip for the probe's count
 // and for the RTT estimate.
 func (c *Conn) onEchoLocked(m *sdrwire.Message, now time.Duration) {
@@ -176,10 +201,7 @@ func (c *Conn) onEchoLocked(m *sdrwire.Message, now time.Duration) {
 		return // late, of an earlier train, or forged: ignored
 	}
 	ps.stamps[m.Seq] = 0
-	if len(ps.rtts) == 0 {
-		ps.first = now
-	}
-	ps.last = now
+	ps.arrivals = append(ps.arrivals, now)
 	sample := now - time.Duration(m.Stamp)
 	ps.rtts = append(ps.rtts, sample)
 	first := !c.measured

@@ -304,3 +304,23 @@ func TestRateControlIdle(t *testing.T) {
 	require.Zero(t, rc.Stats().Stalls)
 	require.InDelta(t, 100*mbit, rc.Bottleneck(), 1)
 }
+
+// The train's dispersion is the slower of its whole span and its
+// middle: echoes bunched behind a late first one do not read as a path
+// faster than it is.
+func TestDispersion(t *testing.T) {
+	ms := time.Millisecond
+	even := make([]time.Duration, 100)
+	for i := range even {
+		even[i] = time.Duration(i) * ms // 1000 bytes a millisecond: 1 MB/s
+	}
+	require.InDelta(t, 1e6, dispersion(even, 1000), 1)
+	bunched := append([]time.Duration(nil), even...)
+	for i := range 8 {
+		bunched[i] = 8 * ms // the first 8 held up, then all at once
+	}
+	require.Greater(t, 99*1000/(bunched[99]-bunched[0]).Seconds(), 1.05e6, "the span alone reads high")
+	require.InDelta(t, 1e6, dispersion(bunched, 1000), 1e4, "the middle's spacing, not the span's")
+	require.Zero(t, dispersion(even[:1], 1000))
+	require.InDelta(t, 1e6, dispersion(even[:3], 1000), 1)
+}
