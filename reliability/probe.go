@@ -37,11 +37,11 @@ func (r ProbeResult) String() string {
 }
 
 type probeState struct {
-	stamps      []int64 // when each probe went out; 0: echoed already
-	rtts        []time.Duration
-	arrivals    []time.Duration // of the echoes, in order
-	sentFirst   time.Duration // the first probe's send, and the last's
-	sentLast    time.Duration
+	stamps    []int64 // when each probe went out; 0: echoed already
+	rtts      []time.Duration
+	arrivals  []time.Duration // of the echoes, in order
+	sentFirst time.Duration   // the first probe's send, and the last's
+	sentLast  time.Duration
 }
 
 // probeBatch is how many probes go out under one lock: the control ring
