@@ -132,10 +132,12 @@ demo-haul:
 # The reliability figures: haul through linkem for each loss rate and
 # scheme (about three minutes); a table and docs/img/haul_loss.svg; then
 # auto against forced sr and ec at 0.5 to 5 bandwidth-delay products
-# (25 and 100 ms RTT, three seeds a cell: about six minutes).
+# (25 and 100 ms RTT, three seeds a cell: about six minutes); then
+# --rate auto against --rate at the link's rate (about three minutes).
 perf-haul:
 	scripts/haul-matrix.sh 256 docs/img/haul_loss.svg
 	scripts/haul-bdp.sh 3
+	scripts/haul-auto.sh 3
 
 # haul over one path, then two, each its own linkem (25 ms RTT, 1e-3 loss).
 perf-haul-paths:

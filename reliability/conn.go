@@ -60,6 +60,15 @@ type Config struct {
 	// path's rate. Default 0: as fast as the QP takes requests (and the
 	// model assumes 1 Gbit/s).
 	Rate float64
+	// AutoRate lets a RateControl set the injection rate from what the
+	// path delivers and how its round trip moves: it starts from the
+	// probe train's dispersion (Probe), or from RateConfig.Start without
+	// one, and the model takes its bottleneck estimate as the link's
+	// rate. Rate is then only the probe train's pace (0: unpaced), and
+	// PathRates, if set, each path's share.
+	AutoRate bool
+	// RateConfig tunes the AutoRate controller.
+	RateConfig RateConfig
 	// PathRates, with several paths (NewPaths), is each path's share of
 	// the injection in bytes per second; Rate is then their sum. Default:
 	// Rate split equally (and round robin when Rate is 0).
@@ -176,6 +185,9 @@ func (c *Config) setPathRates(paths int) error {
 		c.PathRates = make([]float64, paths)
 		for i := range c.PathRates {
 			c.PathRates[i] = c.Rate / float64(paths)
+			if c.AutoRate {
+				c.PathRates[i] = 1 // equal shares
+			}
 		}
 		return nil
 	}
@@ -190,7 +202,9 @@ func (c *Config) setPathRates(paths int) error {
 		}
 		sum += r
 	}
-	c.Rate = sum
+	if !c.AutoRate {
+		c.Rate = sum
+	}
 	return nil
 }
 
@@ -270,7 +284,10 @@ type Conn struct {
 	probe     *probeState
 	tx        txScratch
 	pathBytes []uint64 // chunk bytes sent per path
+	sentAll   int64    // their sum
 	fw        sendWindow
+	rc        *RateControl // AutoRate's; nil: paced at Config.Rate
+	shares    []float64    // each path's share of rc's rate
 
 	// testDrop, set by tests before traffic, loses chunk writes by
 	// position: idx is the chunk index (parity follows the data), try the
@@ -330,6 +347,16 @@ func NewPaths(pd *verbs.PD, qps []*verbs.QP, cq *verbs.CQ, cfg Config) (*Conn, e
 		dec: dec, slots: make([]*Recv, cfg.Slots), parity: make([][]byte, cfg.Slots),
 		cts: map[uint64]*sdrwire.Message{}, sends: map[uint64]*Send{}, enc: map[[2]int]reedsolomon.Encoder{},
 		pathBytes: make([]uint64, len(qps)),
+	}
+	if cfg.AutoRate {
+		c.rc = NewRateControl(cfg.RateConfig)
+		sum := 0.0
+		for _, r := range cfg.PathRates {
+			sum += r
+		}
+		for _, r := range cfg.PathRates {
+			c.shares = append(c.shares, r/sum)
+		}
 	}
 	// Receive slots: RecvDepth per path, path i's ids from i·RecvDepth:
 	// every chunk and control message consumes a receive on its path.
@@ -601,6 +628,9 @@ func (c *Conn) rttSampleLocked(sample time.Duration) {
 	if c.minRTT == 0 || sample < c.minRTT {
 		c.minRTT = sample
 	}
+	if c.rc != nil {
+		c.rc.OnRTT(c.now(), sample)
+	}
 	if !c.measured {
 		c.srtt, c.rttvar, c.measured = sample, sample/2, true
 	} else {
@@ -645,6 +675,9 @@ func (c *Conn) tick() {
 			}
 		}
 		c.windowLocked(now)
+		if c.rc != nil {
+			c.rc.Tick(now, RateSample{Sent: c.sentAll, Delivered: c.fw.delivered, DeliveredAt: c.fw.deliveredAt, InFlight: c.fw.inflight})
+		}
 		if now-lastScan >= rtt/4 {
 			lastScan = now
 			c.scanLocked(now)

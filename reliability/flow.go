@@ -109,17 +109,18 @@ func (c *Conn) windowLocked(now time.Duration) {
 
 // sendWindow is the sender's side (under Conn.mu).
 type sendWindow struct {
-	peer      float64       // the receiver's latest window; 0: none
-	inflight  int64         // chunk bytes in flight
-	delivered int64         // chunk bytes acknowledged, in all
-	ackedSent int64         // the latest send time of a chunk acknowledged
-	ackedAt   time.Duration // when ackedSent last moved, or the flight began
-	backoff   uint          // the RTO's doublings since a first send was last acknowledged
-	blocked   bool          // the injector stopped at the window
-	since     time.Duration
-	waited    time.Duration
-	min, max  float64
-	cuts      int
+	peer        float64       // the receiver's latest window; 0: none
+	inflight    int64         // chunk bytes in flight
+	delivered   int64         // chunk bytes acknowledged, in all
+	deliveredAt time.Duration // when the status that last moved it arrived
+	ackedSent   int64         // the latest send time of a chunk acknowledged
+	ackedAt     time.Duration // when ackedSent last moved, or the flight began
+	backoff     uint          // the RTO's doublings since a first send was last acknowledged
+	blocked     bool          // the injector stopped at the window
+	since       time.Duration
+	waited      time.Duration
+	min, max    float64
+	cuts        int
 }
 
 // room says whether n more bytes may go.
@@ -216,9 +217,13 @@ func (c *Conn) parityPast(s *Send, cum int) {
 	}
 }
 
-// flyDone takes a finished send's chunks out of flight.
-func (c *Conn) flyDone(s *Send) {
+// flyDone takes a finished send's chunks out of flight (delivered: the
+// receiver has them, as its completion says).
+func (c *Conn) flyDone(s *Send, delivered bool) {
 	c.fw.inflight -= s.fly + s.pflyAll
+	if delivered {
+		c.fw.delivered += s.fly + s.pflyAll
+	}
 	s.fly, s.pflyAll = 0, 0
 }
 

@@ -25,17 +25,23 @@ type ProbeResult struct {
 	// else the rate it was sent at (Config.Rate), a lower bound. 0: fewer
 	// than two echoes.
 	Dispersion float64
+	// SendRate is the rate the train went out at, first probe to last,
+	// in the same wire bytes per second: a Dispersion well below it is
+	// the bottleneck's. 0: a train of one.
+	SendRate float64
 }
 
 func (r ProbeResult) String() string {
-	return fmt.Sprintf("%d of %d probes echoed (loss %.2g a packet), RTT %v median, %v min, in %v; echoes dispersed at %.0f Mbit/s",
-		r.Echoed, r.Sent, r.Loss, r.Median.Round(time.Microsecond), r.MinRTT.Round(time.Microsecond), r.Duration.Round(time.Millisecond), r.Dispersion*8/1e6)
+	return fmt.Sprintf("%d of %d probes echoed (loss %.2g a packet), RTT %v median, %v min, in %v; sent at %.0f Mbit/s, echoes dispersed at %.0f Mbit/s",
+		r.Echoed, r.Sent, r.Loss, r.Median.Round(time.Microsecond), r.MinRTT.Round(time.Microsecond), r.Duration.Round(time.Millisecond), r.SendRate*8/1e6, r.Dispersion*8/1e6)
 }
 
 type probeState struct {
-	stamps      []int64 // when each probe went out; 0: echoed already
-	rtts        []time.Duration
-	first, last time.Duration // arrivals of the first and last echo
+	stamps    []int64 // when each probe went out; 0: echoed already
+	rtts      []time.Duration
+	arrivals  []time.Duration // of the echoes, in order
+	sentFirst time.Duration   // the first probe's send, and the last's
+	sentLast  time.Duration
 }
 
 // probeBatch is how many probes go out under one lock: the control ring
@@ -93,6 +99,10 @@ func (c *Conn) Probe(ctx context.Context, n int) (ProbeResult, error) {
 		for end := min(i+probeBatch, n); i < end; i++ {
 			now := c.now()
 			ps.stamps[i] = int64(now)
+			if i == 0 {
+				ps.sentFirst = now
+			}
+			ps.sentLast = now
 			c.sendCtlLocked(&sdrwire.Message{Type: sdrwire.TypeProbe, Stamp: int64(now), Seq: uint64(i), Pad: sdrwire.MaxLen}) // Append clamps it: the largest message
 		}
 		c.mu.Unlock()
@@ -139,13 +149,48 @@ func (c *Conn) Probe(ctx context.Context, n int) (ProbeResult, error) {
 	sorted := slices.Clone(ps.rtts)
 	slices.Sort(sorted)
 	res.MinRTT, res.Median = sorted[0], sorted[len(sorted)/2]
-	if d := ps.last - ps.first; res.Echoed > 1 && d > 0 {
-		res.Dispersion = float64(res.Echoed-1) * float64(sdrwire.MaxLen+packetOverhead) / d.Seconds()
+	res.Dispersion = dispersion(ps.arrivals, float64(sdrwire.MaxLen+packetOverhead))
+	if d := ps.sentLast - ps.sentFirst; n > 1 && d > 0 {
+		res.SendRate = float64(n-1) * float64(sdrwire.MaxLen+packetOverhead) / d.Seconds()
+	}
+	if c.rc != nil {
+		// The controller counts payload: chunks, each with its packet's
+		// overhead on the wire.
+		ch := float64(max(c.peerChunk, 1))
+		f := ch / (ch + packetOverhead)
+		c.rc.Start(c.now(), res.Dispersion*f, res.SendRate*f)
 	}
 	// n round trips are about 2n one-way trials of a packet.
 	c.observeLossLocked(res.Loss*float64(2*n), float64(2*n))
 	c.broadcastLocked()
 	return res, nil
+}
+
+// dispersion is the rate in bytes per second at which echoes of size
+// bytes arrived at times at (in order): the slower of first to last and
+// of the middle 80% (0: fewer than two). A train's echoes can come
+// bunched, after a first one held up (a receiver descheduled for a
+// moment): the middle then shows the spacing the path gave them, and
+// the slower of the two errs low, which probing corrects, rather than
+// high, which would start above the path's rate.
+func dispersion(at []time.Duration, size float64) float64 {
+	n := len(at)
+	if n < 2 {
+		return 0
+	}
+	rate := func(i, j int) float64 {
+		if d := at[j] - at[i]; j > i && d > 0 {
+			return float64(j-i) * size / d.Seconds()
+		}
+		return 0
+	}
+	r := rate(0, n-1)
+	if n >= 10 {
+		if m := rate(n/10, n-1-n/10); m > 0 && (r == 0 || m < r) {
+			r = m
+		}
+	}
+	return r
 }
 
 // onEchoLocked takes a probe's echo: a round trip for the probe's count
@@ -156,10 +201,7 @@ func (c *Conn) onEchoLocked(m *sdrwire.Message, now time.Duration) {
 		return // late, of an earlier train, or forged: ignored
 	}
 	ps.stamps[m.Seq] = 0
-	if len(ps.rtts) == 0 {
-		ps.first = now
-	}
-	ps.last = now
+	ps.arrivals = append(ps.arrivals, now)
 	sample := now - time.Duration(m.Stamp)
 	ps.rtts = append(ps.rtts, sample)
 	first := !c.measured

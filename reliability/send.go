@@ -188,7 +188,9 @@ func (c *Conn) Link() Link {
 
 func (c *Conn) linkLocked(chunk int) Link {
 	rate := c.cfg.Rate
-	if rate == 0 {
+	if c.rc != nil {
+		rate = c.rc.Bottleneck()
+	} else if rate == 0 {
 		rate = 125e6
 	}
 	pkts := max(1, (chunk+c.mtu-1)/c.mtu)
@@ -376,7 +378,7 @@ func (s *Send) finishLocked(err error) {
 	s.err = err
 	s.mr.Deregister()
 	c := s.c
-	c.flyDone(s)
+	c.flyDone(s, err == nil)
 	delete(c.sends, s.seq)
 	for i, o := range c.order {
 		if o == s {
@@ -394,6 +396,11 @@ func (s *Send) finishLocked(err error) {
 
 // onStatusLocked is the sender's state machine for a receiver's status.
 func (c *Conn) onStatusLocked(m *sdrwire.Message, now time.Duration) {
+	defer func(d int64) {
+		if c.fw.delivered != d {
+			c.fw.deliveredAt = now
+		}
+	}(c.fw.delivered)
 	c.peerWindowLocked(m.Window)
 	if s := c.sends[m.Seq]; s != nil && s.ready {
 		s.res.Decoded = max(s.res.Decoded, int(m.Decoded))
@@ -570,9 +577,10 @@ func (c *Conn) inject() {
 	rr := 0
 	pace := time.NewTimer(time.Hour)
 	defer pace.Stop()
+	paced := c.cfg.Rate > 0 || c.rc != nil
 	for {
 		p := rr
-		if c.cfg.Rate > 0 {
+		if paced {
 			for i := range next {
 				if next[i] < next[p] {
 					p = i
@@ -586,7 +594,8 @@ func (c *Conn) inject() {
 			c.mu.Unlock()
 			return
 		}
-		bytes := c.fillLocked(c.now(), c.cfg.PathRates[p])
+		rate := c.pathRateLocked(p)
+		bytes := c.fillLocked(c.now(), rate)
 		wire := bytes + len(tx.wrs)*packetOverhead
 		var req *planRequest
 		if s := c.needPlan; s != nil {
@@ -598,6 +607,7 @@ func (c *Conn) inject() {
 		if len(tx.wrs) > 0 {
 			_, err = c.qps[p].PostSend(tx.wrs)
 			c.pathBytes[p] += uint64(bytes)
+			c.sentAll += int64(bytes)
 			c.sentLocked(c.now())
 		}
 		c.mu.Unlock()
@@ -626,9 +636,9 @@ func (c *Conn) inject() {
 			}
 			continue
 		}
-		if c.cfg.Rate > 0 {
+		if paced {
 			now := c.now()
-			next[p] = max(next[p], now-2*time.Millisecond) + time.Duration(float64(wire)/c.cfg.PathRates[p]*1e9)
+			next[p] = max(next[p], now-2*time.Millisecond) + time.Duration(float64(wire)/rate*1e9)
 			if d := slices.Min(next) - now; d > time.Millisecond {
 				pace.Reset(d)
 				select {
@@ -639,6 +649,31 @@ func (c *Conn) inject() {
 			}
 		}
 	}
+}
+
+// pathRateLocked is path p's pacing rate in wire bytes per second (0:
+// unpaced): its share of the controller's, which counts payload.
+func (c *Conn) pathRateLocked(p int) float64 {
+	if c.rc == nil {
+		return c.cfg.PathRates[p]
+	}
+	ch := float64(max(c.peerChunk, 1))
+	return c.rc.Rate() * c.shares[p] * (ch + packetOverhead) / ch
+}
+
+// RateStats returns the AutoRate controller's account, its events'
+// times set; false without AutoRate.
+func (c *Conn) RateStats() (RateStats, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.rc == nil {
+		return RateStats{}, false
+	}
+	st := c.rc.Stats()
+	for i := range st.Events {
+		st.Events[i].Time = c.epoch.Add(st.Events[i].At)
+	}
+	return st, true
 }
 
 // PathBytes returns the chunk payload bytes sent on each path so far,

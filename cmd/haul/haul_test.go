@@ -119,7 +119,10 @@ func TestThroughLinkem(t *testing.T) {
 			require.Greater(t, d0["chunk_loss"], 0.005)
 			require.EqualValues(t, 0, d0["byte"])
 			if scheme == "auto" {
-				require.Contains(t, d0["reason"], "model at chunk loss")
+				// The model's own reason, or the body's rule (selective
+				// repeat while repairs hide behind later data): either
+				// names the loss it measured.
+				require.Regexp(t, `chunk loss 0\.0[1-9]`, d0["reason"])
 			}
 			for _, p := range []string{statePath(out), partPath(out)} {
 				_, err = os.Stat(p)

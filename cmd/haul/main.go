@@ -6,7 +6,7 @@
 //
 //	haul keygen FILE
 //	haul recv --listen ADDR --out PATH [--key-file FILE [--encrypt]] [--via RELAY] [--wait D]
-//	haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--probes N] PATH
+//	haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate auto|R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--probes N] PATH
 //
 // ADDR is host:port; the connection setup uses TCP on it and the data
 // path UDP on the same port. --via sends the data path through a relay
@@ -20,9 +20,16 @@
 // key) also encrypts the payload with AES-256-GCM; recv --encrypt accepts
 // only such senders.
 //
+// send --rate auto (the default) finds the path's rate: the probe
+// train's dispersion to start, then a delay-based controller that backs
+// off when the round trip shows a queue and not on loss, which the
+// reliability layer repairs; the report says what it found and how it
+// moved. --rate R paces at R instead.
+//
 // The receiver writes PATH.haul.part and renames it to PATH only once its
 // SHA-256 matches; PATH.haul beside it records the regions in place (each
-// checked against the sender's per-region SHA-256), so that a rerun of
+// checked as it lands as its part of the file's SHA-256, against the
+// chaining values the sender sends), so that a rerun of
 // both sides resumes, and a sender restarted within --wait resumes with
 // the same receiver.
 package main
@@ -55,7 +62,7 @@ func main() {
 const usage = `usage:
   haul keygen FILE
   haul recv --listen ADDR --out PATH [--key-file FILE [--encrypt]] [--via RELAY] [--wait D] [--json]
-  haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--probes N] [--json] PATH`
+  haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate auto|R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--probes N] [--json] PATH`
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {

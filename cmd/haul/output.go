@@ -1,9 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -128,9 +127,9 @@ func (o *output) verifyHave(ctx context.Context) (int, error) {
 			return bad, err
 		}
 		lo := int64(i) * s.Region
-		h := sha256.New()
+		h := regionHash(i, s.Region, s.Hashes)
 		_, err := io.CopyBuffer(h, io.NewSectionReader(o.f, lo, min(s.Region, s.Size-lo)), buf)
-		if err != nil || !bytes.Equal(h.Sum(nil), s.Hashes[i*hashLen:(i+1)*hashLen]) {
+		if err != nil || !regionEnds(h, i, regions(s.Size, s.Region), s.Hashes) {
 			clearRegion(s.Have, i)
 			bad++
 		}
@@ -228,7 +227,9 @@ func (o *output) needHashes() bool { return o.regions() > 0 && !o.st.st.Hashed }
 // setHashes takes the sender's region hashes, checked against the offer's
 // manifest, and records them.
 func (o *output) setHashes(h []byte) error {
-	if len(h) != o.regions()*hashLen || sha256Hex(h) != o.st.st.Manifest {
+	n := o.regions()
+	// The last is the file's SHA-256: the chain ends at the offer's.
+	if len(h) != n*hashLen || sha256Hex(h) != o.st.st.Manifest || hex.EncodeToString(h[(n-1)*hashLen:]) != o.st.st.SHA256 {
 		return errors.New("the sender's region hashes do not match its offer")
 	}
 	return o.st.saveHashes(h)
@@ -238,8 +239,7 @@ func (o *output) setHashes(h []byte) error {
 // says whether they did.
 func (o *output) complete(i int) (bool, error) {
 	s := &o.st.st
-	sum := sha256.Sum256(o.span(i))
-	if !bytes.Equal(sum[:], s.Hashes[i*hashLen:(i+1)*hashLen]) {
+	if !regionOK(o.span(i), i, o.regions(), s.Region, s.Hashes) {
 		o.log.Warn("a region arrived corrupted; it will be fetched again", "region", i)
 		return false, nil
 	}
@@ -251,35 +251,33 @@ func (o *output) complete(i int) (bool, error) {
 	return true, nil
 }
 
-// verify hashes the whole file. On a mismatch, the regions that differ
-// from the sender's hashes lose their mark, so that the next run fetches
-// them again; if none does, the sender's hashes disagree with its
-// SHA-256 (the file changed while it was read) and the next run starts
-// over.
+// verify says whether the file is complete and verified, with its
+// SHA-256. Each region was checked as it arrived (or, resumed, when the
+// run began) as a part of the file's SHA-256, from the chaining value
+// before it to the one after, and the chain ends at the offer's SHA-256
+// (setHashes): a file whose every region checked out has it, and is not
+// hashed again. The mapping takes no writes to a region once checked
+// (its receive is over). An empty file has no regions: its SHA-256 is
+// computed.
 func (o *output) verify() (string, error) {
-	sum := sha256Hex(o.mm)
-	if sum == o.st.st.SHA256 {
+	s := &o.st.st
+	if o.regions() == 0 {
+		sum := sha256Hex(nil)
+		if sum != s.SHA256 {
+			return sum, errors.New("sha256 mismatch: the sender's file is empty, and its SHA-256 is not that of nothing")
+		}
 		return sum, nil
 	}
-	s := &o.st.st
-	bad := 0
+	missing := 0
 	for i := range o.regions() {
-		h := sha256.Sum256(o.span(i))
-		if !bytes.Equal(h[:], s.Hashes[i*hashLen:(i+1)*hashLen]) {
-			clearRegion(s.Have, i)
-			bad++
+		if !hasRegion(s.Have, i) {
+			missing++
 		}
 	}
-	if bad == 0 {
-		clear(s.Have)
+	if missing > 0 {
+		return "", fmt.Errorf("%d regions are missing or did not match the sender's hashes; the next run fetches them again", missing)
 	}
-	if err := o.st.save(); err != nil {
-		return sum, fmt.Errorf("sha256 mismatch, and %w", err)
-	}
-	if bad == 0 {
-		return sum, errors.New("sha256 mismatch though every region matches the sender's region hashes (did the file change while it was sent?); the next run starts over")
-	}
-	return sum, fmt.Errorf("sha256 mismatch: %d regions differ from the sender's; the next run fetches them again", bad)
+	return s.SHA256, nil
 }
 
 // finish syncs the verified file, gives it its final name and removes

@@ -190,6 +190,8 @@ func parseOffer(b []byte) (*offer, error) {
 		return nil, fmt.Errorf("bad offer: a nonce of %d bytes", len(off.Nonce))
 	case off.Wire != sdrwire.Version:
 		return nil, fmt.Errorf("the sender speaks wire format version %d, this receiver %d: run the same haul release at both ends", max(off.Wire, 2), sdrwire.Version)
+	case off.Hashing != hashChain:
+		return nil, fmt.Errorf("the sender hashes regions on their own, this receiver checks them as parts of the file's SHA-256 (%s): run the same haul release at both ends", hashChain)
 	}
 	return &off, nil
 }
@@ -352,7 +354,7 @@ func (r *receiver) session(ctx context.Context, req *cm.Request, out *output) (*
 	// The device goes before the caller unmaps the output: closing it
 	// waits for its receive handlers, the only writers of the mapping.
 	defer e.close()
-	ans := answer{Have: out.have(), Hashes: out.needHashes(), Wire: sdrwire.Version}
+	ans := answer{Have: out.have(), Hashes: out.needHashes(), Wire: sdrwire.Version, Hashing: hashChain}
 	var pl *payload
 	if off.Nonce != nil {
 		// The sealed chunks fill the chunks of this end's connection:
@@ -631,7 +633,7 @@ func receiveRegions(ctx context.Context, c *reliability.Conn, out *output, slots
 		bad += b
 	}
 	if bad > 0 {
-		return fmt.Errorf("%d regions arrived corrupted (their SHA-256 differs from the sender's); the next run fetches them again", bad)
+		return fmt.Errorf("%d regions arrived corrupted (they do not match the sender's hashes); the next run fetches them again", bad)
 	}
 	return nil
 }

@@ -495,27 +495,26 @@ func TestRepairCorruptPartial(t *testing.T) {
 	require.Contains(t, r.stderr.String(), "do not match their hashes")
 }
 
-// A complete file whose SHA-256 does not match: the regions that differ
-// from the sender's hashes lose their mark (the next run fetches them);
-// if none does, the next run starts over rather than fail forever.
-func TestVerifyClearsBadRegions(t *testing.T) {
+// The file's SHA-256 is its regions' chain: a file whose regions all
+// checked out as they arrived is verified without hashing it again, one
+// with a region that did not is not (that region stays unmarked, for the
+// next run to fetch), and hashes whose chain does not end at the offer's
+// SHA-256 are refused before anything is checked against them.
+func TestVerifyByChain(t *testing.T) {
 	const size, region = 3<<20 + 7, 1 << 20
 	data := bytes.Repeat([]byte("haul"), size/4+1)[:size]
 	for _, tc := range []struct {
 		name    string
-		corrupt int // region to change on disk; -1 none, but a wrong whole-file sha
+		corrupt int // region to change before it is checked; -1 none
 		want    string
-		left    int // regions still marked after
+		left    int // regions marked after
 	}{
-		{"one region bad", 2, "1 regions differ", 3},
-		{"hashes disagree with the sha", -1, "the next run starts over", 0},
+		{"all regions good", -1, "", 4},
+		{"one region bad", 2, "1 regions are missing or did not match", 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "out")
 			sha, hashes := hashFile(data, region)
-			if tc.corrupt < 0 {
-				sha = strings.Repeat("0", 2*hashLen)
-			}
 			off := &offer{Size: size, SHA256: sha, Region: region, Manifest: sha256Hex(hashes), K: 32}
 			o, err := createOutput(out, off, newLogger(io.Discard))
 			require.NoError(t, err)
@@ -523,19 +522,33 @@ func TestVerifyClearsBadRegions(t *testing.T) {
 			require.NoError(t, o.mapFile())
 			require.NoError(t, o.setHashes(hashes))
 			copy(o.mm, data)
-			for i := range o.regions() {
-				ok, err := o.complete(i)
-				require.NoError(t, err)
-				require.True(t, ok)
-			}
 			if tc.corrupt >= 0 {
 				o.mm[tc.corrupt*region+5] ^= 0xff
 			}
-			_, err = o.verify()
-			require.ErrorContains(t, err, tc.want)
+			for i := range o.regions() {
+				ok, err := o.complete(i)
+				require.NoError(t, err)
+				require.Equal(t, i != tc.corrupt, ok, "region %d", i)
+			}
+			sum, err := o.verify()
+			if tc.want == "" {
+				require.NoError(t, err)
+				require.Equal(t, sha, sum)
+			} else {
+				require.ErrorContains(t, err, tc.want)
+			}
 			require.Equal(t, tc.left, haveRegions(t, out))
 		})
 	}
+	t.Run("chain ends elsewhere", func(t *testing.T) {
+		out := filepath.Join(t.TempDir(), "out")
+		_, hashes := hashFile(data, region)
+		off := &offer{Size: size, SHA256: strings.Repeat("0", 2*hashLen), Region: region, Manifest: sha256Hex(hashes), K: 32}
+		o, err := createOutput(out, off, newLogger(io.Discard))
+		require.NoError(t, err)
+		defer o.close()
+		require.ErrorContains(t, o.setHashes(hashes), "do not match its offer")
+	})
 }
 
 // A region that arrives not matching its hash is not marked, and the run

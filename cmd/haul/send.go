@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -48,6 +46,7 @@ type report struct {
 	// receiver that reports late, costs.
 	Repeats    float64    `json:"repeat_overhead"`
 	Probe      *probeRep  `json:"probe,omitempty"`
+	Rate       rateRep    `json:"rate"`
 	Flow       flowRep    `json:"flow"`
 	Decisions  []decision `json:"decisions"`
 	repairWire int64
@@ -93,7 +92,7 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 	}
 	defer e.close()
 	off := offer{Name: filepath.Base(o.path), Size: size, SHA256: sha, Region: region, Manifest: sha256Hex(hashes),
-		K: o.k, M: max(o.m, 8), Wire: sdrwire.Version}
+		K: o.k, M: max(o.m, 8), Wire: sdrwire.Version, Hashing: hashChain}
 	if o.paths > 1 {
 		off.Paths = o.paths
 	}
@@ -124,6 +123,9 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 	}
 	if ans.Wire != sdrwire.Version {
 		return fmt.Errorf("the receiver at %s speaks wire format version %d, this sender %d: run the same haul release at both ends", o.to, max(ans.Wire, 2), sdrwire.Version)
+	}
+	if ans.Hashing != hashChain {
+		return fmt.Errorf("the receiver at %s checks regions by their own SHA-256, this sender by the file's (%s): run the same haul release at both ends", o.to, hashChain)
 	}
 	var pl *payload
 	if o.encrypt {
@@ -158,7 +160,7 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 			return fmt.Errorf("probing the path: %w", err)
 		}
 		probe = &probeRep{Sent: pr.Sent, Echoed: pr.Echoed, Loss: pr.Loss, RTTms: float64(pr.Median.Microseconds()) / 1e3,
-			Seconds: pr.Duration.Seconds(), DispersionMbps: pr.Dispersion * 8 / 1e6}
+			Seconds: pr.Duration.Seconds(), DispersionMbps: pr.Dispersion * 8 / 1e6, SendMbps: pr.SendRate * 8 / 1e6}
 		if o.verbose {
 			fmt.Fprintf(stderr, "haul: probe: %v\n", pr)
 		}
@@ -321,11 +323,12 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "%s\n", mustJSON(rep))
 	} else {
 		fmt.Fprintf(stdout, "haul: sent %s: %d bytes in %.3fs, %.3f Gbit/s goodput (ideal %.3fs at %.0f Mbit/s and %.1f ms RTT: %.2fx)\n",
-			o.path, todoBytes, rep.Seconds, rep.Gbps, rep.Ideal, o.rate*8/1e6, rep.RTTms, rep.Seconds/rep.Ideal)
+			o.path, todoBytes, rep.Seconds, rep.Gbps, rep.Ideal, rep.Rate.IdealMbps, rep.RTTms, rep.Seconds/rep.Ideal)
 		if rep.Probe != nil {
-			fmt.Fprintf(stdout, "haul: probe: %d of %d echoed (loss %.2g a packet), RTT %.1f ms, %.3fs; echoes dispersed at %.0f Mbit/s\n",
-				rep.Probe.Echoed, rep.Probe.Sent, rep.Probe.Loss, rep.Probe.RTTms, rep.Probe.Seconds, rep.Probe.DispersionMbps)
+			fmt.Fprintf(stdout, "haul: probe: %d of %d echoed (loss %.2g a packet), RTT %.1f ms, %.3fs; sent at %.0f Mbit/s, echoes dispersed at %.0f Mbit/s\n",
+				rep.Probe.Echoed, rep.Probe.Sent, rep.Probe.Loss, rep.Probe.RTTms, rep.Probe.Seconds, rep.Probe.SendMbps, rep.Probe.DispersionMbps)
 		}
+		printRate(stdout, &rep.Rate)
 		if f := rep.Flow; f.WindowMax > 0 {
 			fmt.Fprintf(stdout, "haul: flow control: the receiver's window %s to %s (shrank %d times); waited for it %.3fs\n",
 				mib(f.WindowMin), mib(f.WindowMax), f.Cuts, f.Waited)
@@ -435,6 +438,7 @@ type probeRep struct {
 	// DispersionMbps is the rate the echoes came back at: the path's
 	// bottleneck if below --rate (the train is paced at --rate).
 	DispersionMbps float64 `json:"dispersion_mbps"`
+	SendMbps       float64 `json:"send_mbps"` // the rate the train went out at
 }
 
 // flowRep is flow control's account in the report: the receiver's
@@ -482,7 +486,8 @@ func summarise(rep *report, results []reliability.SendResult, offsets []int64, c
 	l := c.Link()
 	rep.RTTms = float64(l.RTT.Microseconds()) / 1e3
 	rep.Loss = l.Loss
-	rep.Ideal = float64(todo)/o.rate + l.RTT.Seconds()
+	rep.Rate = rateReport(c, o, start)
+	rep.Ideal = float64(todo)/(rep.Rate.IdealMbps*1e6/8) + l.RTT.Seconds()
 	rep.Paths, rep.PathBytes = o.paths, c.PathBytes()
 	fl := c.Flow()
 	rep.Flow = flowRep{WindowMin: fl.PeerMin, WindowMax: fl.PeerMax, Cuts: fl.PeerCuts, Waited: fl.Waited.Seconds()}
@@ -519,8 +524,15 @@ func summarise(rep *report, results []reliability.SendResult, offsets []int64, c
 		rep.Repeats = float64(repeats) / float64(todo)
 	}
 	if rep.Repeats > repeatWarn {
-		rep.warning = fmt.Sprintf("%.1f%% of the payload was sent again (%d timeouts): the loss is high, or the receiver reports late (it cannot keep up, or --rate is above the path's)",
-			100*rep.Repeats, rep.Timeouts)
+		why := "the receiver reports late (it cannot keep up, or --rate is above the path's)"
+		if o.auto {
+			why = "the receiver reports late (it cannot keep up), or the path dropped what the rate controller sent before it backed off"
+		}
+		if rep.Rate.Stalls > 0 {
+			why = fmt.Sprintf("the path went down (for %.1fs at the longest): what was in flight then was sent again", rep.Rate.LongestStall)
+		}
+		rep.warning = fmt.Sprintf("%.1f%% of the payload was sent again (%d timeouts): the loss is high, or %s",
+			100*rep.Repeats, rep.Timeouts, why)
 	}
 	var names []string
 	for k := range byScheme {
@@ -574,23 +586,6 @@ func pickRegion(flag, size int64) (int64, error) {
 		return 0, fmt.Errorf("a file of %d bytes is too large: at most %d regions of %d bytes", size, maxRegions, int64(maxRegion))
 	}
 	return r, nil
-}
-
-// hashFile returns the SHA-256 of b and of each of its regions (back to
-// back), the two computed side by side.
-func hashFile(b []byte, region int64) (string, []byte) {
-	var sum string
-	var wg sync.WaitGroup
-	wg.Go(func() { sum = sha256Hex(b) })
-	n := regions(int64(len(b)), region)
-	hashes := make([]byte, 0, n*hashLen)
-	for i := range n {
-		lo := int64(i) * region
-		h := sha256.Sum256(b[lo:min(lo+region, int64(len(b)))])
-		hashes = append(hashes, h[:]...)
-	}
-	wg.Wait()
-	return sum, hashes
 }
 
 // ready waits for the first round trip, or for the verdict: a receiver

@@ -26,6 +26,7 @@ type common struct {
 	slots   int
 	rates   []float64 // bytes/s per path (the sender's; one value for all)
 	rate    float64   // bytes/s, all paths together
+	auto    bool      // --rate auto (the sender's): a controller paces, and rate is the probe train's pace
 	peerT   time.Duration
 	keyFile string
 	key     []byte // authenticates the CM's handshakes; nil: none
@@ -69,7 +70,7 @@ func commonFlags(fs *flag.FlagSet, c *common) (chunk, rate, via *string) {
 	fs.BoolVar(&c.json, "json", false, "print the final report as one JSON line")
 	fs.BoolVar(&c.verbose, "v", false, "print each message's counters (sender) or the device's (receiver)")
 	chunk = fs.String("chunk", "", "chunk size, a multiple of the MTU (default one MTU, 4096)")
-	rate = fs.String("rate", "", "injection rate per path, as tc spells it (500mbit), or one per path, comma-separated; set it to the path's rate (default 1gbit)")
+	rate = fs.String("rate", "auto", "injection rate: auto (found from the path's delivery rate and round trip), or per path as tc spells it (500mbit), or one per path, comma-separated")
 	fs.IntVar(&c.slots, "slots", 8, "messages in flight (a power of two, 1..64)")
 	fs.DurationVar(&c.peerT, "peer-timeout", 10*time.Second, "give up when the peer is silent this long")
 	fs.StringVar(&c.cpuprof, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof reads it)")
@@ -103,8 +104,9 @@ func (c *common) finish(chunk, rate, via string, paths int) error {
 			return fmt.Errorf("--via: %d relays for %d paths", len(c.vias), paths)
 		}
 	}
+	c.auto = rate == "" || rate == "auto"
 	rates := []string{"1gbit"}
-	if rate != "" {
+	if !c.auto {
 		rates = strings.Split(rate, ",")
 	}
 	if paths > 0 && len(rates) != 1 && len(rates) != paths {
@@ -143,7 +145,9 @@ func parseRecv(args []string, stderr io.Writer) (*recvOpts, error) {
 	if o.wait < 0 {
 		return nil, fmt.Errorf("--wait %v: want a duration of 0 or more", o.wait)
 	}
-	return o, o.finish(*chunk, *rate, *via, 0)
+	err := o.finish(*chunk, *rate, *via, 0)
+	o.auto = false // the receiver sends only its verdict and requests: paced at 1 Gbit/s
+	return o, err
 }
 
 func parseSend(args []string, stderr io.Writer) (*sendOpts, error) {
@@ -174,8 +178,8 @@ func parseSend(args []string, stderr io.Writer) (*sendOpts, error) {
 		return nil, fmt.Errorf("--k %d --m %d: want 1 <= k <= 128, 0 <= m <= 128, k+m <= 256", o.k, o.m)
 	}
 	if *region != "" {
-		if o.region, err = units.ParseSize(*region); err != nil || o.region < minRegion || o.region > maxRegion {
-			return nil, fmt.Errorf("--region %q: want %d bytes to 4GiB", *region, minRegion)
+		if o.region, err = units.ParseSize(*region); err != nil || o.region < minRegion || o.region > maxRegion || o.region%hashBlock != 0 {
+			return nil, fmt.Errorf("--region %q: want %d bytes to 4GiB, a multiple of %d", *region, minRegion, hashBlock)
 		}
 	}
 	if o.probes < 0 || o.probes > 1<<16 {
@@ -193,13 +197,17 @@ type offer struct {
 	Size   int64  `json:"size"`
 	SHA256 string `json:"sha256"`
 	Region int64  `json:"region"`
-	// Manifest is the SHA-256 of the regions' SHA-256s, back to back: the
-	// receiver checks the hashes it is sent (the first message when it
-	// asks for them) against it, and each region against its hash.
+	// Manifest is the SHA-256 of the region hashes (see chain.go), back
+	// to back: the receiver checks the hashes it is sent (the first
+	// message when it asks for them) against it, and each region against
+	// its hash.
 	Manifest string `json:"manifest"`
-	K        int    `json:"k"`
-	M        int    `json:"m"`
-	Paths    int    `json:"paths,omitempty"` // further paths dial after this one with a pathHello
+	// Hashing names the region hashes' scheme: hashChain (an older
+	// sender, which hashed each region on its own, sends none).
+	Hashing string `json:"hashing,omitempty"`
+	K       int    `json:"k"`
+	M       int    `json:"m"`
+	Paths   int    `json:"paths,omitempty"` // further paths dial after this one with a pathHello
 	// Wire is the version of the data path's format (sdrwire) the sender
 	// speaks; the receiver refuses another (0: a haul from before it was
 	// sent, which speaks version 2).
@@ -222,9 +230,10 @@ type answer struct {
 	Hashes bool   `json:"hashes,omitempty"`
 	// With an encrypted payload: the receiver's half of the salt, and its
 	// chunk size, which the sealed chunks fill.
-	Nonce []byte `json:"nonce,omitempty"`
-	Chunk int    `json:"chunk,omitempty"`
-	Wire  int    `json:"wire,omitempty"` // as the offer's
+	Nonce   []byte `json:"nonce,omitempty"`
+	Chunk   int    `json:"chunk,omitempty"`
+	Wire    int    `json:"wire,omitempty"`    // as the offer's
+	Hashing string `json:"hashing,omitempty"` // as the offer's
 }
 
 // verdict is the receiver's last message: did the file check out, or why
@@ -262,6 +271,12 @@ func (e *endpoint) close() {
 func (c *common) relCfg(k, m, maxParity int, scheme reliability.Scheme, paths int) reliability.Config {
 	cfg := reliability.Config{Chunk: c.chunk, Slots: c.slots, Rate: c.rate, Scheme: scheme, K: k, M: m,
 		MaxParity: maxParity, PeerTimeout: c.peerT, RTT: 20 * time.Millisecond}
+	if c.auto {
+		// The controller paces; the probe train goes at the old default
+		// of 1 Gbit/s, which its echoes' dispersion measures below.
+		cfg.AutoRate = true
+		return cfg
+	}
 	if len(c.rates) == paths {
 		cfg.PathRates = c.rates
 	}

@@ -51,7 +51,7 @@ type state struct {
 	Manifest string `json:"manifest"` // SHA-256 of Hashes, as the offer says
 	Hashed   bool   `json:"hashed"`   // the region hashes are in the file
 	Have     []byte `json:"have"`     // bitmap of regions in place and verified
-	Hashes   []byte `json:"-"`        // each region's SHA-256, once Hashed
+	Hashes   []byte `json:"-"`        // the region hashes (chain.go), once Hashed
 }
 
 func statePath(out string) string { return out + ".haul" }
@@ -92,8 +92,8 @@ func checkLayout(size, region int64) error {
 	if size < 0 {
 		return fmt.Errorf("size %d", size)
 	}
-	if region < minRegion || region > maxRegion {
-		return fmt.Errorf("region %d, want %d..%d bytes", region, minRegion, int64(maxRegion))
+	if region < minRegion || region > maxRegion || region%hashBlock != 0 {
+		return fmt.Errorf("region %d, want %d..%d bytes, a multiple of %d", region, minRegion, int64(maxRegion), hashBlock)
 	}
 	if n := (size-1)/region + 1; size > 0 && n > maxRegions {
 		return fmt.Errorf("%d regions of %d bytes, at most %d", n, region, maxRegions)

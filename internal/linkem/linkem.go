@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"sync"
@@ -46,6 +47,7 @@ type DirStats struct {
 	Bytes      uint64 // arrived payload bytes
 	Lost       uint64 // dropped by the loss model
 	Overflow   uint64 // dropped by the full queue
+	Down       uint64 // dropped while the link was down (SetDown)
 	Duplicated uint64
 	Delivered  uint64
 	Failed     uint64 // could not be sent on
@@ -53,8 +55,8 @@ type DirStats struct {
 }
 
 func (s DirStats) String() string {
-	return fmt.Sprintf("%d packets (%d bytes) in, %d delivered, %d lost, %d queue drops, %d duplicated, sender learned %d times",
-		s.Packets, s.Bytes, s.Delivered, s.Lost, s.Overflow, s.Duplicated, s.NewPeers)
+	return fmt.Sprintf("%d packets (%d bytes) in, %d delivered, %d lost, %d queue drops, %d dropped while down, %d duplicated, sender learned %d times",
+		s.Packets, s.Bytes, s.Delivered, s.Lost, s.Overflow, s.Down, s.Duplicated, s.NewPeers)
 }
 
 // Link is a running emulator.
@@ -65,6 +67,8 @@ type Link struct {
 	peer  [2]atomic.Pointer[netip.AddrPort]
 	fixed [2]bool // configured peers: never learned
 	dir   [2]*direction
+	rate  atomic.Uint64 // bytes/s as float64 bits: Config.Rate, then SetRate's
+	down  atomic.Bool
 	wg    sync.WaitGroup
 	done  chan struct{}
 }
@@ -81,7 +85,7 @@ type direction struct {
 	wait  [][]byte      // toward an unknown peer
 	kick  chan struct{} // wakes the sender: a new earliest packet
 	st    struct {
-		packets, bytes, lost, overflow, dup, delivered, failed, peers atomic.Uint64
+		packets, bytes, lost, overflow, down, dup, delivered, failed, peers atomic.Uint64
 	}
 }
 
@@ -122,6 +126,7 @@ func Start(cfg Config) (*Link, error) {
 		return nil, errors.New("linkem: negative rate or queue")
 	}
 	l := &Link{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
+	l.rate.Store(math.Float64bits(cfg.Rate))
 	if l.log == nil {
 		l.log = slog.Default()
 	}
@@ -163,12 +168,23 @@ func (l *Link) AddrA() netip.AddrPort { return l.sock[0].LocalAddr().(*net.UDPAd
 // AddrB is side B's address.
 func (l *Link) AddrB() netip.AddrPort { return l.sock[1].LocalAddr().(*net.UDPAddr).AddrPort() }
 
+// SetRate changes each direction's rate (bytes/s; 0: unlimited) for the
+// packets that arrive from now on, as a path whose capacity changes; the
+// queue's size stays as Start set it.
+func (l *Link) SetRate(rate float64) {
+	l.rate.Store(math.Float64bits(max(rate, 0)))
+}
+
+// SetDown makes the link drop every packet that arrives, both ways
+// (down), as a path that fails, or forward again (up).
+func (l *Link) SetDown(down bool) { l.down.Store(down) }
+
 // Stats returns the counters of A→B and B→A.
 func (l *Link) Stats() (ab, ba DirStats) { return l.dir[0].stats(), l.dir[1].stats() }
 
 func (d *direction) stats() DirStats {
 	return DirStats{Packets: d.st.packets.Load(), Bytes: d.st.bytes.Load(), Lost: d.st.lost.Load(),
-		Overflow: d.st.overflow.Load(), Duplicated: d.st.dup.Load(), Delivered: d.st.delivered.Load(), Failed: d.st.failed.Load(),
+		Overflow: d.st.overflow.Load(), Down: d.st.down.Load(), Duplicated: d.st.dup.Load(), Delivered: d.st.delivered.Load(), Failed: d.st.failed.Load(),
 		NewPeers: d.st.peers.Load()}
 }
 
@@ -240,10 +256,14 @@ func (l *Link) learn(side int, from netip.AddrPort) {
 func (d *direction) arrive(b []byte, seq uint64, now time.Time) {
 	d.st.packets.Add(1)
 	d.st.bytes.Add(uint64(len(b)))
+	if d.l.down.Load() {
+		d.st.down.Add(1)
+		return
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := now
-	if rate := d.l.cfg.Rate; rate > 0 {
+	if rate := math.Float64frombits(d.l.rate.Load()); rate > 0 {
 		if d.queue+len(b) > d.l.cfg.Queue {
 			d.st.overflow.Add(1)
 			return
@@ -290,9 +310,7 @@ func (d *direction) run() {
 		for len(d.held) > 0 && !d.held[0].at.After(now) {
 			p := heap.Pop(&d.held).(pkt)
 			if p.b == nil {
-				if d.l.cfg.Rate > 0 {
-					d.queue -= p.line
-				}
+				d.queue -= p.line // only a rate-limited arrival has a marker
 				continue
 			}
 			due = append(due, p.b)

@@ -2,6 +2,7 @@ package linkem
 
 import (
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -157,4 +158,45 @@ func TestPeerRelearned(t *testing.T) {
 			require.Equal(t, map[bool]uint64{false: 2, true: 0}[fixed], ab.NewPeers, "A's peer learned")
 		})
 	}
+}
+
+// SetRate spaces the packets that arrive after it at the new rate;
+// SetDown drops everything until the link is up again.
+func TestSetRateAndDown(t *testing.T) {
+	l, err := Start(Config{Rate: 10e6, Queue: 1 << 20})
+	require.NoError(t, err)
+	defer l.Close()
+	d := l.dir[0]
+	at := time.Now().Add(time.Hour)
+	departures := func() []time.Time {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		var ts []time.Time
+		for _, p := range d.held {
+			if p.b != nil {
+				ts = append(ts, p.at)
+			}
+		}
+		slices.SortFunc(ts, time.Time.Compare)
+		return ts
+	}
+	d.arrive(make([]byte, 1000), 1, at) // 100 µs at 10 MB/s
+	l.SetRate(1e6)
+	d.arrive(make([]byte, 1000), 2, at) // 1 ms at 1 MB/s, after the first
+	ts := departures()
+	require.Len(t, ts, 2)
+	require.Equal(t, 100*time.Microsecond, ts[0].Sub(at))
+	require.Equal(t, 1100*time.Microsecond, ts[1].Sub(at))
+
+	l.SetDown(true)
+	for i := range 10 {
+		l.dir[i%2].arrive(make([]byte, 1000), uint64(3+i), at)
+	}
+	require.Len(t, departures(), 2)
+	ab, ba := l.Stats()
+	require.Equal(t, uint64(5), ab.Down)
+	require.Equal(t, uint64(5), ba.Down)
+	l.SetDown(false)
+	d.arrive(make([]byte, 1000), 20, at)
+	require.Len(t, departures(), 3)
 }
