@@ -30,12 +30,19 @@ import (
 	"hash/crc64"
 	"math"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 	"unsafe"
 
 	"github.com/rvma/rvma/rma"
 )
+
+// started is when this process began: for a respawned rank, the end of
+// the respawn.
+var started = time.Now()
 
 type options struct {
 	steps, cells       int
@@ -159,6 +166,16 @@ type recovery struct {
 	failures  int
 	rewoundTo int
 	took      time.Duration
+	detected  time.Time // when a wait or put failed with ErrPeer
+	resumed   time.Time // when Recover returned
+	stats     rma.RecoveryStats
+}
+
+// killStamp is where a rank that kills itself leaves the time, so that the
+// others can tell how long recovery took from the kill: a file named after
+// the job's rendezvous.
+func killStamp() string {
+	return filepath.Join(os.TempDir(), "rewind-kill-"+strings.NewReplacer(":", "_", "/", "_").Replace(os.Getenv(rma.EnvKVS)))
 }
 
 // recover calls Recover and returns the step to go on from, having redone
@@ -166,11 +183,16 @@ type recovery struct {
 // end of its epoch's wait).
 func (s *sim) recover(ctx context.Context, rec *recovery) (int, error) {
 	t0 := time.Now()
+	if rec.detected.IsZero() {
+		rec.detected = t0
+	}
 	if err := s.comm.Recover(ctx); err != nil {
 		return 0, err
 	}
 	rec.failures++
-	rec.took += time.Since(t0)
+	rec.resumed = time.Now()
+	rec.took += rec.resumed.Sub(t0)
+	rec.stats = s.comm.RecoveryStats()
 	e := int(s.win.Epoch())
 	rec.rewoundTo = e
 	if e > 0 {
@@ -211,6 +233,7 @@ func (s *sim) simulate(ctx context.Context) ([]float64, recovery, time.Duration,
 		err := s.win.Put(ctx, s.mem[:8], s.left, s.ghostOff(e, 1))
 		if err == nil && e == s.o.failStep && c.Rank() == s.o.failRank && c.Incarnation() == 0 {
 			// A real failure: the process is gone, its memory with it.
+			os.WriteFile(killStamp(), []byte(strconv.FormatInt(time.Now().UnixNano(), 10)), 0o600)
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		}
 		if err == nil {
@@ -281,15 +304,38 @@ func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
 	if err := comm.AllreduceInt64(ctx, rma.ReduceSum, sum); err != nil {
 		return false, err
 	}
-	most := []int64{stats[1], stats[2]}
+	// From the kill (when this job's rank killed itself) to: the
+	// survivors' ErrPeer, the respawned rank's start, every rank
+	// computing again; and Recover's phases, the slowest rank's each.
+	var detect, respawn, resume int64
+	if b, err := os.ReadFile(killStamp()); err == nil && rec.failures > 0 {
+		if ns, err := strconv.ParseInt(string(b), 10, 64); err == nil {
+			k := time.Unix(0, ns)
+			if comm.Incarnation() > 0 {
+				respawn = started.Sub(k).Microseconds()
+			} else {
+				detect = rec.detected.Sub(k).Microseconds()
+			}
+			resume = rec.resumed.Sub(k).Microseconds()
+		}
+	}
+	st := rec.stats
+	most := []int64{stats[1], stats[2], detect, respawn, resume, st.Agree.Microseconds(), st.Quiet.Microseconds(),
+		st.Reconnect.Microseconds(), st.Exchange.Microseconds(), st.Restore.Microseconds()}
 	if err := comm.AllreduceInt64(ctx, rma.ReduceMax, most); err != nil {
 		return false, err
 	}
+	if comm.Rank() == 0 {
+		os.Remove(killStamp())
+	}
+	ms := func(us int64) float64 { return float64(us) / 1e3 }
 	ok := sum[0] == 0
 	if comm.Rank() == 0 {
 		if o.json {
 			b, _ := json.Marshal(map[string]any{"example": "rewind", "ranks": comm.Size(), "steps": o.steps, "cells": o.cells,
-				"recoveries": most[0], "recovery_ms_max": float64(most[1]) / 1e3, "rewound_to_step": rec.rewoundTo,
+				"recoveries": most[0], "recovery_ms_max": ms(most[1]), "rewound_to_step": rec.rewoundTo,
+				"kill_to_detect_ms": ms(most[2]), "kill_to_respawn_ms": ms(most[3]), "kill_to_resume_ms": ms(most[4]),
+				"agree_ms": ms(most[5]), "quiet_ms": ms(most[6]), "reconnect_ms": ms(most[7]), "exchange_ms": ms(most[8]), "restore_ms": ms(most[9]),
 				"checksum": fmt.Sprintf("%x", uint64(sum[1])), "ok": ok})
 			fmt.Println(string(b))
 		} else {
@@ -297,6 +343,12 @@ func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
 			if most[0] > 0 {
 				fmt.Printf("  recovered from %d failure(s); rank 0 went back to step %d; the longest Recover took %v\n",
 					most[0], rec.rewoundTo, time.Duration(most[1])*time.Microsecond)
+				fmt.Printf("  Recover's phases (slowest rank each): agree %.1f ms, quiet %.1f, reconnect %.1f, exchange %.1f, restore %.1f\n",
+					ms(most[5]), ms(most[6]), ms(most[7]), ms(most[8]), ms(most[9]))
+				if most[4] > 0 {
+					fmt.Printf("  from the kill: survivors saw it in %.1f ms, the rank was respawned in %.1f ms, every rank computed again in %.1f ms\n",
+						ms(most[2]), ms(most[3]), ms(most[4]))
+				}
 			}
 			fmt.Printf("  final state equals the fault-free run's byte for byte: %v (checksum %x)\n", ok, uint64(sum[1]))
 		}
