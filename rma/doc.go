@@ -90,6 +90,55 @@
 // once, when complete. Comm.LongHaul exposes the connection (RTT, loss,
 // link model). A put the target refuses fails with mailbox.ErrRefused.
 //
+// # Recovering from a rank's death
+//
+// Under rvmarun --restart K (RVMA_INCARNATION set), a rank whose process
+// dies is started again, with the same rank and the next incarnation
+// (Comm.Incarnation), up to K times. The launcher tells every rank at
+// once, through the rendezvous: operations and waits toward the dead rank,
+// and every wait of every rank (WaitEpoch, collectives, locks, PSCW waits,
+// connecting), fail with ErrPeer. The application then calls Recover on
+// every rank; the respawned rank calls it after creating the windows the
+// first incarnation had, in the same order (Comm.Restarted says it is
+// one). Recover agrees on membership, gives up connections to the dead
+// incarnation (nothing it sent lands afterwards), and rewinds every
+// notified window with History to the latest epoch that every rank
+// retains; the respawned rank's window comes from its buddy's replica
+// (NotifyConfig.Replicate: rank r's buddy is rank r+1). Then every rank
+// goes on from Win.Epoch():
+//
+//	w, _ := comm.Allocate(ctx, size, &rma.WinConfig{Notify: &rma.NotifyConfig{
+//		ExpectFrom: expect, History: 4, Every: 10, Replicate: true}})
+//	e := 0
+//	if comm.Restarted() {
+//		comm.Recover(ctx)
+//		e = int(w.Epoch())
+//	} else {
+//		initialise(w.Bytes())
+//		w.Snapshot(ctx) // epoch 0 is retained too
+//	}
+//	for e < steps {
+//		err := step(ctx, w, e+1) // puts, then WaitEpoch
+//		if errors.Is(err, rma.ErrPeer) {
+//			if err := comm.Recover(ctx); err != nil {
+//				return err // ErrLost, ErrNotRetained: the job cannot go on
+//			}
+//			e = int(w.Epoch())
+//			continue
+//		}
+//		e++
+//	}
+//
+// State the application keeps outside notified windows is its own to
+// restore (keep it in the window, as examples/rewind and examples/halo3d
+// do). History must cover how far apart the ranks' epochs can be (a
+// stencil's neighbours are at most one apart). A rank that dies during
+// Recover makes it start over with its next incarnation. Recover fails
+// with ErrLost when a respawned rank's buddy died with it (or a window
+// keeps no replicas), and with ErrNotRetained when no epoch is retained
+// everywhere: never with wrong data. Plain windows' memory is not
+// restored; their synchronisation state (locks, epochs) is reset.
+//
 // # Where rvma differs from MPI
 //
 //   - A notified window (WinConfig.Notify) is RVMA's: the target states how
