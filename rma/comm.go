@@ -781,9 +781,21 @@ func newComm(ctx context.Context, b boot, dev *verbs.Device, cfg Config) (_ *Com
 	}
 	if c.inc > 0 {
 		// A respawned rank: the others passed the rendezvous barrier long
-		// ago; it joins them in Recover.
-		c.rec.start()
-		return c, nil
+		// ago, and it joins them in Recover; unless the first incarnation
+		// died before anyone had joined (rvmarun respawns no rank while
+		// the others join), when it joins them there.
+		started, err := b.recover.Started(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBootstrap, err)
+		}
+		if started {
+			c.rec.start()
+			return c, nil
+		}
+		c.rec.fresh.Store(false)
+		c.rec.mu.Lock()
+		c.rec.fault, c.rec.cancel = context.WithCancelCause(context.Background())
+		c.rec.mu.Unlock()
 	}
 	if err = store.Barrier(ctx); err != nil {
 		return nil, fmt.Errorf("%w: rendezvous barrier: %w", ErrBootstrap, err)

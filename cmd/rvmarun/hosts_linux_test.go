@@ -193,7 +193,7 @@ func TestHostsRestart(t *testing.T) {
 	self, err := os.Executable()
 	require.NoError(t, err)
 	victim := tb.Names[1]
-	cmd := hostsJob(tb, 2, "-x", envRole+"=incarnation", "-x", envDie+"=3:1:hold", "--restart", "1", "--kill", "3@300ms", self)
+	cmd := hostsJob(tb, 2, "-x", envRole+"=incarnation", "-x", envDie+"=3:1:hold", "-x", envWait+"=1", "--restart", "1", "--kill", "3@300ms", self)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.Contains(t, string(out), "rvmarun: killing rank 3 on "+victim+" (incarnation 0) with SIGKILL at 300ms as --kill asked\n")

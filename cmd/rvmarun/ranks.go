@@ -71,6 +71,10 @@ type group struct {
 type recorder interface {
 	Died(rank int) error
 	Respawned(rank int, inc uint32) error
+	// Joining reports whether the ranks are joining the job's rendezvous:
+	// a rank that dies then cannot be respawned (the others wait there
+	// for its first incarnation).
+	Joining() bool
 }
 
 // tag is the prefix of a rank's output lines.
@@ -197,6 +201,7 @@ func copyLines(in io.Reader, out io.Writer, prefix string, mu *sync.Mutex) {
 func (g *group) supervise(sigs <-chan os.Signal, forward func(os.Signal) bool, orders <-chan order) int {
 	defer close(g.done)
 	status, left, failed, ending := 0, len(g.cmds), false, false
+	done := -1 // a rank that finished (exit 0)
 	ended := make([]bool, len(g.cmds))
 	stop := func(st int, format string, a ...any) {
 		failed, status = true, st
@@ -230,11 +235,25 @@ func (g *group) supervise(sigs <-chan os.Signal, forward func(os.Signal) bool, o
 			r := g.job.Ranks[e.i]
 			switch {
 			case e.err == nil || failed:
+				if e.err == nil && done < 0 {
+					done = r
+				}
 			case g.job.Restart == 0:
 				stop(exitStatus(e.err), "rvmarun: %s failed (%v); stopping the others\n", g.job.where(r), e.err)
 			case ending:
 				g.rec.Died(r) // the job ends: a record that fails changes nothing
 				stop(exitStatus(e.err), "rvmarun: %s failed (%v); stopping the others\n", g.job.where(r), e.err)
+			case g.rec.Joining() || done >= 0:
+				// Before the job started, the others wait for this rank's
+				// first incarnation; after a rank finished, there is no
+				// job left to recover into.
+				g.rec.Died(r)
+				why := "while the ranks joined the job"
+				if done >= 0 {
+					why = fmt.Sprintf("after %s had finished", g.job.where(done))
+				}
+				stop(exitStatus(e.err), "rvmarun: %s (incarnation %d) %s %s: not restarting it; stopping the others\n",
+					g.job.where(r), g.inc[e.i], death(e.err), why)
 			case int(g.inc[e.i]) >= g.job.Restart:
 				g.rec.Died(r)
 				stop(exitStatus(e.err), "rvmarun: %s (incarnation %d) %s; it died %d times, more than --restart %d allows; stopping the others\n",

@@ -24,6 +24,8 @@ type serverRecorder struct{ srv *kvs.Server }
 
 func (s serverRecorder) Died(rank int) error { s.srv.Died(rank); return nil }
 
+func (s serverRecorder) Joining() bool { return s.srv.Joining() }
+
 func (s serverRecorder) Respawned(rank int, inc uint32) error {
 	s.srv.Respawned(rank, inc)
 	return nil
@@ -66,6 +68,11 @@ func (c *clientRecorder) Died(rank int) error {
 func (c *clientRecorder) Respawned(rank int, inc uint32) error {
 	return c.do(func(ctx context.Context, cl *kvs.Client) error { return cl.Respawned(ctx, rank, inc) })
 }
+
+// Joining is false: a host's daemon cannot tell, and respawns; a rank
+// respawned while the job starts fails to join it, and its restarts run
+// out.
+func (c *clientRecorder) Joining() bool { return false }
 
 func (c *clientRecorder) Close() {
 	if c.c != nil {

@@ -29,6 +29,10 @@ import (
 const (
 	envDie  = "RVMARUN_TEST_DIE"
 	envHold = "RVMARUN_TEST_HOLD"
+	// envWait makes the ranks that live on wait, at the end, for a rank
+	// that "hold"s to come back (rvmarun respawns nobody once a rank has
+	// finished).
+	envWait = "RVMARUN_TEST_WAIT"
 )
 
 // playIncarnation is a rank that prints "incarnation INC pid PID" (INC
@@ -49,6 +53,29 @@ func playIncarnation() int {
 		below, _ = strconv.Atoi(f[1])
 	}
 	n, _ := strconv.Atoi(inc) // 0 when unset
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	key, err := launch.KeyFromEnv()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	c, err := kvs.Dial(ctx, os.Getenv(rma.EnvKVS), key)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer c.Close()
+	// As a real job: every first incarnation joins the rendezvous (rvmarun
+	// respawns a rank only after that), and ranks that live on wait at the
+	// end for the rank that dies to have come back for good, since
+	// rvmarun respawns nobody once a rank has finished.
+	if n == 0 {
+		if err := c.Barrier(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
 	switch {
 	case rank == dieRank && n < below && how == "kill":
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
@@ -63,22 +90,15 @@ func playIncarnation() int {
 		time.Sleep(2 * time.Minute)
 		return 0
 	}
+	if (below > 0 && (how != "hold" || os.Getenv(envWait) != "")) || (n > 0 && os.Getenv(envHold) != "") {
+		if err := c.Barrier(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
 	if n == 0 {
 		return 0
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	key, err := launch.KeyFromEnv()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	c, err := kvs.Dial(ctx, os.Getenv(rma.EnvKVS), key)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer c.Close()
 	f, err := c.Faults(ctx, 0)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -209,7 +229,7 @@ func TestRestartZeroFailsFast(t *testing.T) {
 // --restart it comes back; without, the job fails as when a rank is
 // killed from outside.
 func TestKillRank(t *testing.T) {
-	out, stderr, code := incarnationJob(t, 3, "2:1:hold", "--restart", "1", "--kill", "2@300ms")
+	out, stderr, code := incarnationJob(t, 3, "2:1:hold", "--restart", "1", "--kill", "2@300ms", "-x", envWait+"=1")
 	require.Equal(t, 0, code, "%s%s", out, stderr)
 	require.Contains(t, stderr, "rvmarun: killing rank 2 (incarnation 0) with SIGKILL at 300ms as --kill asked\n")
 	require.Contains(t, stderr, "rvmarun: rank 2 (incarnation 0) killed by signal 9 (SIGKILL); restarting it as incarnation 1 (restart 1 of 1)\n")
@@ -294,9 +314,11 @@ func TestKillSpecErrors(t *testing.T) {
 
 // What a dead incarnation started dies with it: a wrapper's child does
 // not go on beside the next incarnation (nor hold the output open).
+// (Rank 0 lives on until rank 1 has come back: rvmarun respawns nobody
+// once a rank has finished.)
 func TestRestartKillsDeadIncarnationsGroup(t *testing.T) {
 	out, stderr, code := runJob(t, "-n", "2", "--restart", "1", "sh", "-c",
-		`if [ "$RVMA_RANK$RVMA_INCARNATION" = 10 ]; then sleep 120 & echo "child $!"; kill -9 $$; fi; echo "incarnation $RVMA_INCARNATION"`)
+		`if [ "$RVMA_RANK$RVMA_INCARNATION" = 10 ]; then sleep 120 & echo "child $!"; kill -9 $$; fi; echo "incarnation $RVMA_INCARNATION"; [ "$RVMA_RANK" = 1 ] || sleep 3`)
 	require.Equal(t, 0, code, "%s%s", out, stderr)
 	require.Contains(t, out, "[1] incarnation 1\n")
 	m := regexp.MustCompile(`(?m)^\[1\] child (\d+)$`).FindStringSubmatch(out)
@@ -333,13 +355,15 @@ func TestRestartFailsToStart(t *testing.T) {
 // waits for its --kill.)
 func TestKillEndedRank(t *testing.T) {
 	out, stderr, code := incarnationJob(t, 2, "0:1:hold", "--restart", "1", "--kill", "1@2s", "--kill", "0@2.5s")
-	require.Equal(t, 0, code, "%s%s", out, stderr)
+	require.Equal(t, 137, code, "%s%s", out, stderr)
 	require.Contains(t, stderr, "rvmarun: not killing rank 1 at 2s as --kill asked: it has ended\n")
 	require.Contains(t, stderr, "rvmarun: killing rank 0 (incarnation 0) with SIGKILL at 2.5s as --kill asked\n")
+	// Once a rank has finished there is no job to recover into: a death
+	// then ends the job.
+	require.Contains(t, stderr, "rvmarun: rank 0 (incarnation 0) killed by signal 9 (SIGKILL) after rank 1 had finished: not restarting it; stopping the others\n")
 	pids := incPIDs(t, out)
-	require.Contains(t, pids, "0/1", out)
 	require.Contains(t, pids, "1/0", out)
-	require.NotContains(t, pids, "1/1", out)
+	require.NotContains(t, pids, "0/1", out)
 	requireAllGone(t, pids)
 }
 

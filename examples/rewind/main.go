@@ -201,33 +201,33 @@ func (s *sim) recover(ctx context.Context, rec *recovery) (int, error) {
 	return e, nil
 }
 
-// simulate runs the steps from wherever the window is, recovering from
-// failures, and returns the final cells.
-func (s *sim) simulate(ctx context.Context) ([]float64, recovery, time.Duration, error) {
-	var rec recovery
+// start brings the window to its first step: a respawned rank recovers
+// (the others recover with it), the others initialise their cells.
+func (s *sim) start(ctx context.Context, rec *recovery) (int, error) {
 	c := s.comm
-	e := 0
 	if c.Restarted() {
-		var err error
-		if e, err = s.recover(ctx, &rec); err != nil {
-			return nil, rec, 0, err
+		e, err := s.recover(ctx, rec)
+		if err != nil {
+			return 0, err
 		}
 		fmt.Fprintf(os.Stderr, "rewind: rank %d (incarnation %d) restored its window at step %d from rank %d's replica\n",
 			c.Rank(), c.Incarnation(), e, (c.Rank()+1)%c.Size())
-	} else {
-		for i := range s.cells {
-			s.cells[i] = initCell(c.Rank()*s.n + i)
-		}
-		// Epoch 0 is retained too, so that a failure in the first steps
-		// rewinds to the start.
-		if err := s.win.Snapshot(ctx); err != nil {
-			return nil, rec, 0, err
-		}
-		if err := c.Barrier(ctx); err != nil {
-			return nil, rec, 0, err
-		}
+		return e, nil
 	}
-	t0 := time.Now()
+	for i := range s.cells {
+		s.cells[i] = initCell(c.Rank()*s.n + i)
+	}
+	// Epoch 0 is retained too, so that a failure in the first steps
+	// rewinds to the start.
+	if err := s.win.Snapshot(ctx); err != nil {
+		return 0, err
+	}
+	return 0, c.Barrier(ctx)
+}
+
+// advance runs the steps after e, recovering from failures.
+func (s *sim) advance(ctx context.Context, e int, rec *recovery) error {
+	c := s.comm
 	for e < s.o.steps {
 		e++
 		err := s.win.Put(ctx, s.mem[:8], s.left, s.ghostOff(e, 1))
@@ -244,10 +244,10 @@ func (s *sim) simulate(ctx context.Context) ([]float64, recovery, time.Duration,
 		}
 		if err != nil {
 			if !errors.Is(err, rma.ErrPeer) {
-				return nil, rec, 0, err
+				return err
 			}
-			if e, err = s.recover(ctx, &rec); err != nil {
-				return nil, rec, 0, err
+			if e, err = s.recover(ctx, rec); err != nil {
+				return err
 			}
 			continue
 		}
@@ -256,11 +256,7 @@ func (s *sim) simulate(ctx context.Context) ([]float64, recovery, time.Duration,
 			time.Sleep(s.o.pace)
 		}
 	}
-	took := time.Since(t0)
-	if err := c.Barrier(ctx); err != nil {
-		return nil, rec, 0, err
-	}
-	return s.cells, rec, took, nil
+	return nil
 }
 
 // reference is the fault-free answer for rank's segment: the whole ring,
@@ -288,10 +284,44 @@ func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
 	}
 	s, err := newSim(ctx, comm, o)
 	if err != nil {
+		if errors.Is(err, rma.ErrPeer) {
+			// Recovery restores windows: before they exist there is
+			// nothing to recover into.
+			err = fmt.Errorf("a rank died while the windows were being created, before recovery can start: %w", err)
+		}
 		return false, err
 	}
-	got, rec, took, err := s.simulate(ctx)
+	// A rank may die until the verdict is in: the ranks then recover and
+	// go on from the step restored.
+	var rec recovery
+	e, err := s.start(ctx, &rec)
 	if err != nil {
+		return false, err
+	}
+	t0 := time.Now()
+	for {
+		var ok bool
+		err := s.advance(ctx, e, &rec)
+		if err == nil {
+			ok, err = s.verdict(ctx, &rec, time.Since(t0))
+		}
+		if err == nil {
+			return ok, s.win.Free(ctx)
+		}
+		if !errors.Is(err, rma.ErrPeer) {
+			return false, err
+		}
+		if e, err = s.recover(ctx, &rec); err != nil {
+			return false, err
+		}
+	}
+}
+
+// verdict compares every rank's cells with the fault-free answer and
+// reports (rank 0).
+func (s *sim) verdict(ctx context.Context, rec *recovery, took time.Duration) (bool, error) {
+	comm, o, got := s.comm, s.o, s.cells
+	if err := comm.Barrier(ctx); err != nil {
 		return false, err
 	}
 	want := reference(comm.Size(), o.cells, o.steps, comm.Rank())
@@ -339,7 +369,8 @@ func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
 				"checksum": fmt.Sprintf("%x", uint64(sum[1])), "ok": ok})
 			fmt.Println(string(b))
 		} else {
-			fmt.Printf("rewind: %d ranks, %d steps of %d cells per rank in %v\n", comm.Size(), o.steps, o.cells, took.Round(time.Millisecond))
+			fmt.Printf("rewind: %d ranks, %d steps of %d cells per rank (rank 0's incarnation %d ran for %v)\n", comm.Size(), o.steps, o.cells,
+				comm.Incarnation(), took.Round(time.Millisecond))
 			if most[0] > 0 {
 				fmt.Printf("  recovered from %d failure(s); rank 0 went back to step %d; the longest Recover took %v\n",
 					most[0], rec.rewoundTo, time.Duration(most[1])*time.Microsecond)
@@ -353,5 +384,5 @@ func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
 			fmt.Printf("  final state equals the fault-free run's byte for byte: %v (checksum %x)\n", ok, uint64(sum[1]))
 		}
 	}
-	return ok, s.win.Free(ctx)
+	return ok, nil
 }

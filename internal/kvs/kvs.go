@@ -541,7 +541,7 @@ func (s *Server) handle(ctx context.Context, line string) (reply string, ok bool
 			return "", false
 		}
 		return "ok", true
-	case len(f) > 0 && (f[0] == "join" || f[0] == "faults" || f[0] == "died" || f[0] == "respawned"):
+	case len(f) > 0 && (f[0] == "join" || f[0] == "faults" || f[0] == "started" || f[0] == "died" || f[0] == "respawned"):
 		return s.handleRecovery(ctx, f)
 	default:
 		return "err malformed request", true

@@ -65,6 +65,8 @@ type Recoverer interface {
 	Join(ctx context.Context, rank int, inc uint32, value string) (View, error)
 	// Faults returns once more than since faults have happened.
 	Faults(ctx context.Context, since uint64) (Faults, error)
+	// Started reports whether the job's first barrier has completed.
+	Started(ctx context.Context) (bool, error)
 }
 
 // recovery is Mem's recovery state, under Mem.mu.
@@ -209,6 +211,29 @@ func (s *Mem) Faults(ctx context.Context, since uint64) (Faults, error) {
 	}
 }
 
+// Joining reports whether the job's first barrier (the ranks'
+// rendezvous) is under way: some rank published or waits in it. A rank
+// that dies then cannot be respawned: whether its first incarnation
+// entered the barrier is unknown (it holds no ranks), so its next one
+// could neither enter it nor skip it safely.
+func (s *Mem) Joining() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gen == 0 && (s.entered > 0 || len(s.m) > 0)
+}
+
+// Started reports whether the job's first barrier has completed: a
+// respawned rank enters it if not (then nobody had joined when it died).
+func (s *Mem) Started(context.Context) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gen > 0, nil
+}
+
+// Joining reports whether the job's first barrier is under way (see
+// Mem.Joining).
+func (s *Server) Joining() bool { return s.store.Joining() }
+
 // Died records a rank's death (see Mem.Died): the launcher calls it.
 func (s *Server) Died(rank int) { s.store.Died(rank) }
 
@@ -258,6 +283,9 @@ func (s *Server) handleRecovery(ctx context.Context, f []string) (string, bool) 
 			fmt.Fprintf(&b, " %d %s", v.Inc[i], v.Values[i])
 		}
 		return b.String(), true
+	case len(f) == 1 && f[0] == "started":
+		ok, _ := s.store.Started(ctx)
+		return "val " + strconv.FormatBool(ok), true
 	case len(f) == 2 && f[0] == "faults":
 		since, err := strconv.ParseUint(f[1], 10, 64)
 		if err != nil {
@@ -334,6 +362,15 @@ func (c *Client) Join(ctx context.Context, rank int, inc uint32, value string) (
 		v.Values = append(v.Values, f[i+1])
 	}
 	return v, nil
+}
+
+// Started implements Recoverer.
+func (c *Client) Started(ctx context.Context) (bool, error) {
+	line, err := c.do(ctx, "started")
+	if err != nil {
+		return false, err
+	}
+	return line == "val true", nil
 }
 
 // Faults implements Recoverer.
