@@ -34,6 +34,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -41,12 +42,15 @@ import (
 )
 
 type options struct {
-	n, iters, warmup int
-	local            [3]int
-	syncs            []string
-	exchangeOnly     bool
-	json             bool
-	serial           bool
+	n, iters, warmup   int
+	local              [3]int
+	syncs              []string
+	exchangeOnly       bool
+	json               bool
+	serial             bool
+	checkpoint         int
+	failRank, failStep int
+	trace              bool
 }
 
 func main() {
@@ -60,8 +64,13 @@ func main() {
 	flag.BoolVar(&o.exchangeOnly, "exchange-only", false, "skip the stencil: time the exchange and its synchronisation only")
 	flag.BoolVar(&o.json, "json", false, "print one JSON line per variant (rank 0)")
 	flag.BoolVar(&o.serial, "serial", true, "rank 0 also solves the whole grid serially and checks the checksum")
+	flag.IntVar(&o.checkpoint, "checkpoint", 0, "notify: snapshot the window every N iterations and replicate it at the next rank, and recover from a rank's death (rvmarun --restart); 0: off")
+	flag.IntVar(&o.failRank, "fail-rank", -1, "notify: rank that kills itself with SIGKILL (incarnation 0 only; -1: none; rvmarun --kill kills from outside)")
+	flag.IntVar(&o.failStep, "fail-step", 5, "iteration (warm-up included, from 1) in which --fail-rank does, after putting its faces")
+	flag.BoolVar(&o.trace, "trace", false, "print wall-clock timestamps (Unix microseconds) of start, Init, failures and recoveries to stderr")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of rank 0 to this file")
 	flag.Parse()
+	start := time.Now()
 	o.local = [3]int{o.n, o.n, o.n}
 	if local != "" {
 		if _, err := fmt.Sscanf(local, "%d,%d,%d", &o.local[0], &o.local[1], &o.local[2]); err != nil {
@@ -77,11 +86,21 @@ func main() {
 	if o.iters < 1 || o.warmup < 0 || min(o.local[0], o.local[1], o.local[2]) < 1 {
 		fail(fmt.Errorf("bad sizes"))
 	}
+	if o.checkpoint < 0 {
+		fail(fmt.Errorf("--checkpoint %d: want 0 (off) or more", o.checkpoint))
+	}
+	if o.checkpoint > 0 && !slices.Equal(o.syncs, []string{"notify"}) {
+		fail(fmt.Errorf("--checkpoint applies to --sync notify alone, not %q", syncs))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	comm, err := rma.Init(ctx, nil)
 	if err != nil {
 		fail(err)
+	}
+	if o.trace {
+		trace(comm, "start", start)
+		trace(comm, "init", time.Now())
 	}
 	if *cpuprofile != "" && comm.Rank() == 0 {
 		f, err := os.Create(*cpuprofile)
@@ -113,6 +132,12 @@ func main() {
 func fail(err error) {
 	fmt.Fprintln(os.Stderr, "halo3d:", err)
 	os.Exit(2)
+}
+
+// trace prints an event's wall-clock time (--trace), for measuring
+// recovery across processes: "halo3d: trace RANK INC EVENT UNIX_MICROS".
+func trace(c *rma.Comm, event string, t time.Time) {
+	fmt.Fprintf(os.Stderr, "halo3d: trace %d %d %s %d\n", c.Rank(), c.Incarnation(), event, t.UnixMicro())
 }
 
 // dimsCreate splits p ranks over 3 dimensions as evenly as possible,
@@ -162,6 +187,10 @@ type grid struct {
 	send     [3][2][2][]float64
 	stage    [3][2][2][]float64
 	stageOff [3][2][2]int
+	// hdr (in the window, last) holds what a respawned rank must get
+	// back with the window (--checkpoint): hdr[0] is the reference
+	// checksum, NaN until the sendrecv run computed it.
+	hdr []float64
 }
 
 func newGrid(rank, size int, local [3]int) *grid {
@@ -182,8 +211,8 @@ func newGrid(rank, size int, local [3]int) *grid {
 		}
 	}
 	// Two arrays, six counters (lock), then the notify variant's staging
-	// for y and z faces.
-	n := 2*g.v + 6
+	// for y and z faces, then the header.
+	n := 2*g.v + 6 + 1
 	for d := 1; d < 3; d++ {
 		n += 4 * g.faceBytes(d) / 8
 	}
@@ -202,6 +231,7 @@ func newGrid(rank, size int, local [3]int) *grid {
 			}
 		}
 	}
+	g.hdr = words[o : o+1]
 	return g
 }
 
@@ -391,6 +421,18 @@ func (g *grid) pack(u []float64, d, s int, buf []float64, unpack bool) {
 	}
 }
 
+// unstage unpacks the y and z faces of an epoch of parity cur from the
+// notify variant's staging into the ghost layers of array cur.
+func (g *grid) unstage(cur int) {
+	for d := 1; d < 3; d++ {
+		for s := range 2 {
+			if g.nbr[d][s] >= 0 {
+				g.pack(g.u[cur], d, s, g.stage[d][cur][s], true)
+			}
+		}
+	}
+}
+
 type variant struct {
 	comm *rma.Comm
 	g    *grid
@@ -399,6 +441,10 @@ type variant struct {
 	bufs [3][2][]float64
 	// notify: the puts of the last iteration, and a slice to reuse
 	pending, spare []*rma.Request
+	// sendrecv's tags start here: after a recovery, messages of an
+	// interrupted run that still wait in an inbox match no receive
+	tagBase int
+	o       options
 }
 
 func f64s(b []byte) []float64 { return unsafe.Slice((*float64)(unsafe.Pointer(&b[0])), len(b)/8) }
@@ -413,7 +459,7 @@ func (v *variant) exchange(ctx context.Context, sync string, cur int, iter int64
 				if r := g.nbr[d][s]; r >= 0 {
 					g.pack(g.u[cur], d, s, v.bufs[d][s], false)
 					b := unsafe.Slice((*byte)(unsafe.Pointer(&v.bufs[d][s][0])), 8*len(v.bufs[d][s]))
-					req, err := v.comm.Isend(ctx, r, 2*d+s, b)
+					req, err := v.comm.Isend(ctx, r, v.tagBase+2*d+s, b)
 					if err != nil {
 						return err
 					}
@@ -424,7 +470,7 @@ func (v *variant) exchange(ctx context.Context, sync string, cur int, iter int64
 		for d := range 3 {
 			for s := range 2 {
 				if r := g.nbr[d][s]; r >= 0 {
-					m, err := v.comm.Recv(ctx, r, 2*d+(1-s)) // sent towards side 1-s
+					m, err := v.comm.Recv(ctx, r, v.tagBase+2*d+(1-s)) // sent towards side 1-s
 					if err != nil {
 						return err
 					}
@@ -514,18 +560,20 @@ func (v *variant) exchange(ctx context.Context, sync string, cur int, iter int64
 		if v.pending, err = g.putFaces(ctx, v.nwin, cur, true, v.spare[:0]); err != nil {
 			return err
 		}
+		if iter == int64(v.o.failStep) && v.comm.Rank() == v.o.failRank && v.comm.Incarnation() == 0 {
+			// A real failure (--fail-rank): the process is gone, its
+			// memory with it, with its faces of this epoch on their way.
+			if v.o.trace {
+				trace(v.comm, "kill", time.Now())
+			}
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
 		if len(g.nbrs) > 0 { // a lone rank expects nothing
 			if _, err := v.nwin.WaitEpoch(ctx); err != nil {
 				return err
 			}
 		}
-		for d := 1; d < 3; d++ {
-			for s := range 2 {
-				if g.nbr[d][s] >= 0 {
-					g.pack(g.u[cur], d, s, g.stage[d][cur][s], true)
-				}
-			}
-		}
+		g.unstage(cur)
 		err = rma.WaitAll(ctx, prev...)
 		v.spare = prev
 		return err
@@ -545,11 +593,15 @@ type result struct {
 	USPerIter float64 `json:"us_per_iter"`
 	Checksum  float64 `json:"checksum"`
 	OK        bool    `json:"ok"`
+	// --checkpoint: the snapshot interval, and how many times the ranks
+	// recovered from a death
+	Checkpoint int `json:"checkpoint,omitempty"`
+	Recoveries int `json:"recoveries,omitempty"`
 }
 
 func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
 	g := newGrid(comm.Rank(), comm.Size(), o.local)
-	v := &variant{comm: comm, g: g}
+	v := &variant{comm: comm, g: g, o: o}
 	for d := range 3 {
 		for s := range 2 {
 			v.bufs[d][s] = make([]float64, g.faceBytes(d)/8)
@@ -573,8 +625,14 @@ func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
 	} else {
 		ncfg = &rma.NotifyConfig{Expect: 1} // a lone rank: nothing ever arrives
 	}
+	if o.checkpoint > 0 {
+		ncfg.History, ncfg.Every, ncfg.Replicate = history(g.dims, o.checkpoint), o.checkpoint, true
+	}
 	if v.nwin, err = comm.Create(ctx, g.mem, &rma.WinConfig{Notify: ncfg}); err != nil {
 		return false, err
+	}
+	if o.checkpoint > 0 {
+		return v.runCheckpointed(ctx)
 	}
 	// sendrecv's checksum is the reference, as in the MPI program.
 	var ref float64
@@ -606,36 +664,10 @@ func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
 			fmt.Println(string(b))
 		}
 	}
-	if comm.Rank() == 0 && !o.json {
-		fmt.Printf("halo3d: %d ranks (%dx%dx%d), %dx%dx%d per rank, %d+%d iterations%s\n", comm.Size(), g.dims[0], g.dims[1], g.dims[2],
-			o.local[0], o.local[1], o.local[2], o.warmup, o.iters, map[bool]string{true: ", exchange only", false: ""}[o.exchangeOnly])
-		fence := 0.0
-		for _, r := range results {
-			if r.Sync == "fence" {
-				fence = r.USPerIter
-			}
-		}
-		for _, r := range results {
-			ratio := ""
-			if fence > 0 {
-				ratio = fmt.Sprintf("  %.2fx fence", r.USPerIter/fence)
-			}
-			fmt.Printf("  %-9s %10.1f us/iter%s  checksum %.10f  ok=%v\n", r.Sync, r.USPerIter, ratio, r.Checksum, r.OK)
-		}
-	}
+	printSummary(comm, g, o, results)
 	if o.serial && !o.exchangeOnly && comm.Rank() == 0 {
-		gx, gy, gz := o.local[0]*g.dims[0], o.local[1]*g.dims[1], o.local[2]*g.dims[2]
-		t0 := time.Now()
-		sum := serial(gx, gy, gz, o.warmup+o.iters)
-		r := result{Example: "halo3d", Sync: "serial-ref", Ranks: 1, Dims: "1x1x1", N: o.local[0], Iters: o.iters, Warmup: o.warmup,
-			Compute: true, USPerIter: float64(time.Since(t0).Microseconds()) / float64(o.warmup+o.iters), Checksum: sum, OK: close(sum, ref)}
-		allOK = allOK && r.OK
-		if o.json {
-			b, _ := json.Marshal(r)
-			fmt.Println(string(b))
-		} else {
-			fmt.Printf("  %-9s %10.1f us/iter  checksum %.10f  ok=%v (the whole %dx%dx%d grid on rank 0)\n", r.Sync, r.USPerIter, r.Checksum, r.OK, gx, gy, gz)
-		}
+		sum, us := g.serial(o)
+		allOK = printSerial(g, o, sum, us, ref) && allOK
 	}
 	if err := v.nwin.Free(ctx); err != nil {
 		return false, err
@@ -644,6 +676,55 @@ func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
 		return false, err
 	}
 	return allOK, nil
+}
+
+// printSummary prints the variants' results as text (rank 0, without
+// --json).
+func printSummary(comm *rma.Comm, g *grid, o options, results []result) {
+	if comm.Rank() != 0 || o.json {
+		return
+	}
+	fmt.Printf("halo3d: %d ranks (%dx%dx%d), %dx%dx%d per rank, %d+%d iterations%s\n", comm.Size(), g.dims[0], g.dims[1], g.dims[2],
+		o.local[0], o.local[1], o.local[2], o.warmup, o.iters, map[bool]string{true: ", exchange only", false: ""}[o.exchangeOnly])
+	fence := 0.0
+	for _, r := range results {
+		if r.Sync == "fence" {
+			fence = r.USPerIter
+		}
+	}
+	for _, r := range results {
+		ratio := ""
+		if fence > 0 {
+			ratio = fmt.Sprintf("  %.2fx fence", r.USPerIter/fence)
+		}
+		fmt.Printf("  %-9s %10.1f us/iter%s  checksum %.10f  ok=%v\n", r.Sync, r.USPerIter, ratio, r.Checksum, r.OK)
+		if r.Checkpoint > 0 {
+			fmt.Printf("            snapshots every %d iterations, replicated; recovered from %d failure(s)\n", r.Checkpoint, r.Recoveries)
+		}
+	}
+}
+
+// serial solves the whole grid on this rank and returns the checksum and
+// the time per iteration in microseconds.
+func (g *grid) serial(o options) (float64, float64) {
+	t0 := time.Now()
+	sum := serial(o.local[0]*g.dims[0], o.local[1]*g.dims[1], o.local[2]*g.dims[2], o.warmup+o.iters)
+	return sum, float64(time.Since(t0).Microseconds()) / float64(o.warmup+o.iters)
+}
+
+// printSerial prints the serial solution's result and whether it equals
+// the reference.
+func printSerial(g *grid, o options, sum, us, ref float64) bool {
+	gx, gy, gz := o.local[0]*g.dims[0], o.local[1]*g.dims[1], o.local[2]*g.dims[2]
+	r := result{Example: "halo3d", Sync: "serial-ref", Ranks: 1, Dims: "1x1x1", N: o.local[0], Iters: o.iters, Warmup: o.warmup,
+		Compute: true, USPerIter: us, Checksum: sum, OK: close(sum, ref)}
+	if o.json {
+		b, _ := json.Marshal(r)
+		fmt.Println(string(b))
+	} else {
+		fmt.Printf("  %-9s %10.1f us/iter  checksum %.10f  ok=%v (the whole %dx%dx%d grid on rank 0)\n", r.Sync, r.USPerIter, r.Checksum, r.OK, gx, gy, gz)
+	}
+	return r.OK
 }
 
 func close(a, b float64) bool {
