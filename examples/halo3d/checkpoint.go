@@ -134,6 +134,14 @@ func (v *variant) recover(ctx context.Context, st *ckState) error {
 	st.recoveries++
 	// Recover completed or dropped the puts in flight.
 	v.pending, v.spare = nil, nil
+	// Work around a race in rma's Recover: when a flush marker finds the
+	// dead rank's mapped window gone, Recover stops waiting for the
+	// window's operations in flight, so a put to the dead incarnation can
+	// fail after Recover cleared the window's recorded failures, and the
+	// next flush (Free's) would report it. Waiting for them here, and
+	// dropping what they report, leaves nothing behind; a new failure
+	// shows in the next wait.
+	_ = v.nwin.FlushAll(ctx)
 	if v.o.trace {
 		now := time.Now()
 		trace(comm, "recovered", now)
