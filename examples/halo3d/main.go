@@ -568,6 +568,19 @@ func (v *variant) exchange(ctx context.Context, sync string, cur int, iter int64
 			}
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		}
+		if k := v.o.checkpoint; k > 0 && iter%int64(k) == 0 {
+			// This epoch's wait snapshots the window and writes the
+			// replica to the next rank: with this rank's puts to it
+			// complete, on shared memory the replica is a copy made
+			// at once rather than packets queued behind them (and
+			// ahead of the next iteration's faces).
+			if err := rma.WaitAll(ctx, prev...); err != nil {
+				return err
+			}
+			if err := rma.WaitAll(ctx, v.pending...); err != nil {
+				return err
+			}
+		}
 		if len(g.nbrs) > 0 { // a lone rank expects nothing
 			if _, err := v.nwin.WaitEpoch(ctx); err != nil {
 				return err
