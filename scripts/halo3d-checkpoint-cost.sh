@@ -6,8 +6,10 @@
 # alike; one run at a time (never time two at once on a shared machine).
 #   scripts/halo3d-checkpoint-cost.sh 7
 #   CHECKPOINTS="0 10 20" scripts/halo3d-checkpoint-cost.sh 5 --iters 300
-# Prints each setting's median us/iter, its range, and median/median of
-# the first setting. $HALO3D runs another build of halo3d.
+# Prints each setting's median us/iter, its range, median/median of the
+# first setting, and the median of the ratios of the runs of one round
+# (neighbours in time: the machine's drift cancels). $HALO3D runs another
+# build of halo3d.
 set -euo pipefail
 runs=$1
 shift
@@ -34,10 +36,12 @@ done
 python3 - "$tmp" $cks <<'EOF'
 import statistics, sys
 d, cks = sys.argv[1], sys.argv[2:]
-base = None
+runs = {c: [float(l) for l in open(f"{d}/ck{c}")] for c in cks}
+first = runs[cks[0]]
 for c in cks:
-    xs = sorted(float(l) for l in open(f"{d}/ck{c}"))
+    xs = sorted(runs[c])
     m = statistics.median(xs)
-    base = base or m
-    print(f"--checkpoint {c:>3}: median {m:8.1f} us/iter  range {xs[0]:.1f}..{xs[-1]:.1f}  ({len(xs)} runs)  {m/base:.3f}x")
+    pair = statistics.median(x / y for x, y in zip(runs[c], first))
+    print(f"--checkpoint {c:>3}: median {m:8.1f} us/iter  range {xs[0]:.1f}..{xs[-1]:.1f}  ({len(xs)} runs)  "
+          f"{m/statistics.median(first):.3f}x; per round {pair:.3f}x")
 EOF

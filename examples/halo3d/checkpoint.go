@@ -4,10 +4,14 @@ package main
 // the notify variant's window keeps a snapshot every N iterations
 // (NotifyConfig.History, Every) and a replica of each at the next rank
 // (Replicate). Everything an iteration needs is in that window's memory:
-// both arrays with their ghost layers (x faces land there, in the array
-// of the epoch's parity), the staging of y and z faces (per parity too,
-// so a neighbour one epoch ahead never writes what the snapshot of this
-// one holds) and a header with the reference checksum. When a rank is
+// the array that holds the state at a checkpoint epoch (u[1] when N is
+// even, since the state of an even epoch's iteration is there; both
+// arrays when N is odd), the staging of the faces, x faces included (per
+// parity, so a neighbour one epoch ahead never writes what the snapshot
+// of this one holds; no put lands in an array), and a header with the
+// reference checksum. The other array's constant boundary planes are
+// set by initialising it, its interior is the next stencil's output, and
+// epoch 0 (the initial state) is computed again. When a rank is
 // killed, the survivors' waits fail with ErrPeer, rvmarun respawns it,
 // every rank calls Comm.Recover, and the window comes back at the latest
 // epoch every rank retains (the respawned rank's from its buddy's
@@ -66,8 +70,10 @@ func (v *variant) runCheckpointed(ctx context.Context) (bool, error) {
 	g, comm, o := v.g, v.comm, v.o
 	var st ckState
 	recover := comm.Restarted()
+	// A respawned rank too: the array outside the window keeps its
+	// boundary planes from here.
+	g.initArrays()
 	if !recover {
-		g.initArrays()
 		g.hdr[0] = math.NaN()
 		// Epoch 0 is retained too, so that a failure before the first
 		// checkpoint rewinds to the start.
@@ -172,6 +178,9 @@ func (v *variant) attempt(ctx context.Context, st *ckState) (float64, float64, e
 	}
 	st.recoveries = int(agree[1])
 	e := int(v.nwin.Epoch())
+	if e == 0 {
+		g.initArrays() // u[0] may be outside the window
+	}
 	if agree[0] == 1 {
 		if e != 0 {
 			return 0, 0, fmt.Errorf("the window is at epoch %d but a rank has no reference checksum", e)

@@ -187,14 +187,21 @@ type grid struct {
 	send     [3][2][2][]float64
 	stage    [3][2][2][]float64
 	stageOff [3][2][2]int
+	// --checkpoint: x faces are staged too (stage[0], before the
+	// header), so that no put lands in an array, and the notified window
+	// starts nbase bytes into mem: at u[1] with an even interval (the
+	// state at a checkpoint is then always in u[1]; u[0] is outside and
+	// the snapshots half as big), else at u[0].
+	stageX bool
+	nbase  int
 	// hdr (in the window, last) holds what a respawned rank must get
 	// back with the window (--checkpoint): hdr[0] is the reference
 	// checksum, NaN until the sendrecv run computed it.
 	hdr []float64
 }
 
-func newGrid(rank, size int, local [3]int) *grid {
-	g := &grid{nx: local[0], ny: local[1], nz: local[2], dims: dimsCreate(size)}
+func newGrid(rank, size int, local [3]int, checkpoint int) *grid {
+	g := &grid{nx: local[0], ny: local[1], nz: local[2], dims: dimsCreate(size), stageX: checkpoint > 0}
 	g.sy = g.nz + 2
 	g.sx = (g.ny + 2) * g.sy
 	g.v = (g.nx + 2) * g.sx
@@ -211,21 +218,26 @@ func newGrid(rank, size int, local [3]int) *grid {
 		}
 	}
 	// Two arrays, six counters (lock), then the notify variant's staging
-	// for y and z faces, then the header.
+	// for y and z faces (and x faces), then the header.
 	n := 2*g.v + 6 + 1
-	for d := 1; d < 3; d++ {
-		n += 4 * g.faceBytes(d) / 8
+	for d := g.firstStaged(); d < 3; d++ {
+		n += 4 * g.notifyBytes(d) / 8
+	}
+	if checkpoint > 0 && checkpoint%2 == 0 {
+		g.nbase = 8 * g.v
 	}
 	words := make([]float64, n)
 	g.mem = unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), 8*len(words))
 	g.u = [2][]float64{words[:g.v], words[g.v : 2*g.v]}
 	g.counter = g.mem[16*g.v : 16*g.v+48]
 	o := 2*g.v + 6
-	for d := 1; d < 3; d++ {
-		f := g.faceBytes(d) / 8
+	for d := g.firstStaged(); d < 3; d++ {
+		f := g.notifyBytes(d) / 8
 		for par := range 2 {
 			for side := range 2 {
-				g.send[d][par][side] = make([]float64, f)
+				if d > 0 {
+					g.send[d][par][side] = make([]float64, f)
+				}
 				g.stage[d][par][side], g.stageOff[d][par][side] = words[o:o+f], 8*o
 				o += f
 			}
@@ -236,6 +248,15 @@ func newGrid(rank, size int, local [3]int) *grid {
 }
 
 func (g *grid) idx(i, j, k int) int { return i*g.sx + j*g.sy + k }
+
+// firstStaged is the first dimension whose faces the notify variant
+// stages: y (1), or x (0) with --checkpoint.
+func (g *grid) firstStaged() int {
+	if g.stageX {
+		return 0
+	}
+	return 1
+}
 
 // initArrays sets the initial state of both arrays.
 func (g *grid) initArrays() {
@@ -351,6 +372,17 @@ func (g *grid) putFaces(ctx context.Context, w *rma.Win, cur int, want bool, req
 			if r < 0 {
 				continue
 			}
+			if d == 0 && want && g.stageX {
+				// notify, --checkpoint: my x face (contiguous) into the
+				// neighbour's staging.
+				p := g.face(d, s)[0]
+				req, err := w.Rput(ctx, g.mem[base+p.src:base+p.src+p.l.Extent()], r, g.stageOff[d][cur][1-s]-g.nbase)
+				if err != nil {
+					return reqs, err
+				}
+				reqs = append(reqs, req)
+				continue
+			}
 			if d > 0 && want {
 				// notify: y and z faces, packed here, land contiguous in
 				// the neighbour's staging and are unpacked after the
@@ -359,7 +391,7 @@ func (g *grid) putFaces(ctx context.Context, w *rma.Win, cur int, want bool, req
 				buf := g.send[d][cur][s]
 				g.pack(g.u[cur], d, s, buf, false)
 				b := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), 8*len(buf))
-				req, err := w.Rput(ctx, b, r, g.stageOff[d][cur][1-s])
+				req, err := w.Rput(ctx, b, r, g.stageOff[d][cur][1-s]-g.nbase)
 				if err != nil {
 					return reqs, err
 				}
@@ -421,14 +453,25 @@ func (g *grid) pack(u []float64, d, s int, buf []float64, unpack bool) {
 	}
 }
 
-// unstage unpacks the y and z faces of an epoch of parity cur from the
-// notify variant's staging into the ghost layers of array cur.
+// unstage unpacks the y and z faces (and x faces with --checkpoint) of
+// an epoch of parity cur from the notify variant's staging into the ghost
+// layers of array cur.
 func (g *grid) unstage(cur int) {
-	for d := 1; d < 3; d++ {
+	for d := g.firstStaged(); d < 3; d++ {
 		for s := range 2 {
-			if g.nbr[d][s] >= 0 {
-				g.pack(g.u[cur], d, s, g.stage[d][cur][s], true)
+			if g.nbr[d][s] < 0 {
+				continue
 			}
+			if d > 0 {
+				g.pack(g.u[cur], d, s, g.stage[d][cur][s], true)
+				continue
+			}
+			ghost := 0
+			if s == 1 {
+				ghost = g.nx + 1
+			}
+			at := g.idx(ghost, 1, 0)
+			copy(g.u[cur][at:at+len(g.stage[d][cur][s])], g.stage[d][cur][s])
 		}
 	}
 }
@@ -613,7 +656,7 @@ type result struct {
 }
 
 func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
-	g := newGrid(comm.Rank(), comm.Size(), o.local)
+	g := newGrid(comm.Rank(), comm.Size(), o.local, o.checkpoint)
 	v := &variant{comm: comm, g: g, o: o}
 	for d := range 3 {
 		for s := range 2 {
@@ -641,7 +684,7 @@ func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
 	if o.checkpoint > 0 {
 		ncfg.History, ncfg.Every, ncfg.Replicate = history(g.dims, o.checkpoint), o.checkpoint, true
 	}
-	if v.nwin, err = comm.Create(ctx, g.mem, &rma.WinConfig{Notify: ncfg}); err != nil {
+	if v.nwin, err = comm.Create(ctx, g.mem[g.nbase:], &rma.WinConfig{Notify: ncfg}); err != nil {
 		return false, err
 	}
 	if o.checkpoint > 0 {
