@@ -3,7 +3,8 @@
 # kill to every rank computing again, for examples/rewind and halo3d
 # --sync notify --checkpoint 10, at 4 and 8 ranks ($RANKS), over shm and
 # udp ($PROVIDERS), RUNS runs of each, one at a time. Rank 1 kills itself
-# (--fail-rank, in the middle of the run); every rank prints wall-clock
+# (--fail-rank, in the middle of the run; $EXAMPLES picks the examples);
+# every rank prints wall-clock
 # stamps (--trace), lined up here:
 #   detect    kill -> a survivor's wait or operation fails with ErrPeer
 #             (the first and the last survivor)
@@ -26,7 +27,7 @@ trap 'rm -rf "$tmp"' EXIT
 for p in cmd/rvmarun examples/rewind examples/halo3d; do
 	go build -o "$tmp/$(basename $p)" ./$p
 done
-for ex in rewind halo3d; do
+for ex in ${EXAMPLES:-rewind halo3d}; do
 	for n in ${RANKS:-4 8}; do
 		for prov in ${PROVIDERS:-shm udp}; do
 			for i in $(seq 1 "$runs"); do

@@ -41,7 +41,7 @@ func haloRun(t *testing.T, rvmarun []string, halo ...string) (notify, serial hal
 	return notify, serial, stderr
 }
 
-// halo3d --sync notify --checkpoint 2 under rvmarun --restart 1: a rank
+// halo3d --sync notify --checkpoint N under rvmarun --restart 1: a rank
 // killed with SIGKILL (by itself in a given iteration, or by rvmarun
 // --kill at a time) is respawned, every rank recovers once, and the
 // checksum equals the fault-free run's bit for bit (and the serial
@@ -65,16 +65,18 @@ func TestHalo3DRecovers(t *testing.T) {
 		provider         string
 		ranks            int
 		failRank, failAt string // --fail-rank, --fail-step
+		checkpoint       string
 	}{
-		{"shm", 4, "1", "9"},  // mid-run, between checkpoints
-		{"udp", 4, "2", "9"},  //
-		{"shm", 4, "0", "1"},  // before the first checkpoint: back to epoch 0
-		{"udp", 4, "3", "44"}, // the last iteration
-		{"shm", 8, "5", "12"}, // a 2x2x2 grid
+		{"shm", 4, "1", "9", "2"},  // mid-run, between checkpoints
+		{"udp", 4, "2", "9", "2"},  //
+		{"shm", 4, "0", "1", "2"},  // before the first checkpoint: back to epoch 0
+		{"udp", 4, "3", "44", "2"}, // the last iteration
+		{"shm", 8, "5", "12", "2"}, // a 2x2x2 grid
+		{"udp", 4, "1", "17", "3"}, // an odd interval: both arrays in the window
 	} {
-		t.Run(tc.provider+"/"+strconv.Itoa(tc.ranks)+"ranks/rank"+tc.failRank+"@"+tc.failAt, func(t *testing.T) {
+		t.Run(tc.provider+"/"+strconv.Itoa(tc.ranks)+"ranks/rank"+tc.failRank+"@"+tc.failAt+"/checkpoint"+tc.checkpoint, func(t *testing.T) {
 			notify, serial, stderr := haloRun(t, []string{"-n", strconv.Itoa(tc.ranks), "--provider", tc.provider, "--restart", "1"},
-				append(small, "--checkpoint", "2", "--fail-rank", tc.failRank, "--fail-step", tc.failAt)...)
+				append(small, "--checkpoint", tc.checkpoint, "--fail-rank", tc.failRank, "--fail-step", tc.failAt)...)
 			require.Equal(t, 1, notify.Recoveries, stderr)
 			require.Equal(t, want[tc.ranks], notify.Checksum, stderr)
 			require.True(t, notify.OK, stderr)

@@ -476,6 +476,10 @@ func (g *grid) unstage(cur int) {
 	}
 }
 
+// settleMax bounds the wait for this rank's puts before a checkpoint's
+// epoch (see exchange).
+const settleMax = 20 * time.Millisecond
+
 type variant struct {
 	comm *rma.Comm
 	g    *grid
@@ -616,11 +620,19 @@ func (v *variant) exchange(ctx context.Context, sync string, cur int, iter int64
 			// replica to the next rank: with this rank's puts to it
 			// complete, on shared memory the replica is a copy made
 			// at once rather than packets queued behind them (and
-			// ahead of the next iteration's faces).
-			if err := rma.WaitAll(ctx, prev...); err != nil {
-				return err
+			// ahead of the next iteration's faces). Only an
+			// optimisation, and bounded: a put to a rank that died
+			// may not complete for seconds (its wait, unlike
+			// WaitEpoch's, is not cut short by the launcher's news),
+			// so the wait gives up after settleMax and WaitEpoch
+			// reports the failure.
+			sctx, cancel := context.WithTimeout(ctx, settleMax)
+			err := rma.WaitAll(sctx, prev...)
+			if err == nil {
+				err = rma.WaitAll(sctx, v.pending...)
 			}
-			if err := rma.WaitAll(ctx, v.pending...); err != nil {
+			cancel()
+			if err != nil && (sctx.Err() == nil || ctx.Err() != nil) {
 				return err
 			}
 		}
