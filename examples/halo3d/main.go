@@ -3,6 +3,7 @@
 //
 //	rvmarun -n 4 halo3d [-n 64] [--iters 100] [--warmup 10]
 //	        [--sync sendrecv,fence,pscw,lock,notify] [--exchange-only] [--json]
+//	rvmarun -n 4 --restart 1 --kill 1@1s halo3d --sync notify --checkpoint 10
 //
 // It solves the same problem as an MPI halo-exchange benchmark
 // (an N^3 block of doubles per rank plus one ghost layer, a non-periodic
@@ -19,6 +20,11 @@
 // RVMA-notified window whose target waits for the bytes it expects, with
 // no other synchronisation. Faces that are not contiguous travel without a
 // put per element: strided layouts, packed for blocks of one element.
+//
+// With --checkpoint N the notify variant survives a rank's death under
+// rvmarun --restart: its window keeps replicated snapshots every N
+// iterations, and on ErrPeer every rank recovers and goes on from the
+// restored iteration, to the fault-free checksum (see checkpoint.go).
 package main
 
 import (
