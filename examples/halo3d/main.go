@@ -3,6 +3,7 @@
 //
 //	rvmarun -n 4 halo3d [-n 64] [--iters 100] [--warmup 10]
 //	        [--sync sendrecv,fence,pscw,lock,notify] [--exchange-only] [--json]
+//	rvmarun -n 4 --restart 1 --kill 1@1s halo3d --sync notify --checkpoint 10
 //
 // It solves the same problem as an MPI halo-exchange benchmark
 // (an N^3 block of doubles per rank plus one ghost layer, a non-periodic
@@ -19,6 +20,11 @@
 // RVMA-notified window whose target waits for the bytes it expects, with
 // no other synchronisation. Faces that are not contiguous travel without a
 // put per element: strided layouts, packed for blocks of one element.
+//
+// With --checkpoint N the notify variant survives a rank's death under
+// rvmarun --restart: its window keeps replicated snapshots every N
+// iterations, and on ErrPeer every rank recovers and goes on from the
+// restored iteration, to the fault-free checksum (see checkpoint.go).
 package main
 
 import (
@@ -34,6 +40,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -41,12 +48,15 @@ import (
 )
 
 type options struct {
-	n, iters, warmup int
-	local            [3]int
-	syncs            []string
-	exchangeOnly     bool
-	json             bool
-	serial           bool
+	n, iters, warmup   int
+	local              [3]int
+	syncs              []string
+	exchangeOnly       bool
+	json               bool
+	serial             bool
+	checkpoint         int
+	failRank, failStep int
+	trace              bool
 }
 
 func main() {
@@ -60,8 +70,13 @@ func main() {
 	flag.BoolVar(&o.exchangeOnly, "exchange-only", false, "skip the stencil: time the exchange and its synchronisation only")
 	flag.BoolVar(&o.json, "json", false, "print one JSON line per variant (rank 0)")
 	flag.BoolVar(&o.serial, "serial", true, "rank 0 also solves the whole grid serially and checks the checksum")
+	flag.IntVar(&o.checkpoint, "checkpoint", 0, "notify: snapshot the window every N iterations and replicate it at the next rank, and recover from a rank's death (rvmarun --restart); 0: off")
+	flag.IntVar(&o.failRank, "fail-rank", -1, "notify: rank that kills itself with SIGKILL (incarnation 0 only; -1: none; rvmarun --kill kills from outside)")
+	flag.IntVar(&o.failStep, "fail-step", 5, "iteration (warm-up included, from 1) in which --fail-rank does, after putting its faces")
+	flag.BoolVar(&o.trace, "trace", false, "print wall-clock timestamps (Unix microseconds) of start, Init, failures and recoveries to stderr")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of rank 0 to this file")
 	flag.Parse()
+	start := time.Now()
 	o.local = [3]int{o.n, o.n, o.n}
 	if local != "" {
 		if _, err := fmt.Sscanf(local, "%d,%d,%d", &o.local[0], &o.local[1], &o.local[2]); err != nil {
@@ -77,11 +92,21 @@ func main() {
 	if o.iters < 1 || o.warmup < 0 || min(o.local[0], o.local[1], o.local[2]) < 1 {
 		fail(fmt.Errorf("bad sizes"))
 	}
+	if o.checkpoint < 0 {
+		fail(fmt.Errorf("--checkpoint %d: want 0 (off) or more", o.checkpoint))
+	}
+	if o.checkpoint > 0 && !slices.Equal(o.syncs, []string{"notify"}) {
+		fail(fmt.Errorf("--checkpoint applies to --sync notify alone, not %q", syncs))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	comm, err := rma.Init(ctx, nil)
 	if err != nil {
 		fail(err)
+	}
+	if o.trace {
+		trace(comm, "start", start)
+		trace(comm, "init", time.Now())
 	}
 	if *cpuprofile != "" && comm.Rank() == 0 {
 		f, err := os.Create(*cpuprofile)
@@ -113,6 +138,12 @@ func main() {
 func fail(err error) {
 	fmt.Fprintln(os.Stderr, "halo3d:", err)
 	os.Exit(2)
+}
+
+// trace prints an event's wall-clock time (--trace), for measuring
+// recovery across processes: "halo3d: trace RANK INC EVENT UNIX_MICROS".
+func trace(c *rma.Comm, event string, t time.Time) {
+	fmt.Fprintf(os.Stderr, "halo3d: trace %d %d %s %d\n", c.Rank(), c.Incarnation(), event, t.UnixMicro())
 }
 
 // dimsCreate splits p ranks over 3 dimensions as evenly as possible,
@@ -162,10 +193,21 @@ type grid struct {
 	send     [3][2][2][]float64
 	stage    [3][2][2][]float64
 	stageOff [3][2][2]int
+	// --checkpoint: x faces are staged too (stage[0], before the
+	// header), so that no put lands in an array, and the notified window
+	// starts nbase bytes into mem: at u[1] with an even interval (the
+	// state at a checkpoint is then always in u[1]; u[0] is outside and
+	// the snapshots half as big), else at u[0].
+	stageX bool
+	nbase  int
+	// hdr (in the window, last) holds what a respawned rank must get
+	// back with the window (--checkpoint): hdr[0] is the reference
+	// checksum, NaN until the sendrecv run computed it.
+	hdr []float64
 }
 
-func newGrid(rank, size int, local [3]int) *grid {
-	g := &grid{nx: local[0], ny: local[1], nz: local[2], dims: dimsCreate(size)}
+func newGrid(rank, size int, local [3]int, checkpoint int) *grid {
+	g := &grid{nx: local[0], ny: local[1], nz: local[2], dims: dimsCreate(size), stageX: checkpoint > 0}
 	g.sy = g.nz + 2
 	g.sx = (g.ny + 2) * g.sy
 	g.v = (g.nx + 2) * g.sx
@@ -182,30 +224,45 @@ func newGrid(rank, size int, local [3]int) *grid {
 		}
 	}
 	// Two arrays, six counters (lock), then the notify variant's staging
-	// for y and z faces.
-	n := 2*g.v + 6
-	for d := 1; d < 3; d++ {
-		n += 4 * g.faceBytes(d) / 8
+	// for y and z faces (and x faces), then the header.
+	n := 2*g.v + 6 + 1
+	for d := g.firstStaged(); d < 3; d++ {
+		n += 4 * g.notifyBytes(d) / 8
+	}
+	if checkpoint > 0 && checkpoint%2 == 0 {
+		g.nbase = 8 * g.v
 	}
 	words := make([]float64, n)
 	g.mem = unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), 8*len(words))
 	g.u = [2][]float64{words[:g.v], words[g.v : 2*g.v]}
 	g.counter = g.mem[16*g.v : 16*g.v+48]
 	o := 2*g.v + 6
-	for d := 1; d < 3; d++ {
-		f := g.faceBytes(d) / 8
+	for d := g.firstStaged(); d < 3; d++ {
+		f := g.notifyBytes(d) / 8
 		for par := range 2 {
 			for side := range 2 {
-				g.send[d][par][side] = make([]float64, f)
+				if d > 0 {
+					g.send[d][par][side] = make([]float64, f)
+				}
 				g.stage[d][par][side], g.stageOff[d][par][side] = words[o:o+f], 8*o
 				o += f
 			}
 		}
 	}
+	g.hdr = words[o : o+1]
 	return g
 }
 
 func (g *grid) idx(i, j, k int) int { return i*g.sx + j*g.sy + k }
+
+// firstStaged is the first dimension whose faces the notify variant
+// stages: y (1), or x (0) with --checkpoint.
+func (g *grid) firstStaged() int {
+	if g.stageX {
+		return 0
+	}
+	return 1
+}
 
 // initArrays sets the initial state of both arrays.
 func (g *grid) initArrays() {
@@ -321,6 +378,17 @@ func (g *grid) putFaces(ctx context.Context, w *rma.Win, cur int, want bool, req
 			if r < 0 {
 				continue
 			}
+			if d == 0 && want && g.stageX {
+				// notify, --checkpoint: my x face (contiguous) into the
+				// neighbour's staging.
+				p := g.face(d, s)[0]
+				req, err := w.Rput(ctx, g.mem[base+p.src:base+p.src+p.l.Extent()], r, g.stageOff[d][cur][1-s]-g.nbase)
+				if err != nil {
+					return reqs, err
+				}
+				reqs = append(reqs, req)
+				continue
+			}
 			if d > 0 && want {
 				// notify: y and z faces, packed here, land contiguous in
 				// the neighbour's staging and are unpacked after the
@@ -329,7 +397,7 @@ func (g *grid) putFaces(ctx context.Context, w *rma.Win, cur int, want bool, req
 				buf := g.send[d][cur][s]
 				g.pack(g.u[cur], d, s, buf, false)
 				b := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), 8*len(buf))
-				req, err := w.Rput(ctx, b, r, g.stageOff[d][cur][1-s])
+				req, err := w.Rput(ctx, b, r, g.stageOff[d][cur][1-s]-g.nbase)
 				if err != nil {
 					return reqs, err
 				}
@@ -391,6 +459,33 @@ func (g *grid) pack(u []float64, d, s int, buf []float64, unpack bool) {
 	}
 }
 
+// unstage unpacks the y and z faces (and x faces with --checkpoint) of
+// an epoch of parity cur from the notify variant's staging into the ghost
+// layers of array cur.
+func (g *grid) unstage(cur int) {
+	for d := g.firstStaged(); d < 3; d++ {
+		for s := range 2 {
+			if g.nbr[d][s] < 0 {
+				continue
+			}
+			if d > 0 {
+				g.pack(g.u[cur], d, s, g.stage[d][cur][s], true)
+				continue
+			}
+			ghost := 0
+			if s == 1 {
+				ghost = g.nx + 1
+			}
+			at := g.idx(ghost, 1, 0)
+			copy(g.u[cur][at:at+len(g.stage[d][cur][s])], g.stage[d][cur][s])
+		}
+	}
+}
+
+// settleMax bounds the wait for this rank's puts before a checkpoint's
+// epoch (see exchange).
+const settleMax = 20 * time.Millisecond
+
 type variant struct {
 	comm *rma.Comm
 	g    *grid
@@ -399,6 +494,10 @@ type variant struct {
 	bufs [3][2][]float64
 	// notify: the puts of the last iteration, and a slice to reuse
 	pending, spare []*rma.Request
+	// sendrecv's tags start here: after a recovery, messages of an
+	// interrupted run that still wait in an inbox match no receive
+	tagBase int
+	o       options
 }
 
 func f64s(b []byte) []float64 { return unsafe.Slice((*float64)(unsafe.Pointer(&b[0])), len(b)/8) }
@@ -413,7 +512,7 @@ func (v *variant) exchange(ctx context.Context, sync string, cur int, iter int64
 				if r := g.nbr[d][s]; r >= 0 {
 					g.pack(g.u[cur], d, s, v.bufs[d][s], false)
 					b := unsafe.Slice((*byte)(unsafe.Pointer(&v.bufs[d][s][0])), 8*len(v.bufs[d][s]))
-					req, err := v.comm.Isend(ctx, r, 2*d+s, b)
+					req, err := v.comm.Isend(ctx, r, v.tagBase+2*d+s, b)
 					if err != nil {
 						return err
 					}
@@ -424,7 +523,7 @@ func (v *variant) exchange(ctx context.Context, sync string, cur int, iter int64
 		for d := range 3 {
 			for s := range 2 {
 				if r := g.nbr[d][s]; r >= 0 {
-					m, err := v.comm.Recv(ctx, r, 2*d+(1-s)) // sent towards side 1-s
+					m, err := v.comm.Recv(ctx, r, v.tagBase+2*d+(1-s)) // sent towards side 1-s
 					if err != nil {
 						return err
 					}
@@ -514,18 +613,41 @@ func (v *variant) exchange(ctx context.Context, sync string, cur int, iter int64
 		if v.pending, err = g.putFaces(ctx, v.nwin, cur, true, v.spare[:0]); err != nil {
 			return err
 		}
+		if iter == int64(v.o.failStep) && v.comm.Rank() == v.o.failRank && v.comm.Incarnation() == 0 {
+			// A real failure (--fail-rank): the process is gone, its
+			// memory with it, with its faces of this epoch on their way.
+			if v.o.trace {
+				trace(v.comm, "kill", time.Now())
+			}
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
+		if k := v.o.checkpoint; k > 0 && iter%int64(k) == 0 {
+			// This epoch's wait snapshots the window and writes the
+			// replica to the next rank: with this rank's puts to it
+			// complete, on shared memory the replica is a copy made
+			// at once rather than packets queued behind them (and
+			// ahead of the next iteration's faces). Only an
+			// optimisation, and bounded: a put to a rank that died
+			// may not complete for seconds (its wait, unlike
+			// WaitEpoch's, is not cut short by the launcher's news),
+			// so the wait gives up after settleMax and WaitEpoch
+			// reports the failure.
+			sctx, cancel := context.WithTimeout(ctx, settleMax)
+			err := rma.WaitAll(sctx, prev...)
+			if err == nil {
+				err = rma.WaitAll(sctx, v.pending...)
+			}
+			cancel()
+			if err != nil && (sctx.Err() == nil || ctx.Err() != nil) {
+				return err
+			}
+		}
 		if len(g.nbrs) > 0 { // a lone rank expects nothing
 			if _, err := v.nwin.WaitEpoch(ctx); err != nil {
 				return err
 			}
 		}
-		for d := 1; d < 3; d++ {
-			for s := range 2 {
-				if g.nbr[d][s] >= 0 {
-					g.pack(g.u[cur], d, s, g.stage[d][cur][s], true)
-				}
-			}
-		}
+		g.unstage(cur)
 		err = rma.WaitAll(ctx, prev...)
 		v.spare = prev
 		return err
@@ -545,11 +667,15 @@ type result struct {
 	USPerIter float64 `json:"us_per_iter"`
 	Checksum  float64 `json:"checksum"`
 	OK        bool    `json:"ok"`
+	// --checkpoint: the snapshot interval, and how many times the ranks
+	// recovered from a death
+	Checkpoint int `json:"checkpoint,omitempty"`
+	Recoveries int `json:"recoveries,omitempty"`
 }
 
 func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
-	g := newGrid(comm.Rank(), comm.Size(), o.local)
-	v := &variant{comm: comm, g: g}
+	g := newGrid(comm.Rank(), comm.Size(), o.local, o.checkpoint)
+	v := &variant{comm: comm, g: g, o: o}
 	for d := range 3 {
 		for s := range 2 {
 			v.bufs[d][s] = make([]float64, g.faceBytes(d)/8)
@@ -573,8 +699,14 @@ func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
 	} else {
 		ncfg = &rma.NotifyConfig{Expect: 1} // a lone rank: nothing ever arrives
 	}
-	if v.nwin, err = comm.Create(ctx, g.mem, &rma.WinConfig{Notify: ncfg}); err != nil {
+	if o.checkpoint > 0 {
+		ncfg.History, ncfg.Every, ncfg.Replicate = history(g.dims, o.checkpoint), o.checkpoint, true
+	}
+	if v.nwin, err = comm.Create(ctx, g.mem[g.nbase:], &rma.WinConfig{Notify: ncfg}); err != nil {
 		return false, err
+	}
+	if o.checkpoint > 0 {
+		return v.runCheckpointed(ctx)
 	}
 	// sendrecv's checksum is the reference, as in the MPI program.
 	var ref float64
@@ -606,36 +738,10 @@ func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
 			fmt.Println(string(b))
 		}
 	}
-	if comm.Rank() == 0 && !o.json {
-		fmt.Printf("halo3d: %d ranks (%dx%dx%d), %dx%dx%d per rank, %d+%d iterations%s\n", comm.Size(), g.dims[0], g.dims[1], g.dims[2],
-			o.local[0], o.local[1], o.local[2], o.warmup, o.iters, map[bool]string{true: ", exchange only", false: ""}[o.exchangeOnly])
-		fence := 0.0
-		for _, r := range results {
-			if r.Sync == "fence" {
-				fence = r.USPerIter
-			}
-		}
-		for _, r := range results {
-			ratio := ""
-			if fence > 0 {
-				ratio = fmt.Sprintf("  %.2fx fence", r.USPerIter/fence)
-			}
-			fmt.Printf("  %-9s %10.1f us/iter%s  checksum %.10f  ok=%v\n", r.Sync, r.USPerIter, ratio, r.Checksum, r.OK)
-		}
-	}
+	printSummary(comm, g, o, results)
 	if o.serial && !o.exchangeOnly && comm.Rank() == 0 {
-		gx, gy, gz := o.local[0]*g.dims[0], o.local[1]*g.dims[1], o.local[2]*g.dims[2]
-		t0 := time.Now()
-		sum := serial(gx, gy, gz, o.warmup+o.iters)
-		r := result{Example: "halo3d", Sync: "serial-ref", Ranks: 1, Dims: "1x1x1", N: o.local[0], Iters: o.iters, Warmup: o.warmup,
-			Compute: true, USPerIter: float64(time.Since(t0).Microseconds()) / float64(o.warmup+o.iters), Checksum: sum, OK: close(sum, ref)}
-		allOK = allOK && r.OK
-		if o.json {
-			b, _ := json.Marshal(r)
-			fmt.Println(string(b))
-		} else {
-			fmt.Printf("  %-9s %10.1f us/iter  checksum %.10f  ok=%v (the whole %dx%dx%d grid on rank 0)\n", r.Sync, r.USPerIter, r.Checksum, r.OK, gx, gy, gz)
-		}
+		sum, us := g.serial(o)
+		allOK = printSerial(g, o, sum, us, ref) && allOK
 	}
 	if err := v.nwin.Free(ctx); err != nil {
 		return false, err
@@ -644,6 +750,55 @@ func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
 		return false, err
 	}
 	return allOK, nil
+}
+
+// printSummary prints the variants' results as text (rank 0, without
+// --json).
+func printSummary(comm *rma.Comm, g *grid, o options, results []result) {
+	if comm.Rank() != 0 || o.json {
+		return
+	}
+	fmt.Printf("halo3d: %d ranks (%dx%dx%d), %dx%dx%d per rank, %d+%d iterations%s\n", comm.Size(), g.dims[0], g.dims[1], g.dims[2],
+		o.local[0], o.local[1], o.local[2], o.warmup, o.iters, map[bool]string{true: ", exchange only", false: ""}[o.exchangeOnly])
+	fence := 0.0
+	for _, r := range results {
+		if r.Sync == "fence" {
+			fence = r.USPerIter
+		}
+	}
+	for _, r := range results {
+		ratio := ""
+		if fence > 0 {
+			ratio = fmt.Sprintf("  %.2fx fence", r.USPerIter/fence)
+		}
+		fmt.Printf("  %-9s %10.1f us/iter%s  checksum %.10f  ok=%v\n", r.Sync, r.USPerIter, ratio, r.Checksum, r.OK)
+		if r.Checkpoint > 0 {
+			fmt.Printf("            snapshots every %d iterations, replicated; recovered from %d failure(s)\n", r.Checkpoint, r.Recoveries)
+		}
+	}
+}
+
+// serial solves the whole grid on this rank and returns the checksum and
+// the time per iteration in microseconds.
+func (g *grid) serial(o options) (float64, float64) {
+	t0 := time.Now()
+	sum := serial(o.local[0]*g.dims[0], o.local[1]*g.dims[1], o.local[2]*g.dims[2], o.warmup+o.iters)
+	return sum, float64(time.Since(t0).Microseconds()) / float64(o.warmup+o.iters)
+}
+
+// printSerial prints the serial solution's result and whether it equals
+// the reference.
+func printSerial(g *grid, o options, sum, us, ref float64) bool {
+	gx, gy, gz := o.local[0]*g.dims[0], o.local[1]*g.dims[1], o.local[2]*g.dims[2]
+	r := result{Example: "halo3d", Sync: "serial-ref", Ranks: 1, Dims: "1x1x1", N: o.local[0], Iters: o.iters, Warmup: o.warmup,
+		Compute: true, USPerIter: us, Checksum: sum, OK: close(sum, ref)}
+	if o.json {
+		b, _ := json.Marshal(r)
+		fmt.Println(string(b))
+	} else {
+		fmt.Printf("  %-9s %10.1f us/iter  checksum %.10f  ok=%v (the whole %dx%dx%d grid on rank 0)\n", r.Sync, r.USPerIter, r.Checksum, r.OK, gx, gy, gz)
+	}
+	return r.OK
 }
 
 func close(a, b float64) bool {

@@ -51,6 +51,7 @@ type options struct {
 	history            int
 	pace               time.Duration
 	json               bool
+	trace              bool
 }
 
 func main() {
@@ -63,12 +64,18 @@ func main() {
 	flag.IntVar(&o.history, "history", 0, "snapshots kept (0: enough for the ring: ranks half the ring apart may be that many epochs apart)")
 	flag.DurationVar(&o.pace, "pace", 2*time.Millisecond, "sleep per step, so that a timed kill lands mid-run")
 	flag.BoolVar(&o.json, "json", false, "print a JSON line (rank 0)")
+	flag.BoolVar(&o.trace, "trace", false, "print wall-clock timestamps (Unix microseconds) of start, Init, failures and recoveries to stderr")
 	flag.Parse()
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	comm, err := rma.Init(ctx, nil)
 	if err != nil {
 		fail(err)
+	}
+	if o.trace {
+		trace(comm, "start", start)
+		trace(comm, "init", time.Now())
 	}
 	ok, err := run(ctx, comm, o)
 	if err != nil {
@@ -91,6 +98,12 @@ func main() {
 func fail(err error) {
 	fmt.Fprintln(os.Stderr, "rewind:", err)
 	os.Exit(2)
+}
+
+// trace prints an event's wall-clock time (--trace), for measuring
+// recovery across processes: "rewind: trace RANK INC EVENT UNIX_MICROS".
+func trace(c *rma.Comm, event string, t time.Time) {
+	fmt.Fprintf(os.Stderr, "rewind: trace %d %d %s %d\n", c.Rank(), c.Incarnation(), event, t.UnixMicro())
 }
 
 // sim is one rank's part: cells, then ghost slots [left, right] for even
@@ -193,10 +206,16 @@ func (s *sim) recover(ctx context.Context, rec *recovery) (int, error) {
 	rec.resumed = time.Now()
 	rec.took += rec.resumed.Sub(t0)
 	rec.stats = s.comm.RecoveryStats()
+	if s.o.trace {
+		trace(s.comm, "recovered", time.Now())
+	}
 	e := int(s.win.Epoch())
 	rec.rewoundTo = e
 	if e > 0 {
 		s.compute(e)
+	}
+	if s.o.trace {
+		trace(s.comm, "computing", time.Now())
 	}
 	return e, nil
 }
@@ -234,6 +253,9 @@ func (s *sim) advance(ctx context.Context, e int, rec *recovery) error {
 		if err == nil && e == s.o.failStep && c.Rank() == s.o.failRank && c.Incarnation() == 0 {
 			// A real failure: the process is gone, its memory with it.
 			os.WriteFile(killStamp(), []byte(strconv.FormatInt(time.Now().UnixNano(), 10)), 0o600)
+			if s.o.trace {
+				trace(c, "kill", time.Now())
+			}
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		}
 		if err == nil {
@@ -245,6 +267,9 @@ func (s *sim) advance(ctx context.Context, e int, rec *recovery) error {
 		if err != nil {
 			if !errors.Is(err, rma.ErrPeer) {
 				return err
+			}
+			if s.o.trace {
+				trace(c, "errpeer", time.Now())
 			}
 			if e, err = s.recover(ctx, rec); err != nil {
 				return err
