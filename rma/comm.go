@@ -998,16 +998,15 @@ func (c *Comm) rendezvousKey(what string, r int, inc uint32) string {
 func (c *Comm) conn(ctx context.Context, r int) (*verbs.QP, error) {
 	p := c.peers[r]
 	p.mu.Lock()
-	if p.qp != nil || p.err != nil {
-		qp, err := p.qp, p.err
-		p.mu.Unlock()
+	qp, err := p.qp, p.err
+	p.mu.Unlock()
+	if qp != nil || err != nil {
 		return qp, err
 	}
-	p.mu.Unlock()
 	// Connecting may wait for a rank that died: a fault ends the wait.
 	ctx, conv, stop := c.interruptible(ctx)
 	defer stop()
-	qp, err := c.connect(ctx, r)
+	qp, err = c.connect(ctx, r)
 	if err != nil && !errors.Is(err, ErrPeer) {
 		if e := conv(ctx.Err()); e != nil && errors.Is(e, ErrPeer) {
 			err = opErr("connect", r, e)

@@ -123,11 +123,21 @@ func (r *recovery) watch(ctx context.Context) {
 		since = f.N
 		r.seen.Store(f.N)
 		dead := -1
+		// Ranks whose incarnation we are connected to is gone: dead now,
+		// or already respawned (one answer may hold both the death and
+		// the respawn).
+		type gone struct {
+			rank int
+			inc  uint32
+		}
+		var lost []gone
 		r.mu.Lock()
 		for i := range f.Inc {
 			if i != r.c.rank && (f.Dead[i] || f.Inc[i] != r.incs[i]) {
-				dead = i
-				break
+				if dead < 0 {
+					dead = i
+				}
+				lost = append(lost, gone{i, r.incs[i]})
 			}
 		}
 		if f.N > r.ack {
@@ -138,10 +148,8 @@ func (r *recovery) watch(ctx context.Context) {
 			r.cancel(cause)
 		}
 		r.mu.Unlock()
-		for i := range f.Inc {
-			if i != r.c.rank && f.Dead[i] {
-				r.c.breakPeer(i, f.Inc[i])
-			}
+		for _, g := range lost {
+			r.c.breakPeer(g.rank, g.inc)
 		}
 	}
 }
@@ -630,7 +638,11 @@ func (w *Win) quiet(ctx context.Context, changed []bool) {
 	ctx, cancel := context.WithTimeout(ctx, recoverDeadline)
 	defer cancel()
 	if !w.c.rec.fresh.Load() {
-		w.FlushAll(ctx) // its error is the failure being recovered from
+		// Its error is the failure being recovered from; it may return at
+		// the first target that failed, so wait for the rest too: nothing
+		// of before may fail after the failures are forgotten.
+		w.FlushAll(ctx)
+		w.c.eng.Wait(ctx, func() bool { return w.outN == 0 })
 	}
 	w.mu.Lock()
 	w.fence, w.startGroup, w.postGroup, w.lockAll = false, nil, nil, false

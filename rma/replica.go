@@ -151,12 +151,18 @@ func (n *notifyState) replicate(s *snapshot) {
 	base := to.addr + (s.epoch/uint64(n.cfg.Every))%uint64(to.slots)*to.slot
 	var zero, tag [8]byte
 	binary.LittleEndian.PutUint64(tag[:], s.epoch+1)
-	wrs := []verbs.SendWR{{Opcode: verbs.OpWrite, Flags: verbs.FlagInline, Inline: zero[:], RemoteAddr: base, RKey: to.rkey}}
+	// Unordered: on shared memory the three are copies made at once,
+	// in order, rather than waiting behind this epoch's puts to the
+	// buddy (they concern other memory); where they go as packets (or
+	// the copy is refused, which then refuses all three) they leave in
+	// order, and RC places them in order.
+	const un = verbs.FlagUnordered
+	wrs := []verbs.SendWR{{Opcode: verbs.OpWrite, Flags: verbs.FlagInline | un, Inline: zero[:], RemoteAddr: base, RKey: to.rkey}}
 	if len(s.mem) > 0 {
-		wrs = append(wrs, verbs.SendWR{Opcode: verbs.OpWrite, SGL: []verbs.SGE{n.repl.snapMR.SGE(s.off, len(s.mem))},
+		wrs = append(wrs, verbs.SendWR{Opcode: verbs.OpWrite, Flags: un, SGL: []verbs.SGE{n.repl.snapMR.SGE(s.off, len(s.mem))},
 			RemoteAddr: base + 8, RKey: to.rkey})
 	}
-	wrs = append(wrs, verbs.SendWR{Opcode: verbs.OpWrite, Flags: verbs.FlagInline, Inline: tag[:], RemoteAddr: base, RKey: to.rkey})
+	wrs = append(wrs, verbs.SendWR{Opcode: verbs.OpWrite, Flags: verbs.FlagInline | un, Inline: tag[:], RemoteAddr: base, RKey: to.rkey})
 	op, id := c.eng.Start(len(wrs), nil)
 	for i := range wrs {
 		wrs[i].ID = id + uint64(i)

@@ -9,13 +9,8 @@
 set -euo pipefail
 REPS=${1:-3}
 OUT=${2:-}
-cd "$(dirname "$0")/.."
-go build -o bin/haul ./cmd/haul
-go build -o bin/linkem ./cmd/linkem
-tmp=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
-results=${OUT:-$tmp/results.jsonl}
-: > "$results"
+. "$(dirname "$0")/haul-lib.sh"
+haul_setup
 port=8300
 # one-way delay, rate in Mbit/s, size in MiB
 cells=("12.5ms 500 64" "50ms 500 128" "5ms 100 32")
@@ -26,20 +21,10 @@ for cell in "${cells[@]}"; do
     for rep in $(seq 1 "$REPS"); do
       for mode in fixed auto; do
         port=$((port + 3))
-        bin/linkem --a 127.0.0.1:$((port+1)) --b 127.0.0.1:$((port+2)) --delay "$delay" --rate "${mbit}mbit" \
-          --loss "$loss" --seed $((rep * 7919)) > "$tmp/linkem.log" 2>&1 &
-        lp=$!
-        bin/haul recv --listen 127.0.0.1:$port --via 127.0.0.1:$((port+2)) --out "$tmp/out" > "$tmp/recv.log" 2>&1 &
-        rp=$!
-        sleep 0.3
         rate=(--rate "${mbit}mbit")
         [ $mode = auto ] && rate=()
-        line=$(bin/haul send --to 127.0.0.1:$port --via 127.0.0.1:$((port+1)) "${rate[@]}" \
-          --json "$tmp/in$mib" 2>/dev/null || echo '{"ok":false}')
-        wait $rp || true
-        kill -INT $lp; wait $lp || true
+        line=$(haul_through $port "$delay" "${mbit}mbit" "$loss" $((rep * 7919)) "$tmp/in$mib" "${rate[@]}")
         echo "{\"delay\":\"$delay\",\"mbit\":$mbit,\"mib\":$mib,\"loss\":$loss,\"rep\":$rep,\"mode\":\"$mode\",\"run\":$line}" >> "$results"
-        rm -f "$tmp/out"
       done
     done
   done

@@ -9,13 +9,8 @@
 set -euo pipefail
 REPS=${1:-3}
 OUT=${2:-}
-cd "$(dirname "$0")/.."
-go build -o bin/haul ./cmd/haul
-go build -o bin/linkem ./cmd/linkem
-tmp=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
-results=${OUT:-$tmp/results.jsonl}
-: > "$results"
+. "$(dirname "$0")/haul-lib.sh"
+haul_setup
 port=7900
 # one-way delay, rate, sizes in MiB (BDP: 100 ms x 2 Gbit/s = 24 MiB,
 # 25 ms x 500 Mbit/s = 1.5 MiB)
@@ -28,18 +23,8 @@ for cell in "${cells[@]}"; do
       for rep in $(seq 1 "$REPS"); do
         for scheme in auto sr ec; do
           port=$((port + 3))
-          bin/linkem --a 127.0.0.1:$((port+1)) --b 127.0.0.1:$((port+2)) --delay "$delay" --rate "$rate" \
-            --loss "$loss" --seed $((rep * 7919)) > "$tmp/linkem.log" 2>&1 &
-          lp=$!
-          bin/haul recv --listen 127.0.0.1:$port --via 127.0.0.1:$((port+2)) --out "$tmp/out" > "$tmp/recv.log" 2>&1 &
-          rp=$!
-          sleep 0.3
-          line=$(bin/haul send --to 127.0.0.1:$port --via 127.0.0.1:$((port+1)) --rate "$rate" \
-            --scheme "$scheme" --json "$tmp/in$mib" 2>/dev/null || echo '{"ok":false}')
-          wait $rp || true
-          kill -INT $lp; wait $lp || true
+          line=$(haul_through $port "$delay" "$rate" "$loss" $((rep * 7919)) "$tmp/in$mib" --rate "$rate" --scheme "$scheme")
           echo "{\"delay\":\"$delay\",\"rate\":\"$rate\",\"mib\":$mib,\"loss\":$loss,\"rep\":$rep,\"forced\":\"$scheme\",\"run\":$line}" >> "$results"
-          rm -f "$tmp/out"
         done
       done
     done
