@@ -660,6 +660,7 @@ func (w *Window) ready() bool {
 // window completes an epoch, the window closes or ctx ends.
 func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
 	var deadline time.Time // set at the first look at the clock: it costs as much as a put
+	var stop func() bool   // a shared window's wake on ctx's end, once it sleeps
 	for i := 0; ; i++ {
 		// Look without the lock: the placing goroutine needs it.
 		if w.ready() {
@@ -693,7 +694,13 @@ func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
 		}
 		if w.shared {
 			// Initiators of other processes complete epochs too: sleep on
-			// the box's futex word, which they and this process bump.
+			// the box's futex word, which they and this process bump (and
+			// so does ctx's end, so that it ends the wait at once).
+			if stop == nil {
+				word := w.box.WakeWord()
+				stop = context.AfterFunc(ctx, func() { futex.Wake(word) })
+				defer stop()
+			}
 			v := atomic.LoadUint32(w.box.WakeWord())
 			w.box.SetSleeping(true)
 			if !w.ready() {
