@@ -482,10 +482,6 @@ func (g *grid) unstage(cur int) {
 	}
 }
 
-// settleMax bounds the wait for this rank's puts before a checkpoint's
-// epoch (see exchange).
-const settleMax = 20 * time.Millisecond
-
 type variant struct {
 	comm *rma.Comm
 	g    *grid
@@ -620,27 +616,6 @@ func (v *variant) exchange(ctx context.Context, sync string, cur int, iter int64
 				trace(v.comm, "kill", time.Now())
 			}
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		}
-		if k := v.o.checkpoint; k > 0 && iter%int64(k) == 0 {
-			// This epoch's wait snapshots the window and writes the
-			// replica to the next rank: with this rank's puts to it
-			// complete, on shared memory the replica is a copy made
-			// at once rather than packets queued behind them (and
-			// ahead of the next iteration's faces). Only an
-			// optimisation, and bounded: a put to a rank that died
-			// may not complete for seconds (its wait, unlike
-			// WaitEpoch's, is not cut short by the launcher's news),
-			// so the wait gives up after settleMax and WaitEpoch
-			// reports the failure.
-			sctx, cancel := context.WithTimeout(ctx, settleMax)
-			err := rma.WaitAll(sctx, prev...)
-			if err == nil {
-				err = rma.WaitAll(sctx, v.pending...)
-			}
-			cancel()
-			if err != nil && (sctx.Err() == nil || ctx.Err() != nil) {
-				return err
-			}
 		}
 		if len(g.nbrs) > 0 { // a lone rank expects nothing
 			if _, err := v.nwin.WaitEpoch(ctx); err != nil {
