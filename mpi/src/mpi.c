@@ -138,13 +138,16 @@ static int raise_err(MPI_Errhandler eh, int cls, const char *fn, const char *fmt
 	return cls;
 }
 
+enum { MAX_CART = 16 };
 struct comm {
 	int ctx;
 	MPI_Errhandler eh;
+	/* a Cartesian topology (MPI_Cart_create) when ndims > 0 */
+	int ndims, dims[MAX_CART], periods[MAX_CART];
 };
 /* world (ctx 0), self, then duplicates; 64 contexts */
 enum { NCTX = 64, NCOMM = NCTX + 3 };
-static struct comm comms[NCOMM] = {{0, 0}, {0, MPI_ERRORS_ARE_FATAL}, {-2, MPI_ERRORS_ARE_FATAL}};
+static struct comm comms[NCOMM] = {[1] = {.ctx = 0, .eh = MPI_ERRORS_ARE_FATAL}, [2] = {.ctx = -2, .eh = MPI_ERRORS_ARE_FATAL}};
 static int comm_used[NCOMM] = {0, 1, 1};
 
 static MPI_Errhandler comm_eh(MPI_Comm c) {
@@ -453,7 +456,11 @@ int MPI_Comm_dup(MPI_Comm c, MPI_Comm *out) {
 			h = i;
 			break;
 		}
-	if (h > 0) comm_used[h] = 1, comms[h].ctx = ctx, comms[h].eh = comms[c].eh;
+	if (h > 0) {
+		comm_used[h] = 1;
+		comms[h] = comms[c]; /* the handler and the topology */
+		comms[h].ctx = ctx;
+	}
 	pthread_mutex_unlock(&rv_mu);
 	if (h < 0) return fail_comm(c, MPI_ERR_NO_MEM, __func__, "no communicator handle left");
 	*out = h;
@@ -466,8 +473,128 @@ int MPI_Comm_free(MPI_Comm *c) {
 		return fail_comm(c ? *c : 0, MPI_ERR_COMM, __func__, "not a communicator this program may free");
 	pthread_mutex_lock(&rv_mu);
 	comm_used[*c] = 0;
+	comms[*c].ndims = 0;
 	pthread_mutex_unlock(&rv_mu);
 	*c = MPI_COMM_NULL;
+	return MPI_SUCCESS;
+}
+
+/* ---- Cartesian topologies ---------------------------------------------------
+ * Every communicator has the world's ranks, so a grid must hold them all
+ * (reorder is ignored: rank r of the grid is world rank r, row-major). */
+
+int MPI_Cart_create(MPI_Comm c, int ndims, const int dims[], const int periods[], int reorder, MPI_Comm *out) {
+	(void)reorder;
+	CHECK_COMM(c, __func__);
+	if (ndims < 0 || ndims > MAX_CART || (ndims > 0 && (!dims || !periods)) || !out)
+		return fail_comm(c, MPI_ERR_ARG, __func__, "ndims %d (0..%d) or a NULL argument", ndims, MAX_CART);
+	int64_t n = 1;
+	for (int d = 0; d < ndims; d++) {
+		if (dims[d] < 1) return fail_comm(c, MPI_ERR_DIMS, __func__, "dims[%d] = %d", d, dims[d]);
+		n *= dims[d];
+	}
+	if (n > rv_size) return fail_comm(c, MPI_ERR_DIMS, __func__, "a grid of %lld ranks over %d", (long long)n, rv_size);
+	if (n != rv_size)
+		return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, __func__,
+		                 "a grid of %lld ranks over %d: rvma's communicators hold every rank", (long long)n, rv_size);
+	MPI_Comm h;
+	int cls = MPI_Comm_dup(c, &h);
+	if (cls) return cls;
+	pthread_mutex_lock(&rv_mu);
+	comms[h].ndims = ndims;
+	for (int d = 0; d < ndims; d++) comms[h].dims[d] = dims[d], comms[h].periods[d] = periods[d] != 0;
+	pthread_mutex_unlock(&rv_mu);
+	*out = h;
+	return MPI_SUCCESS;
+}
+
+/* c's topology into t (0), or a class. */
+static int cart_of(const char *fn, MPI_Comm c, struct comm *t) {
+	CHECK_COMM(c, fn);
+	pthread_mutex_lock(&rv_mu);
+	*t = comms[c];
+	pthread_mutex_unlock(&rv_mu);
+	if (t->ndims == 0) return fail_comm(c, MPI_ERR_TOPOLOGY, fn, "communicator %d has no Cartesian topology", c);
+	return 0;
+}
+
+int MPI_Cartdim_get(MPI_Comm c, int *ndims) {
+	struct comm t;
+	int cls = cart_of(__func__, c, &t);
+	if (cls) return cls;
+	if (!ndims) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL ndims");
+	*ndims = t.ndims;
+	return MPI_SUCCESS;
+}
+
+int MPI_Cart_get(MPI_Comm c, int maxdims, int dims[], int periods[], int coords[]) {
+	struct comm t;
+	int cls = cart_of(__func__, c, &t);
+	if (cls) return cls;
+	if (maxdims < t.ndims || !dims || !periods || !coords)
+		return fail_comm(c, MPI_ERR_ARG, __func__, "maxdims %d < %d or a NULL array", maxdims, t.ndims);
+	for (int d = 0; d < t.ndims; d++) dims[d] = t.dims[d], periods[d] = t.periods[d];
+	return MPI_Cart_coords(c, rv_rank, maxdims, coords);
+}
+
+int MPI_Cart_coords(MPI_Comm c, int rank, int maxdims, int coords[]) {
+	struct comm t;
+	int cls = cart_of(__func__, c, &t);
+	if (cls) return cls;
+	if (rank < 0 || rank >= rv_size) return fail_comm(c, MPI_ERR_RANK, __func__, "rank %d of %d", rank, rv_size);
+	if (maxdims < t.ndims || !coords)
+		return fail_comm(c, MPI_ERR_ARG, __func__, "maxdims %d < %d or NULL coords", maxdims, t.ndims);
+	for (int d = t.ndims - 1; d >= 0; d--) coords[d] = rank % t.dims[d], rank /= t.dims[d];
+	return MPI_SUCCESS;
+}
+
+int MPI_Cart_rank(MPI_Comm c, const int coords[], int *rank) {
+	struct comm t;
+	int cls = cart_of(__func__, c, &t);
+	if (cls) return cls;
+	if (!coords || !rank) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL coords or rank");
+	int r = 0;
+	for (int d = 0; d < t.ndims; d++) {
+		int x = coords[d];
+		if (t.periods[d])
+			x = ((x % t.dims[d]) + t.dims[d]) % t.dims[d];
+		else if (x < 0 || x >= t.dims[d])
+			return fail_comm(c, MPI_ERR_ARG, __func__, "coords[%d] = %d outside 0..%d", d, x, t.dims[d] - 1);
+		r = r * t.dims[d] + x;
+	}
+	*rank = r;
+	return MPI_SUCCESS;
+}
+
+int MPI_Cart_shift(MPI_Comm c, int dir, int disp, int *src, int *dst) {
+	struct comm t;
+	int cls = cart_of(__func__, c, &t);
+	if (cls) return cls;
+	if (dir < 0 || dir >= t.ndims || !src || !dst)
+		return fail_comm(c, MPI_ERR_ARG, __func__, "direction %d of %d or a NULL argument", dir, t.ndims);
+	int coords[MAX_CART];
+	MPI_Cart_coords(c, rv_rank, MAX_CART, coords);
+	int me = coords[dir];
+	for (int k = 0; k < 2; k++) {
+		int x = me + (k ? disp : -disp), *out = k ? dst : src;
+		if (t.periods[dir])
+			x = ((x % t.dims[dir]) + t.dims[dir]) % t.dims[dir];
+		else if (x < 0 || x >= t.dims[dir]) {
+			*out = MPI_PROC_NULL;
+			continue;
+		}
+		coords[dir] = x;
+		MPI_Cart_rank(c, coords, out);
+	}
+	return MPI_SUCCESS;
+}
+
+int MPI_Topo_test(MPI_Comm c, int *status) {
+	if (comm_ctx(c) == -1) return fail_comm(c, MPI_ERR_COMM, __func__, "invalid communicator %d", c);
+	if (!status) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL status");
+	pthread_mutex_lock(&rv_mu);
+	*status = comms[c].ndims ? MPI_CART : MPI_UNDEFINED;
+	pthread_mutex_unlock(&rv_mu);
 	return MPI_SUCCESS;
 }
 
@@ -818,6 +945,48 @@ void unpack(const struct dtype *t, int64_t count, const void *from, void *to) {
 
 enum { MAX_BLOCKS = 1 << 24 };
 
+/* A new datatype of the n blocks blk (merged where adjacent, owned by it
+ * from now on) made of basic, with size bytes of data and extent. */
+static int type_finish(const char *fn, struct blk *blk, int64_t n, int basic, int64_t size, int64_t extent,
+                       MPI_Datatype *out) {
+	struct dtype *t = calloc(1, sizeof *t);
+	if (!t) {
+		free(blk);
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, fn, "out of memory");
+	}
+	t->blk = blk, t->nblk = n;
+	t->basic = basic;
+	t->size = size;
+	t->extent = extent;
+	t->uniform = 1;
+	if (n == 0) {
+		t->lc = 0, t->lb = 0, t->ls = 0;
+	} else {
+		t->off0 = blk[0].off, t->lc = n, t->lb = blk[0].len, t->ls = n > 1 ? blk[1].off - blk[0].off : blk[0].len;
+		for (int64_t i = 1; i < n; i++)
+			if (blk[i].len != t->lb || blk[i].off - blk[i - 1].off != t->ls) t->uniform = 0;
+	}
+	int h = tbl_add(&types, t);
+	if (h < 0) {
+		free(blk), free(t);
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, fn, "out of datatype handles");
+	}
+	*out = h;
+	return MPI_SUCCESS;
+}
+
+/* Appends old's blocks at byte offset off to blk[*n], merging adjacent
+ * ones. */
+static void blk_append(struct blk *blk, int64_t *n, const struct dtype *old, int64_t off) {
+	for (int64_t j = 0; j < old->nblk; j++) {
+		int64_t o = off + old->blk[j].off, len = old->blk[j].len;
+		if (*n > 0 && blk[*n - 1].off + blk[*n - 1].len == o)
+			blk[*n - 1].len += len;
+		else
+			blk[(*n)++] = (struct blk){o, len};
+	}
+}
+
 /* count blocks of blocklen copies of old, stride bytes apart. */
 static int type_make(const char *fn, int64_t count, int64_t blocklen, int64_t stride, MPI_Datatype oldh,
                      MPI_Datatype *out) {
@@ -834,41 +1003,60 @@ static int type_make(const char *fn, int64_t count, int64_t blocklen, int64_t st
 	if (count && blocklen && old->nblk > MAX_BLOCKS / count / blocklen)
 		return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, fn, "more than %d blocks", MAX_BLOCKS);
 	int64_t nmax = count * blocklen * old->nblk;
-	struct dtype *t = calloc(1, sizeof *t);
 	struct blk *blk = malloc(sizeof *blk * (size_t)(nmax ? nmax : 1));
-	if (!t || !blk) {
-		free(t), free(blk);
-		return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, fn, "out of memory");
-	}
+	if (!blk) return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, fn, "out of memory");
 	int64_t n = 0;
 	for (int64_t i = 0; i < count; i++)
-		for (int64_t k = 0; k < blocklen; k++)
-			for (int64_t j = 0; j < old->nblk; j++) {
-				int64_t off = i * stride + k * old->extent + old->blk[j].off, len = old->blk[j].len;
-				if (n > 0 && blk[n - 1].off + blk[n - 1].len == off)
-					blk[n - 1].len += len;
-				else
-					blk[n++] = (struct blk){off, len};
-			}
-	t->blk = blk, t->nblk = n;
-	t->basic = old->basic;
-	t->size = count * blocklen * old->size;
-	t->extent = count ? (count - 1) * stride + blocklen * old->extent : 0;
-	t->uniform = 1;
-	if (n == 0) {
-		t->lc = 0, t->lb = 0, t->ls = 0;
-	} else {
-		t->off0 = blk[0].off, t->lc = n, t->lb = blk[0].len, t->ls = n > 1 ? blk[1].off - blk[0].off : blk[0].len;
-		for (int64_t i = 1; i < n; i++)
-			if (blk[i].len != t->lb || blk[i].off - blk[i - 1].off != t->ls) t->uniform = 0;
+		for (int64_t k = 0; k < blocklen; k++) blk_append(blk, &n, old, i * stride + k * old->extent);
+	return type_finish(fn, blk, n, old->basic, count * blocklen * old->size,
+	                   count ? (count - 1) * stride + blocklen * old->extent : 0, out);
+}
+
+enum { MAX_DIMS = 16 };
+
+int MPI_Type_create_subarray(int ndims, const int sizes[], const int subsizes[], const int starts[], int order,
+                             MPI_Datatype oldh, MPI_Datatype *out) {
+	const char *fn = __func__;
+	if (NOT_INIT(fn)) return MPI_ERR_OTHER;
+	struct dtype *old = type_get(oldh);
+	if (!old) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, fn, "invalid old datatype %d", oldh);
+	if (ndims < 1 || ndims > MAX_DIMS || !sizes || !subsizes || !starts || !out)
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, fn, "ndims %d (1..%d) or a NULL array", ndims, MAX_DIMS);
+	if (order != MPI_ORDER_C && order != MPI_ORDER_FORTRAN)
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, fn, "order %d", order);
+	int64_t stride[MAX_DIMS], elems = 1, total = 1;
+	for (int d = 0; d < ndims; d++) {
+		if (sizes[d] < 1 || subsizes[d] < 1 || subsizes[d] > sizes[d] || starts[d] < 0 ||
+		    starts[d] > sizes[d] - subsizes[d])
+			return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, fn, "dimension %d: size %d, subsize %d, start %d", d,
+			                 sizes[d], subsizes[d], starts[d]);
+		elems *= subsizes[d], total *= sizes[d];
+		if (elems > MAX_BLOCKS || total > INT64_MAX / 16 / (old->extent ? old->extent : 1))
+			return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, fn, "more than %d elements", MAX_BLOCKS);
 	}
-	int h = tbl_add(&types, t);
-	if (h < 0) {
-		free(blk), free(t);
-		return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, fn, "out of datatype handles");
+	if (old->nblk > MAX_BLOCKS / elems) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, fn, "more than %d blocks", MAX_BLOCKS);
+	/* stride[d]: elements of old between neighbours along d. */
+	for (int k = 0; k < ndims; k++) {
+		int d = order == MPI_ORDER_C ? ndims - 1 - k : k;
+		int prev = order == MPI_ORDER_C ? d + 1 : d - 1;
+		stride[d] = k == 0 ? 1 : stride[prev] * sizes[prev];
 	}
-	*out = h;
-	return MPI_SUCCESS;
+	struct blk *blk = malloc(sizeof *blk * (size_t)(elems * old->nblk));
+	if (!blk) return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, fn, "out of memory");
+	int idx[MAX_DIMS] = {0};
+	int64_t n = 0;
+	for (int64_t e = 0; e < elems; e++) {
+		int64_t off = 0;
+		for (int d = 0; d < ndims; d++) off += (int64_t)(starts[d] + idx[d]) * stride[d];
+		blk_append(blk, &n, old, off * old->extent);
+		/* the next index, fastest dimension first */
+		for (int k = 0; k < ndims; k++) {
+			int d = order == MPI_ORDER_C ? ndims - 1 - k : k;
+			if (++idx[d] < subsizes[d]) break;
+			idx[d] = 0;
+		}
+	}
+	return type_finish(fn, blk, n, old->basic, elems * old->size, total * old->extent, out);
 }
 
 int MPI_Type_contiguous(int count, MPI_Datatype old, MPI_Datatype *out) {
@@ -1299,10 +1487,43 @@ static int reduce_local(void *inout, const void *in, int64_t n, int kind, MPI_Op
 	return MPI_SUCCESS;
 }
 
+/* Reduces the n contributions of bytes each in all (rank order) in the
+ * order of MPICH's and Open MPI's recursive doubling, so that a floating
+ * sum has the same bits as theirs: with pof2 the largest power of two up
+ * to n and rem = n - pof2, ranks 2i and 2i+1 (i < rem) are combined
+ * first, then the pof2 partial results pairwise, neighbours first. The
+ * operations are commutative (a+b and b+a are the same bits), so only the
+ * grouping matters. Returns the index of the slot holding the result. */
+static int reduce_tree(char *all, size_t bytes, int n, int count, int kind, MPI_Op op) {
+	int pof2 = 1;
+	while (pof2 * 2 <= n) pof2 *= 2;
+	int rem = n - pof2;
+	int *idx = malloc(sizeof(int) * (size_t)pof2);
+	if (!idx) { /* rank order, still one result everywhere */
+		for (int r = 1; r < n; r++) reduce_local(all, all + (size_t)r * bytes, count, kind, op);
+		return 0;
+	}
+	for (int i = 0; i < pof2; i++) {
+		if (i < rem) {
+			reduce_local(all + (size_t)(2 * i + 1) * bytes, all + (size_t)(2 * i) * bytes, count, kind, op);
+			idx[i] = 2 * i + 1;
+		} else {
+			idx[i] = i + rem;
+		}
+	}
+	for (int mask = 1; mask < pof2; mask <<= 1)
+		for (int i = 0; i < pof2; i += 2 * mask)
+			reduce_local(all + (size_t)idx[i] * bytes, all + (size_t)idx[i + mask] * bytes, count, kind, op);
+	int root = idx[0];
+	free(idx);
+	return root;
+}
+
 /* The reduction of count elements of t over the ranks into out (in may be
- * out): rvma's allreduce for 8-byte integers and doubles with SUM, MIN and
- * MAX; otherwise every rank's contribution gathered and reduced here in
- * rank order. */
+ * out): rvma's allreduce for 8-byte integers with SUM, MIN and MAX and
+ * doubles with MIN and MAX (where the order of the ranks cannot change a
+ * bit); otherwise every rank's contribution gathered and reduced here in
+ * MPICH's order (reduce_tree). */
 static int allreduce(const char *fn, MPI_Comm c, const void *in, void *out, int count, MPI_Datatype t, MPI_Op op) {
 	CHECK_COMM(c, fn);
 	struct dtype *d = type_get(t);
@@ -1315,7 +1536,8 @@ static int allreduce(const char *fn, MPI_Comm c, const void *in, void *out, int 
 	if (in != out && bytes) memmove(out, in, bytes);
 	int kind = basics[t].kind;
 	int rc;
-	if ((kind == K_I64 || kind == K_F64) && (op == MPI_SUM || op == MPI_MIN || op == MPI_MAX)) {
+	if ((kind == K_I64 && (op == MPI_SUM || op == MPI_MIN || op == MPI_MAX)) ||
+	    (kind == K_F64 && (op == MPI_MIN || op == MPI_MAX))) {
 		rvma_op rop = op == MPI_SUM ? RVMA_SUM : op == MPI_MIN ? RVMA_MIN : RVMA_MAX;
 		rc = kind == K_I64 ? rvma_allreduce_int64(rv_world, rop, out, (size_t)count)
 		                   : rvma_allreduce_double(rv_world, rop, out, (size_t)count);
@@ -1333,8 +1555,8 @@ static int allreduce(const char *fn, MPI_Comm c, const void *in, void *out, int 
 		free(all);
 		return rvfail_comm(c, rc, fn);
 	}
-	for (int r = 1; r < rv_size; r++) reduce_local(all, all + (size_t)r * bytes, count, kind, op);
-	if (bytes) memcpy(out, all, bytes);
+	int root = reduce_tree(all, bytes, rv_size, count, kind, op);
+	if (bytes) memcpy(out, all + (size_t)root * bytes, bytes);
 	free(all);
 	return MPI_SUCCESS;
 }
