@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/rvma/rvma/internal/testutil"
 )
 
@@ -249,5 +251,14 @@ func TestHeaderCompiles(t *testing.T) {
 		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
 			t.Errorf("%v: %v\n%s", c, err, out)
 		}
+	}
+}
+
+// TestP2P runs test/p2p.c (wildcard receives, testable requests, MPI's
+// matching order) on 2, 3 and 4 ranks.
+func TestP2P(t *testing.T) {
+	dir := built(t)
+	for _, n := range []int{2, 3, 4} {
+		require.Contains(t, job(t, dir, n, "p2p"), fmt.Sprintf("p2p: ok on %d ranks", n))
 	}
 }

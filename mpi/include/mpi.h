@@ -9,9 +9,8 @@
  * MPICH's mpiexec (PMI-1).
  *
  * What is not here fails to link. What is here but cannot be done on
- * rvma (MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_Test on a pending MPI_Irecv,
- * collectives on MPI_COMM_SELF, datatypes rvma's layouts cannot express in
- * a call that needs one, MPI_Win_allocate_shared) returns
+ * rvma (collectives on MPI_COMM_SELF, datatypes rvma's layouts cannot
+ * express in a call that needs one, MPI_Win_allocate_shared) returns
  * MPI_ERR_UNSUPPORTED_OPERATION with a message, never a wrong result.
  *
  * Handles are integers; the predefined ones are constants.
@@ -298,22 +297,31 @@ int MPI_Cart_rank(MPI_Comm comm, const int coords[], int *rank);
 int MPI_Cart_shift(MPI_Comm comm, int direction, int disp, int *rank_source, int *rank_dest);
 int MPI_Topo_test(MPI_Comm comm, int *status);
 
-/* ---- Point to point (MPI_ANY_SOURCE and MPI_ANY_TAG: unsupported) ---- */
+/* ---- Point to point ----
+ * Receives take MPI_ANY_SOURCE and MPI_ANY_TAG and match as MPI says: a
+ * sender's messages in send order, each message to the first posted
+ * receive that matches it. Receives progress whenever the program waits
+ * for or tests a request (MPI_Test on an MPI_Irecv returns true once its
+ * message has arrived). MPI_Probe, MPI_Iprobe and MPI_Cancel are not
+ * here. */
 int MPI_Send(const void *buf, int count, MPI_Datatype datatype, int dest, int tag, MPI_Comm comm);
 int MPI_Recv(void *buf, int count, MPI_Datatype datatype, int source, int tag, MPI_Comm comm, MPI_Status *status);
 int MPI_Isend(const void *buf, int count, MPI_Datatype datatype, int dest, int tag, MPI_Comm comm,
               MPI_Request *request);
-/* Deferred: the receive happens when the request is waited for (messages
- * from one source with one tag are matched in posting order). */
 int MPI_Irecv(void *buf, int count, MPI_Datatype datatype, int source, int tag, MPI_Comm comm,
               MPI_Request *request);
 int MPI_Sendrecv(const void *sendbuf, int sendcount, MPI_Datatype sendtype, int dest, int sendtag, void *recvbuf,
                  int recvcount, MPI_Datatype recvtype, int source, int recvtag, MPI_Comm comm, MPI_Status *status);
 int MPI_Wait(MPI_Request *request, MPI_Status *status);
 int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses[]);
-/* On a pending MPI_Irecv: MPI_ERR_UNSUPPORTED_OPERATION (rvma.h has no
- * non-blocking receive). */
+int MPI_Waitany(int count, MPI_Request requests[], int *index, MPI_Status *status);
+int MPI_Waitsome(int incount, MPI_Request requests[], int *outcount, int indices[], MPI_Status statuses[]);
 int MPI_Test(MPI_Request *request, int *flag, MPI_Status *status);
+int MPI_Testall(int count, MPI_Request requests[], int *flag, MPI_Status statuses[]);
+int MPI_Testany(int count, MPI_Request requests[], int *index, int *flag, MPI_Status *status);
+int MPI_Testsome(int incount, MPI_Request requests[], int *outcount, int indices[], MPI_Status statuses[]);
+/* On a pending MPI_Irecv: MPI_ERR_UNSUPPORTED_OPERATION (its message
+ * would be lost); other requests are waited for. */
 int MPI_Request_free(MPI_Request *request);
 
 /* ---- Collectives ---- */

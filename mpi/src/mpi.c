@@ -4,6 +4,7 @@
  * windows are in win.c.
  */
 #define _GNU_SOURCE
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1117,11 +1118,25 @@ int MPI_Get_count(const MPI_Status *st, MPI_Datatype t, int *count) {
 	return MPI_SUCCESS;
 }
 
-/* ---- Requests ------------------------------------------------------------- */
+/* ---- Requests -------------------------------------------------------------
+ *
+ * A receive (MPI_Irecv, and MPI_Recv through it) joins the list of pending
+ * receives in posting order. Receives make progress in passes: one pass
+ * (recv_pass) offers each pending receive, in posting order, the
+ * earliest-arrived message that matches it among those that had arrived
+ * when the pass began (rvma_try_recv_match with a snapshot), so that a
+ * message goes to the first posted receive that matches it and a receive
+ * takes the first message that matches it, as MPI requires, also with
+ * MPI_ANY_SOURCE and MPI_ANY_TAG. A wait for a receive that is first in the
+ * list blocks in rvma_recv_match (no earlier receive can want its
+ * message); otherwise it alternates passes with rvma_msg_wait for the next
+ * arrival. MPI_Test and the other tests run one pass. */
 
 static struct table reqs = {.first = 1};
-static struct req *pending; /* posted receives, in posting order */
-static uint64_t recv_seq;
+/* The pending receives in posting order (recv_mu; taken without rv_mu
+ * and held across non-blocking librvma calls only). */
+static pthread_mutex_t recv_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct req *pending;
 
 struct req *req_new(int kind, MPI_Request *h) {
 	struct req *q = calloc(1, sizeof *q);
@@ -1150,7 +1165,7 @@ int req_push(struct req *q, rvma_request r) {
 
 void req_drop(MPI_Request h) {
 	struct req *q = tbl_del(&reqs, h);
-	if (q) free(q->r), free(q);
+	if (q) free(q->r), free(q->tmp), free(q);
 }
 
 static void set_status(MPI_Status *st, int src, int tag, int err, long long bytes) {
@@ -1158,48 +1173,77 @@ static void set_status(MPI_Status *st, int src, int tag, int err, long long byte
 	st->MPI_SOURCE = src, st->MPI_TAG = tag, st->MPI_ERROR = err, st->rvma_bytes = bytes, st->rvma_cancelled = 0;
 }
 
-/* Receives q's message now (its earlier receives of the same source and
- * tag first, so that messages match in posting order); q becomes
- * REQ_DONE with its status. */
-static void recv_now(struct req *q) {
-	for (;;) {
-		struct req *e = NULL;
-		pthread_mutex_lock(&rv_mu);
-		for (struct req *p = pending; p && p != q; p = p->next)
-			if (p->src == q->src && p->rtag == q->rtag && !p->active) {
-				e = p, p->active = 1;
-				break;
-			}
-		if (!e) q->active = 1;
-		pthread_mutex_unlock(&rv_mu);
-		if (!e) break;
-		recv_now(e);
-	}
-	struct dtype *d = type_get(q->type);
-	int64_t bytes = d ? d->size * q->count : 0;
-	int direct = d && dense(d, q->count);
-	void *tmp = direct ? q->buf : malloc((size_t)(bytes ? bytes : 1));
-	size_t len = 0;
-	int rc = tmp ? rvma_recv(rv_world, q->src, q->rtag, tmp, (size_t)bytes, &len) : RVMA_ERR_RESOURCE;
+/* The end of receive q, with rvma's code rc, the message's length, source
+ * and rvma tag: q leaves the list (recv_mu held) and becomes REQ_DONE. */
+static void recv_done(struct req *q, int rc, size_t len, int src, int mtag) {
 	int err = MPI_SUCCESS;
 	if (rc) {
-		snprintf(last_msg, sizeof last_msg, "MPI_Recv: %s (%s)", rvma_last_error_message(), rvma_strerror(rc));
-		err = last_class = rv_class(rc, MPI_ERR_COMM);
+		err = rv_class(rc, MPI_ERR_COMM);
+		snprintf(q->msg, sizeof q->msg, "%s: %.300s (%s)", rc == RVMA_ERR_TRUNCATE ? "message truncated" : "receive",
+		         rvma_last_error_message(), rvma_strerror(rc));
 	}
-	if (!direct && tmp) {
-		if (rc == RVMA_SUCCESS) unpack(d, q->count, tmp, q->buf);
-		free(tmp);
-	}
-	pthread_mutex_lock(&rv_mu);
+	if (q->tmp && (rc == RVMA_SUCCESS || rc == RVMA_ERR_TRUNCATE))
+		unpack(q->d, q->count, q->tmp, q->buf); /* a truncated message: the part that fits */
 	for (struct req **p = &pending; *p; p = &(*p)->next)
 		if (*p == q) {
 			*p = q->next;
 			break;
 		}
-	pthread_mutex_unlock(&rv_mu);
-	set_status(&q->st, q->src, q->tag, err, (long long)(len < (size_t)bytes ? len : (size_t)bytes));
+	size_t cap = (size_t)(q->d->size * q->count);
+	set_status(&q->st, src, mtag & MPI_TAG_UB_VALUE, err, (long long)(len < cap ? len : cap));
 	q->err = err;
 	q->kind = REQ_DONE;
+}
+
+/* Offers each pending receive, in posting order, the messages that
+ * arrived before the current snapshot (see above). Returns rvma's code of
+ * a failed snapshot (0 otherwise). */
+static int recv_pass(void) {
+	pthread_mutex_lock(&recv_mu);
+	uint64_t at;
+	int rc = pending ? rvma_msg_arrived(rv_world, &at) : RVMA_SUCCESS;
+	for (struct req *q = pending, *next; !rc && q; q = next) {
+		next = q->next;
+		if (q->active) continue;
+		size_t len = 0;
+		int src = -1, mtag = 0, flag = 0;
+		int r = rvma_try_recv_match(rv_world, q->src, q->rtag, q->mask, at, q->tmp ? q->tmp : q->buf,
+		                            (size_t)(q->d->size * q->count), &len, &src, &mtag, &flag);
+		if (r || flag) recv_done(q, r, len, src, mtag);
+	}
+	pthread_mutex_unlock(&recv_mu);
+	return rc;
+}
+
+/* Waits until receive q is done. */
+static void recv_wait(struct req *q) {
+	for (;;) {
+		pthread_mutex_lock(&recv_mu);
+		int first = q->kind == REQ_RECV && pending == q;
+		if (first) q->active = 1; /* the passes leave it alone */
+		pthread_mutex_unlock(&recv_mu);
+		if (first) {
+			size_t len = 0;
+			int src = -1, mtag = 0;
+			int rc = rvma_recv_match(rv_world, q->src, q->rtag, q->mask, q->tmp ? q->tmp : q->buf,
+			                         (size_t)(q->d->size * q->count), &len, &src, &mtag);
+			pthread_mutex_lock(&recv_mu);
+			recv_done(q, rc, len, src, mtag);
+			pthread_mutex_unlock(&recv_mu);
+			return;
+		}
+		uint64_t at = 0;
+		int rc = rvma_msg_arrived(rv_world, &at);
+		if (!rc) rc = recv_pass();
+		if (q->kind != REQ_RECV) return;
+		if (!rc) rc = rvma_msg_wait(rv_world, at);
+		if (rc) {
+			pthread_mutex_lock(&recv_mu);
+			if (q->kind == REQ_RECV) recv_done(q, rc, 0, q->src, q->rtag);
+			pthread_mutex_unlock(&recv_mu);
+			return;
+		}
+	}
 }
 
 static int p2p_args(const char *fn, MPI_Comm c, int count, MPI_Datatype t, int peer, int tag, int recv,
@@ -1208,14 +1252,11 @@ static int p2p_args(const char *fn, MPI_Comm c, int count, MPI_Datatype t, int p
 	const char *why;
 	int cls = type_check(t, count, d, &why);
 	if (cls) return fail_comm(c, cls, fn, "%s (%d)", why, (int)t);
-	if (recv && peer == MPI_ANY_SOURCE)
-		return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, fn, "MPI_ANY_SOURCE: rvma receives from one source");
-	if (recv && tag == MPI_ANY_TAG)
-		return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, fn, "MPI_ANY_TAG: rvma receives by tag");
-	if (peer != MPI_PROC_NULL && (peer < 0 || peer >= rv_size))
+	if (peer != MPI_PROC_NULL && !(recv && peer == MPI_ANY_SOURCE) && (peer < 0 || peer >= rv_size))
 		return fail_comm(c, MPI_ERR_RANK, fn, "rank %d not in a communicator of %d", peer, rv_size);
-	if (tag < 0 || tag > MPI_TAG_UB_VALUE) return fail_comm(c, MPI_ERR_TAG, fn, "tag %d outside 0..%d", tag, MPI_TAG_UB_VALUE);
-	*rtag = tag | comm_ctx(c) << 24;
+	if (!(recv && tag == MPI_ANY_TAG) && (tag < 0 || tag > MPI_TAG_UB_VALUE))
+		return fail_comm(c, MPI_ERR_TAG, fn, "tag %d outside 0..%d", tag, MPI_TAG_UB_VALUE);
+	*rtag = (tag == MPI_ANY_TAG ? 0 : tag) | comm_ctx(c) << 24;
 	return 0;
 }
 
@@ -1226,6 +1267,7 @@ static int send_msg(const char *fn, const void *buf, int count, MPI_Datatype t, 
 	if (cls) return cls;
 	if (dest == MPI_PROC_NULL) return MPI_SUCCESS;
 	int64_t bytes = d->size * count;
+	if (!buf && bytes > 0) return fail_comm(c, MPI_ERR_BUFFER, fn, "NULL buffer");
 	const void *from = buf;
 	void *tmp = NULL;
 	if (!dense(d, count)) {
@@ -1266,66 +1308,97 @@ int MPI_Irecv(void *buf, int count, MPI_Datatype t, int src, int tag, MPI_Comm c
 	if (!buf && count > 0 && d->size > 0) return fail_comm(c, MPI_ERR_BUFFER, __func__, "NULL buffer");
 	struct req *q = req_new(src == MPI_PROC_NULL ? REQ_DONE : REQ_RECV, request);
 	if (!q) return fail_comm(c, MPI_ERR_NO_MEM, __func__, "out of request handles");
-	q->comm = c, q->src = src, q->tag = tag, q->rtag = rtag, q->buf = buf, q->count = count, q->type = t;
+	q->src = src == MPI_ANY_SOURCE ? RVMA_ANY_SOURCE : src;
+	q->comm = c, q->tag = tag, q->rtag = rtag;
+	q->mask = tag == MPI_ANY_TAG ? (int)0xff000000u : -1;
+	q->buf = buf, q->count = count, q->type = t, q->d = d;
 	set_status(&q->st, MPI_PROC_NULL, MPI_ANY_TAG, MPI_SUCCESS, 0);
 	if (src == MPI_PROC_NULL) return MPI_SUCCESS;
-	pthread_mutex_lock(&rv_mu);
-	q->seq = ++recv_seq;
+	if (!dense(d, count) && !(q->tmp = malloc((size_t)(d->size * count)))) {
+		req_drop(*request);
+		*request = MPI_REQUEST_NULL;
+		return fail_comm(c, MPI_ERR_NO_MEM, __func__, "out of memory");
+	}
+	pthread_mutex_lock(&recv_mu);
 	struct req **p = &pending;
 	while (*p) p = &(*p)->next;
 	*p = q;
-	pthread_mutex_unlock(&rv_mu);
+	pthread_mutex_unlock(&recv_mu);
 	return MPI_SUCCESS;
 }
 
-/* Completes request h, frees it, and returns its class (0 when it
- * succeeded), the failing call's message recorded. */
-static int req_finish(MPI_Request *h, MPI_Status *st, int block, int *flag) {
-	if (*h == MPI_REQUEST_NULL) {
-		set_status(st, MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_SUCCESS, 0);
-		if (flag) *flag = 1;
-		return MPI_SUCCESS;
-	}
-	struct req *q = tbl_get(&reqs, *h);
-	if (!q) {
-		snprintf(last_msg, sizeof last_msg, "invalid request %d", *h);
-		return last_class = MPI_ERR_REQUEST;
-	}
-	int err = MPI_SUCCESS;
+/* Advances request q without blocking (block 0) or until it is done:
+ * returns whether it is done (REQ_DONE, status and class set). An RMA or
+ * send request's rvma requests are tested, completed ones dropped. */
+static int req_advance(struct req *q, int block) {
 	if (q->kind == REQ_RECV) {
-		if (!block) {
-			snprintf(last_msg, sizeof last_msg,
-			         "MPI_Test on a pending MPI_Irecv: rvma.h has no non-blocking receive (use MPI_Wait)");
-			return last_class = MPI_ERR_UNSUPPORTED_OPERATION;
-		}
-		recv_now(q);
+		if (block)
+			recv_wait(q);
+		else
+			recv_pass();
+		return q->kind == REQ_DONE;
 	}
 	if (q->kind == REQ_RVMA) {
-		for (int i = 0; i < q->n; i++) {
+		while (q->n > 0) {
 			int rc, done = 1;
-			if (block)
-				rc = rvma_request_wait(&q->r[i]);
-			else
-				rc = rvma_request_test(&q->r[i], &done);
-			if (rc && !err) {
-				snprintf(last_msg, sizeof last_msg, "request: %s (%s)", rvma_last_error_message(), rvma_strerror(rc));
-				err = last_class = rv_class(rc, MPI_ERR_REQUEST);
+			rvma_request *r = &q->r[q->n - 1];
+			rc = block ? rvma_request_wait(r) : rvma_request_test(r, &done);
+			if (rc && !q->err) {
+				snprintf(q->msg, sizeof q->msg, "request: %.300s (%s)", rvma_last_error_message(), rvma_strerror(rc));
+				q->err = rv_class(rc, MPI_ERR_REQUEST);
 			}
-			if (!done) {
-				*flag = 0;
-				return MPI_SUCCESS;
-			}
+			if (!done) return 0;
+			q->n--;
 		}
-		q->n = 0;
-		q->st.MPI_ERROR = err;
-	} else {
-		err = q->err;
+		q->st.MPI_ERROR = q->err;
+		q->kind = REQ_DONE;
 	}
+	return 1;
+}
+
+/* The request behind handle h: NULL for MPI_REQUEST_NULL (*bad 0) or an
+ * invalid handle (*bad 1). */
+static struct req *req_of(MPI_Request h, int *bad) {
+	*bad = 0;
+	if (h == MPI_REQUEST_NULL) return NULL;
+	struct req *q = tbl_get(&reqs, h);
+	if (!q) *bad = 1;
+	return q;
+}
+
+/* Frees the done request behind *h into st: its class (its message
+ * recorded as this thread's last). */
+static int req_free_done(MPI_Request *h, struct req *q, MPI_Status *st) {
+	int err = q->err;
+	if (err) snprintf(last_msg, sizeof last_msg, "%s", q->msg), last_class = err;
 	if (st) *st = q->st;
-	if (flag) *flag = 1;
 	req_drop(*h);
 	*h = MPI_REQUEST_NULL;
 	return err;
+}
+
+static void empty_status(MPI_Status *st) { set_status(st, MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_SUCCESS, 0); }
+
+/* Completes request *h (block) or tests it: 0 or its class, *flag set
+ * when given; the message of a failure recorded. */
+static int req_finish(MPI_Request *h, MPI_Status *st, int block, int *flag) {
+	int bad;
+	struct req *q = req_of(*h, &bad);
+	if (!q) {
+		if (bad) {
+			snprintf(last_msg, sizeof last_msg, "invalid request %d", *h);
+			return last_class = MPI_ERR_REQUEST;
+		}
+		empty_status(st);
+		if (flag) *flag = 1;
+		return MPI_SUCCESS;
+	}
+	if (!req_advance(q, block)) {
+		if (flag) *flag = 0;
+		return MPI_SUCCESS;
+	}
+	if (flag) *flag = 1;
+	return req_free_done(h, q, st);
 }
 
 int MPI_Wait(MPI_Request *h, MPI_Status *st) {
@@ -1341,8 +1414,21 @@ int MPI_Test(MPI_Request *h, int *flag, MPI_Status *st) {
 	return err ? fail_comm(MPI_COMM_WORLD, err, __func__, "%s", last_msg) : MPI_SUCCESS;
 }
 
+/* Checks an array of n request handles: 0 or MPI_ERR_REQUEST (message
+ * recorded). */
+static int check_reqs(const char *fn, int n, MPI_Request hs[]) {
+	if (n < 0 || (n > 0 && !hs)) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, fn, "count %d or NULL requests", n);
+	for (int i = 0; i < n; i++) {
+		int bad;
+		req_of(hs[i], &bad);
+		if (bad) return fail_comm(MPI_COMM_WORLD, MPI_ERR_REQUEST, fn, "requests[%d]: invalid request %d", i, hs[i]);
+	}
+	return 0;
+}
+
 int MPI_Waitall(int n, MPI_Request hs[], MPI_Status sts[]) {
-	if (n < 0 || (n > 0 && !hs)) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "count %d or NULL", n);
+	int cls = check_reqs(__func__, n, hs);
+	if (cls) return cls;
 	int first = MPI_SUCCESS;
 	char msg[MPI_MAX_ERROR_STRING] = "";
 	for (int i = 0; i < n; i++) {
@@ -1352,6 +1438,114 @@ int MPI_Waitall(int n, MPI_Request hs[], MPI_Status sts[]) {
 	}
 	if (first) return fail_comm(MPI_COMM_WORLD, sts ? MPI_ERR_IN_STATUS : first, __func__, "%s", msg);
 	return MPI_SUCCESS;
+}
+
+/* MPI_Testall: done (and freed) only if all are. */
+int MPI_Testall(int n, MPI_Request hs[], int *flag, MPI_Status sts[]) {
+	int cls = check_reqs(__func__, n, hs);
+	if (cls) return cls;
+	if (!flag) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL flag");
+	int all = 1, bad;
+	for (int i = 0; i < n; i++) {
+		struct req *q = req_of(hs[i], &bad);
+		if (q && !req_advance(q, 0)) all = 0;
+	}
+	*flag = all;
+	if (!all) return MPI_SUCCESS;
+	return MPI_Waitall(n, hs, sts);
+}
+
+/* One pass over the requests: the first done one (lowest index) is freed
+ * into *index and st; *index MPI_UNDEFINED and *any 0 when every handle is
+ * null. Returns whether one was done. */
+static int any_done(int n, MPI_Request hs[], int *index, MPI_Status *st, int *any, int *err) {
+	*any = 0, *err = 0;
+	int bad;
+	for (int i = 0; i < n; i++) {
+		struct req *q = req_of(hs[i], &bad);
+		if (!q) continue;
+		*any = 1;
+		if (req_advance(q, 0)) {
+			*index = i;
+			*err = req_free_done(&hs[i], q, st);
+			return 1;
+		}
+	}
+	*index = MPI_UNDEFINED;
+	return 0;
+}
+
+/* Waits between passes of the Wait{any,some}: short sleeps, since there
+ * is no single thing to block on. */
+static void idle(int i) {
+	if (i < 64) {
+		sched_yield();
+		return;
+	}
+	struct timespec ts = {0, i < 1024 ? 10000 : 100000};
+	nanosleep(&ts, NULL);
+}
+
+int MPI_Waitany(int n, MPI_Request hs[], int *index, MPI_Status *st) {
+	int cls = check_reqs(__func__, n, hs);
+	if (cls) return cls;
+	if (!index) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL index");
+	for (int i = 0;; i++) {
+		int any, err;
+		if (any_done(n, hs, index, st, &any, &err))
+			return err ? fail_comm(MPI_COMM_WORLD, err, __func__, "request %d: %s", *index, last_msg) : MPI_SUCCESS;
+		if (!any) {
+			empty_status(st);
+			return MPI_SUCCESS;
+		}
+		idle(i);
+	}
+}
+
+int MPI_Testany(int n, MPI_Request hs[], int *index, int *flag, MPI_Status *st) {
+	int cls = check_reqs(__func__, n, hs);
+	if (cls) return cls;
+	if (!index || !flag) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL index or flag");
+	int any, err;
+	*flag = any_done(n, hs, index, st, &any, &err);
+	if (!any) *flag = 1, empty_status(st);
+	return err ? fail_comm(MPI_COMM_WORLD, err, __func__, "request %d: %s", *index, last_msg) : MPI_SUCCESS;
+}
+
+/* Every done request freed into indices and sts; *outcount their number,
+ * MPI_UNDEFINED when every handle is null. */
+static int some_done(const char *fn, int n, MPI_Request hs[], int *outcount, int indices[], MPI_Status sts[]) {
+	int bad, any = 0, k = 0, first = 0;
+	char msg[MPI_MAX_ERROR_STRING] = "";
+	for (int i = 0; i < n; i++) {
+		struct req *q = req_of(hs[i], &bad);
+		if (!q) continue;
+		any = 1;
+		if (!req_advance(q, 0)) continue;
+		int err = req_free_done(&hs[i], q, sts ? &sts[k] : NULL);
+		if (err && !first) first = err, snprintf(msg, sizeof msg, "request %d: %.400s", i, last_msg);
+		indices[k++] = i;
+	}
+	*outcount = any ? k : MPI_UNDEFINED;
+	if (first) return fail_comm(MPI_COMM_WORLD, sts ? MPI_ERR_IN_STATUS : first, fn, "%s", msg);
+	return MPI_SUCCESS;
+}
+
+int MPI_Testsome(int n, MPI_Request hs[], int *outcount, int indices[], MPI_Status sts[]) {
+	int cls = check_reqs(__func__, n, hs);
+	if (cls) return cls;
+	if (!outcount || (n > 0 && !indices)) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL outcount or indices");
+	return some_done(__func__, n, hs, outcount, indices, sts);
+}
+
+int MPI_Waitsome(int n, MPI_Request hs[], int *outcount, int indices[], MPI_Status sts[]) {
+	int cls = check_reqs(__func__, n, hs);
+	if (cls) return cls;
+	if (!outcount || (n > 0 && !indices)) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL outcount or indices");
+	for (int i = 0;; i++) {
+		if ((cls = some_done(__func__, n, hs, outcount, indices, sts)) || *outcount != 0) return cls;
+		idle(i);
+	}
 }
 
 int MPI_Request_free(MPI_Request *h) {
