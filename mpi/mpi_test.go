@@ -75,7 +75,7 @@ func buildAll() (string, error) {
 	if err := os.MkdirAll(filepath.Join(dir, "include"), 0o755); err != nil {
 		return dir, err
 	}
-	for _, h := range []string{"include/mpi.h", "../capi/include/rvma.h"} {
+	for _, h := range []string{"include/mpi.h", "include/mpix_rvma.h", "../capi/include/rvma.h"} {
 		b, err := os.ReadFile(h)
 		if err == nil {
 			err = os.WriteFile(filepath.Join(dir, "include", filepath.Base(h)), b, 0o644)
@@ -240,7 +240,7 @@ func TestHeaderCompiles(t *testing.T) {
 		t.Skipf("no C compiler (%s)", testutil.CC())
 	}
 	src := filepath.Join(t.TempDir(), "h.c")
-	if err := os.WriteFile(src, []byte("#include \"mpi.h\"\nint main(void) { return MPI_SUCCESS; }\n"), 0o644); err != nil {
+	if err := os.WriteFile(src, []byte("#include \"mpi.h\"\n#include \"mpix_rvma.h\"\nint main(void) { return MPI_SUCCESS + MPIX_RVMA - 1; }\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cmds := [][]string{{testutil.CC(), "-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-fsyntax-only", "-Iinclude", src}}
@@ -260,5 +260,20 @@ func TestP2P(t *testing.T) {
 	dir := built(t)
 	for _, n := range []int{2, 3, 4} {
 		require.Contains(t, job(t, dir, n, "p2p"), fmt.Sprintf("p2p: ok on %d ranks", n))
+	}
+}
+
+// TestMPIX runs test/mpix.c (mpix_rvma.h: notified windows, rewind, the
+// transport report) on 2 and 4 ranks over shm, and on 3 over udp, each
+// told the provider it must see.
+func TestMPIX(t *testing.T) {
+	dir := built(t)
+	for _, c := range []struct {
+		n        int
+		provider string
+	}{{2, "shm"}, {4, "shm"}, {3, "udp"}} {
+		out := run(t, filepath.Join(dir, "rvmarun"), "-n", fmt.Sprint(c.n), "--provider", c.provider, "--tag-output=false",
+			filepath.Join(dir, "mpix"), c.provider)
+		require.Contains(t, out, fmt.Sprintf("mpix: ok on %d ranks", c.n), c.provider)
 	}
 }

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "impl.h"
+#include "mpix_rvma.h"
 
 struct win {
 	rvma_win w;
@@ -37,7 +38,7 @@ MPI_Errhandler win_eh(MPI_Win h) {
 	if (!w) return fail_win(h, MPI_ERR_WIN, fn, "invalid window %d", (int)h)
 
 static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp_unit, MPI_Comm c, void *baseptr,
-                  MPI_Win *out) {
+                  MPI_Win *out, const rvma_notify_config *nc) {
 	if (NOT_INIT(fn)) return MPI_ERR_OTHER;
 	int x = comm_ctx(c);
 	if (x == -1) return fail_comm(c, MPI_ERR_COMM, fn, "invalid communicator %d", c);
@@ -52,8 +53,13 @@ static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp
 		free(w), free(units);
 		return fail_comm(c, MPI_ERR_NO_MEM, fn, "out of memory");
 	}
-	int rc = alloc ? rvma_win_allocate(rv_world, (size_t)size, 1, &w->base, &w->w)
-	               : rvma_win_create(rv_world, base, (size_t)size, 1, &w->w);
+	int rc;
+	if (nc)
+		rc = alloc ? rvma_win_allocate_notified(rv_world, (size_t)size, 1, nc, &w->base, &w->w)
+		           : rvma_win_create_notified(rv_world, base, (size_t)size, 1, nc, &w->w);
+	else
+		rc = alloc ? rvma_win_allocate(rv_world, (size_t)size, 1, &w->base, &w->w)
+		           : rvma_win_create(rv_world, base, (size_t)size, 1, &w->w);
 	if (!rc) rc = rvma_allgather(rv_world, &disp_unit, sizeof disp_unit, units);
 	if (rc) {
 		if (w->w) rvma_win_free(&w->w);
@@ -77,12 +83,12 @@ static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp
 
 int MPI_Win_allocate(MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm c, void *baseptr, MPI_Win *win) {
 	(void)info;
-	return create(__func__, 1, NULL, size, disp_unit, c, baseptr, win);
+	return create(__func__, 1, NULL, size, disp_unit, c, baseptr, win, NULL);
 }
 
 int MPI_Win_create(void *base, MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm c, MPI_Win *win) {
 	(void)info;
-	return create(__func__, 0, base, size, disp_unit, c, NULL, win);
+	return create(__func__, 0, base, size, disp_unit, c, NULL, win, NULL);
 }
 
 int MPI_Win_allocate_shared(MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm c, void *baseptr, MPI_Win *win) {
@@ -500,4 +506,109 @@ int MPI_Win_lock_all(int a, MPI_Win h) {
 	GET_WIN(w, h, __func__);
 	int rc = rvma_win_lock_all(w->w);
 	return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;
+}
+
+/* ---- rvma's extensions (mpix_rvma.h) ------------------------------------ */
+
+/* cfg as rvma's configuration (counts into counts, nfrom of them): 0 or a
+ * class. */
+static int notify_config(const char *fn, MPI_Comm c, const MPIX_Notify *cfg, rvma_notify_config *nc, int64_t **counts) {
+	*counts = NULL;
+	if (!cfg) return fail_comm(c, MPI_ERR_ARG, fn, "NULL MPIX_Notify");
+	if (cfg->nfrom < 0 || cfg->nfrom > rv_size || (cfg->nfrom > 0 && (!cfg->from_ranks || !cfg->from_counts)))
+		return fail_comm(c, MPI_ERR_ARG, fn, "nfrom %d (0..%d) or NULL from_ranks/from_counts", cfg->nfrom, rv_size);
+	if (cfg->count != MPIX_NOTIFY_BYTES && cfg->count != MPIX_NOTIFY_PUTS)
+		return fail_comm(c, MPI_ERR_ARG, fn, "count %d: MPIX_NOTIFY_BYTES or MPIX_NOTIFY_PUTS", cfg->count);
+	for (int i = 0; i < cfg->nfrom; i++)
+		if (cfg->from_ranks[i] < 0 || cfg->from_ranks[i] >= rv_size)
+			return fail_comm(c, MPI_ERR_RANK, fn, "from_ranks[%d] = %d of %d ranks", i, cfg->from_ranks[i], rv_size);
+	*nc = (rvma_notify_config){.expect = cfg->expect, .nexpect_from = cfg->nfrom, .count = cfg->count,
+	                           .depth = cfg->depth, .history = cfg->history};
+	if (cfg->nfrom > 0) {
+		if (!(*counts = malloc(sizeof(int64_t) * (size_t)cfg->nfrom))) return fail_comm(c, MPI_ERR_NO_MEM, fn, "out of memory");
+		for (int i = 0; i < cfg->nfrom; i++) (*counts)[i] = cfg->from_counts[i];
+		nc->expect_from_ranks = cfg->from_ranks, nc->expect_from_counts = *counts;
+	}
+	return 0;
+}
+
+int MPIX_Win_allocate_notified(MPI_Aint size, int disp_unit, const MPIX_Notify *cfg, MPI_Info info, MPI_Comm c,
+                               void *baseptr, MPI_Win *win) {
+	(void)info;
+	rvma_notify_config nc;
+	int64_t *counts;
+	int cls = notify_config(__func__, c, cfg, &nc, &counts);
+	if (!cls) cls = create(__func__, 1, NULL, size, disp_unit, c, baseptr, win, &nc);
+	free(counts);
+	return cls;
+}
+
+int MPIX_Win_create_notified(void *base, MPI_Aint size, int disp_unit, const MPIX_Notify *cfg, MPI_Info info,
+                             MPI_Comm c, MPI_Win *win) {
+	(void)info;
+	rvma_notify_config nc;
+	int64_t *counts;
+	int cls = notify_config(__func__, c, cfg, &nc, &counts);
+	if (!cls) cls = create(__func__, 0, base, size, disp_unit, c, NULL, win, &nc);
+	free(counts);
+	return cls;
+}
+
+int MPIX_Win_wait_epoch(MPI_Win h, MPI_Count *epoch) {
+	GET_WIN(w, h, __func__);
+	uint64_t e = 0;
+	int rc = rvma_win_wait_epoch(w->w, &e);
+	if (rc) return rvfail_win(h, rc, __func__);
+	if (epoch) *epoch = (MPI_Count)e;
+	return MPI_SUCCESS;
+}
+
+int MPIX_Win_test_epoch(MPI_Win h, int *flag, MPI_Count *epoch) {
+	GET_WIN(w, h, __func__);
+	if (!flag) return fail_win(h, MPI_ERR_ARG, __func__, "NULL flag");
+	uint64_t e = 0;
+	int rc = rvma_win_test_epoch(w->w, flag, &e);
+	if (rc) return rvfail_win(h, rc, __func__);
+	if (epoch && *flag) *epoch = (MPI_Count)e;
+	return MPI_SUCCESS;
+}
+
+int MPIX_Win_epoch(MPI_Win h, MPI_Count *epoch) {
+	GET_WIN(w, h, __func__);
+	if (!epoch) return fail_win(h, MPI_ERR_ARG, __func__, "NULL epoch");
+	uint64_t e = 0;
+	int rc = rvma_win_epoch(w->w, &e);
+	if (rc) return rvfail_win(h, rc, __func__);
+	*epoch = (MPI_Count)e;
+	return MPI_SUCCESS;
+}
+
+SIMPLE(MPIX_Win_abandon_epoch, rvma_win_abandon_epoch(w->w))
+
+int MPIX_Win_rewind(MPI_Win h, int k, MPI_Count *epoch) {
+	GET_WIN(w, h, __func__);
+	uint64_t e = 0;
+	int rc = rvma_win_rewind(w->w, k, &e);
+	if (rc == RVMA_ERR_NOT_RETAINED)
+		return fail_win(h, MPI_ERR_RMA_RANGE, __func__, "%s (%s)", rvma_last_error_message(), rvma_strerror(rc));
+	if (rc) return rvfail_win(h, rc, __func__);
+	if (epoch) *epoch = (MPI_Count)e;
+	return MPI_SUCCESS;
+}
+
+int MPIX_Comm_transport(MPI_Comm c, int rank, char *name, int *len) {
+	if (NOT_INIT(__func__)) return MPI_ERR_OTHER;
+	if (comm_ctx(c) == -1) return fail_comm(c, MPI_ERR_COMM, __func__, "invalid communicator %d", c);
+	if (comm_ctx(c) == -2) {
+		if (rank != 0) return fail_comm(c, MPI_ERR_RANK, __func__, "rank %d of MPI_COMM_SELF", rank);
+		rank = rv_rank;
+	}
+	if (rank < 0 || rank >= rv_size) return fail_comm(c, MPI_ERR_RANK, __func__, "rank %d of %d", rank, rv_size);
+	if (!name || !len) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL name or resultlen");
+	const char *s = "";
+	int rc = rvma_comm_transport(rv_world, rank, &s);
+	if (rc) return rvfail_comm(c, rc, __func__);
+	snprintf(name, MPIX_MAX_TRANSPORT_NAME, "%s", s ? s : "");
+	*len = (int)strlen(name);
+	return MPI_SUCCESS;
 }
