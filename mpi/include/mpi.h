@@ -286,6 +286,7 @@ int MPI_Type_free(MPI_Datatype *datatype);
 int MPI_Type_size(MPI_Datatype datatype, int *size);
 int MPI_Type_get_extent(MPI_Datatype datatype, MPI_Aint *lb, MPI_Aint *extent);
 int MPI_Get_count(const MPI_Status *status, MPI_Datatype datatype, int *count);
+int MPI_Get_address(const void *location, MPI_Aint *address);
 
 /* ---- Cartesian topologies (the grid holds every rank; reorder is ignored) ---- */
 int MPI_Cart_create(MPI_Comm comm_old, int ndims, const int dims[], const int periods[], int reorder,
@@ -341,6 +342,12 @@ int MPI_Win_create(void *base, MPI_Aint size, int disp_unit, MPI_Info info, MPI_
 /* MPI_ERR_UNSUPPORTED_OPERATION: rvma.h does not give a peer's address. */
 int MPI_Win_allocate_shared(MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm comm, void *baseptr,
                             MPI_Win *win);
+/* MPI_ERR_UNSUPPORTED_OPERATION: rvma registers a window's memory
+ * collectively at creation, and MPI_Win_attach is local. MPI_Win_attach
+ * and MPI_Win_detach then fail with MPI_ERR_RMA_FLAVOR. */
+int MPI_Win_create_dynamic(MPI_Info info, MPI_Comm comm, MPI_Win *win);
+int MPI_Win_attach(MPI_Win win, void *base, MPI_Aint size);
+int MPI_Win_detach(MPI_Win win, const void *base);
 int MPI_Win_free(MPI_Win *win);
 int MPI_Win_get_attr(MPI_Win win, int win_keyval, void *attribute_val, int *flag);
 int MPI_Win_get_group(MPI_Win win, MPI_Group *group);

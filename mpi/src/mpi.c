@@ -865,6 +865,12 @@ int type_rvma(MPI_Datatype basic) {
 	}
 }
 
+int type_narrow_int(MPI_Datatype basic) {
+	if (basic <= 0 || basic >= NBASIC) return 0;
+	int k = basics[basic].kind;
+	return k == K_I8 || k == K_U8 || k == K_I16 || k == K_U16;
+}
+
 int type_check(MPI_Datatype t, int count, struct dtype **out, const char **why) {
 	struct dtype *d = type_get(t);
 	if (!d) {

@@ -98,6 +98,37 @@ int MPI_Win_allocate_shared(MPI_Aint size, int disp_unit, MPI_Info info, MPI_Com
 	                 "whose memory rvma shares between the ranks of a host");
 }
 
+/* Dynamic windows: rvma registers a window's memory, and gives its peers
+ * the keys, when the window is created, collectively; MPI_Win_attach is
+ * local, so memory attached later could not be reached. */
+int MPI_Win_create_dynamic(MPI_Info info, MPI_Comm c, MPI_Win *win) {
+	(void)info;
+	if (win) *win = MPI_WIN_NULL;
+	return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, __func__,
+	                 "rvma registers a window's memory collectively when the window is created, and MPI_Win_attach "
+	                 "is local: use MPI_Win_allocate or MPI_Win_create");
+}
+
+int MPI_Win_attach(MPI_Win h, void *base, MPI_Aint size) {
+	(void)base, (void)size;
+	GET_WIN(w, h, __func__);
+	(void)w;
+	return fail_win(h, MPI_ERR_RMA_FLAVOR, __func__, "window %d is not dynamic (rvma has no dynamic windows)", h);
+}
+
+int MPI_Win_detach(MPI_Win h, const void *base) {
+	(void)base;
+	GET_WIN(w, h, __func__);
+	(void)w;
+	return fail_win(h, MPI_ERR_RMA_FLAVOR, __func__, "window %d is not dynamic (rvma has no dynamic windows)", h);
+}
+
+int MPI_Get_address(const void *location, MPI_Aint *address) {
+	if (!address) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL address");
+	*address = (MPI_Aint)(uintptr_t)location;
+	return MPI_SUCCESS;
+}
+
 int MPI_Win_free(MPI_Win *h) {
 	if (!h) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL win");
 	GET_WIN(w, *h, __func__);
@@ -298,6 +329,12 @@ static int acc_kind(const char *fn, MPI_Win h, const struct dtype *d, MPI_Dataty
 		return fail_win(h, MPI_ERR_OP, fn, "invalid operation %d", op);
 	}
 	*rt = type_rvma(d->basic);
+	if (!*rt && type_narrow_int(d->basic))
+		return fail_win(h, MPI_ERR_UNSUPPORTED_OPERATION, fn,
+		                "datatype %d: 1- and 2-byte integers (MPI_CHAR, MPI_SHORT, MPI_INT8_T, ...) are valid in MPI's "
+		                "accumulates but rvma's accumulates and atomics take 4- and 8-byte integers, float and "
+		                "double only",
+		                (int)t);
 	if (!*rt)
 		return fail_win(h, MPI_ERR_TYPE, fn, "datatype %d: rvma's accumulates and atomics take 4- and 8-byte integers, "
 		                "float and double", (int)t);
