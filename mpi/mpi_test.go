@@ -227,10 +227,22 @@ func TestErrors(t *testing.T) {
 			t.Fatalf("%d ranks: %q", n, out)
 		}
 	}
-	out, errb, err := jobErr(dir, 2, "errors", "fatal")
-	if err == nil || strings.Contains(out, "not reached") || !strings.Contains(errb, "MPI_Put") ||
-		!strings.Contains(errb, "MPI_ERR_RANK") {
-		t.Fatalf("fatal: %v\nstdout:\n%s\nstderr:\n%s", err, out, errb)
+	// Under MPI_ERRORS_ARE_FATAL each bad call aborts the job, naming
+	// the call and the class.
+	for _, c := range []struct{ name, call, class string }{
+		{"rank", "MPI_Put", "MPI_ERR_RANK"},
+		{"type", "MPI_Get", "MPI_ERR_TYPE"},
+		{"disp", "MPI_Accumulate", "MPI_ERR_DISP"},
+		{"range", "MPI_Get", "MPI_ERR_RMA_RANGE"},
+		{"sync", "MPI_Put", "MPI_ERR_RMA_SYNC"},
+		{"win", "MPI_Win_flush", "MPI_ERR_WIN"},
+		{"size", "MPI_Win_allocate", "MPI_ERR_SIZE"},
+	} {
+		out, errb, err := jobErr(dir, 2, "errors", "fatal", c.name)
+		require.Error(t, err, "fatal %s: the job did not fail\nstdout:\n%s\nstderr:\n%s", c.name, out, errb)
+		require.NotContains(t, out, "not reached", c.name)
+		require.Contains(t, errb, c.call+": ", c.name)
+		require.Contains(t, errb, c.class+": ", c.name)
 	}
 }
 

@@ -22,6 +22,10 @@ struct win {
 	int disp_unit, flavor, model;
 	int *units; /* every rank's disp_unit */
 	MPI_Errhandler eh;
+	/* passive target epochs this rank has open (flushes need one) */
+	int lock_all, nlocked;
+	unsigned char *locked; /* per rank */
+	int notified;          /* an MPIX notified window: puts and flushes need no epoch */
 };
 
 static struct table wins = {.first = 1};
@@ -49,8 +53,9 @@ static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp
 	if (!alloc && !base && size > 0) return fail_comm(c, MPI_ERR_BASE, fn, "NULL base with size %lld", (long long)size);
 	struct win *w = calloc(1, sizeof *w);
 	int *units = malloc(sizeof(int) * (size_t)rv_size);
-	if (!w || !units) {
-		free(w), free(units);
+	unsigned char *locked = calloc((size_t)rv_size, 1);
+	if (!w || !units || !locked) {
+		free(w), free(units), free(locked);
 		return fail_comm(c, MPI_ERR_NO_MEM, fn, "out of memory");
 	}
 	int rc;
@@ -67,7 +72,8 @@ static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp
 		return rvfail_comm(c, rc, fn);
 	}
 	if (!alloc) w->base = base;
-	w->comm = c, w->size = size, w->disp_unit = disp_unit, w->units = units;
+	w->comm = c, w->size = size, w->disp_unit = disp_unit, w->units = units, w->locked = locked;
+	w->notified = nc != NULL;
 	w->flavor = alloc ? MPI_WIN_FLAVOR_ALLOCATE : MPI_WIN_FLAVOR_CREATE, w->model = MPI_WIN_UNIFIED;
 	w->eh = MPI_ERRORS_ARE_FATAL;
 	int h = tbl_add(&wins, w);
@@ -135,7 +141,7 @@ int MPI_Win_free(MPI_Win *h) {
 	MPI_Errhandler eh = w->eh;
 	tbl_del(&wins, *h);
 	int rc = rvma_win_free(&w->w);
-	free(w->units), free(w);
+	free(w->units), free(w->locked), free(w);
 	MPI_Win old = *h;
 	*h = MPI_WIN_NULL;
 	if (rc) {
@@ -188,6 +194,7 @@ int MPI_Win_get_errhandler(MPI_Win h, MPI_Errhandler *e) {
 static int target_bytes(const char *fn, MPI_Win h, struct win *w, int target, MPI_Aint disp, int64_t *out) {
 	if (target < 0 || target >= rv_size)
 		return fail_win(h, MPI_ERR_RANK, fn, "target rank %d not in the window's group of %d", target, rv_size);
+	if (disp < 0) return fail_win(h, MPI_ERR_DISP, fn, "negative target displacement %lld", (long long)disp);
 	int64_t b;
 	if (__builtin_mul_overflow((int64_t)disp, (int64_t)w->units[target], &b))
 		return fail_win(h, MPI_ERR_RMA_RANGE, fn, "displacement %lld times disp_unit %d overflows", (long long)disp,
@@ -486,22 +493,62 @@ static int rv_assert(int a) {
 
 SIMPLE(MPI_Win_complete, rvma_win_complete(w->w))
 SIMPLE(MPI_Win_wait, rvma_win_wait(w->w))
-SIMPLE(MPI_Win_unlock_all, rvma_win_unlock_all(w->w))
-SIMPLE(MPI_Win_flush_all, rvma_win_flush_all(w->w))
-SIMPLE(MPI_Win_flush_local_all, rvma_win_flush_local_all(w->w))
+int MPI_Win_unlock_all(MPI_Win h) {
+	GET_WIN(w, h, __func__);
+	int rc = rvma_win_unlock_all(w->w);
+	if (rc) return rvfail_win(h, rc, __func__);
+	w->lock_all = 0;
+	return MPI_SUCCESS;
+}
+
+/* Flushes are for passive target epochs (MPI: MPI_ERR_RMA_SYNC outside
+ * one; rvma would flush in any epoch). */
+static int passive(const char *fn, MPI_Win h, struct win *w, int rank) {
+	if (w->notified || (rank >= 0 ? w->lock_all || w->locked[rank] : w->lock_all || w->nlocked > 0)) return 0;
+	if (rank >= 0) return fail_win(h, MPI_ERR_RMA_SYNC, fn, "no passive target epoch towards rank %d (lock it first)", rank);
+	return fail_win(h, MPI_ERR_RMA_SYNC, fn, "no passive target epoch (MPI_Win_lock or MPI_Win_lock_all first)");
+}
+
+int MPI_Win_flush_all(MPI_Win h) {
+	GET_WIN(w, h, __func__);
+	int cls = passive(__func__, h, w, -1);
+	if (cls) return cls;
+	int rc = rvma_win_flush_all(w->w);
+	return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;
+}
+
+int MPI_Win_flush_local_all(MPI_Win h) {
+	GET_WIN(w, h, __func__);
+	int cls = passive(__func__, h, w, -1);
+	if (cls) return cls;
+	int rc = rvma_win_flush_local_all(w->w);
+	return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;
+}
 SIMPLE(MPI_Win_sync, rvma_win_sync(w->w))
 
-#define RANKED(name, call)                                                      \
-	int name(int rank, MPI_Win h) {                                         \
-		GET_WIN(w, h, __func__);                                        \
-		if (rank == MPI_PROC_NULL) return MPI_SUCCESS;                  \
-		int rc = call;                                                  \
-		return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;          \
+int MPI_Win_unlock(int rank, MPI_Win h) {
+	GET_WIN(w, h, __func__);
+	if (rank == MPI_PROC_NULL) return MPI_SUCCESS;
+	int rc = rvma_win_unlock(w->w, rank);
+	if (rc) return rvfail_win(h, rc, __func__);
+	if (w->locked[rank]) w->locked[rank] = 0, w->nlocked--;
+	return MPI_SUCCESS;
+}
+
+#define FLUSH(name, call)                                                                                          \
+	int name(int rank, MPI_Win h) {                                                                            \
+		GET_WIN(w, h, __func__);                                                                           \
+		if (rank == MPI_PROC_NULL) return MPI_SUCCESS;                                                     \
+		if (rank < 0 || rank >= rv_size)                                                                   \
+			return fail_win(h, MPI_ERR_RANK, __func__, "rank %d not in the window's group of %d", rank, rv_size); \
+		int cls = passive(__func__, h, w, rank);                                                           \
+		if (cls) return cls;                                                                               \
+		int rc = call;                                                                                     \
+		return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;                                             \
 	}
 
-RANKED(MPI_Win_unlock, rvma_win_unlock(w->w, rank))
-RANKED(MPI_Win_flush, rvma_win_flush(w->w, rank))
-RANKED(MPI_Win_flush_local, rvma_win_flush_local(w->w, rank))
+FLUSH(MPI_Win_flush, rvma_win_flush(w->w, rank))
+FLUSH(MPI_Win_flush_local, rvma_win_flush_local(w->w, rank))
 
 int MPI_Win_fence(int a, MPI_Win h) {
 	GET_WIN(w, h, __func__);
@@ -535,14 +582,18 @@ int MPI_Win_lock(int type, int rank, int a, MPI_Win h) {
 		return fail_win(h, MPI_ERR_LOCKTYPE, __func__, "lock type %d", type);
 	if (rank == MPI_PROC_NULL) return MPI_SUCCESS;
 	int rc = rvma_win_lock(w->w, type == MPI_LOCK_SHARED ? RVMA_LOCK_SHARED : RVMA_LOCK_EXCLUSIVE, rank);
-	return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;
+	if (rc) return rvfail_win(h, rc, __func__);
+	if (rank >= 0 && rank < rv_size && !w->locked[rank]) w->locked[rank] = 1, w->nlocked++;
+	return MPI_SUCCESS;
 }
 
 int MPI_Win_lock_all(int a, MPI_Win h) {
 	(void)a;
 	GET_WIN(w, h, __func__);
 	int rc = rvma_win_lock_all(w->w);
-	return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;
+	if (rc) return rvfail_win(h, rc, __func__);
+	w->lock_all = 1;
+	return MPI_SUCCESS;
 }
 
 /* ---- rvma's extensions (mpix_rvma.h) ------------------------------------ */
