@@ -68,9 +68,10 @@ fi
 for impl in $IMPLS; do
 	mkdir -p "$OUT/$impl"
 	for t in $TESTS; do
-		# osu_get_acc_latency.c stands alone in OSU 5.x; the others share osu_1sc.c
-		extra=$SRC/osu_1sc.c
-		grep -q '^process_options' "$SRC/osu_$t.c" && extra=
+		# the tests that include osu_1sc.h share osu_1sc.c (OSU 5.x's
+		# osu_get_acc_latency.c stands alone)
+		extra=
+		grep -q '"osu_1sc.h"' "$SRC/osu_$t.c" && extra=$SRC/osu_1sc.c
 		echo "== build $impl osu_$t" >>"$LOG"
 		$(cc_of "$impl") -O2 -I"$SRC" -o "$OUT/$impl/osu_$t" "$SRC/osu_$t.c" $extra >>"$LOG" 2>&1 ||
 			{ echo "osu.sh: building osu_$t with $impl failed (see $LOG)" >&2; exit 1; }
