@@ -41,18 +41,20 @@ int main(int argc, char **argv) {
 	OK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
 	int next = (me + 1) % np, prev = (me + np - 1) % np;
 
-	/* Per origin: N int64 from prev complete an epoch; puts alternate
-	 * between two halves (an origin runs at most depth = 2 ahead). */
+	/* Per origin: N int64 from prev complete an epoch; puts go round four
+	 * slots (an origin runs at most depth = 2 epochs ahead of what its
+	 * target has waited for, so it never overwrites the slot the target
+	 * is reading). */
 	MPI_Count expect = N * 8, ep = -1;
 	MPIX_Notify nc = {0};
 	nc.nfrom = 1, nc.from_ranks = &prev, nc.from_counts = &expect;
 	int64_t *base, out[EPOCHS][N];
 	MPI_Win win;
-	OK(MPIX_Win_allocate_notified(2 * N * 8, 8, &nc, MPI_INFO_NULL, MPI_COMM_WORLD, &base, &win));
+	OK(MPIX_Win_allocate_notified(4 * N * 8, 8, &nc, MPI_INFO_NULL, MPI_COMM_WORLD, &base, &win));
 	OK(MPI_Win_set_errhandler(win, MPI_ERRORS_RETURN));
 	for (int e = 1; e <= EPOCHS; e++) {
 		for (int i = 0; i < N; i++) out[e - 1][i] = val(me, e, i);
-		OK(MPI_Put(out[e - 1], N, MPI_INT64_T, next, (e % 2) * N, N, MPI_INT64_T, win));
+		OK(MPI_Put(out[e - 1], N, MPI_INT64_T, next, (e % 4) * N, N, MPI_INT64_T, win));
 		if (e % 2) {
 			OK(MPIX_Win_wait_epoch(win, &ep));
 		} else {
@@ -61,8 +63,8 @@ int main(int argc, char **argv) {
 		}
 		EXPECT(ep == e, "epoch %lld, want %d", ep, e);
 		for (int i = 0; i < N; i++)
-			EXPECT(base[(e % 2) * N + i] == val(prev, e, i), "epoch %d word %d: %lld", e, i,
-			       (long long)base[(e % 2) * N + i]);
+			EXPECT(base[(e % 4) * N + i] == val(prev, e, i), "epoch %d word %d: %lld", e, i,
+			       (long long)base[(e % 4) * N + i]);
 	}
 	OK(MPI_Win_flush_all(win));
 	OK(MPIX_Win_epoch(win, &ep));
