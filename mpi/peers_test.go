@@ -94,9 +94,10 @@ func parsePeerHalo(t *testing.T, out string) map[string]peerHalo {
 // TestPeersHalo3d builds the peers' mpi_halo3d.c with rvmacc and runs
 // every -s variant under rvmarun on 2 and 4 ranks over shm and udp: each
 // variant's checksum must equal sendrecv's bit for bit, the serial
-// reference's to 1e-9 (it adds in another order), and, with MPICH
-// installed, the same program's under MPICH bit for bit (libmpi reduces
-// doubles in MPICH's order).
+// reference's to 1e-9 (it adds in another order), and, with MPICH or
+// Open MPI installed, the same program's under them bit for bit (libmpi
+// reduces doubles in their recursive-doubling order; 3 ranks check the
+// grouping of a size that is not a power of two).
 //
 // The lock variant runs on 2 ranks only. With more than one neighbour a
 // rank counts its neighbours' notifications on one counter and proceeds
@@ -110,17 +111,33 @@ func TestPeersHalo3d(t *testing.T) {
 	peers := peersDir(t)
 	dir := built(t)
 	prog := buildPeer(t, dir, peers, "mpi_halo3d")
-	var mpich string
-	mpicc, err1 := exec.LookPath("mpicc.mpich")
-	hydra, err2 := exec.LookPath("mpiexec.hydra")
-	if err1 == nil && err2 == nil {
-		mpich = filepath.Join(dir, "peer_mpi_halo3d_mpich")
-		if _, err := os.Stat(mpich); err != nil {
-			b, err := exec.Command(mpicc, "-O2", "-o", mpich, filepath.Join(peers, "mpi_halo3d.c"), "-lm").CombinedOutput()
-			require.NoError(t, err, "mpicc.mpich:\n%s", b)
+	// The other MPIs found: a compiler, and a launcher's command line
+	// before the number of ranks.
+	type other struct {
+		name, prog string
+		launch     []string
+	}
+	var others []other
+	for _, o := range []struct{ name, cc, run string }{
+		{"MPICH", "mpicc.mpich", "mpiexec.hydra"},
+		{"Open MPI", "mpicc.openmpi", "mpirun.openmpi"},
+	} {
+		cc, err1 := exec.LookPath(o.cc)
+		launcher, err2 := exec.LookPath(o.run)
+		if err1 != nil || err2 != nil {
+			t.Logf("%s or %s not on PATH: checksums not compared with %s", o.cc, o.run, o.name)
+			continue
 		}
-	} else {
-		t.Log("mpicc.mpich or mpiexec.hydra not on PATH: checksums not compared with MPICH")
+		prog := filepath.Join(dir, "peer_mpi_halo3d_"+o.cc)
+		if _, err := os.Stat(prog); err != nil {
+			b, err := exec.Command(cc, "-O2", "-o", prog, filepath.Join(peers, "mpi_halo3d.c"), "-lm").CombinedOutput()
+			require.NoError(t, err, "%s:\n%s", o.cc, b)
+		}
+		launch := []string{launcher}
+		if o.name == "Open MPI" {
+			launch = append(launch, "--allow-run-as-root", "--oversubscribe")
+		}
+		others = append(others, other{o.name, prog, launch})
 	}
 	for _, c := range []struct {
 		ranks    int
@@ -131,12 +148,13 @@ func TestPeersHalo3d(t *testing.T) {
 		{2, "lock,pscw,fence", []string{"-l", "9,7,5", "-i", "5", "-w", "1"}},
 		{4, "sendrecv,fence,pscw", []string{"-n", "10", "-i", "5", "-w", "1", "-r"}},
 		{4, "pscw,fence", []string{"-l", "6,9,4", "-i", "4", "-w", "2", "-u"}},
+		{3, "sendrecv,fence,pscw", []string{"-n", "6", "-i", "4", "-w", "1"}},
 	} {
 		args := append([]string{"-s", c.variants}, c.args...)
-		var want string
-		if mpich != "" {
-			got := parsePeerHalo(t, run(t, append([]string{hydra, "-n", fmt.Sprint(c.ranks), mpich, "-s", "sendrecv"}, c.args...)...))
-			want = got["sendrecv"].checksum
+		want := map[string]string{}
+		for _, o := range others {
+			argv := append(append(append([]string{}, o.launch...), "-n", fmt.Sprint(c.ranks), o.prog, "-s", "sendrecv"), c.args...)
+			want[o.name] = parsePeerHalo(t, run(t, argv...))["sendrecv"].checksum
 		}
 		for _, provider := range []string{"shm", "udp"} {
 			name := fmt.Sprintf("%d ranks %s %v", c.ranks, provider, args)
@@ -151,8 +169,8 @@ func TestPeersHalo3d(t *testing.T) {
 				require.True(t, r.ok, "%s: %s not ok:\n%s", name, v, out)
 				require.Equal(t, ref.checksum, r.checksum, "%s: %s's checksum against %s's", name, v, first)
 			}
-			if want != "" {
-				require.Equal(t, want, ref.checksum, "%s: checksum against MPICH's", name)
+			for o, w := range want {
+				require.Equal(t, w, ref.checksum, "%s: checksum against %s's", name, o)
 			}
 			if s, ok := rs["serial-ref"]; ok {
 				a, err := strconv.ParseFloat(s.checksum, 64)
@@ -161,7 +179,7 @@ func TestPeersHalo3d(t *testing.T) {
 				require.NoError(t, err)
 				require.InDelta(t, b, a, 1e-9*math.Abs(b), "%s: serial reference", name)
 			}
-			t.Logf("%s: checksum %s in every variant (MPICH: %q)", name, ref.checksum, want)
+			t.Logf("%s: checksum %s in every variant (others: %v)", name, ref.checksum, want)
 		}
 	}
 }
