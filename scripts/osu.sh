@@ -21,6 +21,9 @@
 #   ITERS     -i (iterations of the small sizes) [1000]; SKIP: -x [100]
 #   RUNS      runs per cell, median printed [1]
 #   PROVIDER  rvmarun --provider [auto]
+#   NETWORK   1: every implementation over the loopback network instead of
+#             shared memory: rvma over udp, MPICH's UCX over tcp on lo,
+#             Open MPI's ob1/tcp with osc pt2pt [0]
 #   OUT       build and log directory [a new temporary one]
 #   TIMEOUT   seconds per run [300]
 # A cell is a number, "unsup" when the implementation refused the
@@ -79,11 +82,15 @@ for impl in $IMPLS; do
 done
 
 # ---- run ----
+NETWORK=${NETWORK:-0}
+[ "$NETWORK" = 1 ] && PROVIDER=udp
 launcher() {
-	case $1 in
-	rvma) echo "$ROOT/bin/rvmarun -n 2 --provider $PROVIDER --tag-output=false" ;;
-	mpich) echo "mpiexec.hydra -n 2" ;;
-	ompi) echo "mpirun.openmpi --allow-run-as-root --oversubscribe -n 2" ;;
+	case $1/$NETWORK in
+	rvma/*) echo "$ROOT/bin/rvmarun -n 2 --provider $PROVIDER --tag-output=false" ;;
+	mpich/1) echo "env UCX_TLS=tcp,self UCX_NET_DEVICES=lo mpiexec.hydra -iface lo -n 2" ;;
+	mpich/*) echo "mpiexec.hydra -n 2" ;;
+	ompi/1) echo "mpirun.openmpi --allow-run-as-root --oversubscribe --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo --mca osc pt2pt -n 2" ;;
+	ompi/*) echo "mpirun.openmpi --allow-run-as-root --oversubscribe -n 2" ;;
 	esac
 }
 syncs_of() {
