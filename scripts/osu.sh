@@ -29,7 +29,8 @@
 # A cell is a number, "unsup" when the implementation refused the
 # configuration with MPI_ERR_UNSUPPORTED_OPERATION (rvma: dynamic windows,
 # 1-byte accumulates; the message is in OUT/log), or "FAIL" (then the
-# script exits 1 at the end, the command and output in OUT/log).
+# script exits 1 at the end, the command and output in OUT/log); a number
+# with "*" is the median of the runs that did not fail when some did.
 set -u
 [ $# -ge 1 ] || { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 SRC=$1
@@ -155,7 +156,10 @@ END {
 		for (j = 1; j <= n; j++) {
 			printf "%-16s %-9s %-12s %9s", f[1], f[2], f[3], s[j]
 			for (i = 1; i <= ni; i++) {
-				c = (key, im[i]) in special ? special[key, im[i]] : ((key, s[j], im[i]) in v ? median(v[key, s[j], im[i]]) : "-")
+				if ((key, s[j], im[i]) in v)
+					c = median(v[key, s[j], im[i]]) (((key, im[i]) in special) ? "*" : "")
+				else
+					c = (key, im[i]) in special ? special[key, im[i]] : "-"
 				printf " %12s", c
 			}
 			printf "\n"
