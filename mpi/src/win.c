@@ -215,6 +215,43 @@ static int check_types(const char *fn, MPI_Win h, MPI_Datatype ot, int oc, struc
 	return 0;
 }
 
+/* A strided group of n pairs of runs of len bytes: origin offsets o,
+ * o+os, ..., target offsets t, t+ts, ... (n 0: empty). */
+struct run {
+	int64_t o, t, len, n, os, ts;
+	rvma_request req;
+};
+
+/* Adds the pair (o, t, len) to g if it continues it: 1, else 0. */
+static int run_extend(struct run *g, int64_t o, int64_t t, int64_t len) {
+	if (g->n == 0 || len != g->len) return 0;
+	if (g->n == 1) {
+		if (o - g->o < len || t - g->t < len) return 0; /* strides go forward, blocks apart */
+		g->os = o - g->o, g->ts = t - g->t, g->n = 2;
+		return 1;
+	}
+	if (o != g->o + g->n * g->os || t != g->t + g->n * g->ts) return 0;
+	g->n++;
+	return 1;
+}
+
+/* Puts or gets group g (with a request in g->req when q): rvma's code. */
+static int run_issue(struct win *w, int put, void *origin, int target, int64_t tb, struct run *g, struct req *q) {
+	char *o = (char *)origin + g->o;
+	rvma_request *rp = q ? &g->req : NULL;
+	g->req = RVMA_REQUEST_NULL;
+	if (g->n == 1) {
+		if (put) return q ? rvma_rput(w->w, o, (size_t)g->len, target, tb + g->t, rp) : rvma_put(w->w, o, (size_t)g->len, target, tb + g->t);
+		return q ? rvma_rget(w->w, o, (size_t)g->len, target, tb + g->t, rp) : rvma_get(w->w, o, (size_t)g->len, target, tb + g->t);
+	}
+	rvma_layout ol = {g->n, g->len, g->os}, tl = {g->n, g->len, g->ts};
+	if (put)
+		return q ? rvma_rput_strided(w->w, o, &ol, target, tb + g->t, &tl, rp)
+		         : rvma_put_strided(w->w, o, &ol, target, tb + g->t, &tl);
+	return q ? rvma_rget_strided(w->w, o, &ol, target, tb + g->t, &tl, rp)
+	         : rvma_get_strided(w->w, o, &ol, target, tb + g->t, &tl);
+}
+
 /* Put (put=1) or get: one rvma call when both sides have a strided
  * layout, else one per run. Requests go into q if given. */
 static int move(const char *fn, int put, void *origin, int oc, MPI_Datatype ot, int target, MPI_Aint disp, int tc,
@@ -250,21 +287,30 @@ static int move(const char *fn, int put, void *origin, int oc, MPI_Datatype ot, 
 		if (!rc && q && req_push(q, r)) return fail_win(h, MPI_ERR_NO_MEM, fn, "out of memory");
 		return rc ? rvfail_win(h, rc, fn) : MPI_SUCCESS;
 	}
+	/* The sides' runs paired up; consecutive pairs of one length at
+	 * constant strides on both sides (a face of a 3-D array: one row of
+	 * elements after another) go as one strided call. */
 	struct walk wo, wt;
 	walk_init(&wo, od, oc);
 	walk_init(&wt, td, tc);
+	struct run g = {0};
 	int64_t left = bytes, toff = 0, tlen = 0;
 	while (left > 0 && !rc) {
 		if (tlen == 0) walk_next(&wt, INT64_MAX, &toff, &tlen);
 		int64_t off, len;
 		walk_next(&wo, tlen, &off, &len);
-		char *o = (char *)origin + off;
-		if (put)
-			rc = q ? rvma_rput(w->w, o, (size_t)len, target, tb + toff, rp) : rvma_put(w->w, o, (size_t)len, target, tb + toff);
-		else
-			rc = q ? rvma_rget(w->w, o, (size_t)len, target, tb + toff, rp) : rvma_get(w->w, o, (size_t)len, target, tb + toff);
-		if (!rc && q && req_push(q, r)) return fail_win(h, MPI_ERR_NO_MEM, fn, "out of memory");
+		if (!run_extend(&g, off, toff, len)) {
+			if (g.n) {
+				rc = run_issue(w, put, origin, target, tb, &g, q);
+				if (!rc && q && req_push(q, g.req)) return fail_win(h, MPI_ERR_NO_MEM, fn, "out of memory");
+			}
+			g = (struct run){.o = off, .t = toff, .len = len, .n = 1};
+		}
 		toff += len, tlen -= len, left -= len;
+	}
+	if (!rc && g.n) {
+		rc = run_issue(w, put, origin, target, tb, &g, q);
+		if (!rc && q && req_push(q, g.req)) return fail_win(h, MPI_ERR_NO_MEM, fn, "out of memory");
 	}
 	return rc ? rvfail_win(h, rc, fn) : MPI_SUCCESS;
 }
