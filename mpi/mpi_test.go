@@ -289,3 +289,18 @@ func TestMPIX(t *testing.T) {
 		require.Contains(t, out, fmt.Sprintf("mpix: ok on %d ranks", c.n), c.provider)
 	}
 }
+
+// TestSubarray runs test/subarray.c (subarray faces of a 3-D array put,
+// rput and got across ranks, values checked; Cartesian grids) on 2 and 4
+// ranks over shm and 3 over udp.
+func TestSubarray(t *testing.T) {
+	dir := built(t)
+	for _, c := range []struct {
+		n        int
+		provider string
+	}{{2, "shm"}, {4, "shm"}, {3, "udp"}} {
+		out := run(t, filepath.Join(dir, "rvmarun"), "-n", fmt.Sprint(c.n), "--provider", c.provider, "--tag-output=false",
+			filepath.Join(dir, "subarray"))
+		require.Contains(t, out, fmt.Sprintf("subarray: ok on %d ranks", c.n), c.provider)
+	}
+}
