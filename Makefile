@@ -39,7 +39,7 @@ MPI_CFLAGS  ?= -O2 -g -std=c11 -Wall -Wextra -fPIC -pthread
 MPI_SRC      = mpi/src/mpi.c mpi/src/win.c
 libmpi:
 	mkdir -p lib/include lib/obj
-	cp mpi/include/mpi.h lib/include/
+	cp mpi/include/mpi.h mpi/include/mpix_rvma.h lib/include/
 	for f in $(MPI_SRC); do $(CC) $(MPI_CFLAGS) -Ilib/include -Impi/src -c -o lib/obj/$$(basename $$f .c).o $$f || exit 1; done
 	$(CC) -shared -pthread -o lib/libmpi.so lib/obj/*.o -Llib -lrvma '-Wl,-rpath,$$ORIGIN'
 	rm -f lib/libmpi.a && ar rcs lib/libmpi.a lib/obj/*.o
@@ -55,7 +55,7 @@ install: lib
 	install -d $(DESTDIR)$(BINDIR)
 	install -m 0755 lib/libmpi.so $(DESTDIR)$(LIBDIR)/
 	install -m 0644 lib/libmpi.a $(DESTDIR)$(LIBDIR)/
-	install -m 0644 mpi/include/mpi.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 0644 mpi/include/mpi.h mpi/include/mpix_rvma.h $(DESTDIR)$(INCLUDEDIR)/
 	install -m 0755 mpi/rvmacc $(DESTDIR)$(BINDIR)/
 
 # What the C API adds per call over the Go API: the same loops in C and

@@ -329,3 +329,102 @@ func rvma_recv(h C.rvma_comm, src, tag C.int, buf unsafe.Pointer, capacity C.siz
 	}
 	return codeOK
 }
+
+// recvOut copies a matched message into buf and the out arguments, as
+// rvma_recv does.
+func recvOut(fn string, m rma.Message, b []byte, n *C.size_t, source, mtag *C.int) C.int {
+	copy(b, m.Data)
+	*n = C.size_t(len(m.Data))
+	if source != nil {
+		*source = C.int(m.Source)
+	}
+	if mtag != nil {
+		*mtag = C.int(m.Tag)
+	}
+	if len(m.Data) > len(b) {
+		return fail(errorf(codeTruncate, "%s: a message of %d bytes from rank %d into %d", fn, len(m.Data), m.Source, len(b)))
+	}
+	return codeOK
+}
+
+// matchArgs checks the arguments common to the matching receives.
+func matchArgs(fn string, h C.rvma_comm, src, tag, mask C.int, buf unsafe.Pointer, capacity C.size_t, n *C.size_t) (*rma.Comm, rma.Match, []byte, error) {
+	c, err := commOf(h)
+	if err == nil {
+		err = checkTag(fn, tag)
+	}
+	if err == nil && src != C.RVMA_ANY_SOURCE && (src < 0 || int(src) >= c.Size()) {
+		err = errorf(codeRank, "%s: source %d of %d ranks", fn, int(src), c.Size())
+	}
+	if err == nil {
+		err = outArg(fn, "len", unsafe.Pointer(n))
+	}
+	var b []byte
+	if err == nil {
+		b, err = cbytes(fn, "buf", buf, capacity)
+	}
+	x := rma.Match{Source: int(src), Tag: int(tag), Mask: uint32(mask)}
+	if src == C.RVMA_ANY_SOURCE {
+		x.Source = rma.AnySource
+	}
+	return c, x, b, err
+}
+
+//export rvma_recv_match
+func rvma_recv_match(h C.rvma_comm, src, tag, mask C.int, buf unsafe.Pointer, capacity C.size_t, n *C.size_t, source, mtag *C.int) C.int {
+	const fn = "rvma_recv_match"
+	c, x, b, err := matchArgs(fn, h, src, tag, mask, buf, capacity, n)
+	if err != nil {
+		return fail(err)
+	}
+	m, err := c.RecvMatch(bg, x)
+	if err != nil {
+		return fail(err)
+	}
+	return recvOut(fn, m, b, n, source, mtag)
+}
+
+//export rvma_try_recv_match
+func rvma_try_recv_match(h C.rvma_comm, src, tag, mask C.int, before C.uint64_t, buf unsafe.Pointer, capacity C.size_t, n *C.size_t, source, mtag, flag *C.int) C.int {
+	const fn = "rvma_try_recv_match"
+	c, x, b, err := matchArgs(fn, h, src, tag, mask, buf, capacity, n)
+	if err == nil {
+		err = outArg(fn, "flag", unsafe.Pointer(flag))
+	}
+	if err != nil {
+		return fail(err)
+	}
+	x.Before = uint64(before)
+	m, ok, err := c.TryRecvMatch(x)
+	if err != nil {
+		return fail(err)
+	}
+	*flag = 0
+	if !ok {
+		return codeOK
+	}
+	*flag = 1
+	return recvOut(fn, m, b, n, source, mtag)
+}
+
+//export rvma_msg_arrived
+func rvma_msg_arrived(h C.rvma_comm, next *C.uint64_t) C.int {
+	c, err := commOf(h)
+	if err == nil {
+		err = outArg("rvma_msg_arrived", "next", unsafe.Pointer(next))
+	}
+	if err != nil {
+		return fail(err)
+	}
+	*next = C.uint64_t(c.Arrived())
+	return codeOK
+}
+
+//export rvma_msg_wait
+func rvma_msg_wait(h C.rvma_comm, n C.uint64_t) C.int {
+	c, err := commOf(h)
+	if err != nil {
+		return fail(err)
+	}
+	return result(c.WaitArrival(bg, uint64(n)))
+}

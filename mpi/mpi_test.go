@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/rvma/rvma/internal/testutil"
 )
 
@@ -73,7 +75,7 @@ func buildAll() (string, error) {
 	if err := os.MkdirAll(filepath.Join(dir, "include"), 0o755); err != nil {
 		return dir, err
 	}
-	for _, h := range []string{"include/mpi.h", "../capi/include/rvma.h"} {
+	for _, h := range []string{"include/mpi.h", "include/mpix_rvma.h", "../capi/include/rvma.h"} {
 		b, err := os.ReadFile(h)
 		if err == nil {
 			err = os.WriteFile(filepath.Join(dir, "include", filepath.Base(h)), b, 0o644)
@@ -225,10 +227,22 @@ func TestErrors(t *testing.T) {
 			t.Fatalf("%d ranks: %q", n, out)
 		}
 	}
-	out, errb, err := jobErr(dir, 2, "errors", "fatal")
-	if err == nil || strings.Contains(out, "not reached") || !strings.Contains(errb, "MPI_Put") ||
-		!strings.Contains(errb, "MPI_ERR_RANK") {
-		t.Fatalf("fatal: %v\nstdout:\n%s\nstderr:\n%s", err, out, errb)
+	// Under MPI_ERRORS_ARE_FATAL each bad call aborts the job, naming
+	// the call and the class.
+	for _, c := range []struct{ name, call, class string }{
+		{"rank", "MPI_Put", "MPI_ERR_RANK"},
+		{"type", "MPI_Get", "MPI_ERR_TYPE"},
+		{"disp", "MPI_Accumulate", "MPI_ERR_DISP"},
+		{"range", "MPI_Get", "MPI_ERR_RMA_RANGE"},
+		{"sync", "MPI_Put", "MPI_ERR_RMA_SYNC"},
+		{"win", "MPI_Win_flush", "MPI_ERR_WIN"},
+		{"size", "MPI_Win_allocate", "MPI_ERR_SIZE"},
+	} {
+		out, errb, err := jobErr(dir, 2, "errors", "fatal", c.name)
+		require.Error(t, err, "fatal %s: the job did not fail\nstdout:\n%s\nstderr:\n%s", c.name, out, errb)
+		require.NotContains(t, out, "not reached", c.name)
+		require.Contains(t, errb, c.call+": ", c.name)
+		require.Contains(t, errb, c.class+": ", c.name)
 	}
 }
 
@@ -238,7 +252,7 @@ func TestHeaderCompiles(t *testing.T) {
 		t.Skipf("no C compiler (%s)", testutil.CC())
 	}
 	src := filepath.Join(t.TempDir(), "h.c")
-	if err := os.WriteFile(src, []byte("#include \"mpi.h\"\nint main(void) { return MPI_SUCCESS; }\n"), 0o644); err != nil {
+	if err := os.WriteFile(src, []byte("#include \"mpi.h\"\n#include \"mpix_rvma.h\"\nint main(void) { return MPI_SUCCESS + MPIX_RVMA - 1; }\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cmds := [][]string{{testutil.CC(), "-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-fsyntax-only", "-Iinclude", src}}
@@ -249,5 +263,44 @@ func TestHeaderCompiles(t *testing.T) {
 		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
 			t.Errorf("%v: %v\n%s", c, err, out)
 		}
+	}
+}
+
+// TestP2P runs test/p2p.c (wildcard receives, testable requests, MPI's
+// matching order) on 2, 3 and 4 ranks.
+func TestP2P(t *testing.T) {
+	dir := built(t)
+	for _, n := range []int{2, 3, 4} {
+		require.Contains(t, job(t, dir, n, "p2p"), fmt.Sprintf("p2p: ok on %d ranks", n))
+	}
+}
+
+// TestMPIX runs test/mpix.c (mpix_rvma.h: notified windows, rewind, the
+// transport report) on 2 and 4 ranks over shm, and on 3 over udp, each
+// told the provider it must see.
+func TestMPIX(t *testing.T) {
+	dir := built(t)
+	for _, c := range []struct {
+		n        int
+		provider string
+	}{{2, "shm"}, {4, "shm"}, {3, "udp"}} {
+		out := run(t, filepath.Join(dir, "rvmarun"), "-n", fmt.Sprint(c.n), "--provider", c.provider, "--tag-output=false",
+			filepath.Join(dir, "mpix"), c.provider)
+		require.Contains(t, out, fmt.Sprintf("mpix: ok on %d ranks", c.n), c.provider)
+	}
+}
+
+// TestSubarray runs test/subarray.c (subarray faces of a 3-D array put,
+// rput and got across ranks, values checked; Cartesian grids) on 2 and 4
+// ranks over shm and 3 over udp.
+func TestSubarray(t *testing.T) {
+	dir := built(t)
+	for _, c := range []struct {
+		n        int
+		provider string
+	}{{2, "shm"}, {4, "shm"}, {3, "udp"}} {
+		out := run(t, filepath.Join(dir, "rvmarun"), "-n", fmt.Sprint(c.n), "--provider", c.provider, "--tag-output=false",
+			filepath.Join(dir, "subarray"))
+		require.Contains(t, out, fmt.Sprintf("subarray: ok on %d ranks", c.n), c.provider)
 	}
 }

@@ -107,9 +107,15 @@ type inboxKey struct {
 type msgState struct {
 	// Guarded by the engine's lock: receivers take messages from inbox
 	// in Wait conditions, OnRecv adds them in Locked.
-	inbox  map[inboxKey][][]byte
-	am     map[uint64]*amCall // outstanding active messages by request id
-	nextAM uint64
+	inbox map[inboxKey][][]byte
+	// The arrival numbers of the user messages (tags below userTagLimit)
+	// in inbox, queue for queue: 1, 2, ... in the order they completed at
+	// this rank, which orders messages of different keys for wildcard
+	// receives. arrived counts every message put into inbox.
+	seqs    map[inboxKey][]uint64
+	arrived uint64
+	am      map[uint64]*amCall // outstanding active messages by request id
+	nextAM  uint64
 
 	// partial is owned by OnRecv, which the poller role runs one
 	// completion at a time: no lock.
@@ -127,6 +133,7 @@ type partialMsg struct {
 
 func (m *msgState) init() {
 	m.inbox = map[inboxKey][][]byte{}
+	m.seqs = map[inboxKey][]uint64{}
 	m.partial = map[int]*partialMsg{}
 	m.am = map[uint64]*amCall{}
 }
@@ -268,7 +275,11 @@ func (c *Comm) onRecv(wc *verbs.WorkCompletion) {
 		}
 		c.eng.Locked(func() {
 			k := inboxKey{src, tag}
+			c.msg.arrived++
 			c.msg.inbox[k] = append(c.msg.inbox[k], whole)
+			if tag < userTagLimit {
+				c.msg.seqs[k] = append(c.msg.seqs[k], c.msg.arrived)
+			}
 		})
 	case kindAM:
 		c.handleAM(src, whole)
@@ -308,20 +319,43 @@ func (c *Comm) recvMsg(ctx context.Context, src int, tag uint32) ([]byte, error)
 	defer stop()
 	k := inboxKey{src, tag}
 	var got []byte
-	broken, probe := false, false
-	take := func() bool {
-		q := c.msg.inbox[k]
-		if len(q) == 0 {
+	_, err := c.waitMsg(ctx, src, func() bool {
+		if len(c.msg.inbox[k]) == 0 {
 			return false
 		}
-		got = q[0]
-		if len(q) == 1 {
-			delete(c.msg.inbox, k)
-		} else {
-			c.msg.inbox[k] = q[1:]
-		}
+		got = c.msg.pop(k)
 		return true
+	})
+	if err != nil {
+		return nil, err
 	}
+	return got, nil
+}
+
+// pop removes and returns the first message of key k (under the engine's
+// lock; there is one), and its arrival number if it has one.
+func (m *msgState) pop(k inboxKey) []byte {
+	q := m.inbox[k]
+	got := q[0]
+	if len(q) == 1 {
+		delete(m.inbox, k)
+	} else {
+		m.inbox[k] = q[1:]
+	}
+	if s := m.seqs[k]; len(s) == 1 {
+		delete(m.seqs, k)
+	} else if len(s) > 1 {
+		m.seqs[k] = s[1:]
+	}
+	return got
+}
+
+// waitMsg waits until take (run under the engine's lock) has taken a
+// message; src is the rank it waits for, which it probes as recvMsg says,
+// or AnySource (no probes: any rank may send). It returns src.
+func (c *Comm) waitMsg(ctx context.Context, src int, take func() bool) (int, error) {
+	var got bool
+	broken, probe := false, false
 	var err error
 	// A probe is due once two ticks of wakeProbes have passed: between
 	// probeEvery and twice that, without reading the clock in the wait.
@@ -329,14 +363,18 @@ func (c *Comm) recvMsg(ctx context.Context, src int, tag uint32) ([]byte, error)
 	for {
 		err = c.eng.Wait(ctx, func() bool {
 			if take() {
+				got = true
 				return true
+			}
+			if src == AnySource {
+				return false
 			}
 			// Nothing more can come over a broken connection.
 			broken = c.broken(src)
 			probe = !broken && c.ticks.Load() >= due
 			return broken || probe
 		})
-		if err != nil || !probe || got != nil {
+		if err != nil || !probe || got {
 			break
 		}
 		probe, due = false, c.ticks.Load()+2
@@ -347,7 +385,7 @@ func (c *Comm) recvMsg(ctx context.Context, src int, tag uint32) ([]byte, error)
 			}
 		}
 	}
-	if err == nil && broken && got == nil {
+	if err == nil && broken && !got {
 		err = fmt.Errorf("%w: its connection failed", ErrPeer)
 	}
 	err = conv(err)
@@ -355,9 +393,9 @@ func (c *Comm) recvMsg(ctx context.Context, src int, tag uint32) ([]byte, error)
 		if errors.Is(err, ErrPeer) {
 			c.troubled.Store(true)
 		}
-		return nil, opErr("receive", src, err)
+		return src, opErr("receive", src, err)
 	}
-	return got, nil
+	return src, nil
 }
 
 // broken reports whether the connection to rank r has failed.
@@ -453,6 +491,113 @@ func (c *Comm) Recv(ctx context.Context, src, tag int) ([]byte, error) {
 		return nil, opErr("receive", src, err)
 	}
 	return c.recvMsg(ctx, src, uint32(tag))
+}
+
+// AnySource, as RecvMatch's and TryRecvMatch's source, matches every
+// rank.
+const AnySource = -1
+
+// Message is a message taken by RecvMatch or TryRecvMatch: its data
+// (the caller's), source and tag.
+type Message struct {
+	Data        []byte
+	Source, Tag int
+}
+
+// Match selects the messages a wildcard receive may take: from Source (or
+// AnySource) with a tag t such that t&Mask == Tag&Mask (Mask ^0: exactly
+// Tag; 0: any tag) and, unless Before is 0, an arrival number below
+// Before (see Arrived).
+type Match struct {
+	Source, Tag int
+	Mask        uint32
+	Before      uint64
+}
+
+// take removes and returns the earliest-arrived message m matches (under
+// the engine's lock).
+func (m *msgState) take(x Match) (Message, bool) {
+	var best inboxKey
+	var bestSeq uint64
+	for k, q := range m.seqs {
+		if (x.Source != AnySource && k.src != x.Source) || k.tag&x.Mask != uint32(x.Tag)&x.Mask ||
+			(x.Before != 0 && q[0] >= x.Before) {
+			continue
+		}
+		if bestSeq == 0 || q[0] < bestSeq {
+			best, bestSeq = k, q[0]
+		}
+	}
+	if bestSeq == 0 {
+		return Message{}, false
+	}
+	return Message{Data: m.pop(best), Source: best.src, Tag: int(best.tag)}, true
+}
+
+func (c *Comm) checkMatch(x Match) error {
+	if x.Source != AnySource {
+		if err := c.checkRank("receive", x.Source); err != nil {
+			return err
+		}
+	}
+	if err := checkTag(x.Tag); err != nil {
+		return opErr("receive", x.Source, err)
+	}
+	return nil
+}
+
+// RecvMatch waits for the earliest-arrived message x matches (MPI's
+// MPI_ANY_SOURCE and MPI_ANY_TAG) and returns it. Messages from one
+// source with one tag still come in send order; among the rest, arrival
+// order at this rank decides. x.Before is ignored. A receive from any
+// source never probes the senders, so it waits for a dead one until ctx
+// ends.
+func (c *Comm) RecvMatch(ctx context.Context, x Match) (Message, error) {
+	if err := c.checkMatch(x); err != nil {
+		return Message{}, err
+	}
+	x.Before = 0
+	var got Message
+	_, err := c.waitMsg(ctx, x.Source, func() bool {
+		var ok bool
+		got, ok = c.msg.take(x)
+		return ok
+	})
+	return got, err
+}
+
+// TryRecvMatch is RecvMatch without waiting: it drives the connections
+// once, then takes the earliest-arrived message x matches if there is one
+// (ok false if not).
+func (c *Comm) TryRecvMatch(x Match) (m Message, ok bool, err error) {
+	if err := c.checkMatch(x); err != nil {
+		return Message{}, false, err
+	}
+	if _, err := c.eng.Progress(); err != nil {
+		return Message{}, false, opErr("receive", x.Source, err)
+	}
+	c.eng.Locked(func() { m, ok = c.msg.take(x) })
+	return m, ok, nil
+}
+
+// Arrived returns the arrival number the next message to arrive at this
+// rank will have (messages are numbered 1, 2, ... as they arrive,
+// collectives' included): as Match.Before it makes a series of
+// TryRecvMatch calls see one snapshot, and WaitArrival waits for the
+// message with that number.
+func (c *Comm) Arrived() uint64 {
+	var n uint64
+	c.eng.Locked(func() { n = c.msg.arrived + 1 })
+	return n
+}
+
+// WaitArrival waits until the message numbered n has arrived (see
+// Arrived), or ctx ends.
+func (c *Comm) WaitArrival(ctx context.Context, n uint64) error {
+	if err := c.eng.Wait(ctx, func() bool { return c.msg.arrived >= n }); err != nil {
+		return opErr("receive", AnySource, err)
+	}
+	return nil
 }
 
 func isQueueFull(err error) bool { return err != nil && errors.Is(err, verbs.ErrQueueFull) }

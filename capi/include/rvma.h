@@ -147,6 +147,8 @@ enum {
 
 /* The largest tag of rvma_send and rvma_recv (tags are 0..RVMA_TAG_UB). */
 #define RVMA_TAG_UB ((1 << 30) - 1)
+/* The source of rvma_recv_match that matches every rank. */
+#define RVMA_ANY_SOURCE (-1)
 
 /* Strided data: count blocks of block bytes, stride bytes apart (stride >=
  * block when count > 1). It spans (count-1)*stride + block bytes. */
@@ -240,6 +242,28 @@ int rvma_allreduce_double(rvma_comm comm, rvma_op op, double *vals, size_t count
 int rvma_send(rvma_comm comm, int dst, int tag, const void *buf, size_t len);
 int rvma_isend(rvma_comm comm, int dst, int tag, const void *buf, size_t len, rvma_request *req);
 int rvma_recv(rvma_comm comm, int src, int tag, void *buf, size_t cap, size_t *len);
+
+/* Matching receives, for MPI's MPI_ANY_SOURCE and MPI_ANY_TAG: they take
+ * the earliest-arrived message from src (or any rank: RVMA_ANY_SOURCE)
+ * whose tag t has (t & mask) == (tag & mask) (mask -1: exactly tag; 0: any
+ * tag; 0 <= tag <= RVMA_TAG_UB), copy it into buf as rvma_recv does (*len
+ * its length, RVMA_ERR_TRUNCATE if it is longer than cap), and give its
+ * source and tag in *source and *mtag (each may be NULL). Messages from
+ * one source with one tag are still taken in send order. rvma_recv_match
+ * waits for one (a wait for any source never gives up on a dead peer).
+ * rvma_try_recv_match does not wait: it drives the connections once and
+ * sets *flag to 0 if no message matches; unless before is 0 it only takes
+ * messages whose arrival number is below before (rvma_msg_arrived), so
+ * that a series of calls sees one snapshot. */
+int rvma_recv_match(rvma_comm comm, int src, int tag, int mask, void *buf, size_t cap, size_t *len, int *source,
+                    int *mtag);
+int rvma_try_recv_match(rvma_comm comm, int src, int tag, int mask, uint64_t before, void *buf, size_t cap,
+                        size_t *len, int *source, int *mtag, int *flag);
+/* Messages to this rank are numbered 1, 2, ... as they arrive (received
+ * or not, collectives' included): *next is the number the next one will
+ * get. rvma_msg_wait waits until message number n has arrived. */
+int rvma_msg_arrived(rvma_comm comm, uint64_t *next);
+int rvma_msg_wait(rvma_comm comm, uint64_t n);
 
 /* ---- Windows ----------------------------------------------------------- */
 

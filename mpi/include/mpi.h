@@ -9,9 +9,8 @@
  * MPICH's mpiexec (PMI-1).
  *
  * What is not here fails to link. What is here but cannot be done on
- * rvma (MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_Test on a pending MPI_Irecv,
- * collectives on MPI_COMM_SELF, datatypes rvma's layouts cannot express in
- * a call that needs one, MPI_Win_allocate_shared) returns
+ * rvma (collectives on MPI_COMM_SELF, datatypes rvma's layouts cannot
+ * express in a call that needs one, MPI_Win_allocate_shared) returns
  * MPI_ERR_UNSUPPORTED_OPERATION with a message, never a wrong result.
  *
  * Handles are integers; the predefined ones are constants.
@@ -86,6 +85,13 @@ typedef struct MPI_Status {
 #define MPI_MAX_ERROR_STRING 512
 #define MPI_MAX_LIBRARY_VERSION_STRING 256
 #define MPI_MAX_OBJECT_NAME 128
+
+/* Array orders (MPI_Type_create_subarray) and topology kinds. */
+#define MPI_ORDER_C 56
+#define MPI_ORDER_FORTRAN 57
+#define MPI_CART 1
+#define MPI_GRAPH 2
+#define MPI_DIST_GRAPH 3
 
 /* Results of the compare calls. */
 enum { MPI_IDENT = 0, MPI_CONGRUENT = 1, MPI_SIMILAR = 2, MPI_UNEQUAL = 3 };
@@ -272,28 +278,51 @@ int MPI_Type_contiguous(int count, MPI_Datatype oldtype, MPI_Datatype *newtype);
 int MPI_Type_vector(int count, int blocklength, int stride, MPI_Datatype oldtype, MPI_Datatype *newtype);
 int MPI_Type_create_hvector(int count, int blocklength, MPI_Aint stride, MPI_Datatype oldtype,
                             MPI_Datatype *newtype);
+/* order: MPI_ORDER_C or MPI_ORDER_FORTRAN */
+int MPI_Type_create_subarray(int ndims, const int sizes[], const int subsizes[], const int starts[], int order,
+                             MPI_Datatype oldtype, MPI_Datatype *newtype);
 int MPI_Type_commit(MPI_Datatype *datatype);
 int MPI_Type_free(MPI_Datatype *datatype);
 int MPI_Type_size(MPI_Datatype datatype, int *size);
 int MPI_Type_get_extent(MPI_Datatype datatype, MPI_Aint *lb, MPI_Aint *extent);
 int MPI_Get_count(const MPI_Status *status, MPI_Datatype datatype, int *count);
+int MPI_Get_address(const void *location, MPI_Aint *address);
 
-/* ---- Point to point (MPI_ANY_SOURCE and MPI_ANY_TAG: unsupported) ---- */
+/* ---- Cartesian topologies (the grid holds every rank; reorder is ignored) ---- */
+int MPI_Cart_create(MPI_Comm comm_old, int ndims, const int dims[], const int periods[], int reorder,
+                    MPI_Comm *comm_cart);
+int MPI_Cartdim_get(MPI_Comm comm, int *ndims);
+int MPI_Cart_get(MPI_Comm comm, int maxdims, int dims[], int periods[], int coords[]);
+int MPI_Cart_coords(MPI_Comm comm, int rank, int maxdims, int coords[]);
+int MPI_Cart_rank(MPI_Comm comm, const int coords[], int *rank);
+int MPI_Cart_shift(MPI_Comm comm, int direction, int disp, int *rank_source, int *rank_dest);
+int MPI_Topo_test(MPI_Comm comm, int *status);
+
+/* ---- Point to point ----
+ * Receives take MPI_ANY_SOURCE and MPI_ANY_TAG and match as MPI says: a
+ * sender's messages in send order, each message to the first posted
+ * receive that matches it. Receives progress whenever the program waits
+ * for or tests a request (MPI_Test on an MPI_Irecv returns true once its
+ * message has arrived). MPI_Probe, MPI_Iprobe and MPI_Cancel are not
+ * here. */
 int MPI_Send(const void *buf, int count, MPI_Datatype datatype, int dest, int tag, MPI_Comm comm);
 int MPI_Recv(void *buf, int count, MPI_Datatype datatype, int source, int tag, MPI_Comm comm, MPI_Status *status);
 int MPI_Isend(const void *buf, int count, MPI_Datatype datatype, int dest, int tag, MPI_Comm comm,
               MPI_Request *request);
-/* Deferred: the receive happens when the request is waited for (messages
- * from one source with one tag are matched in posting order). */
 int MPI_Irecv(void *buf, int count, MPI_Datatype datatype, int source, int tag, MPI_Comm comm,
               MPI_Request *request);
 int MPI_Sendrecv(const void *sendbuf, int sendcount, MPI_Datatype sendtype, int dest, int sendtag, void *recvbuf,
                  int recvcount, MPI_Datatype recvtype, int source, int recvtag, MPI_Comm comm, MPI_Status *status);
 int MPI_Wait(MPI_Request *request, MPI_Status *status);
 int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses[]);
-/* On a pending MPI_Irecv: MPI_ERR_UNSUPPORTED_OPERATION (rvma.h has no
- * non-blocking receive). */
+int MPI_Waitany(int count, MPI_Request requests[], int *index, MPI_Status *status);
+int MPI_Waitsome(int incount, MPI_Request requests[], int *outcount, int indices[], MPI_Status statuses[]);
 int MPI_Test(MPI_Request *request, int *flag, MPI_Status *status);
+int MPI_Testall(int count, MPI_Request requests[], int *flag, MPI_Status statuses[]);
+int MPI_Testany(int count, MPI_Request requests[], int *index, int *flag, MPI_Status *status);
+int MPI_Testsome(int incount, MPI_Request requests[], int *outcount, int indices[], MPI_Status statuses[]);
+/* On a pending MPI_Irecv: MPI_ERR_UNSUPPORTED_OPERATION (its message
+ * would be lost); other requests are waited for. */
 int MPI_Request_free(MPI_Request *request);
 
 /* ---- Collectives ---- */
@@ -313,6 +342,12 @@ int MPI_Win_create(void *base, MPI_Aint size, int disp_unit, MPI_Info info, MPI_
 /* MPI_ERR_UNSUPPORTED_OPERATION: rvma.h does not give a peer's address. */
 int MPI_Win_allocate_shared(MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm comm, void *baseptr,
                             MPI_Win *win);
+/* MPI_ERR_UNSUPPORTED_OPERATION: rvma registers a window's memory
+ * collectively at creation, and MPI_Win_attach is local. MPI_Win_attach
+ * and MPI_Win_detach then fail with MPI_ERR_RMA_FLAVOR. */
+int MPI_Win_create_dynamic(MPI_Info info, MPI_Comm comm, MPI_Win *win);
+int MPI_Win_attach(MPI_Win win, void *base, MPI_Aint size);
+int MPI_Win_detach(MPI_Win win, const void *base);
 int MPI_Win_free(MPI_Win *win);
 int MPI_Win_get_attr(MPI_Win win, int win_keyval, void *attribute_val, int *flag);
 int MPI_Win_get_group(MPI_Win win, MPI_Group *group);

@@ -70,6 +70,9 @@ struct dtype {
 struct dtype *type_get(MPI_Datatype t); /* NULL if invalid */
 /* rvma's element type of a predefined type, 0 if none. */
 int type_rvma(MPI_Datatype basic);
+/* Whether a predefined type is a 1- or 2-byte integer (valid in MPI's
+ * accumulates, absent from rvma's). */
+int type_narrow_int(MPI_Datatype basic);
 /* Checks a datatype and count for a communication call: 0 or a class
  * (message recorded by the caller through fail_*; *why says). */
 int type_check(MPI_Datatype t, int count, struct dtype **out, const char **why);
@@ -95,17 +98,20 @@ struct req {
 	int kind;
 	int n, cap;
 	rvma_request *r; /* REQ_RVMA */
-	/* REQ_RECV */
+	/* REQ_RECV: rvma's source, tag and tag mask of the match; a
+	 * staging buffer when the datatype is not dense; active while a wait
+	 * blocks in rvma_recv_match for it */
 	MPI_Comm comm;
-	int src, tag, rtag, active;
-	void *buf;
+	int src, tag, rtag, mask, active;
+	void *buf, *tmp;
 	int count;
 	MPI_Datatype type;
-	uint64_t seq;
+	struct dtype *d;
 	struct req *next;
-	/* REQ_DONE */
+	/* REQ_DONE (and a failed REQ_RVMA's class and message) */
 	MPI_Status st;
 	int err;
+	char msg[400];
 };
 struct req *req_new(int kind, MPI_Request *h); /* NULL: out of handles */
 int req_push(struct req *q, rvma_request r);     /* 0 or -1 */

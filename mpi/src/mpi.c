@@ -4,6 +4,7 @@
  * windows are in win.c.
  */
 #define _GNU_SOURCE
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,13 +139,16 @@ static int raise_err(MPI_Errhandler eh, int cls, const char *fn, const char *fmt
 	return cls;
 }
 
+enum { MAX_CART = 16 };
 struct comm {
 	int ctx;
 	MPI_Errhandler eh;
+	/* a Cartesian topology (MPI_Cart_create) when ndims > 0 */
+	int ndims, dims[MAX_CART], periods[MAX_CART];
 };
 /* world (ctx 0), self, then duplicates; 64 contexts */
 enum { NCTX = 64, NCOMM = NCTX + 3 };
-static struct comm comms[NCOMM] = {{0, 0}, {0, MPI_ERRORS_ARE_FATAL}, {-2, MPI_ERRORS_ARE_FATAL}};
+static struct comm comms[NCOMM] = {[1] = {.ctx = 0, .eh = MPI_ERRORS_ARE_FATAL}, [2] = {.ctx = -2, .eh = MPI_ERRORS_ARE_FATAL}};
 static int comm_used[NCOMM] = {0, 1, 1};
 
 static MPI_Errhandler comm_eh(MPI_Comm c) {
@@ -453,7 +457,11 @@ int MPI_Comm_dup(MPI_Comm c, MPI_Comm *out) {
 			h = i;
 			break;
 		}
-	if (h > 0) comm_used[h] = 1, comms[h].ctx = ctx, comms[h].eh = comms[c].eh;
+	if (h > 0) {
+		comm_used[h] = 1;
+		comms[h] = comms[c]; /* the handler and the topology */
+		comms[h].ctx = ctx;
+	}
 	pthread_mutex_unlock(&rv_mu);
 	if (h < 0) return fail_comm(c, MPI_ERR_NO_MEM, __func__, "no communicator handle left");
 	*out = h;
@@ -466,8 +474,128 @@ int MPI_Comm_free(MPI_Comm *c) {
 		return fail_comm(c ? *c : 0, MPI_ERR_COMM, __func__, "not a communicator this program may free");
 	pthread_mutex_lock(&rv_mu);
 	comm_used[*c] = 0;
+	comms[*c].ndims = 0;
 	pthread_mutex_unlock(&rv_mu);
 	*c = MPI_COMM_NULL;
+	return MPI_SUCCESS;
+}
+
+/* ---- Cartesian topologies ---------------------------------------------------
+ * Every communicator has the world's ranks, so a grid must hold them all
+ * (reorder is ignored: rank r of the grid is world rank r, row-major). */
+
+int MPI_Cart_create(MPI_Comm c, int ndims, const int dims[], const int periods[], int reorder, MPI_Comm *out) {
+	(void)reorder;
+	CHECK_COMM(c, __func__);
+	if (ndims < 0 || ndims > MAX_CART || (ndims > 0 && (!dims || !periods)) || !out)
+		return fail_comm(c, MPI_ERR_ARG, __func__, "ndims %d (0..%d) or a NULL argument", ndims, MAX_CART);
+	int64_t n = 1;
+	for (int d = 0; d < ndims; d++) {
+		if (dims[d] < 1) return fail_comm(c, MPI_ERR_DIMS, __func__, "dims[%d] = %d", d, dims[d]);
+		n *= dims[d];
+	}
+	if (n > rv_size) return fail_comm(c, MPI_ERR_DIMS, __func__, "a grid of %lld ranks over %d", (long long)n, rv_size);
+	if (n != rv_size)
+		return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, __func__,
+		                 "a grid of %lld ranks over %d: rvma's communicators hold every rank", (long long)n, rv_size);
+	MPI_Comm h;
+	int cls = MPI_Comm_dup(c, &h);
+	if (cls) return cls;
+	pthread_mutex_lock(&rv_mu);
+	comms[h].ndims = ndims;
+	for (int d = 0; d < ndims; d++) comms[h].dims[d] = dims[d], comms[h].periods[d] = periods[d] != 0;
+	pthread_mutex_unlock(&rv_mu);
+	*out = h;
+	return MPI_SUCCESS;
+}
+
+/* c's topology into t (0), or a class. */
+static int cart_of(const char *fn, MPI_Comm c, struct comm *t) {
+	CHECK_COMM(c, fn);
+	pthread_mutex_lock(&rv_mu);
+	*t = comms[c];
+	pthread_mutex_unlock(&rv_mu);
+	if (t->ndims == 0) return fail_comm(c, MPI_ERR_TOPOLOGY, fn, "communicator %d has no Cartesian topology", c);
+	return 0;
+}
+
+int MPI_Cartdim_get(MPI_Comm c, int *ndims) {
+	struct comm t;
+	int cls = cart_of(__func__, c, &t);
+	if (cls) return cls;
+	if (!ndims) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL ndims");
+	*ndims = t.ndims;
+	return MPI_SUCCESS;
+}
+
+int MPI_Cart_get(MPI_Comm c, int maxdims, int dims[], int periods[], int coords[]) {
+	struct comm t;
+	int cls = cart_of(__func__, c, &t);
+	if (cls) return cls;
+	if (maxdims < t.ndims || !dims || !periods || !coords)
+		return fail_comm(c, MPI_ERR_ARG, __func__, "maxdims %d < %d or a NULL array", maxdims, t.ndims);
+	for (int d = 0; d < t.ndims; d++) dims[d] = t.dims[d], periods[d] = t.periods[d];
+	return MPI_Cart_coords(c, rv_rank, maxdims, coords);
+}
+
+int MPI_Cart_coords(MPI_Comm c, int rank, int maxdims, int coords[]) {
+	struct comm t;
+	int cls = cart_of(__func__, c, &t);
+	if (cls) return cls;
+	if (rank < 0 || rank >= rv_size) return fail_comm(c, MPI_ERR_RANK, __func__, "rank %d of %d", rank, rv_size);
+	if (maxdims < t.ndims || !coords)
+		return fail_comm(c, MPI_ERR_ARG, __func__, "maxdims %d < %d or NULL coords", maxdims, t.ndims);
+	for (int d = t.ndims - 1; d >= 0; d--) coords[d] = rank % t.dims[d], rank /= t.dims[d];
+	return MPI_SUCCESS;
+}
+
+int MPI_Cart_rank(MPI_Comm c, const int coords[], int *rank) {
+	struct comm t;
+	int cls = cart_of(__func__, c, &t);
+	if (cls) return cls;
+	if (!coords || !rank) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL coords or rank");
+	int r = 0;
+	for (int d = 0; d < t.ndims; d++) {
+		int x = coords[d];
+		if (t.periods[d])
+			x = ((x % t.dims[d]) + t.dims[d]) % t.dims[d];
+		else if (x < 0 || x >= t.dims[d])
+			return fail_comm(c, MPI_ERR_ARG, __func__, "coords[%d] = %d outside 0..%d", d, x, t.dims[d] - 1);
+		r = r * t.dims[d] + x;
+	}
+	*rank = r;
+	return MPI_SUCCESS;
+}
+
+int MPI_Cart_shift(MPI_Comm c, int dir, int disp, int *src, int *dst) {
+	struct comm t;
+	int cls = cart_of(__func__, c, &t);
+	if (cls) return cls;
+	if (dir < 0 || dir >= t.ndims || !src || !dst)
+		return fail_comm(c, MPI_ERR_ARG, __func__, "direction %d of %d or a NULL argument", dir, t.ndims);
+	int coords[MAX_CART];
+	MPI_Cart_coords(c, rv_rank, MAX_CART, coords);
+	int me = coords[dir];
+	for (int k = 0; k < 2; k++) {
+		int x = me + (k ? disp : -disp), *out = k ? dst : src;
+		if (t.periods[dir])
+			x = ((x % t.dims[dir]) + t.dims[dir]) % t.dims[dir];
+		else if (x < 0 || x >= t.dims[dir]) {
+			*out = MPI_PROC_NULL;
+			continue;
+		}
+		coords[dir] = x;
+		MPI_Cart_rank(c, coords, out);
+	}
+	return MPI_SUCCESS;
+}
+
+int MPI_Topo_test(MPI_Comm c, int *status) {
+	if (comm_ctx(c) == -1) return fail_comm(c, MPI_ERR_COMM, __func__, "invalid communicator %d", c);
+	if (!status) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL status");
+	pthread_mutex_lock(&rv_mu);
+	*status = comms[c].ndims ? MPI_CART : MPI_UNDEFINED;
+	pthread_mutex_unlock(&rv_mu);
 	return MPI_SUCCESS;
 }
 
@@ -737,6 +865,12 @@ int type_rvma(MPI_Datatype basic) {
 	}
 }
 
+int type_narrow_int(MPI_Datatype basic) {
+	if (basic <= 0 || basic >= NBASIC) return 0;
+	int k = basics[basic].kind;
+	return k == K_I8 || k == K_U8 || k == K_I16 || k == K_U16;
+}
+
 int type_check(MPI_Datatype t, int count, struct dtype **out, const char **why) {
 	struct dtype *d = type_get(t);
 	if (!d) {
@@ -818,6 +952,48 @@ void unpack(const struct dtype *t, int64_t count, const void *from, void *to) {
 
 enum { MAX_BLOCKS = 1 << 24 };
 
+/* A new datatype of the n blocks blk (merged where adjacent, owned by it
+ * from now on) made of basic, with size bytes of data and extent. */
+static int type_finish(const char *fn, struct blk *blk, int64_t n, int basic, int64_t size, int64_t extent,
+                       MPI_Datatype *out) {
+	struct dtype *t = calloc(1, sizeof *t);
+	if (!t) {
+		free(blk);
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, fn, "out of memory");
+	}
+	t->blk = blk, t->nblk = n;
+	t->basic = basic;
+	t->size = size;
+	t->extent = extent;
+	t->uniform = 1;
+	if (n == 0) {
+		t->lc = 0, t->lb = 0, t->ls = 0;
+	} else {
+		t->off0 = blk[0].off, t->lc = n, t->lb = blk[0].len, t->ls = n > 1 ? blk[1].off - blk[0].off : blk[0].len;
+		for (int64_t i = 1; i < n; i++)
+			if (blk[i].len != t->lb || blk[i].off - blk[i - 1].off != t->ls) t->uniform = 0;
+	}
+	int h = tbl_add(&types, t);
+	if (h < 0) {
+		free(blk), free(t);
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, fn, "out of datatype handles");
+	}
+	*out = h;
+	return MPI_SUCCESS;
+}
+
+/* Appends old's blocks at byte offset off to blk[*n], merging adjacent
+ * ones. */
+static void blk_append(struct blk *blk, int64_t *n, const struct dtype *old, int64_t off) {
+	for (int64_t j = 0; j < old->nblk; j++) {
+		int64_t o = off + old->blk[j].off, len = old->blk[j].len;
+		if (*n > 0 && blk[*n - 1].off + blk[*n - 1].len == o)
+			blk[*n - 1].len += len;
+		else
+			blk[(*n)++] = (struct blk){o, len};
+	}
+}
+
 /* count blocks of blocklen copies of old, stride bytes apart. */
 static int type_make(const char *fn, int64_t count, int64_t blocklen, int64_t stride, MPI_Datatype oldh,
                      MPI_Datatype *out) {
@@ -834,41 +1010,60 @@ static int type_make(const char *fn, int64_t count, int64_t blocklen, int64_t st
 	if (count && blocklen && old->nblk > MAX_BLOCKS / count / blocklen)
 		return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, fn, "more than %d blocks", MAX_BLOCKS);
 	int64_t nmax = count * blocklen * old->nblk;
-	struct dtype *t = calloc(1, sizeof *t);
 	struct blk *blk = malloc(sizeof *blk * (size_t)(nmax ? nmax : 1));
-	if (!t || !blk) {
-		free(t), free(blk);
-		return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, fn, "out of memory");
-	}
+	if (!blk) return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, fn, "out of memory");
 	int64_t n = 0;
 	for (int64_t i = 0; i < count; i++)
-		for (int64_t k = 0; k < blocklen; k++)
-			for (int64_t j = 0; j < old->nblk; j++) {
-				int64_t off = i * stride + k * old->extent + old->blk[j].off, len = old->blk[j].len;
-				if (n > 0 && blk[n - 1].off + blk[n - 1].len == off)
-					blk[n - 1].len += len;
-				else
-					blk[n++] = (struct blk){off, len};
-			}
-	t->blk = blk, t->nblk = n;
-	t->basic = old->basic;
-	t->size = count * blocklen * old->size;
-	t->extent = count ? (count - 1) * stride + blocklen * old->extent : 0;
-	t->uniform = 1;
-	if (n == 0) {
-		t->lc = 0, t->lb = 0, t->ls = 0;
-	} else {
-		t->off0 = blk[0].off, t->lc = n, t->lb = blk[0].len, t->ls = n > 1 ? blk[1].off - blk[0].off : blk[0].len;
-		for (int64_t i = 1; i < n; i++)
-			if (blk[i].len != t->lb || blk[i].off - blk[i - 1].off != t->ls) t->uniform = 0;
+		for (int64_t k = 0; k < blocklen; k++) blk_append(blk, &n, old, i * stride + k * old->extent);
+	return type_finish(fn, blk, n, old->basic, count * blocklen * old->size,
+	                   count ? (count - 1) * stride + blocklen * old->extent : 0, out);
+}
+
+enum { MAX_DIMS = 16 };
+
+int MPI_Type_create_subarray(int ndims, const int sizes[], const int subsizes[], const int starts[], int order,
+                             MPI_Datatype oldh, MPI_Datatype *out) {
+	const char *fn = __func__;
+	if (NOT_INIT(fn)) return MPI_ERR_OTHER;
+	struct dtype *old = type_get(oldh);
+	if (!old) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, fn, "invalid old datatype %d", oldh);
+	if (ndims < 1 || ndims > MAX_DIMS || !sizes || !subsizes || !starts || !out)
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, fn, "ndims %d (1..%d) or a NULL array", ndims, MAX_DIMS);
+	if (order != MPI_ORDER_C && order != MPI_ORDER_FORTRAN)
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, fn, "order %d", order);
+	int64_t stride[MAX_DIMS], elems = 1, total = 1;
+	for (int d = 0; d < ndims; d++) {
+		if (sizes[d] < 1 || subsizes[d] < 1 || subsizes[d] > sizes[d] || starts[d] < 0 ||
+		    starts[d] > sizes[d] - subsizes[d])
+			return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, fn, "dimension %d: size %d, subsize %d, start %d", d,
+			                 sizes[d], subsizes[d], starts[d]);
+		elems *= subsizes[d], total *= sizes[d];
+		if (elems > MAX_BLOCKS || total > INT64_MAX / 16 / (old->extent ? old->extent : 1))
+			return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, fn, "more than %d elements", MAX_BLOCKS);
 	}
-	int h = tbl_add(&types, t);
-	if (h < 0) {
-		free(blk), free(t);
-		return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, fn, "out of datatype handles");
+	if (old->nblk > MAX_BLOCKS / elems) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, fn, "more than %d blocks", MAX_BLOCKS);
+	/* stride[d]: elements of old between neighbours along d. */
+	for (int k = 0; k < ndims; k++) {
+		int d = order == MPI_ORDER_C ? ndims - 1 - k : k;
+		int prev = order == MPI_ORDER_C ? d + 1 : d - 1;
+		stride[d] = k == 0 ? 1 : stride[prev] * sizes[prev];
 	}
-	*out = h;
-	return MPI_SUCCESS;
+	struct blk *blk = malloc(sizeof *blk * (size_t)(elems * old->nblk));
+	if (!blk) return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, fn, "out of memory");
+	int idx[MAX_DIMS] = {0};
+	int64_t n = 0;
+	for (int64_t e = 0; e < elems; e++) {
+		int64_t off = 0;
+		for (int d = 0; d < ndims; d++) off += (int64_t)(starts[d] + idx[d]) * stride[d];
+		blk_append(blk, &n, old, off * old->extent);
+		/* the next index, fastest dimension first */
+		for (int k = 0; k < ndims; k++) {
+			int d = order == MPI_ORDER_C ? ndims - 1 - k : k;
+			if (++idx[d] < subsizes[d]) break;
+			idx[d] = 0;
+		}
+	}
+	return type_finish(fn, blk, n, old->basic, elems * old->size, total * old->extent, out);
 }
 
 int MPI_Type_contiguous(int count, MPI_Datatype old, MPI_Datatype *out) {
@@ -929,11 +1124,25 @@ int MPI_Get_count(const MPI_Status *st, MPI_Datatype t, int *count) {
 	return MPI_SUCCESS;
 }
 
-/* ---- Requests ------------------------------------------------------------- */
+/* ---- Requests -------------------------------------------------------------
+ *
+ * A receive (MPI_Irecv, and MPI_Recv through it) joins the list of pending
+ * receives in posting order. Receives make progress in passes: one pass
+ * (recv_pass) offers each pending receive, in posting order, the
+ * earliest-arrived message that matches it among those that had arrived
+ * when the pass began (rvma_try_recv_match with a snapshot), so that a
+ * message goes to the first posted receive that matches it and a receive
+ * takes the first message that matches it, as MPI requires, also with
+ * MPI_ANY_SOURCE and MPI_ANY_TAG. A wait for a receive that is first in the
+ * list blocks in rvma_recv_match (no earlier receive can want its
+ * message); otherwise it alternates passes with rvma_msg_wait for the next
+ * arrival. MPI_Test and the other tests run one pass. */
 
 static struct table reqs = {.first = 1};
-static struct req *pending; /* posted receives, in posting order */
-static uint64_t recv_seq;
+/* The pending receives in posting order (recv_mu; taken without rv_mu
+ * and held across non-blocking librvma calls only). */
+static pthread_mutex_t recv_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct req *pending;
 
 struct req *req_new(int kind, MPI_Request *h) {
 	struct req *q = calloc(1, sizeof *q);
@@ -962,7 +1171,7 @@ int req_push(struct req *q, rvma_request r) {
 
 void req_drop(MPI_Request h) {
 	struct req *q = tbl_del(&reqs, h);
-	if (q) free(q->r), free(q);
+	if (q) free(q->r), free(q->tmp), free(q);
 }
 
 static void set_status(MPI_Status *st, int src, int tag, int err, long long bytes) {
@@ -970,48 +1179,77 @@ static void set_status(MPI_Status *st, int src, int tag, int err, long long byte
 	st->MPI_SOURCE = src, st->MPI_TAG = tag, st->MPI_ERROR = err, st->rvma_bytes = bytes, st->rvma_cancelled = 0;
 }
 
-/* Receives q's message now (its earlier receives of the same source and
- * tag first, so that messages match in posting order); q becomes
- * REQ_DONE with its status. */
-static void recv_now(struct req *q) {
-	for (;;) {
-		struct req *e = NULL;
-		pthread_mutex_lock(&rv_mu);
-		for (struct req *p = pending; p && p != q; p = p->next)
-			if (p->src == q->src && p->rtag == q->rtag && !p->active) {
-				e = p, p->active = 1;
-				break;
-			}
-		if (!e) q->active = 1;
-		pthread_mutex_unlock(&rv_mu);
-		if (!e) break;
-		recv_now(e);
-	}
-	struct dtype *d = type_get(q->type);
-	int64_t bytes = d ? d->size * q->count : 0;
-	int direct = d && dense(d, q->count);
-	void *tmp = direct ? q->buf : malloc((size_t)(bytes ? bytes : 1));
-	size_t len = 0;
-	int rc = tmp ? rvma_recv(rv_world, q->src, q->rtag, tmp, (size_t)bytes, &len) : RVMA_ERR_RESOURCE;
+/* The end of receive q, with rvma's code rc, the message's length, source
+ * and rvma tag: q leaves the list (recv_mu held) and becomes REQ_DONE. */
+static void recv_done(struct req *q, int rc, size_t len, int src, int mtag) {
 	int err = MPI_SUCCESS;
 	if (rc) {
-		snprintf(last_msg, sizeof last_msg, "MPI_Recv: %s (%s)", rvma_last_error_message(), rvma_strerror(rc));
-		err = last_class = rv_class(rc, MPI_ERR_COMM);
+		err = rv_class(rc, MPI_ERR_COMM);
+		snprintf(q->msg, sizeof q->msg, "%s: %.300s (%s)", rc == RVMA_ERR_TRUNCATE ? "message truncated" : "receive",
+		         rvma_last_error_message(), rvma_strerror(rc));
 	}
-	if (!direct && tmp) {
-		if (rc == RVMA_SUCCESS) unpack(d, q->count, tmp, q->buf);
-		free(tmp);
-	}
-	pthread_mutex_lock(&rv_mu);
+	if (q->tmp && (rc == RVMA_SUCCESS || rc == RVMA_ERR_TRUNCATE))
+		unpack(q->d, q->count, q->tmp, q->buf); /* a truncated message: the part that fits */
 	for (struct req **p = &pending; *p; p = &(*p)->next)
 		if (*p == q) {
 			*p = q->next;
 			break;
 		}
-	pthread_mutex_unlock(&rv_mu);
-	set_status(&q->st, q->src, q->tag, err, (long long)(len < (size_t)bytes ? len : (size_t)bytes));
+	size_t cap = (size_t)(q->d->size * q->count);
+	set_status(&q->st, src, mtag & MPI_TAG_UB_VALUE, err, (long long)(len < cap ? len : cap));
 	q->err = err;
 	q->kind = REQ_DONE;
+}
+
+/* Offers each pending receive, in posting order, the messages that
+ * arrived before the current snapshot (see above). Returns rvma's code of
+ * a failed snapshot (0 otherwise). */
+static int recv_pass(void) {
+	pthread_mutex_lock(&recv_mu);
+	uint64_t at;
+	int rc = pending ? rvma_msg_arrived(rv_world, &at) : RVMA_SUCCESS;
+	for (struct req *q = pending, *next; !rc && q; q = next) {
+		next = q->next;
+		if (q->active) continue;
+		size_t len = 0;
+		int src = -1, mtag = 0, flag = 0;
+		int r = rvma_try_recv_match(rv_world, q->src, q->rtag, q->mask, at, q->tmp ? q->tmp : q->buf,
+		                            (size_t)(q->d->size * q->count), &len, &src, &mtag, &flag);
+		if (r || flag) recv_done(q, r, len, src, mtag);
+	}
+	pthread_mutex_unlock(&recv_mu);
+	return rc;
+}
+
+/* Waits until receive q is done. */
+static void recv_wait(struct req *q) {
+	for (;;) {
+		pthread_mutex_lock(&recv_mu);
+		int first = q->kind == REQ_RECV && pending == q;
+		if (first) q->active = 1; /* the passes leave it alone */
+		pthread_mutex_unlock(&recv_mu);
+		if (first) {
+			size_t len = 0;
+			int src = -1, mtag = 0;
+			int rc = rvma_recv_match(rv_world, q->src, q->rtag, q->mask, q->tmp ? q->tmp : q->buf,
+			                         (size_t)(q->d->size * q->count), &len, &src, &mtag);
+			pthread_mutex_lock(&recv_mu);
+			recv_done(q, rc, len, src, mtag);
+			pthread_mutex_unlock(&recv_mu);
+			return;
+		}
+		uint64_t at = 0;
+		int rc = rvma_msg_arrived(rv_world, &at);
+		if (!rc) rc = recv_pass();
+		if (q->kind != REQ_RECV) return;
+		if (!rc) rc = rvma_msg_wait(rv_world, at);
+		if (rc) {
+			pthread_mutex_lock(&recv_mu);
+			if (q->kind == REQ_RECV) recv_done(q, rc, 0, q->src, q->rtag);
+			pthread_mutex_unlock(&recv_mu);
+			return;
+		}
+	}
 }
 
 static int p2p_args(const char *fn, MPI_Comm c, int count, MPI_Datatype t, int peer, int tag, int recv,
@@ -1020,14 +1258,11 @@ static int p2p_args(const char *fn, MPI_Comm c, int count, MPI_Datatype t, int p
 	const char *why;
 	int cls = type_check(t, count, d, &why);
 	if (cls) return fail_comm(c, cls, fn, "%s (%d)", why, (int)t);
-	if (recv && peer == MPI_ANY_SOURCE)
-		return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, fn, "MPI_ANY_SOURCE: rvma receives from one source");
-	if (recv && tag == MPI_ANY_TAG)
-		return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, fn, "MPI_ANY_TAG: rvma receives by tag");
-	if (peer != MPI_PROC_NULL && (peer < 0 || peer >= rv_size))
+	if (peer != MPI_PROC_NULL && !(recv && peer == MPI_ANY_SOURCE) && (peer < 0 || peer >= rv_size))
 		return fail_comm(c, MPI_ERR_RANK, fn, "rank %d not in a communicator of %d", peer, rv_size);
-	if (tag < 0 || tag > MPI_TAG_UB_VALUE) return fail_comm(c, MPI_ERR_TAG, fn, "tag %d outside 0..%d", tag, MPI_TAG_UB_VALUE);
-	*rtag = tag | comm_ctx(c) << 24;
+	if (!(recv && tag == MPI_ANY_TAG) && (tag < 0 || tag > MPI_TAG_UB_VALUE))
+		return fail_comm(c, MPI_ERR_TAG, fn, "tag %d outside 0..%d", tag, MPI_TAG_UB_VALUE);
+	*rtag = (tag == MPI_ANY_TAG ? 0 : tag) | comm_ctx(c) << 24;
 	return 0;
 }
 
@@ -1038,6 +1273,7 @@ static int send_msg(const char *fn, const void *buf, int count, MPI_Datatype t, 
 	if (cls) return cls;
 	if (dest == MPI_PROC_NULL) return MPI_SUCCESS;
 	int64_t bytes = d->size * count;
+	if (!buf && bytes > 0) return fail_comm(c, MPI_ERR_BUFFER, fn, "NULL buffer");
 	const void *from = buf;
 	void *tmp = NULL;
 	if (!dense(d, count)) {
@@ -1078,66 +1314,97 @@ int MPI_Irecv(void *buf, int count, MPI_Datatype t, int src, int tag, MPI_Comm c
 	if (!buf && count > 0 && d->size > 0) return fail_comm(c, MPI_ERR_BUFFER, __func__, "NULL buffer");
 	struct req *q = req_new(src == MPI_PROC_NULL ? REQ_DONE : REQ_RECV, request);
 	if (!q) return fail_comm(c, MPI_ERR_NO_MEM, __func__, "out of request handles");
-	q->comm = c, q->src = src, q->tag = tag, q->rtag = rtag, q->buf = buf, q->count = count, q->type = t;
+	q->src = src == MPI_ANY_SOURCE ? RVMA_ANY_SOURCE : src;
+	q->comm = c, q->tag = tag, q->rtag = rtag;
+	q->mask = tag == MPI_ANY_TAG ? (int)0xff000000u : -1;
+	q->buf = buf, q->count = count, q->type = t, q->d = d;
 	set_status(&q->st, MPI_PROC_NULL, MPI_ANY_TAG, MPI_SUCCESS, 0);
 	if (src == MPI_PROC_NULL) return MPI_SUCCESS;
-	pthread_mutex_lock(&rv_mu);
-	q->seq = ++recv_seq;
+	if (!dense(d, count) && !(q->tmp = malloc((size_t)(d->size * count)))) {
+		req_drop(*request);
+		*request = MPI_REQUEST_NULL;
+		return fail_comm(c, MPI_ERR_NO_MEM, __func__, "out of memory");
+	}
+	pthread_mutex_lock(&recv_mu);
 	struct req **p = &pending;
 	while (*p) p = &(*p)->next;
 	*p = q;
-	pthread_mutex_unlock(&rv_mu);
+	pthread_mutex_unlock(&recv_mu);
 	return MPI_SUCCESS;
 }
 
-/* Completes request h, frees it, and returns its class (0 when it
- * succeeded), the failing call's message recorded. */
-static int req_finish(MPI_Request *h, MPI_Status *st, int block, int *flag) {
-	if (*h == MPI_REQUEST_NULL) {
-		set_status(st, MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_SUCCESS, 0);
-		if (flag) *flag = 1;
-		return MPI_SUCCESS;
-	}
-	struct req *q = tbl_get(&reqs, *h);
-	if (!q) {
-		snprintf(last_msg, sizeof last_msg, "invalid request %d", *h);
-		return last_class = MPI_ERR_REQUEST;
-	}
-	int err = MPI_SUCCESS;
+/* Advances request q without blocking (block 0) or until it is done:
+ * returns whether it is done (REQ_DONE, status and class set). An RMA or
+ * send request's rvma requests are tested, completed ones dropped. */
+static int req_advance(struct req *q, int block) {
 	if (q->kind == REQ_RECV) {
-		if (!block) {
-			snprintf(last_msg, sizeof last_msg,
-			         "MPI_Test on a pending MPI_Irecv: rvma.h has no non-blocking receive (use MPI_Wait)");
-			return last_class = MPI_ERR_UNSUPPORTED_OPERATION;
-		}
-		recv_now(q);
+		if (block)
+			recv_wait(q);
+		else
+			recv_pass();
+		return q->kind == REQ_DONE;
 	}
 	if (q->kind == REQ_RVMA) {
-		for (int i = 0; i < q->n; i++) {
+		while (q->n > 0) {
 			int rc, done = 1;
-			if (block)
-				rc = rvma_request_wait(&q->r[i]);
-			else
-				rc = rvma_request_test(&q->r[i], &done);
-			if (rc && !err) {
-				snprintf(last_msg, sizeof last_msg, "request: %s (%s)", rvma_last_error_message(), rvma_strerror(rc));
-				err = last_class = rv_class(rc, MPI_ERR_REQUEST);
+			rvma_request *r = &q->r[q->n - 1];
+			rc = block ? rvma_request_wait(r) : rvma_request_test(r, &done);
+			if (rc && !q->err) {
+				snprintf(q->msg, sizeof q->msg, "request: %.300s (%s)", rvma_last_error_message(), rvma_strerror(rc));
+				q->err = rv_class(rc, MPI_ERR_REQUEST);
 			}
-			if (!done) {
-				*flag = 0;
-				return MPI_SUCCESS;
-			}
+			if (!done) return 0;
+			q->n--;
 		}
-		q->n = 0;
-		q->st.MPI_ERROR = err;
-	} else {
-		err = q->err;
+		q->st.MPI_ERROR = q->err;
+		q->kind = REQ_DONE;
 	}
+	return 1;
+}
+
+/* The request behind handle h: NULL for MPI_REQUEST_NULL (*bad 0) or an
+ * invalid handle (*bad 1). */
+static struct req *req_of(MPI_Request h, int *bad) {
+	*bad = 0;
+	if (h == MPI_REQUEST_NULL) return NULL;
+	struct req *q = tbl_get(&reqs, h);
+	if (!q) *bad = 1;
+	return q;
+}
+
+/* Frees the done request behind *h into st: its class (its message
+ * recorded as this thread's last). */
+static int req_free_done(MPI_Request *h, struct req *q, MPI_Status *st) {
+	int err = q->err;
+	if (err) snprintf(last_msg, sizeof last_msg, "%s", q->msg), last_class = err;
 	if (st) *st = q->st;
-	if (flag) *flag = 1;
 	req_drop(*h);
 	*h = MPI_REQUEST_NULL;
 	return err;
+}
+
+static void empty_status(MPI_Status *st) { set_status(st, MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_SUCCESS, 0); }
+
+/* Completes request *h (block) or tests it: 0 or its class, *flag set
+ * when given; the message of a failure recorded. */
+static int req_finish(MPI_Request *h, MPI_Status *st, int block, int *flag) {
+	int bad;
+	struct req *q = req_of(*h, &bad);
+	if (!q) {
+		if (bad) {
+			snprintf(last_msg, sizeof last_msg, "invalid request %d", *h);
+			return last_class = MPI_ERR_REQUEST;
+		}
+		empty_status(st);
+		if (flag) *flag = 1;
+		return MPI_SUCCESS;
+	}
+	if (!req_advance(q, block)) {
+		if (flag) *flag = 0;
+		return MPI_SUCCESS;
+	}
+	if (flag) *flag = 1;
+	return req_free_done(h, q, st);
 }
 
 int MPI_Wait(MPI_Request *h, MPI_Status *st) {
@@ -1153,8 +1420,21 @@ int MPI_Test(MPI_Request *h, int *flag, MPI_Status *st) {
 	return err ? fail_comm(MPI_COMM_WORLD, err, __func__, "%s", last_msg) : MPI_SUCCESS;
 }
 
+/* Checks an array of n request handles: 0 or MPI_ERR_REQUEST (message
+ * recorded). */
+static int check_reqs(const char *fn, int n, MPI_Request hs[]) {
+	if (n < 0 || (n > 0 && !hs)) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, fn, "count %d or NULL requests", n);
+	for (int i = 0; i < n; i++) {
+		int bad;
+		req_of(hs[i], &bad);
+		if (bad) return fail_comm(MPI_COMM_WORLD, MPI_ERR_REQUEST, fn, "requests[%d]: invalid request %d", i, hs[i]);
+	}
+	return 0;
+}
+
 int MPI_Waitall(int n, MPI_Request hs[], MPI_Status sts[]) {
-	if (n < 0 || (n > 0 && !hs)) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "count %d or NULL", n);
+	int cls = check_reqs(__func__, n, hs);
+	if (cls) return cls;
 	int first = MPI_SUCCESS;
 	char msg[MPI_MAX_ERROR_STRING] = "";
 	for (int i = 0; i < n; i++) {
@@ -1164,6 +1444,114 @@ int MPI_Waitall(int n, MPI_Request hs[], MPI_Status sts[]) {
 	}
 	if (first) return fail_comm(MPI_COMM_WORLD, sts ? MPI_ERR_IN_STATUS : first, __func__, "%s", msg);
 	return MPI_SUCCESS;
+}
+
+/* MPI_Testall: done (and freed) only if all are. */
+int MPI_Testall(int n, MPI_Request hs[], int *flag, MPI_Status sts[]) {
+	int cls = check_reqs(__func__, n, hs);
+	if (cls) return cls;
+	if (!flag) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL flag");
+	int all = 1, bad;
+	for (int i = 0; i < n; i++) {
+		struct req *q = req_of(hs[i], &bad);
+		if (q && !req_advance(q, 0)) all = 0;
+	}
+	*flag = all;
+	if (!all) return MPI_SUCCESS;
+	return MPI_Waitall(n, hs, sts);
+}
+
+/* One pass over the requests: the first done one (lowest index) is freed
+ * into *index and st; *index MPI_UNDEFINED and *any 0 when every handle is
+ * null. Returns whether one was done. */
+static int any_done(int n, MPI_Request hs[], int *index, MPI_Status *st, int *any, int *err) {
+	*any = 0, *err = 0;
+	int bad;
+	for (int i = 0; i < n; i++) {
+		struct req *q = req_of(hs[i], &bad);
+		if (!q) continue;
+		*any = 1;
+		if (req_advance(q, 0)) {
+			*index = i;
+			*err = req_free_done(&hs[i], q, st);
+			return 1;
+		}
+	}
+	*index = MPI_UNDEFINED;
+	return 0;
+}
+
+/* Waits between passes of the Wait{any,some}: short sleeps, since there
+ * is no single thing to block on. */
+static void idle(int i) {
+	if (i < 64) {
+		sched_yield();
+		return;
+	}
+	struct timespec ts = {0, i < 1024 ? 10000 : 100000};
+	nanosleep(&ts, NULL);
+}
+
+int MPI_Waitany(int n, MPI_Request hs[], int *index, MPI_Status *st) {
+	int cls = check_reqs(__func__, n, hs);
+	if (cls) return cls;
+	if (!index) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL index");
+	for (int i = 0;; i++) {
+		int any, err;
+		if (any_done(n, hs, index, st, &any, &err))
+			return err ? fail_comm(MPI_COMM_WORLD, err, __func__, "request %d: %s", *index, last_msg) : MPI_SUCCESS;
+		if (!any) {
+			empty_status(st);
+			return MPI_SUCCESS;
+		}
+		idle(i);
+	}
+}
+
+int MPI_Testany(int n, MPI_Request hs[], int *index, int *flag, MPI_Status *st) {
+	int cls = check_reqs(__func__, n, hs);
+	if (cls) return cls;
+	if (!index || !flag) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL index or flag");
+	int any, err;
+	*flag = any_done(n, hs, index, st, &any, &err);
+	if (!any) *flag = 1, empty_status(st);
+	return err ? fail_comm(MPI_COMM_WORLD, err, __func__, "request %d: %s", *index, last_msg) : MPI_SUCCESS;
+}
+
+/* Every done request freed into indices and sts; *outcount their number,
+ * MPI_UNDEFINED when every handle is null. */
+static int some_done(const char *fn, int n, MPI_Request hs[], int *outcount, int indices[], MPI_Status sts[]) {
+	int bad, any = 0, k = 0, first = 0;
+	char msg[MPI_MAX_ERROR_STRING] = "";
+	for (int i = 0; i < n; i++) {
+		struct req *q = req_of(hs[i], &bad);
+		if (!q) continue;
+		any = 1;
+		if (!req_advance(q, 0)) continue;
+		int err = req_free_done(&hs[i], q, sts ? &sts[k] : NULL);
+		if (err && !first) first = err, snprintf(msg, sizeof msg, "request %d: %.400s", i, last_msg);
+		indices[k++] = i;
+	}
+	*outcount = any ? k : MPI_UNDEFINED;
+	if (first) return fail_comm(MPI_COMM_WORLD, sts ? MPI_ERR_IN_STATUS : first, fn, "%s", msg);
+	return MPI_SUCCESS;
+}
+
+int MPI_Testsome(int n, MPI_Request hs[], int *outcount, int indices[], MPI_Status sts[]) {
+	int cls = check_reqs(__func__, n, hs);
+	if (cls) return cls;
+	if (!outcount || (n > 0 && !indices)) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL outcount or indices");
+	return some_done(__func__, n, hs, outcount, indices, sts);
+}
+
+int MPI_Waitsome(int n, MPI_Request hs[], int *outcount, int indices[], MPI_Status sts[]) {
+	int cls = check_reqs(__func__, n, hs);
+	if (cls) return cls;
+	if (!outcount || (n > 0 && !indices)) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL outcount or indices");
+	for (int i = 0;; i++) {
+		if ((cls = some_done(__func__, n, hs, outcount, indices, sts)) || *outcount != 0) return cls;
+		idle(i);
+	}
 }
 
 int MPI_Request_free(MPI_Request *h) {
@@ -1299,10 +1687,43 @@ static int reduce_local(void *inout, const void *in, int64_t n, int kind, MPI_Op
 	return MPI_SUCCESS;
 }
 
+/* Reduces the n contributions of bytes each in all (rank order) in the
+ * order of MPICH's and Open MPI's recursive doubling, so that a floating
+ * sum has the same bits as theirs: with pof2 the largest power of two up
+ * to n and rem = n - pof2, ranks 2i and 2i+1 (i < rem) are combined
+ * first, then the pof2 partial results pairwise, neighbours first. The
+ * operations are commutative (a+b and b+a are the same bits), so only the
+ * grouping matters. Returns the index of the slot holding the result. */
+static int reduce_tree(char *all, size_t bytes, int n, int count, int kind, MPI_Op op) {
+	int pof2 = 1;
+	while (pof2 * 2 <= n) pof2 *= 2;
+	int rem = n - pof2;
+	int *idx = malloc(sizeof(int) * (size_t)pof2);
+	if (!idx) { /* rank order, still one result everywhere */
+		for (int r = 1; r < n; r++) reduce_local(all, all + (size_t)r * bytes, count, kind, op);
+		return 0;
+	}
+	for (int i = 0; i < pof2; i++) {
+		if (i < rem) {
+			reduce_local(all + (size_t)(2 * i + 1) * bytes, all + (size_t)(2 * i) * bytes, count, kind, op);
+			idx[i] = 2 * i + 1;
+		} else {
+			idx[i] = i + rem;
+		}
+	}
+	for (int mask = 1; mask < pof2; mask <<= 1)
+		for (int i = 0; i < pof2; i += 2 * mask)
+			reduce_local(all + (size_t)idx[i] * bytes, all + (size_t)idx[i + mask] * bytes, count, kind, op);
+	int root = idx[0];
+	free(idx);
+	return root;
+}
+
 /* The reduction of count elements of t over the ranks into out (in may be
- * out): rvma's allreduce for 8-byte integers and doubles with SUM, MIN and
- * MAX; otherwise every rank's contribution gathered and reduced here in
- * rank order. */
+ * out): rvma's allreduce for 8-byte integers with SUM, MIN and MAX and
+ * doubles with MIN and MAX (where the order of the ranks cannot change a
+ * bit); otherwise every rank's contribution gathered and reduced here in
+ * MPICH's order (reduce_tree). */
 static int allreduce(const char *fn, MPI_Comm c, const void *in, void *out, int count, MPI_Datatype t, MPI_Op op) {
 	CHECK_COMM(c, fn);
 	struct dtype *d = type_get(t);
@@ -1315,7 +1736,8 @@ static int allreduce(const char *fn, MPI_Comm c, const void *in, void *out, int 
 	if (in != out && bytes) memmove(out, in, bytes);
 	int kind = basics[t].kind;
 	int rc;
-	if ((kind == K_I64 || kind == K_F64) && (op == MPI_SUM || op == MPI_MIN || op == MPI_MAX)) {
+	if ((kind == K_I64 && (op == MPI_SUM || op == MPI_MIN || op == MPI_MAX)) ||
+	    (kind == K_F64 && (op == MPI_MIN || op == MPI_MAX))) {
 		rvma_op rop = op == MPI_SUM ? RVMA_SUM : op == MPI_MIN ? RVMA_MIN : RVMA_MAX;
 		rc = kind == K_I64 ? rvma_allreduce_int64(rv_world, rop, out, (size_t)count)
 		                   : rvma_allreduce_double(rv_world, rop, out, (size_t)count);
@@ -1333,8 +1755,8 @@ static int allreduce(const char *fn, MPI_Comm c, const void *in, void *out, int 
 		free(all);
 		return rvfail_comm(c, rc, fn);
 	}
-	for (int r = 1; r < rv_size; r++) reduce_local(all, all + (size_t)r * bytes, count, kind, op);
-	if (bytes) memcpy(out, all, bytes);
+	int root = reduce_tree(all, bytes, rv_size, count, kind, op);
+	if (bytes) memcpy(out, all + (size_t)root * bytes, bytes);
 	free(all);
 	return MPI_SUCCESS;
 }

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "impl.h"
+#include "mpix_rvma.h"
 
 struct win {
 	rvma_win w;
@@ -21,6 +22,10 @@ struct win {
 	int disp_unit, flavor, model;
 	int *units; /* every rank's disp_unit */
 	MPI_Errhandler eh;
+	/* passive target epochs this rank has open (flushes need one) */
+	int lock_all, nlocked;
+	unsigned char *locked; /* per rank */
+	int notified;          /* an MPIX notified window: puts and flushes need no epoch */
 };
 
 static struct table wins = {.first = 1};
@@ -37,7 +42,7 @@ MPI_Errhandler win_eh(MPI_Win h) {
 	if (!w) return fail_win(h, MPI_ERR_WIN, fn, "invalid window %d", (int)h)
 
 static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp_unit, MPI_Comm c, void *baseptr,
-                  MPI_Win *out) {
+                  MPI_Win *out, const rvma_notify_config *nc) {
 	if (NOT_INIT(fn)) return MPI_ERR_OTHER;
 	int x = comm_ctx(c);
 	if (x == -1) return fail_comm(c, MPI_ERR_COMM, fn, "invalid communicator %d", c);
@@ -48,12 +53,18 @@ static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp
 	if (!alloc && !base && size > 0) return fail_comm(c, MPI_ERR_BASE, fn, "NULL base with size %lld", (long long)size);
 	struct win *w = calloc(1, sizeof *w);
 	int *units = malloc(sizeof(int) * (size_t)rv_size);
-	if (!w || !units) {
-		free(w), free(units);
+	unsigned char *locked = calloc((size_t)rv_size, 1);
+	if (!w || !units || !locked) {
+		free(w), free(units), free(locked);
 		return fail_comm(c, MPI_ERR_NO_MEM, fn, "out of memory");
 	}
-	int rc = alloc ? rvma_win_allocate(rv_world, (size_t)size, 1, &w->base, &w->w)
-	               : rvma_win_create(rv_world, base, (size_t)size, 1, &w->w);
+	int rc;
+	if (nc)
+		rc = alloc ? rvma_win_allocate_notified(rv_world, (size_t)size, 1, nc, &w->base, &w->w)
+		           : rvma_win_create_notified(rv_world, base, (size_t)size, 1, nc, &w->w);
+	else
+		rc = alloc ? rvma_win_allocate(rv_world, (size_t)size, 1, &w->base, &w->w)
+		           : rvma_win_create(rv_world, base, (size_t)size, 1, &w->w);
 	if (!rc) rc = rvma_allgather(rv_world, &disp_unit, sizeof disp_unit, units);
 	if (rc) {
 		if (w->w) rvma_win_free(&w->w);
@@ -61,7 +72,8 @@ static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp
 		return rvfail_comm(c, rc, fn);
 	}
 	if (!alloc) w->base = base;
-	w->comm = c, w->size = size, w->disp_unit = disp_unit, w->units = units;
+	w->comm = c, w->size = size, w->disp_unit = disp_unit, w->units = units, w->locked = locked;
+	w->notified = nc != NULL;
 	w->flavor = alloc ? MPI_WIN_FLAVOR_ALLOCATE : MPI_WIN_FLAVOR_CREATE, w->model = MPI_WIN_UNIFIED;
 	w->eh = MPI_ERRORS_ARE_FATAL;
 	int h = tbl_add(&wins, w);
@@ -77,12 +89,12 @@ static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp
 
 int MPI_Win_allocate(MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm c, void *baseptr, MPI_Win *win) {
 	(void)info;
-	return create(__func__, 1, NULL, size, disp_unit, c, baseptr, win);
+	return create(__func__, 1, NULL, size, disp_unit, c, baseptr, win, NULL);
 }
 
 int MPI_Win_create(void *base, MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm c, MPI_Win *win) {
 	(void)info;
-	return create(__func__, 0, base, size, disp_unit, c, NULL, win);
+	return create(__func__, 0, base, size, disp_unit, c, NULL, win, NULL);
 }
 
 int MPI_Win_allocate_shared(MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm c, void *baseptr, MPI_Win *win) {
@@ -92,13 +104,44 @@ int MPI_Win_allocate_shared(MPI_Aint size, int disp_unit, MPI_Info info, MPI_Com
 	                 "whose memory rvma shares between the ranks of a host");
 }
 
+/* Dynamic windows: rvma registers a window's memory, and gives its peers
+ * the keys, when the window is created, collectively; MPI_Win_attach is
+ * local, so memory attached later could not be reached. */
+int MPI_Win_create_dynamic(MPI_Info info, MPI_Comm c, MPI_Win *win) {
+	(void)info;
+	if (win) *win = MPI_WIN_NULL;
+	return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, __func__,
+	                 "rvma registers a window's memory collectively when the window is created, and MPI_Win_attach "
+	                 "is local: use MPI_Win_allocate or MPI_Win_create");
+}
+
+int MPI_Win_attach(MPI_Win h, void *base, MPI_Aint size) {
+	(void)base, (void)size;
+	GET_WIN(w, h, __func__);
+	(void)w;
+	return fail_win(h, MPI_ERR_RMA_FLAVOR, __func__, "window %d is not dynamic (rvma has no dynamic windows)", h);
+}
+
+int MPI_Win_detach(MPI_Win h, const void *base) {
+	(void)base;
+	GET_WIN(w, h, __func__);
+	(void)w;
+	return fail_win(h, MPI_ERR_RMA_FLAVOR, __func__, "window %d is not dynamic (rvma has no dynamic windows)", h);
+}
+
+int MPI_Get_address(const void *location, MPI_Aint *address) {
+	if (!address) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL address");
+	*address = (MPI_Aint)(uintptr_t)location;
+	return MPI_SUCCESS;
+}
+
 int MPI_Win_free(MPI_Win *h) {
 	if (!h) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL win");
 	GET_WIN(w, *h, __func__);
 	MPI_Errhandler eh = w->eh;
 	tbl_del(&wins, *h);
 	int rc = rvma_win_free(&w->w);
-	free(w->units), free(w);
+	free(w->units), free(w->locked), free(w);
 	MPI_Win old = *h;
 	*h = MPI_WIN_NULL;
 	if (rc) {
@@ -151,6 +194,7 @@ int MPI_Win_get_errhandler(MPI_Win h, MPI_Errhandler *e) {
 static int target_bytes(const char *fn, MPI_Win h, struct win *w, int target, MPI_Aint disp, int64_t *out) {
 	if (target < 0 || target >= rv_size)
 		return fail_win(h, MPI_ERR_RANK, fn, "target rank %d not in the window's group of %d", target, rv_size);
+	if (disp < 0) return fail_win(h, MPI_ERR_DISP, fn, "negative target displacement %lld", (long long)disp);
 	int64_t b;
 	if (__builtin_mul_overflow((int64_t)disp, (int64_t)w->units[target], &b))
 		return fail_win(h, MPI_ERR_RMA_RANGE, fn, "displacement %lld times disp_unit %d overflows", (long long)disp,
@@ -169,6 +213,43 @@ static int check_types(const char *fn, MPI_Win h, MPI_Datatype ot, int oc, struc
 		return fail_win(h, MPI_ERR_TYPE, fn, "origin moves %lld bytes, target %lld", (long long)((*od)->size * oc),
 		                (long long)((*td)->size * tc));
 	return 0;
+}
+
+/* A strided group of n pairs of runs of len bytes: origin offsets o,
+ * o+os, ..., target offsets t, t+ts, ... (n 0: empty). */
+struct run {
+	int64_t o, t, len, n, os, ts;
+	rvma_request req;
+};
+
+/* Adds the pair (o, t, len) to g if it continues it: 1, else 0. */
+static int run_extend(struct run *g, int64_t o, int64_t t, int64_t len) {
+	if (g->n == 0 || len != g->len) return 0;
+	if (g->n == 1) {
+		if (o - g->o < len || t - g->t < len) return 0; /* strides go forward, blocks apart */
+		g->os = o - g->o, g->ts = t - g->t, g->n = 2;
+		return 1;
+	}
+	if (o != g->o + g->n * g->os || t != g->t + g->n * g->ts) return 0;
+	g->n++;
+	return 1;
+}
+
+/* Puts or gets group g (with a request in g->req when q): rvma's code. */
+static int run_issue(struct win *w, int put, void *origin, int target, int64_t tb, struct run *g, struct req *q) {
+	char *o = (char *)origin + g->o;
+	rvma_request *rp = q ? &g->req : NULL;
+	g->req = RVMA_REQUEST_NULL;
+	if (g->n == 1) {
+		if (put) return q ? rvma_rput(w->w, o, (size_t)g->len, target, tb + g->t, rp) : rvma_put(w->w, o, (size_t)g->len, target, tb + g->t);
+		return q ? rvma_rget(w->w, o, (size_t)g->len, target, tb + g->t, rp) : rvma_get(w->w, o, (size_t)g->len, target, tb + g->t);
+	}
+	rvma_layout ol = {g->n, g->len, g->os}, tl = {g->n, g->len, g->ts};
+	if (put)
+		return q ? rvma_rput_strided(w->w, o, &ol, target, tb + g->t, &tl, rp)
+		         : rvma_put_strided(w->w, o, &ol, target, tb + g->t, &tl);
+	return q ? rvma_rget_strided(w->w, o, &ol, target, tb + g->t, &tl, rp)
+	         : rvma_get_strided(w->w, o, &ol, target, tb + g->t, &tl);
 }
 
 /* Put (put=1) or get: one rvma call when both sides have a strided
@@ -206,21 +287,30 @@ static int move(const char *fn, int put, void *origin, int oc, MPI_Datatype ot, 
 		if (!rc && q && req_push(q, r)) return fail_win(h, MPI_ERR_NO_MEM, fn, "out of memory");
 		return rc ? rvfail_win(h, rc, fn) : MPI_SUCCESS;
 	}
+	/* The sides' runs paired up; consecutive pairs of one length at
+	 * constant strides on both sides (a face of a 3-D array: one row of
+	 * elements after another) go as one strided call. */
 	struct walk wo, wt;
 	walk_init(&wo, od, oc);
 	walk_init(&wt, td, tc);
+	struct run g = {0};
 	int64_t left = bytes, toff = 0, tlen = 0;
 	while (left > 0 && !rc) {
 		if (tlen == 0) walk_next(&wt, INT64_MAX, &toff, &tlen);
 		int64_t off, len;
 		walk_next(&wo, tlen, &off, &len);
-		char *o = (char *)origin + off;
-		if (put)
-			rc = q ? rvma_rput(w->w, o, (size_t)len, target, tb + toff, rp) : rvma_put(w->w, o, (size_t)len, target, tb + toff);
-		else
-			rc = q ? rvma_rget(w->w, o, (size_t)len, target, tb + toff, rp) : rvma_get(w->w, o, (size_t)len, target, tb + toff);
-		if (!rc && q && req_push(q, r)) return fail_win(h, MPI_ERR_NO_MEM, fn, "out of memory");
+		if (!run_extend(&g, off, toff, len)) {
+			if (g.n) {
+				rc = run_issue(w, put, origin, target, tb, &g, q);
+				if (!rc && q && req_push(q, g.req)) return fail_win(h, MPI_ERR_NO_MEM, fn, "out of memory");
+			}
+			g = (struct run){.o = off, .t = toff, .len = len, .n = 1};
+		}
 		toff += len, tlen -= len, left -= len;
+	}
+	if (!rc && g.n) {
+		rc = run_issue(w, put, origin, target, tb, &g, q);
+		if (!rc && q && req_push(q, g.req)) return fail_win(h, MPI_ERR_NO_MEM, fn, "out of memory");
 	}
 	return rc ? rvfail_win(h, rc, fn) : MPI_SUCCESS;
 }
@@ -292,6 +382,12 @@ static int acc_kind(const char *fn, MPI_Win h, const struct dtype *d, MPI_Dataty
 		return fail_win(h, MPI_ERR_OP, fn, "invalid operation %d", op);
 	}
 	*rt = type_rvma(d->basic);
+	if (!*rt && type_narrow_int(d->basic))
+		return fail_win(h, MPI_ERR_UNSUPPORTED_OPERATION, fn,
+		                "datatype %d: 1- and 2-byte integers (MPI_CHAR, MPI_SHORT, MPI_INT8_T, ...) are valid in MPI's "
+		                "accumulates but rvma's accumulates and atomics take 4- and 8-byte integers, float and "
+		                "double only",
+		                (int)t);
 	if (!*rt)
 		return fail_win(h, MPI_ERR_TYPE, fn, "datatype %d: rvma's accumulates and atomics take 4- and 8-byte integers, "
 		                "float and double", (int)t);
@@ -443,22 +539,62 @@ static int rv_assert(int a) {
 
 SIMPLE(MPI_Win_complete, rvma_win_complete(w->w))
 SIMPLE(MPI_Win_wait, rvma_win_wait(w->w))
-SIMPLE(MPI_Win_unlock_all, rvma_win_unlock_all(w->w))
-SIMPLE(MPI_Win_flush_all, rvma_win_flush_all(w->w))
-SIMPLE(MPI_Win_flush_local_all, rvma_win_flush_local_all(w->w))
+int MPI_Win_unlock_all(MPI_Win h) {
+	GET_WIN(w, h, __func__);
+	int rc = rvma_win_unlock_all(w->w);
+	if (rc) return rvfail_win(h, rc, __func__);
+	w->lock_all = 0;
+	return MPI_SUCCESS;
+}
+
+/* Flushes are for passive target epochs (MPI: MPI_ERR_RMA_SYNC outside
+ * one; rvma would flush in any epoch). */
+static int passive(const char *fn, MPI_Win h, struct win *w, int rank) {
+	if (w->notified || (rank >= 0 ? w->lock_all || w->locked[rank] : w->lock_all || w->nlocked > 0)) return 0;
+	if (rank >= 0) return fail_win(h, MPI_ERR_RMA_SYNC, fn, "no passive target epoch towards rank %d (lock it first)", rank);
+	return fail_win(h, MPI_ERR_RMA_SYNC, fn, "no passive target epoch (MPI_Win_lock or MPI_Win_lock_all first)");
+}
+
+int MPI_Win_flush_all(MPI_Win h) {
+	GET_WIN(w, h, __func__);
+	int cls = passive(__func__, h, w, -1);
+	if (cls) return cls;
+	int rc = rvma_win_flush_all(w->w);
+	return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;
+}
+
+int MPI_Win_flush_local_all(MPI_Win h) {
+	GET_WIN(w, h, __func__);
+	int cls = passive(__func__, h, w, -1);
+	if (cls) return cls;
+	int rc = rvma_win_flush_local_all(w->w);
+	return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;
+}
 SIMPLE(MPI_Win_sync, rvma_win_sync(w->w))
 
-#define RANKED(name, call)                                                      \
-	int name(int rank, MPI_Win h) {                                         \
-		GET_WIN(w, h, __func__);                                        \
-		if (rank == MPI_PROC_NULL) return MPI_SUCCESS;                  \
-		int rc = call;                                                  \
-		return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;          \
+int MPI_Win_unlock(int rank, MPI_Win h) {
+	GET_WIN(w, h, __func__);
+	if (rank == MPI_PROC_NULL) return MPI_SUCCESS;
+	int rc = rvma_win_unlock(w->w, rank);
+	if (rc) return rvfail_win(h, rc, __func__);
+	if (w->locked[rank]) w->locked[rank] = 0, w->nlocked--;
+	return MPI_SUCCESS;
+}
+
+#define FLUSH(name, call)                                                                                          \
+	int name(int rank, MPI_Win h) {                                                                            \
+		GET_WIN(w, h, __func__);                                                                           \
+		if (rank == MPI_PROC_NULL) return MPI_SUCCESS;                                                     \
+		if (rank < 0 || rank >= rv_size)                                                                   \
+			return fail_win(h, MPI_ERR_RANK, __func__, "rank %d not in the window's group of %d", rank, rv_size); \
+		int cls = passive(__func__, h, w, rank);                                                           \
+		if (cls) return cls;                                                                               \
+		int rc = call;                                                                                     \
+		return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;                                             \
 	}
 
-RANKED(MPI_Win_unlock, rvma_win_unlock(w->w, rank))
-RANKED(MPI_Win_flush, rvma_win_flush(w->w, rank))
-RANKED(MPI_Win_flush_local, rvma_win_flush_local(w->w, rank))
+FLUSH(MPI_Win_flush, rvma_win_flush(w->w, rank))
+FLUSH(MPI_Win_flush_local, rvma_win_flush_local(w->w, rank))
 
 int MPI_Win_fence(int a, MPI_Win h) {
 	GET_WIN(w, h, __func__);
@@ -492,12 +628,121 @@ int MPI_Win_lock(int type, int rank, int a, MPI_Win h) {
 		return fail_win(h, MPI_ERR_LOCKTYPE, __func__, "lock type %d", type);
 	if (rank == MPI_PROC_NULL) return MPI_SUCCESS;
 	int rc = rvma_win_lock(w->w, type == MPI_LOCK_SHARED ? RVMA_LOCK_SHARED : RVMA_LOCK_EXCLUSIVE, rank);
-	return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;
+	if (rc) return rvfail_win(h, rc, __func__);
+	if (rank >= 0 && rank < rv_size && !w->locked[rank]) w->locked[rank] = 1, w->nlocked++;
+	return MPI_SUCCESS;
 }
 
 int MPI_Win_lock_all(int a, MPI_Win h) {
 	(void)a;
 	GET_WIN(w, h, __func__);
 	int rc = rvma_win_lock_all(w->w);
-	return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;
+	if (rc) return rvfail_win(h, rc, __func__);
+	w->lock_all = 1;
+	return MPI_SUCCESS;
+}
+
+/* ---- rvma's extensions (mpix_rvma.h) ------------------------------------ */
+
+/* cfg as rvma's configuration (counts into counts, nfrom of them): 0 or a
+ * class. */
+static int notify_config(const char *fn, MPI_Comm c, const MPIX_Notify *cfg, rvma_notify_config *nc, int64_t **counts) {
+	*counts = NULL;
+	if (!cfg) return fail_comm(c, MPI_ERR_ARG, fn, "NULL MPIX_Notify");
+	if (cfg->nfrom < 0 || cfg->nfrom > rv_size || (cfg->nfrom > 0 && (!cfg->from_ranks || !cfg->from_counts)))
+		return fail_comm(c, MPI_ERR_ARG, fn, "nfrom %d (0..%d) or NULL from_ranks/from_counts", cfg->nfrom, rv_size);
+	if (cfg->count != MPIX_NOTIFY_BYTES && cfg->count != MPIX_NOTIFY_PUTS)
+		return fail_comm(c, MPI_ERR_ARG, fn, "count %d: MPIX_NOTIFY_BYTES or MPIX_NOTIFY_PUTS", cfg->count);
+	for (int i = 0; i < cfg->nfrom; i++)
+		if (cfg->from_ranks[i] < 0 || cfg->from_ranks[i] >= rv_size)
+			return fail_comm(c, MPI_ERR_RANK, fn, "from_ranks[%d] = %d of %d ranks", i, cfg->from_ranks[i], rv_size);
+	*nc = (rvma_notify_config){.expect = cfg->expect, .nexpect_from = cfg->nfrom, .count = cfg->count,
+	                           .depth = cfg->depth, .history = cfg->history};
+	if (cfg->nfrom > 0) {
+		if (!(*counts = malloc(sizeof(int64_t) * (size_t)cfg->nfrom))) return fail_comm(c, MPI_ERR_NO_MEM, fn, "out of memory");
+		for (int i = 0; i < cfg->nfrom; i++) (*counts)[i] = cfg->from_counts[i];
+		nc->expect_from_ranks = cfg->from_ranks, nc->expect_from_counts = *counts;
+	}
+	return 0;
+}
+
+int MPIX_Win_allocate_notified(MPI_Aint size, int disp_unit, const MPIX_Notify *cfg, MPI_Info info, MPI_Comm c,
+                               void *baseptr, MPI_Win *win) {
+	(void)info;
+	rvma_notify_config nc;
+	int64_t *counts;
+	int cls = notify_config(__func__, c, cfg, &nc, &counts);
+	if (!cls) cls = create(__func__, 1, NULL, size, disp_unit, c, baseptr, win, &nc);
+	free(counts);
+	return cls;
+}
+
+int MPIX_Win_create_notified(void *base, MPI_Aint size, int disp_unit, const MPIX_Notify *cfg, MPI_Info info,
+                             MPI_Comm c, MPI_Win *win) {
+	(void)info;
+	rvma_notify_config nc;
+	int64_t *counts;
+	int cls = notify_config(__func__, c, cfg, &nc, &counts);
+	if (!cls) cls = create(__func__, 0, base, size, disp_unit, c, NULL, win, &nc);
+	free(counts);
+	return cls;
+}
+
+int MPIX_Win_wait_epoch(MPI_Win h, MPI_Count *epoch) {
+	GET_WIN(w, h, __func__);
+	uint64_t e = 0;
+	int rc = rvma_win_wait_epoch(w->w, &e);
+	if (rc) return rvfail_win(h, rc, __func__);
+	if (epoch) *epoch = (MPI_Count)e;
+	return MPI_SUCCESS;
+}
+
+int MPIX_Win_test_epoch(MPI_Win h, int *flag, MPI_Count *epoch) {
+	GET_WIN(w, h, __func__);
+	if (!flag) return fail_win(h, MPI_ERR_ARG, __func__, "NULL flag");
+	uint64_t e = 0;
+	int rc = rvma_win_test_epoch(w->w, flag, &e);
+	if (rc) return rvfail_win(h, rc, __func__);
+	if (epoch && *flag) *epoch = (MPI_Count)e;
+	return MPI_SUCCESS;
+}
+
+int MPIX_Win_epoch(MPI_Win h, MPI_Count *epoch) {
+	GET_WIN(w, h, __func__);
+	if (!epoch) return fail_win(h, MPI_ERR_ARG, __func__, "NULL epoch");
+	uint64_t e = 0;
+	int rc = rvma_win_epoch(w->w, &e);
+	if (rc) return rvfail_win(h, rc, __func__);
+	*epoch = (MPI_Count)e;
+	return MPI_SUCCESS;
+}
+
+SIMPLE(MPIX_Win_abandon_epoch, rvma_win_abandon_epoch(w->w))
+
+int MPIX_Win_rewind(MPI_Win h, int k, MPI_Count *epoch) {
+	GET_WIN(w, h, __func__);
+	uint64_t e = 0;
+	int rc = rvma_win_rewind(w->w, k, &e);
+	if (rc == RVMA_ERR_NOT_RETAINED)
+		return fail_win(h, MPI_ERR_RMA_RANGE, __func__, "%s (%s)", rvma_last_error_message(), rvma_strerror(rc));
+	if (rc) return rvfail_win(h, rc, __func__);
+	if (epoch) *epoch = (MPI_Count)e;
+	return MPI_SUCCESS;
+}
+
+int MPIX_Comm_transport(MPI_Comm c, int rank, char *name, int *len) {
+	if (NOT_INIT(__func__)) return MPI_ERR_OTHER;
+	if (comm_ctx(c) == -1) return fail_comm(c, MPI_ERR_COMM, __func__, "invalid communicator %d", c);
+	if (comm_ctx(c) == -2) {
+		if (rank != 0) return fail_comm(c, MPI_ERR_RANK, __func__, "rank %d of MPI_COMM_SELF", rank);
+		rank = rv_rank;
+	}
+	if (rank < 0 || rank >= rv_size) return fail_comm(c, MPI_ERR_RANK, __func__, "rank %d of %d", rank, rv_size);
+	if (!name || !len) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL name or resultlen");
+	const char *s = "";
+	int rc = rvma_comm_transport(rv_world, rank, &s);
+	if (rc) return rvfail_comm(c, rc, __func__);
+	snprintf(name, MPIX_MAX_TRANSPORT_NAME, "%s", s ? s : "");
+	*len = (int)strlen(name);
+	return MPI_SUCCESS;
 }
