@@ -315,8 +315,6 @@ func (c *Comm) wakeProbes() {
 // connection (RC gives up after its retransmission timeouts) and the wait
 // with ErrPeer, in bounded time.
 func (c *Comm) recvMsg(ctx context.Context, src int, tag uint32) ([]byte, error) {
-	ctx, conv, stop := c.interruptible(ctx)
-	defer stop()
 	k := inboxKey{src, tag}
 	var got []byte
 	_, err := c.waitMsg(ctx, src, func() bool {
@@ -354,6 +352,9 @@ func (m *msgState) pop(k inboxKey) []byte {
 // message; src is the rank it waits for, which it probes as recvMsg says,
 // or AnySource (no probes: any rank may send). It returns src.
 func (c *Comm) waitMsg(ctx context.Context, src int, take func() bool) (int, error) {
+	// A rank's death, announced by the launcher, ends the wait.
+	ctx, conv, stop := c.interruptible(ctx)
+	defer stop()
 	var got bool
 	broken, probe := false, false
 	var err error
