@@ -318,7 +318,7 @@ func rvma_get_strided(h C.rvma_win, origin unsafe.Pointer, ol *C.rvma_layout, ta
 // dtype converts a datatype and returns its size.
 func dtype(name string, dt C.rvma_datatype) (rma.Datatype, int, error) {
 	d := rma.Datatype(dt)
-	if dt < C.RVMA_INT32 || dt > C.RVMA_DOUBLE || d.Size() == 0 {
+	if dt < C.RVMA_INT32 || dt > C.RVMA_UINT16 || d.Size() == 0 {
 		return 0, 0, errorf(codeArg, "%s: unknown datatype %d", name, int(dt))
 	}
 	return d, d.Size(), nil

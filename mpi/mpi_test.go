@@ -275,6 +275,20 @@ func TestP2P(t *testing.T) {
 	}
 }
 
+// TestNarrow runs test/narrow.c: accumulates and atomics on 1- and 2-byte
+// integers (what osu_acc_latency uses), values checked byte by byte.
+func TestNarrow(t *testing.T) {
+	dir := built(t)
+	for _, c := range []struct {
+		n        int
+		provider string
+	}{{2, "shm"}, {4, "shm"}, {3, "udp"}} {
+		out := run(t, filepath.Join(dir, "rvmarun"), "-n", fmt.Sprint(c.n), "--provider", c.provider, "--tag-output=false",
+			filepath.Join(dir, "narrow"))
+		require.Contains(t, out, fmt.Sprintf("narrow: ok on %d ranks", c.n), c.provider)
+	}
+}
+
 // TestMPIX runs test/mpix.c (mpix_rvma.h: notified windows, rewind, the
 // transport report) on 2 and 4 ranks over shm, and on 3 over udp, each
 // told the provider it must see.

@@ -243,18 +243,28 @@ func fits(off uint64, n, size int) bool {
 }
 
 func loadElem(b []byte) uint64 {
-	if len(b) == 4 {
+	switch len(b) {
+	case 1:
+		return uint64(b[0])
+	case 2:
+		return uint64(binary.LittleEndian.Uint16(b))
+	case 4:
 		return uint64(binary.LittleEndian.Uint32(b))
 	}
 	return binary.LittleEndian.Uint64(b)
 }
 
 func storeElem(b []byte, v uint64) {
-	if len(b) == 4 {
+	switch len(b) {
+	case 1:
+		b[0] = byte(v)
+	case 2:
+		binary.LittleEndian.PutUint16(b, uint16(v))
+	case 4:
 		binary.LittleEndian.PutUint32(b, uint32(v))
-		return
+	default:
+		binary.LittleEndian.PutUint64(b, v)
 	}
-	binary.LittleEndian.PutUint64(b, v)
 }
 
 // handleAMReply completes the origin's request (in the poller).

@@ -20,11 +20,19 @@ const (
 	Uint64
 	Float32
 	Float64
+	Int8
+	Uint8
+	Int16
+	Uint16
 )
 
 // Size returns the element size in bytes.
 func (d Datatype) Size() int {
 	switch d {
+	case Int8, Uint8:
+		return 1
+	case Int16, Uint16:
+		return 2
 	case Int32, Uint32, Float32:
 		return 4
 	case Int64, Uint64, Float64:
@@ -34,7 +42,7 @@ func (d Datatype) Size() int {
 }
 
 func (d Datatype) String() string {
-	names := [...]string{"", "int32", "int64", "uint32", "uint64", "float32", "float64"}
+	names := [...]string{"", "int32", "int64", "uint32", "uint64", "float32", "float64", "int8", "uint8", "int16", "uint16"}
 	if int(d) < len(names) && d != 0 {
 		return names[d]
 	}
@@ -100,6 +108,14 @@ func combine(op Op, dt Datatype, old, x uint64) uint64 {
 		return old ^ x
 	}
 	switch dt {
+	case Int8:
+		return uint64(uint8(arith(op, int8(old), int8(x))))
+	case Uint8:
+		return uint64(arith(op, uint8(old), uint8(x)))
+	case Int16:
+		return uint64(uint16(arith(op, int16(old), int16(x))))
+	case Uint16:
+		return uint64(arith(op, uint16(old), uint16(x)))
 	case Int32:
 		a, b := int32(old), int32(x)
 		return uint64(uint32(arith(op, a, b)))
@@ -119,7 +135,7 @@ func combine(op Op, dt Datatype, old, x uint64) uint64 {
 }
 
 type number interface {
-	~int32 | ~int64 | ~uint32 | ~uint64 | ~float32 | ~float64
+	~int8 | ~uint8 | ~int16 | ~uint16 | ~int32 | ~int64 | ~uint32 | ~uint64 | ~float32 | ~float64
 }
 
 func arith[T number](op Op, a, b T) T {
@@ -156,6 +172,14 @@ func applyAtomic(op Op, dt Datatype, mem, origin, old []byte) {
 	}
 	for i := 0; i+sz <= len(origin); i += sz {
 		p := unsafe.Pointer(&mem[i])
+		if sz < 4 {
+			x := loadElem(origin[i : i+sz])
+			o := casNarrow(p, sz, func(o uint64) (uint64, bool) { return combine(op, dt, o, x), op != NoOp })
+			if old != nil {
+				storeElem(old[i:i+sz], o)
+			}
+			continue
+		}
 		if sz == 4 {
 			x := uint64(binary.LittleEndian.Uint32(origin[i:]))
 			w := (*uint32)(p)
@@ -184,6 +208,28 @@ func applyAtomic(op Op, dt Datatype, mem, origin, old []byte) {
 	}
 }
 
+// casNarrow updates the 1- or 2-byte element at p (aligned to its size)
+// atomically: Go has no atomics that narrow, so it compare-and-swaps the
+// aligned 4-byte word holding it, keeping the word's other bytes (a
+// concurrent store to them fails the swap, which then retries). f gets the
+// element's value and returns the new one and whether to store it; the
+// old value is returned. The word never leaves the element's allocation:
+// memory is allocated in multiples of 8 bytes at least (Go, malloc,
+// pages).
+func casNarrow(p unsafe.Pointer, sz int, f func(uint64) (uint64, bool)) uint64 {
+	shift := 8 * (uintptr(p) & 3) // little-endian
+	w := (*uint32)(unsafe.Pointer(uintptr(p) &^ 3))
+	mask := uint32(1)<<(8*sz) - 1
+	for {
+		word := atomic.LoadUint32(w)
+		o := uint64(word >> shift & mask)
+		n, store := f(o)
+		if !store || atomic.CompareAndSwapUint32(w, word, word&^(mask<<shift)|(uint32(n)&mask)<<shift) {
+			return o
+		}
+	}
+}
+
 func aligned(mem []byte, sz int) bool { return uintptr(unsafe.Pointer(&mem[0]))%uintptr(sz) == 0 }
 
 // compareSwap atomically replaces the element at mem with swap if it
@@ -198,6 +244,9 @@ func compareSwap(dt Datatype, mem []byte, cmp, swap uint64) uint64 {
 		return o
 	}
 	p := unsafe.Pointer(&mem[0])
+	if sz := dt.Size(); sz < 4 {
+		return casNarrow(p, sz, func(o uint64) (uint64, bool) { return swap, o == cmp&(1<<(8*sz)-1) })
+	}
 	if dt.Size() == 4 {
 		w := (*uint32)(p)
 		for {

@@ -22,6 +22,10 @@ func enc(dt Datatype, vals ...float64) []byte {
 	var b []byte
 	for _, v := range vals {
 		switch dt {
+		case Int8, Uint8:
+			b = append(b, byte(int64(v)))
+		case Int16, Uint16:
+			b = binary.LittleEndian.AppendUint16(b, uint16(int64(v)))
 		case Int32:
 			b = binary.LittleEndian.AppendUint32(b, uint32(int32(v)))
 		case Uint32:
@@ -41,7 +45,7 @@ func enc(dt Datatype, vals ...float64) []byte {
 
 func TestAccumulateOps(t *testing.T) {
 	comms := newWorld(t, 2, nil)
-	types := []Datatype{Int32, Int64, Uint32, Uint64, Float32, Float64}
+	types := []Datatype{Int32, Int64, Uint32, Uint64, Float32, Float64, Int8, Uint8, Int16, Uint16}
 	tests := []struct {
 		op        Op
 		init, arg float64

@@ -114,7 +114,11 @@ typedef enum rvma_datatype {
 	RVMA_UINT32 = 3,
 	RVMA_UINT64 = 4,
 	RVMA_FLOAT = 5,
-	RVMA_DOUBLE = 6
+	RVMA_DOUBLE = 6,
+	RVMA_INT8 = 7,
+	RVMA_UINT8 = 8,
+	RVMA_INT16 = 9,
+	RVMA_UINT16 = 10
 } rvma_datatype;
 
 /* Accumulate operations (MPI's predefined ones; BAND, BOR, BXOR on

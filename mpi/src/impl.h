@@ -72,7 +72,6 @@ struct dtype *type_get(MPI_Datatype t); /* NULL if invalid */
 int type_rvma(MPI_Datatype basic);
 /* Whether a predefined type is a 1- or 2-byte integer (valid in MPI's
  * accumulates, absent from rvma's). */
-int type_narrow_int(MPI_Datatype basic);
 /* Checks a datatype and count for a communication call: 0 or a class
  * (message recorded by the caller through fail_*; *why says). */
 int type_check(MPI_Datatype t, int count, struct dtype **out, const char **why);

@@ -855,6 +855,10 @@ struct dtype *type_get(MPI_Datatype t) {
 int type_rvma(MPI_Datatype basic) {
 	if (basic <= 0 || basic >= NBASIC) return 0;
 	switch (basics[basic].kind) {
+	case K_I8: return RVMA_INT8;
+	case K_U8: return RVMA_UINT8;
+	case K_I16: return RVMA_INT16;
+	case K_U16: return RVMA_UINT16;
 	case K_I32: return RVMA_INT32;
 	case K_I64: return RVMA_INT64;
 	case K_U32: return RVMA_UINT32;
@@ -865,11 +869,6 @@ int type_rvma(MPI_Datatype basic) {
 	}
 }
 
-int type_narrow_int(MPI_Datatype basic) {
-	if (basic <= 0 || basic >= NBASIC) return 0;
-	int k = basics[basic].kind;
-	return k == K_I8 || k == K_U8 || k == K_I16 || k == K_U16;
-}
 
 int type_check(MPI_Datatype t, int count, struct dtype **out, const char **why) {
 	struct dtype *d = type_get(t);
@@ -921,18 +920,27 @@ void walk_init(struct walk *w, const struct dtype *t, int64_t count) {
 	*w = (struct walk){.t = t, .count = t->nblk ? count : 0};
 }
 
+/* walk_next returns the next run of contiguous bytes, at most max: runs of
+ * consecutive blocks and elements that touch are one (a count of a basic
+ * type is one run, not one per element). */
 int walk_next(struct walk *w, int64_t max, int64_t *off, int64_t *len) {
 	if (w->i >= w->count) return 0;
-	const struct blk *b = &w->t->blk[w->j];
-	*off = w->i * w->t->extent + b->off + w->used;
-	int64_t n = b->len - w->used;
-	if (n > max) n = max;
-	*len = n;
-	w->used += n;
-	if (w->used == b->len) {
-		w->used = 0;
-		if (++w->j == w->t->nblk) w->j = 0, w->i++;
+	int64_t start = -1, total = 0;
+	while (w->i < w->count && total < max) {
+		const struct blk *b = &w->t->blk[w->j];
+		int64_t o = w->i * w->t->extent + b->off + w->used;
+		if (start >= 0 && o != start + total) break;
+		if (start < 0) start = o;
+		int64_t n = b->len - w->used;
+		if (n > max - total) n = max - total;
+		total += n;
+		w->used += n;
+		if (w->used == b->len) {
+			w->used = 0;
+			if (++w->j == w->t->nblk) w->j = 0, w->i++;
+		}
 	}
+	*off = start, *len = total;
 	return 1;
 }
 

@@ -382,14 +382,8 @@ static int acc_kind(const char *fn, MPI_Win h, const struct dtype *d, MPI_Dataty
 		return fail_win(h, MPI_ERR_OP, fn, "invalid operation %d", op);
 	}
 	*rt = type_rvma(d->basic);
-	if (!*rt && type_narrow_int(d->basic))
-		return fail_win(h, MPI_ERR_UNSUPPORTED_OPERATION, fn,
-		                "datatype %d: 1- and 2-byte integers (MPI_CHAR, MPI_SHORT, MPI_INT8_T, ...) are valid in MPI's "
-		                "accumulates but rvma's accumulates and atomics take 4- and 8-byte integers, float and "
-		                "double only",
-		                (int)t);
 	if (!*rt)
-		return fail_win(h, MPI_ERR_TYPE, fn, "datatype %d: rvma's accumulates and atomics take 4- and 8-byte integers, "
+		return fail_win(h, MPI_ERR_TYPE, fn, "datatype %d: rvma's accumulates and atomics take 1-, 2-, 4- and 8-byte integers, "
 		                "float and double", (int)t);
 	struct dtype *b = type_get(d->basic);
 	*esz = b->size;
