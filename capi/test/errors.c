@@ -67,7 +67,7 @@ int main(void) {
 
 	/* Datatypes and operations. */
 	EXPECT_ERR(RVMA_ERR_ARG, rvma_accumulate(win, &one, 1, (rvma_datatype)0, RVMA_SUM, next, 0));
-	EXPECT_ERR(RVMA_ERR_ARG, rvma_accumulate(win, &one, 1, (rvma_datatype)7, RVMA_SUM, next, 0));
+	EXPECT_ERR(RVMA_ERR_ARG, rvma_accumulate(win, &one, 1, (rvma_datatype)11, RVMA_SUM, next, 0));
 	EXPECT_ERR(RVMA_ERR_ARG, rvma_accumulate(win, &one, 1, RVMA_INT64, (rvma_op)0, next, 0));
 	EXPECT_ERR(RVMA_ERR_ARG, rvma_accumulate(win, &one, 1, RVMA_INT64, (rvma_op)10, next, 0));
 	double d = 1;
