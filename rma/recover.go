@@ -43,6 +43,10 @@ import (
 // buddy died with it, or a window without replicas.
 var ErrLost = errors.New("rma: state of a dead rank lost")
 
+// ErrFinished reports that Recover found a rank of the job finished (it
+// exited with success): there is no job left to recover into.
+var ErrFinished = errors.New("rma: the job has finished")
+
 // ErrNoRecovery reports that the launcher cannot respawn ranks: Recover
 // needs rvmarun (with --restart) or an in-process world.
 var ErrNoRecovery = errors.New("rma: recovery not supported by this launcher")
@@ -359,6 +363,9 @@ func (c *Comm) recoverOnce(ctx context.Context, st *RecoveryStats) error {
 	if err != nil {
 		if errors.Is(err, kvs.ErrStale) {
 			return opErr("recover", c.rank, fmt.Errorf("%w: the launcher counts this incarnation dead: %w", ErrClosed, err))
+		}
+		if errors.Is(err, kvs.ErrFinished) {
+			return opErr("recover", -1, fmt.Errorf("%w: %w", ErrFinished, err))
 		}
 		return opErr("recover", -1, err)
 	}

@@ -71,6 +71,9 @@ type group struct {
 type recorder interface {
 	Died(rank int) error
 	Respawned(rank int, inc uint32) error
+	// Finished records that a rank exited with success: a respawned rank
+	// then has nothing to recover into (its Recover fails at once).
+	Finished(rank int)
 	// Joining reports whether the ranks are joining the job's rendezvous:
 	// a rank that dies then cannot be respawned (the others wait there
 	// for its first incarnation).
@@ -237,6 +240,9 @@ func (g *group) supervise(sigs <-chan os.Signal, forward func(os.Signal) bool, o
 			case e.err == nil || failed:
 				if e.err == nil && done < 0 {
 					done = r
+					if g.rec != nil {
+						g.rec.Finished(r)
+					}
 				}
 			case g.job.Restart == 0:
 				stop(exitStatus(e.err), "rvmarun: %s failed (%v); stopping the others\n", g.job.where(r), e.err)

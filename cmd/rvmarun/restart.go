@@ -26,6 +26,8 @@ func (s serverRecorder) Died(rank int) error { s.srv.Died(rank); return nil }
 
 func (s serverRecorder) Joining() bool { return s.srv.Joining() }
 
+func (s serverRecorder) Finished(rank int) { s.srv.Finished(rank) }
+
 func (s serverRecorder) Respawned(rank int, inc uint32) error {
 	s.srv.Respawned(rank, inc)
 	return nil
@@ -73,6 +75,10 @@ func (c *clientRecorder) Respawned(rank int, inc uint32) error {
 // respawned while the job starts fails to join it, and its restarts run
 // out.
 func (c *clientRecorder) Joining() bool { return false }
+
+// Finished is not recorded from a daemon: a rank respawned on another
+// host after one finished waits in Recover until its timeout.
+func (c *clientRecorder) Finished(int) {}
 
 func (c *clientRecorder) Close() {
 	if c.c != nil {

@@ -78,6 +78,13 @@ func main() {
 		trace(comm, "init", time.Now())
 	}
 	ok, err := run(ctx, comm, o)
+	if errors.Is(err, rma.ErrFinished) {
+		// Respawned after the others had produced the result (with this
+		// rank's part, before it died): nothing is left to do.
+		fmt.Fprintf(os.Stderr, "rewind: rank %d (incarnation %d): the job finished without it: %v\n", comm.Rank(), comm.Incarnation(), err)
+		comm.Close(ctx)
+		return
+	}
 	if err != nil {
 		// Said before Close, which waits for the other ranks: one that
 		// failed may never come.
@@ -88,7 +95,12 @@ func main() {
 		os.Exit(2)
 	}
 	if err := comm.Close(ctx); err != nil {
-		fail(err)
+		if !ok {
+			fail(err)
+		}
+		// The result is in and checked: a rank that died while the ranks
+		// close changes nothing of it.
+		fmt.Fprintln(os.Stderr, "rewind: closing:", err)
 	}
 	if !ok {
 		os.Exit(1)
@@ -331,7 +343,12 @@ func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
 			ok, err = s.verdict(ctx, &rec, time.Since(t0))
 		}
 		if err == nil {
-			return ok, s.win.Free(ctx)
+			if err := s.win.Free(ctx); err != nil {
+				// The verdict is in: a rank that died since changes
+				// nothing of it.
+				fmt.Fprintln(os.Stderr, "rewind: freeing the window:", err)
+			}
+			return ok, nil
 		}
 		if !errors.Is(err, rma.ErrPeer) {
 			return false, err

@@ -38,6 +38,10 @@ import (
 // them, from clients that proved they hold it: without one, anything that
 // reaches the port could declare ranks dead.
 
+// ErrFinished refuses a join once a rank has finished (exited with
+// success): there is no job left to recover into.
+var ErrFinished = errors.New("kvs: a rank has finished")
+
 // ErrStale refuses a join from an incarnation that is not its rank's
 // current one.
 var ErrStale = errors.New("kvs: stale incarnation")
@@ -71,6 +75,7 @@ type Recoverer interface {
 
 // recovery is Mem's recovery state, under Mem.mu.
 type recovery struct {
+	finished int // a rank that finished, or -1
 	inc    []uint32
 	dead   []bool
 	faults uint64
@@ -86,7 +91,7 @@ type joinEntry struct {
 
 func (s *Mem) rec() *recovery {
 	if s.recov == nil {
-		s.recov = &recovery{inc: make([]uint32, s.size), dead: make([]bool, s.size), gen: 1,
+		s.recov = &recovery{finished: -1, inc: make([]uint32, s.size), dead: make([]bool, s.size), gen: 1,
 			joined: map[int]joinEntry{}, views: map[uint64]View{}}
 	}
 	return s.recov
@@ -105,6 +110,17 @@ func (s *Mem) Died(rank int) {
 	delete(r.joined, rank)
 	r.faults++
 	s.changed()
+}
+
+// Finished records that rank exited with success: joins fail from now on
+// (ErrFinished), rather than wait for a rank that will not come.
+func (s *Mem) Finished(rank int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r := s.rec(); r.finished < 0 && rank >= 0 && rank < s.size {
+		r.finished = rank
+		s.changed()
+	}
 }
 
 // Respawned records rank's new incarnation inc (greater than its last),
@@ -136,6 +152,10 @@ func (s *Mem) Join(ctx context.Context, rank int, inc uint32, value string) (Vie
 		s.mu.Unlock()
 		return View{}, fmt.Errorf("%w: rank %d incarnation %d (current %d)", ErrStale, rank, inc, r.inc[rank])
 	}
+	if r.finished >= 0 {
+		s.mu.Unlock()
+		return View{}, fmt.Errorf("%w: rank %d", ErrFinished, r.finished)
+	}
 	if len(r.joined) == 0 {
 		r.faults++ // a round opens: the ranks not in it must hear
 	}
@@ -148,11 +168,17 @@ func (s *Mem) Join(ctx context.Context, rank int, inc uint32, value string) (Vie
 		s.mu.Lock()
 		v, done := r.views[gen]
 		e, in := r.joined[rank]
+		fin := r.finished
+		if !done && fin >= 0 && in && e.inc == inc {
+			delete(r.joined, rank)
+		}
 		c := s.cond
 		s.mu.Unlock()
 		switch {
 		case done && v.Inc[rank] == inc:
 			return v, nil
+		case !done && fin >= 0:
+			return View{}, fmt.Errorf("%w: rank %d", ErrFinished, fin)
 		case done || !in || e.inc != inc:
 			return View{}, fmt.Errorf("%w: rank %d incarnation %d died during the round", ErrStale, rank, inc)
 		}
@@ -237,6 +263,9 @@ func (s *Server) Joining() bool { return s.store.Joining() }
 // Died records a rank's death (see Mem.Died): the launcher calls it.
 func (s *Server) Died(rank int) { s.store.Died(rank) }
 
+// Finished records that a rank exited with success (see Mem.Finished).
+func (s *Server) Finished(rank int) { s.store.Finished(rank) }
+
 // Respawned records a rank's new incarnation (see Mem.Respawned): the
 // launcher calls it before starting the rank again.
 func (s *Server) Respawned(rank int, inc uint32) { s.store.Respawned(rank, inc) }
@@ -272,6 +301,8 @@ func (s *Server) handleRecovery(ctx context.Context, f []string) (string, bool) 
 		switch {
 		case errors.Is(err, ErrStale):
 			return "stale", true
+		case errors.Is(err, ErrFinished):
+			return "finished", true
 		case err != nil && ctx.Err() != nil:
 			return "", false
 		case err != nil:
@@ -341,6 +372,9 @@ func (c *Client) Join(ctx context.Context, rank int, inc uint32, value string) (
 	}
 	if line == "stale" {
 		return View{}, fmt.Errorf("%w: rank %d incarnation %d", ErrStale, rank, inc)
+	}
+	if line == "finished" {
+		return View{}, ErrFinished
 	}
 	f := strings.Fields(line)
 	if len(f) < 3 || f[0] != "view" || len(f)%2 != 1 {

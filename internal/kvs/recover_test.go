@@ -257,3 +257,27 @@ func TestDiedNeedsKey(t *testing.T) {
 	_, err = c.Faults(short, 0)
 	require.ErrorIs(t, err, context.DeadlineExceeded, "no fault was recorded")
 }
+
+// Once a rank has finished, a join fails at once instead of waiting for a
+// rank that will not come, and so does one already waiting.
+func TestJoinAfterFinished(t *testing.T) {
+	m := NewMem(3)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	errc := make(chan error)
+	go func() { _, err := m.Join(ctx, 0, 0, "v"); errc <- err }()
+	time.Sleep(10 * time.Millisecond)
+	m.Finished(2)
+	require.ErrorIs(t, <-errc, ErrFinished)
+	_, err := m.Join(ctx, 1, 0, "v")
+	require.ErrorIs(t, err, ErrFinished)
+	srv, err := Listen("127.0.0.1:0", 2)
+	require.NoError(t, err)
+	defer srv.Close()
+	c, err := Dial(ctx, srv.Addr(), nil)
+	require.NoError(t, err)
+	defer c.Close()
+	srv.Finished(1)
+	_, err = c.Join(ctx, 0, 0, "v")
+	require.ErrorIs(t, err, ErrFinished)
+}
