@@ -76,12 +76,12 @@ type Recoverer interface {
 // recovery is Mem's recovery state, under Mem.mu.
 type recovery struct {
 	finished int // a rank that finished, or -1
-	inc    []uint32
-	dead   []bool
-	faults uint64
-	gen    uint64 // the open round
-	joined map[int]joinEntry
-	views  map[uint64]View // completed rounds, the last few
+	inc      []uint32
+	dead     []bool
+	faults   uint64
+	gen      uint64 // the open round
+	joined   map[int]joinEntry
+	views    map[uint64]View // completed rounds, the last few
 }
 
 type joinEntry struct {
