@@ -275,46 +275,42 @@ func TestP2P(t *testing.T) {
 	}
 }
 
-// TestNarrow runs test/narrow.c: accumulates and atomics on 1- and 2-byte
-// integers (what osu_acc_latency uses), values checked byte by byte.
-func TestNarrow(t *testing.T) {
+// cTest runs the C test prog on 2 and 4 ranks over shm and on 3 over udp
+// (told the provider it must see, with withProvider), which must print
+// "PROG: ok on N ranks".
+func cTest(t *testing.T, prog string, withProvider bool) {
+	t.Helper()
 	dir := built(t)
 	for _, c := range []struct {
 		n        int
 		provider string
 	}{{2, "shm"}, {4, "shm"}, {3, "udp"}} {
-		out := run(t, filepath.Join(dir, "rvmarun"), "-n", fmt.Sprint(c.n), "--provider", c.provider, "--tag-output=false",
-			filepath.Join(dir, "narrow"))
-		require.Contains(t, out, fmt.Sprintf("narrow: ok on %d ranks", c.n), c.provider)
+		args := []string{filepath.Join(dir, "rvmarun"), "-n", fmt.Sprint(c.n), "--provider", c.provider, "--tag-output=false",
+			filepath.Join(dir, prog)}
+		if withProvider {
+			args = append(args, c.provider)
+		}
+		out := run(t, args...)
+		require.Contains(t, out, fmt.Sprintf("%s: ok on %d ranks", prog, c.n), c.provider)
 	}
+}
+
+// TestNarrow runs test/narrow.c: accumulates and atomics on 1- and 2-byte
+// integers (what osu_acc_latency uses), values checked byte by byte.
+func TestNarrow(t *testing.T) {
+	cTest(t, "narrow", false)
 }
 
 // TestMPIX runs test/mpix.c (mpix_rvma.h: notified windows, rewind, the
 // transport report) on 2 and 4 ranks over shm, and on 3 over udp, each
 // told the provider it must see.
 func TestMPIX(t *testing.T) {
-	dir := built(t)
-	for _, c := range []struct {
-		n        int
-		provider string
-	}{{2, "shm"}, {4, "shm"}, {3, "udp"}} {
-		out := run(t, filepath.Join(dir, "rvmarun"), "-n", fmt.Sprint(c.n), "--provider", c.provider, "--tag-output=false",
-			filepath.Join(dir, "mpix"), c.provider)
-		require.Contains(t, out, fmt.Sprintf("mpix: ok on %d ranks", c.n), c.provider)
-	}
+	cTest(t, "mpix", true)
 }
 
 // TestSubarray runs test/subarray.c (subarray faces of a 3-D array put,
 // rput and got across ranks, values checked; Cartesian grids) on 2 and 4
 // ranks over shm and 3 over udp.
 func TestSubarray(t *testing.T) {
-	dir := built(t)
-	for _, c := range []struct {
-		n        int
-		provider string
-	}{{2, "shm"}, {4, "shm"}, {3, "udp"}} {
-		out := run(t, filepath.Join(dir, "rvmarun"), "-n", fmt.Sprint(c.n), "--provider", c.provider, "--tag-output=false",
-			filepath.Join(dir, "subarray"))
-		require.Contains(t, out, fmt.Sprintf("subarray: ok on %d ranks", c.n), c.provider)
-	}
+	cTest(t, "subarray", false)
 }

@@ -8,17 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int me = -1;
-
-#define EXPECT(cond, ...)                                                          \
-	do {                                                                       \
-		if (!(cond)) {                                                     \
-			fprintf(stderr, "[%d] %s:%d: %s: ", me, __FILE__, __LINE__, #cond); \
-			fprintf(stderr, __VA_ARGS__);                              \
-			fprintf(stderr, "\n");                                     \
-			exit(1);                                                   \
-		}                                                                  \
-	} while (0)
+#include "check.h"
 
 #define EXPECT_CLASS(want, call)                                                                       \
 	do {                                                                                           \
@@ -30,6 +20,7 @@ static int me = -1;
 		EXPECT(len_ > 0 && (size_t)len_ == strlen(s_), "%s: empty error string", #call);         \
 	} while (0)
 
+#undef OK /* here a call that fails names its error class */
 #define OK(call) EXPECT_CLASS(MPI_SUCCESS, call)
 
 int main(int argc, char **argv) {

@@ -9,18 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int me = -1;
-
-#define EXPECT(cond, ...)                                                                  \
-	do {                                                                               \
-		if (!(cond)) {                                                             \
-			fprintf(stderr, "[%d] %s:%d: %s: ", me, __FILE__, __LINE__, #cond); \
-			fprintf(stderr, __VA_ARGS__);                                      \
-			fprintf(stderr, "\n");                                             \
-			exit(1);                                                           \
-		}                                                                          \
-	} while (0)
-#define OK(call) EXPECT((call) == MPI_SUCCESS, "%s failed", #call)
+#include "check.h"
 
 enum { N = 64 };
 

@@ -7,18 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static int me = -1;
-
-#define EXPECT(cond, ...)                                                                  \
-	do {                                                                               \
-		if (!(cond)) {                                                             \
-			fprintf(stderr, "[%d] %s:%d: %s: ", me, __FILE__, __LINE__, #cond); \
-			fprintf(stderr, __VA_ARGS__);                                      \
-			fprintf(stderr, "\n");                                             \
-			exit(1);                                                           \
-		}                                                                          \
-	} while (0)
-#define OK(call) EXPECT((call) == MPI_SUCCESS, "%s failed", #call)
+#include "check.h"
 
 enum { NX = 5, NY = 7, NZ = 6 }; /* interior; the array has a ghost layer on every face */
 #define AX (NX + 2)
