@@ -30,19 +30,12 @@ import (
 	"hash/crc64"
 	"math"
 	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 	"unsafe"
 
 	"github.com/rvma/rvma/rma"
 )
-
-// started is when this process began: for a respawned rank, the end of
-// the respawn.
-var started = time.Now()
 
 type options struct {
 	steps, cells       int
@@ -191,16 +184,7 @@ type recovery struct {
 	failures  int
 	rewoundTo int
 	took      time.Duration
-	detected  time.Time // when a wait or put failed with ErrPeer
-	resumed   time.Time // when Recover returned
 	stats     rma.RecoveryStats
-}
-
-// killStamp is where a rank that kills itself leaves the time, so that the
-// others can tell how long recovery took from the kill: a file named after
-// the job's rendezvous.
-func killStamp() string {
-	return filepath.Join(os.TempDir(), "rewind-kill-"+strings.NewReplacer(":", "_", "/", "_").Replace(os.Getenv(rma.EnvKVS)))
 }
 
 // recover calls Recover and returns the step to go on from, having redone
@@ -208,15 +192,11 @@ func killStamp() string {
 // end of its epoch's wait).
 func (s *sim) recover(ctx context.Context, rec *recovery) (int, error) {
 	t0 := time.Now()
-	if rec.detected.IsZero() {
-		rec.detected = t0
-	}
 	if err := s.comm.Recover(ctx); err != nil {
 		return 0, err
 	}
 	rec.failures++
-	rec.resumed = time.Now()
-	rec.took += rec.resumed.Sub(t0)
+	rec.took += time.Since(t0)
 	rec.stats = s.comm.RecoveryStats()
 	if s.o.trace {
 		trace(s.comm, "recovered", time.Now())
@@ -264,7 +244,6 @@ func (s *sim) advance(ctx context.Context, e int, rec *recovery) error {
 		err := s.win.Put(ctx, s.mem[:8], s.left, s.ghostOff(e, 1))
 		if err == nil && e == s.o.failStep && c.Rank() == s.o.failRank && c.Incarnation() == 0 {
 			// A real failure: the process is gone, its memory with it.
-			os.WriteFile(killStamp(), []byte(strconv.FormatInt(time.Now().UnixNano(), 10)), 0o600)
 			if s.o.trace {
 				trace(c, "kill", time.Now())
 			}
@@ -376,29 +355,13 @@ func (s *sim) verdict(ctx context.Context, rec *recovery, took time.Duration) (b
 	if err := comm.AllreduceInt64(ctx, rma.ReduceSum, sum); err != nil {
 		return false, err
 	}
-	// From the kill (when this job's rank killed itself) to: the
-	// survivors' ErrPeer, the respawned rank's start, every rank
-	// computing again; and Recover's phases, the slowest rank's each.
-	var detect, respawn, resume int64
-	if b, err := os.ReadFile(killStamp()); err == nil && rec.failures > 0 {
-		if ns, err := strconv.ParseInt(string(b), 10, 64); err == nil {
-			k := time.Unix(0, ns)
-			if comm.Incarnation() > 0 {
-				respawn = started.Sub(k).Microseconds()
-			} else {
-				detect = rec.detected.Sub(k).Microseconds()
-			}
-			resume = rec.resumed.Sub(k).Microseconds()
-		}
-	}
+	// Recover's phases, the slowest rank's each (the times from the kill
+	// are --trace's: scripts/recovery-time.sh lines them up).
 	st := rec.stats
-	most := []int64{stats[1], stats[2], detect, respawn, resume, st.Agree.Microseconds(), st.Quiet.Microseconds(),
+	most := []int64{stats[1], stats[2], st.Agree.Microseconds(), st.Quiet.Microseconds(),
 		st.Reconnect.Microseconds(), st.Exchange.Microseconds(), st.Restore.Microseconds()}
 	if err := comm.AllreduceInt64(ctx, rma.ReduceMax, most); err != nil {
 		return false, err
-	}
-	if comm.Rank() == 0 {
-		os.Remove(killStamp())
 	}
 	ms := func(us int64) float64 { return float64(us) / 1e3 }
 	ok := sum[0] == 0
@@ -406,8 +369,7 @@ func (s *sim) verdict(ctx context.Context, rec *recovery, took time.Duration) (b
 		if o.json {
 			b, _ := json.Marshal(map[string]any{"example": "rewind", "ranks": comm.Size(), "steps": o.steps, "cells": o.cells,
 				"recoveries": most[0], "recovery_ms_max": ms(most[1]), "rewound_to_step": rec.rewoundTo,
-				"kill_to_detect_ms": ms(most[2]), "kill_to_respawn_ms": ms(most[3]), "kill_to_resume_ms": ms(most[4]),
-				"agree_ms": ms(most[5]), "quiet_ms": ms(most[6]), "reconnect_ms": ms(most[7]), "exchange_ms": ms(most[8]), "restore_ms": ms(most[9]),
+				"agree_ms": ms(most[2]), "quiet_ms": ms(most[3]), "reconnect_ms": ms(most[4]), "exchange_ms": ms(most[5]), "restore_ms": ms(most[6]),
 				"checksum": fmt.Sprintf("%x", uint64(sum[1])), "ok": ok})
 			fmt.Println(string(b))
 		} else {
@@ -417,11 +379,7 @@ func (s *sim) verdict(ctx context.Context, rec *recovery, took time.Duration) (b
 				fmt.Printf("  recovered from %d failure(s); rank 0 went back to step %d; the longest Recover took %v\n",
 					most[0], rec.rewoundTo, time.Duration(most[1])*time.Microsecond)
 				fmt.Printf("  Recover's phases (slowest rank each): agree %.1f ms, quiet %.1f, reconnect %.1f, exchange %.1f, restore %.1f\n",
-					ms(most[5]), ms(most[6]), ms(most[7]), ms(most[8]), ms(most[9]))
-				if most[4] > 0 {
-					fmt.Printf("  from the kill: survivors saw it in %.1f ms, the rank was respawned in %.1f ms, every rank computed again in %.1f ms\n",
-						ms(most[2]), ms(most[3]), ms(most[4]))
-				}
+					ms(most[2]), ms(most[3]), ms(most[4]), ms(most[5]), ms(most[6]))
 			}
 			fmt.Printf("  final state equals the fault-free run's byte for byte: %v (checksum %x)\n", ok, uint64(sum[1]))
 		}
