@@ -176,22 +176,7 @@ func TestHeaderMatchesLibrary(t *testing.T) {
 // TestHeaderCompiles checks that rvma.h stands alone in strict C99 and in
 // C++.
 func TestHeaderCompiles(t *testing.T) {
-	if _, err := exec.LookPath(testutil.CC()); err != nil {
-		t.Skipf("no C compiler (%s)", testutil.CC())
-	}
-	src := filepath.Join(t.TempDir(), "h.c")
-	if err := os.WriteFile(src, []byte("#include \"rvma.h\"\nint main(void) { return rvma_strerror(0) == 0; }\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmds := [][]string{{testutil.CC(), "-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-fsyntax-only", "-Iinclude", src}}
-	if _, err := exec.LookPath("g++"); err == nil {
-		cmds = append(cmds, []string{"g++", "-x", "c++", "-std=c++11", "-Wall", "-Wextra", "-pedantic", "-Werror", "-fsyntax-only", "-Iinclude", src})
-	}
-	for _, c := range cmds {
-		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
-			t.Errorf("%v: %v\n%s", c, err, out)
-		}
-	}
+	testutil.HeaderCompiles(t, "include", "#include \"rvma.h\"\nint main(void) { return rvma_strerror(0) == 0; }\n")
 }
 
 // TestHandles checks the table behind the handles: kinds, generations

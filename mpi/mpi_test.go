@@ -248,22 +248,7 @@ func TestErrors(t *testing.T) {
 
 // TestHeaderCompiles checks that mpi.h stands alone in strict C99 and C++.
 func TestHeaderCompiles(t *testing.T) {
-	if _, err := exec.LookPath(testutil.CC()); err != nil {
-		t.Skipf("no C compiler (%s)", testutil.CC())
-	}
-	src := filepath.Join(t.TempDir(), "h.c")
-	if err := os.WriteFile(src, []byte("#include \"mpi.h\"\n#include \"mpix_rvma.h\"\nint main(void) { return MPI_SUCCESS + MPIX_RVMA - 1; }\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmds := [][]string{{testutil.CC(), "-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-fsyntax-only", "-Iinclude", src}}
-	if _, err := exec.LookPath("g++"); err == nil {
-		cmds = append(cmds, []string{"g++", "-x", "c++", "-std=c++11", "-Wall", "-Wextra", "-pedantic", "-Werror", "-fsyntax-only", "-Iinclude", src})
-	}
-	for _, c := range cmds {
-		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
-			t.Errorf("%v: %v\n%s", c, err, out)
-		}
-	}
+	testutil.HeaderCompiles(t, "include", "#include \"mpi.h\"\n#include \"mpix_rvma.h\"\nint main(void) { return MPI_SUCCESS + MPIX_RVMA - 1; }\n")
 }
 
 // TestP2P runs test/p2p.c (wildcard receives, testable requests, MPI's

@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -211,15 +210,7 @@ func TestBootstrapOrder(t *testing.T) {
 
 	srv := pmitest.New(1)
 	defer srv.Close()
-	f, err := srv.Conn(0)
-	require.NoError(t, err)
-	fd, err := syscall.Dup(int(f.Fd()))
-	require.NoError(t, err)
-	f.Close()
-	for _, kv := range srv.Env(0, fd) {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
-	}
+	srv.Setenv(t, 0)
 	b, err = bootstrap(ctx)
 	require.NoError(t, err, "PMI before Open MPI")
 	require.Empty(t, b.published)
@@ -238,17 +229,9 @@ func TestInitPMI2Timeout(t *testing.T) {
 	clearLaunchEnv(t)
 	srv := pmitest.New(2) // the other rank never comes
 	defer srv.Close()
-	f, err := srv.Conn(0)
-	require.NoError(t, err)
-	fd, err := syscall.Dup(int(f.Fd()))
-	require.NoError(t, err)
-	f.Close()
-	for _, kv := range srv.Env(0, fd) {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
-	}
+	srv.Setenv(t, 0)
 	t0 := time.Now()
-	_, err = Init(context.Background(), &Config{Timeout: 300 * time.Millisecond, Provider: "udp"})
+	_, err := Init(context.Background(), &Config{Timeout: 300 * time.Millisecond, Provider: "udp"})
 	require.ErrorIs(t, err, ErrBootstrap)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.ErrorContains(t, err, "kvs-fence")

@@ -4,22 +4,13 @@ package rma
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-)
 
-func recovered(f func()) (msg string) {
-	defer func() {
-		if r := recover(); r != nil {
-			msg = fmt.Sprint(r)
-		}
-	}()
-	f()
-	return ""
-}
+	"github.com/rvma/rvma/internal/testutil"
+)
 
 // TestLockRulesEnforced breaks the package's documented lock rules on
 // purpose: the debug build panics, naming the rule, where a normal build
@@ -36,7 +27,7 @@ func TestLockRulesEnforced(t *testing.T) {
 
 	// access takes w.mu: a put from a goroutine holding it would deadlock.
 	w.mu.Lock()
-	msg := recovered(func() { w.Put(ctx, []byte{1}, 0, 0) })
+	msg := testutil.Recovered(func() { w.Put(ctx, []byte{1}, 0, 0) })
 	w.mu.Unlock()
 	require.Contains(t, msg, "holds already")
 
@@ -48,7 +39,7 @@ func TestLockRulesEnforced(t *testing.T) {
 		"find":        func() { c.reg.find([]byte{1}) },
 		"standing":    func() { w.notify.standing() },
 	} {
-		require.Contains(t, recovered(f), "does not hold", name)
+		require.Contains(t, testutil.Recovered(f), "does not hold", name)
 	}
 
 	// tx.mu precedes the engine's lock: a credit answer (which takes
@@ -59,7 +50,7 @@ func TestLockRulesEnforced(t *testing.T) {
 	call := tx.ask
 	tx.mu.Unlock()
 	require.NotNil(t, call)
-	c.eng.Locked(func() { msg = recovered(func() { call.after(nil) }) })
+	c.eng.Locked(func() { msg = testutil.Recovered(func() { call.after(nil) }) })
 	require.Contains(t, msg, "credit answer")
 
 	// Kept, the rules let the window work; Free drops the credit request.

@@ -9,7 +9,6 @@ import (
 	"net"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -354,16 +353,7 @@ func TestFromEnv(t *testing.T) {
 
 	srv := pmitest.New(1)
 	defer srv.Close()
-	f, err := srv.Conn(0)
-	require.NoError(t, err)
-	// PMI_FD names a descriptor FromEnv owns (and closes).
-	fd, err := syscall.Dup(int(f.Fd()))
-	require.NoError(t, err)
-	f.Close()
-	for _, kv := range srv.Env(0, fd) {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
-	}
+	srv.Setenv(t, 0)
 	s, ok, err := FromEnv(context.Background(), 0)
 	require.True(t, ok)
 	require.NoError(t, err)

@@ -27,6 +27,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 )
 
 // PMI2_ERR_INVALID_ARG, what Slurm answers a fullinit without its fields.
@@ -104,6 +105,26 @@ func (s *Server) Conn(rank int) (*os.File, error) {
 func (s *Server) Env(rank, fd int) []string {
 	return []string{"PMI_FD=" + strconv.Itoa(fd), "PMI_RANK=" + strconv.Itoa(rank),
 		"PMI_SIZE=" + strconv.Itoa(s.size), "PMI_JOBID=" + s.JobID}
+}
+
+// Setenv gives this test process rank's environment, as Slurm would give
+// the rank: a new connection whose descriptor PMI_FD names (the code under
+// test owns it, and closes it).
+func (s *Server) Setenv(t testing.TB, rank int) {
+	t.Helper()
+	f, err := s.Conn(rank)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := syscall.Dup(int(f.Fd()))
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range s.Env(rank, fd) {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
 }
 
 // Close closes every connection and waits for their goroutines.

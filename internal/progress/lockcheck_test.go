@@ -4,25 +4,15 @@ package progress_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/rvma/rvma/internal/progress"
+	"github.com/rvma/rvma/internal/testutil"
 	"github.com/rvma/rvma/verbs"
 )
-
-func recovered(f func()) (msg string) {
-	defer func() {
-		if r := recover(); r != nil {
-			msg = fmt.Sprint(r)
-		}
-	}()
-	f()
-	return ""
-}
 
 // TestRulesEnforced breaks the engine's documented rules on purpose; the
 // debug build panics, naming the rule, where a normal build would
@@ -36,7 +26,7 @@ func TestRulesEnforced(t *testing.T) {
 		var e *progress.Engine
 		e = progress.New(b.CQ, progress.Config{Background: true, OnRecv: func(*verbs.WorkCompletion) {
 			op, _ := e.Start(0, nil)
-			msgs <- recovered(func() { op.Wait(ctx) })
+			msgs <- testutil.Recovered(func() { op.Wait(ctx) })
 			e.Finish(op, nil) // Start and Finish are allowed
 		}})
 		defer e.Close()
@@ -63,7 +53,7 @@ func TestRulesEnforced(t *testing.T) {
 		other, _ := e.Start(0, nil)
 		var msg string
 		op, _ := e.Start(0, func(error) {
-			msg = recovered(func() { e.Finish(other, nil) }) // FinishLocked is the one to call
+			msg = testutil.Recovered(func() { e.Finish(other, nil) }) // FinishLocked is the one to call
 		})
 		e.Finish(op, nil)
 		require.Contains(t, msg, "which it holds already")
@@ -77,7 +67,7 @@ func TestRulesEnforced(t *testing.T) {
 		defer e.Close()
 		var msg string
 		require.NoError(t, e.Wait(ctx, func() bool {
-			msg = recovered(e.Wake)
+			msg = testutil.Recovered(e.Wake)
 			return true
 		}))
 		require.Contains(t, msg, "which it holds already")
@@ -88,6 +78,6 @@ func TestRulesEnforced(t *testing.T) {
 		e := progress.New(a.CQ, progress.Config{})
 		defer e.Close()
 		op, _ := e.Start(0, nil)
-		require.Contains(t, recovered(func() { e.FinishLocked(op, nil) }), "FinishLocked, but goroutine")
+		require.Contains(t, testutil.Recovered(func() { e.FinishLocked(op, nil) }), "FinishLocked, but goroutine")
 	})
 }

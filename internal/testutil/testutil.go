@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -115,4 +116,38 @@ func (b *Built) Remove() {
 	if b.dir != "" {
 		os.RemoveAll(b.dir)
 	}
+}
+
+// HeaderCompiles checks that a C program of src's text, compiled with
+// -Idir, builds alone in strict C99 and, where g++ is installed, in C++11:
+// that the headers it includes stand alone. It skips without a C compiler.
+func HeaderCompiles(t *testing.T, dir, src string) {
+	t.Helper()
+	if _, err := exec.LookPath(CC()); err != nil {
+		t.Skipf("no C compiler (%s)", CC())
+	}
+	file := filepath.Join(t.TempDir(), "h.c")
+	require.NoError(t, os.WriteFile(file, []byte(src), 0o644))
+	flags := []string{"-Wall", "-Wextra", "-pedantic", "-Werror", "-fsyntax-only", "-I" + dir, file}
+	cmds := [][]string{append([]string{CC(), "-std=c99"}, flags...)}
+	if _, err := exec.LookPath("g++"); err == nil {
+		cmds = append(cmds, append([]string{"g++", "-x", "c++", "-std=c++11"}, flags...))
+	}
+	for _, c := range cmds {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			t.Errorf("%v: %v\n%s", c, err, out)
+		}
+	}
+}
+
+// Recovered runs f and returns what it panicked with, as text ("" if it
+// did not panic).
+func Recovered(f func()) (msg string) {
+	defer func() {
+		if r := recover(); r != nil {
+			msg = fmt.Sprint(r)
+		}
+	}()
+	f()
+	return ""
 }
