@@ -233,6 +233,17 @@ func (c *Comm) acceptHaul(ctx context.Context, req *cm.Request, r int, which byt
 
 // closeHauls ends every long-haul connection, served or dialed; c.bg has
 // ended, so the serving goroutines return.
+// closeHaul closes the peer's reliability connection, if any; the next
+// long-haul put dials again.
+func (p *peer) closeHaul() {
+	p.haulMu.Lock()
+	defer p.haulMu.Unlock()
+	if p.haul != nil {
+		p.haul.close()
+		p.haul = nil
+	}
+}
+
 func (c *Comm) closeHauls() {
 	c.haulMu.Lock()
 	in := c.haulIn
@@ -247,12 +258,7 @@ func (c *Comm) closeHauls() {
 		h.close()
 	}
 	for _, p := range c.peers {
-		p.haulMu.Lock()
-		if p.haul != nil {
-			p.haul.close()
-			p.haul = nil
-		}
-		p.haulMu.Unlock()
+		p.closeHaul()
 	}
 }
 

@@ -63,12 +63,18 @@ func (c *Comm) closePaths() {
 	c.mpIn = nil
 	c.mpMu.Unlock()
 	for _, p := range c.peers {
-		p.mpMu.Lock()
-		if p.mp != nil {
-			p.mp.Close()
-			p.mp = nil
-		}
-		p.mpMu.Unlock()
+		p.closePath()
+	}
+}
+
+// closePath closes the peer's multipath connection, if any; the next
+// large operation dials again.
+func (p *peer) closePath() {
+	p.mpMu.Lock()
+	defer p.mpMu.Unlock()
+	if p.mp != nil {
+		p.mp.Close()
+		p.mp = nil
 	}
 }
 

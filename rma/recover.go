@@ -264,8 +264,7 @@ func (c *Comm) failAMs(r int) {
 // dropPeer forgets rank r's connection, so that the next operation
 // towards r connects again (to the incarnation last agreed).
 func (c *Comm) dropPeer(r int) {
-	c.breakPeer(r, anyInc)
-	c.failAMs(r)
+	c.breakPeer(r, anyInc) // active messages travel on the QP: none without one
 	p := c.peers[r]
 	p.mu.Lock()
 	qp := p.qp
@@ -277,18 +276,8 @@ func (c *Comm) dropPeer(r int) {
 	if qp != nil {
 		c.dropQP(qp)
 	}
-	p.mpMu.Lock()
-	if p.mp != nil {
-		p.mp.Close()
-		p.mp = nil
-	}
-	p.mpMu.Unlock()
-	p.haulMu.Lock()
-	if p.haul != nil {
-		p.haul.close()
-		p.haul = nil
-	}
-	p.haulMu.Unlock()
+	p.closePath()
+	p.closeHaul()
 	c.hostMu.Lock()
 	delete(c.hosts, r)
 	c.hostMu.Unlock()
