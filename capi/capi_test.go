@@ -29,11 +29,7 @@ import (
 // builds is what the tests build once (removed by TestMain).
 var builds testutil.Built
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	builds.Remove()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { builds.Main(m) }
 
 // programs lists the C tests.
 func programs(t *testing.T) []string {

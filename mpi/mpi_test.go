@@ -25,11 +25,7 @@ import (
 // builds is what the tests build once (removed by TestMain).
 var builds testutil.Built
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	builds.Remove()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { builds.Main(m) }
 
 // built builds librvma, libmpi, rvmarun, the Go halo3d and the C programs
 // once, and returns where.

@@ -111,6 +111,14 @@ func (b *Built) Dir(t *testing.T, what string, build func() (string, error)) str
 	return b.dir
 }
 
+// Main runs the package's tests, then removes what they built: a
+// TestMain.
+func (b *Built) Main(m *testing.M) {
+	code := m.Run()
+	b.Remove()
+	os.Exit(code)
+}
+
 // Remove deletes what was built.
 func (b *Built) Remove() {
 	if b.dir != "" {

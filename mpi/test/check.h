@@ -20,4 +20,15 @@ static int me = -1;
 	} while (0)
 #define OK(call) EXPECT((call) == MPI_SUCCESS, "%s failed", #call)
 
+/* start initialises MPI, sets me, and returns the number of ranks; errors
+ * on MPI_COMM_WORLD are returned to the tests, which check each. */
+static int start(int *argc, char ***argv) {
+	int np;
+	OK(MPI_Init(argc, argv));
+	OK(MPI_Comm_rank(MPI_COMM_WORLD, &me));
+	OK(MPI_Comm_size(MPI_COMM_WORLD, &np));
+	OK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+	return np;
+}
+
 #endif

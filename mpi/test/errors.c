@@ -24,11 +24,7 @@
 #define OK(call) EXPECT_CLASS(MPI_SUCCESS, call)
 
 int main(int argc, char **argv) {
-	int np;
-	OK(MPI_Init(&argc, &argv));
-	OK(MPI_Comm_rank(MPI_COMM_WORLD, &me));
-	OK(MPI_Comm_size(MPI_COMM_WORLD, &np));
-	OK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+	int np = start(&argc, &argv);
 	int next = (me + 1) % np;
 
 	int64_t *base;

@@ -23,11 +23,7 @@ enum { EPOCHS = 10, N = 4 };
 static int64_t val(int origin, int epoch, int i) { return origin * 1000000 + epoch * 1000 + i; }
 
 int main(int argc, char **argv) {
-	int np;
-	OK(MPI_Init(&argc, &argv));
-	OK(MPI_Comm_rank(MPI_COMM_WORLD, &me));
-	OK(MPI_Comm_size(MPI_COMM_WORLD, &np));
-	OK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+	int np = start(&argc, &argv);
 	int next = (me + 1) % np, prev = (me + np - 1) % np;
 
 	/* Per origin: N int64 from prev complete an epoch; puts go round four

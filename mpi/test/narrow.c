@@ -14,10 +14,7 @@
 enum { N = 64 };
 
 int main(int argc, char **argv) {
-	int np;
-	OK(MPI_Init(&argc, &argv));
-	OK(MPI_Comm_rank(MPI_COMM_WORLD, &me));
-	OK(MPI_Comm_size(MPI_COMM_WORLD, &np));
+	int np = start(&argc, &argv);
 	/* Bytes 0..N-1: chars; N..3N-1: N/... shorts; the rest a guard. */
 	uint8_t *base;
 	MPI_Win win;

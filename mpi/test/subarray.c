@@ -18,10 +18,7 @@ enum { NX = 5, NY = 7, NZ = 6 }; /* interior; the array has a ghost layer on eve
 static double val(int rank, long idx) { return rank * 100000.0 + (double)idx; }
 
 int main(int argc, char **argv) {
-	int np;
-	OK(MPI_Init(&argc, &argv));
-	OK(MPI_Comm_rank(MPI_COMM_WORLD, &me));
-	OK(MPI_Comm_size(MPI_COMM_WORLD, &np));
+	int np = start(&argc, &argv);
 
 	/* A periodic 1-D grid of every rank, then a 3-D one. */
 	MPI_Comm ring, grid;
