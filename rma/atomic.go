@@ -95,7 +95,7 @@ func (w *Win) am(ctx context.Context, name string, target int, h amHdr, result [
 // compare-and-swap sent this way) count in w.amOut until their reply.
 func (w *Win) amCall(ctx context.Context, name string, target int, h amHdr, call *amCall, data ...[]byte) (*Request, error) {
 	c := w.c
-	var kind []int
+	var kind []atomic.Int32
 	if h.kind == amAcc || h.kind == amCAS {
 		kind = w.amOut
 	}
@@ -312,12 +312,12 @@ func (w *Win) putPacked(ctx context.Context, origin []byte, ol Layout, target, o
 // origin to one target are applied in the order they were issued (MPI's
 // default accumulate ordering).
 func (w *Win) Raccumulate(ctx context.Context, origin []byte, dt Datatype, op Op, target, disp int) (*Request, error) {
-	return w.accumulate(ctx, "accumulate", origin, nil, dt, op, target, disp)
+	return w.orDone(w.accumulate(ctx, "accumulate", origin, nil, dt, op, target, disp))
 }
 
 // Accumulate is Raccumulate completing at the next synchronisation.
 func (w *Win) Accumulate(ctx context.Context, origin []byte, dt Datatype, op Op, target, disp int) error {
-	_, err := w.Raccumulate(ctx, origin, dt, op, target, disp)
+	_, err := w.accumulate(ctx, "accumulate", origin, nil, dt, op, target, disp)
 	return err
 }
 
@@ -325,17 +325,21 @@ func (w *Win) Accumulate(ctx context.Context, origin []byte, dt Datatype, op Op,
 // values in result (same length as origin; with NoOp, origin's values are
 // ignored and only its length counts).
 func (w *Win) RgetAccumulate(ctx context.Context, origin, result []byte, dt Datatype, op Op, target, disp int) (*Request, error) {
-	if len(result) != len(origin) {
-		return nil, opErr("get_accumulate", target, fmt.Errorf("%w: result of %d bytes for %d", ErrDatatype, len(result), len(origin)))
-	}
-	return w.accumulate(ctx, "get_accumulate", origin, result, dt, op, target, disp)
+	return w.orDone(w.getAccumulate(ctx, origin, result, dt, op, target, disp))
 }
 
 // GetAccumulate is RgetAccumulate; result is valid after the next
 // synchronisation.
 func (w *Win) GetAccumulate(ctx context.Context, origin, result []byte, dt Datatype, op Op, target, disp int) error {
-	_, err := w.RgetAccumulate(ctx, origin, result, dt, op, target, disp)
+	_, err := w.getAccumulate(ctx, origin, result, dt, op, target, disp)
 	return err
+}
+
+func (w *Win) getAccumulate(ctx context.Context, origin, result []byte, dt Datatype, op Op, target, disp int) (*Request, error) {
+	if len(result) != len(origin) {
+		return nil, opErr("get_accumulate", target, fmt.Errorf("%w: result of %d bytes for %d", ErrDatatype, len(result), len(origin)))
+	}
+	return w.accumulate(ctx, "get_accumulate", origin, result, dt, op, target, disp)
 }
 
 func (w *Win) accumulate(ctx context.Context, name string, origin, result []byte, dt Datatype, op Op, target, disp int) (*Request, error) {
@@ -349,6 +353,15 @@ func (w *Win) accumulate(ctx context.Context, name string, origin, result []byte
 	if err != nil {
 		return nil, err
 	}
+	if len(origin) == 0 {
+		return nil, nil
+	}
+	if mem := w.directAtomic(ctx, target, off, len(origin), dt.Size()); mem != nil {
+		// A window of this host: the CPU's atomics, element by element,
+		// as the target's engine would apply them (see direct.go).
+		applyAtomic(op, dt, mem, origin, result)
+		return nil, nil
+	}
 	if result == nil && op == Sum && (dt == Int64 || dt == Uint64) && len(origin) == 8 && w.nicAtomicOK(target, off) {
 		// One 8-byte sum, the counter update PGAS codes make: the NIC's
 		// fetch-and-add with no result wanted (a CPU atomic on shared
@@ -359,23 +372,28 @@ func (w *Win) accumulate(ctx context.Context, name string, origin, result []byte
 		}
 		return w.postOps(name, qp, target, []verbs.SendWR{{Opcode: verbs.OpFetchAdd, Flags: verbs.FlagSignaled,
 			RemoteAddr: w.remote[target].addr + uint64(off), RKey: w.remote[target].rkey,
-			CompareAdd: binary.LittleEndian.Uint64(origin)}}, nil)
+			CompareAdd: binary.LittleEndian.Uint64(origin)}}, w.nicOut)
 	}
 	return w.am(ctx, name, target, amHdr{kind: amAcc, op: op, dt: dt, fetch: result != nil, off: uint64(off)}, result, origin)
 }
 
 // FetchAndOp applies op to one element at target and returns the previous
 // value in result; result is valid after the next synchronisation (or use
-// RfetchAndOp). Sum and NoOp on 8-byte integers at 8-byte-aligned
-// displacements are the NIC's fetch-and-add; the rest are active messages.
-// Both are atomic with respect to each other.
+// RfetchAndOp). Into a window of this host from Allocate (shm) it is a
+// CPU atomic made by this rank; elsewhere Sum and NoOp on 8-byte integers
+// at 8-byte-aligned displacements are the NIC's fetch-and-add, and the
+// rest are active messages. All are atomic with respect to each other.
 func (w *Win) FetchAndOp(ctx context.Context, origin, result []byte, dt Datatype, op Op, target, disp int) error {
-	_, err := w.RfetchAndOp(ctx, origin, result, dt, op, target, disp)
+	_, err := w.fetchAndOp(ctx, origin, result, dt, op, target, disp)
 	return err
 }
 
 // RfetchAndOp is FetchAndOp returning a request.
 func (w *Win) RfetchAndOp(ctx context.Context, origin, result []byte, dt Datatype, op Op, target, disp int) (*Request, error) {
+	return w.orDone(w.fetchAndOp(ctx, origin, result, dt, op, target, disp))
+}
+
+func (w *Win) fetchAndOp(ctx context.Context, origin, result []byte, dt Datatype, op Op, target, disp int) (*Request, error) {
 	const name = "fetch_and_op"
 	sz := dt.Size()
 	if len(origin) != sz || len(result) != sz {
@@ -388,6 +406,10 @@ func (w *Win) RfetchAndOp(ctx context.Context, origin, result []byte, dt Datatyp
 		off, err := w.span(name, target, disp, 8)
 		if err != nil {
 			return nil, err
+		}
+		if mem := w.directAtomic(ctx, target, off, 8, 8); mem != nil {
+			applyAtomic(op, dt, mem, origin, result)
+			return nil, nil
 		}
 		if w.nicAtomicOK(target, off) {
 			add := binary.LittleEndian.Uint64(origin)
@@ -403,12 +425,16 @@ func (w *Win) RfetchAndOp(ctx context.Context, origin, result []byte, dt Datatyp
 // CompareAndSwap replaces the element at target with origin if it equals
 // compare, and returns the previous value in result.
 func (w *Win) CompareAndSwap(ctx context.Context, origin, compare, result []byte, dt Datatype, target, disp int) error {
-	_, err := w.RcompareAndSwap(ctx, origin, compare, result, dt, target, disp)
+	_, err := w.compareAndSwap(ctx, origin, compare, result, dt, target, disp)
 	return err
 }
 
 // RcompareAndSwap is CompareAndSwap returning a request.
 func (w *Win) RcompareAndSwap(ctx context.Context, origin, compare, result []byte, dt Datatype, target, disp int) (*Request, error) {
+	return w.orDone(w.compareAndSwap(ctx, origin, compare, result, dt, target, disp))
+}
+
+func (w *Win) compareAndSwap(ctx context.Context, origin, compare, result []byte, dt Datatype, target, disp int) (*Request, error) {
 	const name = "compare_and_swap"
 	sz := dt.Size()
 	if sz == 0 || len(origin) != sz || len(compare) != sz || len(result) != sz {
@@ -420,6 +446,10 @@ func (w *Win) RcompareAndSwap(ctx context.Context, origin, compare, result []byt
 	off, err := w.span(name, target, disp, sz)
 	if err != nil {
 		return nil, err
+	}
+	if mem := w.directAtomic(ctx, target, off, sz, sz); mem != nil {
+		storeElem(result, compareSwap(dt, mem, loadElem(compare), loadElem(origin)))
+		return nil, nil
 	}
 	if sz == 8 && w.nicAtomicOK(target, off) {
 		return w.nicAtomic(ctx, name, target, verbs.OpCompareSwap, w.remote[target].addr+uint64(off), w.remote[target].rkey,
@@ -439,9 +469,7 @@ func (w *Win) nicAtomicOK(target, off int) bool {
 	if (rw.addr+uint64(off))%8 != 0 || (uint64(rw.misalign)+uint64(off))%8 != 0 {
 		return false
 	}
-	ok := false
-	w.c.eng.Locked(func() { ok = w.amOut[target] == 0 })
-	return ok
+	return w.amOut[target].Load() == 0
 }
 
 // nicAtomic posts a verbs atomic whose previous value lands in result.
@@ -455,5 +483,5 @@ func (w *Win) nicAtomic(ctx context.Context, name string, target int, opc verbs.
 		return nil, opErr(name, target, err)
 	}
 	return w.postOps(name, qp, target, []verbs.SendWR{{Opcode: opc, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{sge},
-		RemoteAddr: raddr, RKey: rkey, CompareAdd: cmpAdd, Swap: swap}}, nil)
+		RemoteAddr: raddr, RKey: rkey, CompareAdd: cmpAdd, Swap: swap}}, w.nicOut)
 }

@@ -293,6 +293,7 @@ type Comm struct {
 	cq         *verbs.CQ
 	srq        *verbs.SRQ
 	eng        *progress.Engine
+	doneReq    *Request // of every operation that completed in its call (Win.orDone)
 	target     *mailbox.Target
 	ln         *cm.Listener
 	mpLn       *multipath.Listener // with Config.Paths > 1: where other ranks' multipath connections arrive
@@ -748,6 +749,7 @@ func newComm(ctx context.Context, b boot, dev *verbs.Device, cfg Config) (_ *Com
 	c.reg.pd = c.pd
 	c.msg.init()
 	c.eng = progress.New(c.cq, progress.Config{OnRecv: c.onRecv, Background: true, Err: c.errOf})
+	c.doneReq = &Request{op: c.eng.Done(), name: "rma", rank: -1}
 	go c.wakeProbes()
 	c.target = mailbox.NewTarget(dev, nil)
 	c.shmGID = -1
@@ -1004,11 +1006,11 @@ func (c *Comm) conn(ctx context.Context, r int) (*verbs.QP, error) {
 		return qp, err
 	}
 	// Connecting may wait for a rank that died: a fault ends the wait.
-	ctx, conv, stop := c.interruptible(ctx)
-	defer stop()
+	ctx, in := c.interruptible(ctx)
+	defer in.end()
 	qp, err = c.connect(ctx, r)
 	if err != nil && !errors.Is(err, ErrPeer) {
-		if e := conv(ctx.Err()); e != nil && errors.Is(e, ErrPeer) {
+		if e := in.err(ctx.Err()); e != nil && errors.Is(e, ErrPeer) {
 			err = opErr("connect", r, e)
 		}
 	}

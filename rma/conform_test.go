@@ -495,7 +495,7 @@ func caseFenceAgrees(ctx context.Context, c *Comm, seed uint64) error {
 		return err
 	}
 	if c.Rank() == bad {
-		w.c.eng.Locked(func() { w.failed[(bad+1)%c.Size()] = injected })
+		w.c.eng.Locked(func() { w.fail((bad+1)%c.Size(), injected) })
 	}
 	err = w.Fence(ctx, 0)
 	var oe *OpError
@@ -510,7 +510,7 @@ func caseFenceAgrees(ctx context.Context, c *Comm, seed uint64) error {
 		return err
 	}
 	if c.Rank() == bad {
-		w.c.eng.Locked(func() { w.failed[(bad+1)%c.Size()] = injected })
+		w.c.eng.Locked(func() { w.fail((bad+1)%c.Size(), injected) })
 	}
 	err = w.Free(ctx)
 	if c.Rank() != bad && !errors.Is(err, ErrRemote) {

@@ -32,7 +32,10 @@
 // aligned to their size under a lock: they are accepted, as MPICH does),
 // except FetchAndOp (sum, no-op) and CompareAndSwap on aligned 8-byte
 // elements, which use the NIC's atomics while no accumulate message to
-// that target is in flight; the two kinds are atomic with respect to each
+// that target is in flight. Into a window of this host from Allocate
+// (shm), each of them on aligned elements is a CPU atomic made by the
+// origin on the mapped window, while none of its accumulates to that
+// target is in flight on the QP. All kinds are atomic with respect to each
 // other. All accumulate functions from one origin to one target apply in
 // issue order (MPI's default ordering), whichever engine applies them.
 // Request-returning variants (Rput, Rget, Raccumulate, ...) complete

@@ -25,9 +25,9 @@ func TestLockRulesEnforced(t *testing.T) {
 	require.NoError(t, err)
 	tx := &w.tx[0]
 
-	// access takes w.mu: a put from a goroutine holding it would deadlock.
+	// Lock takes w.mu: a call from a goroutine holding it would deadlock.
 	w.mu.Lock()
-	msg := testutil.Recovered(func() { w.Put(ctx, []byte{1}, 0, 0) })
+	msg := testutil.Recovered(func() { w.Lock(ctx, LockShared, 0) })
 	w.mu.Unlock()
 	require.Contains(t, msg, "holds already")
 

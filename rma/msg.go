@@ -353,8 +353,8 @@ func (m *msgState) pop(k inboxKey) []byte {
 // or AnySource (no probes: any rank may send). It returns src.
 func (c *Comm) waitMsg(ctx context.Context, src int, take func() bool) (int, error) {
 	// A rank's death, announced by the launcher, ends the wait.
-	ctx, conv, stop := c.interruptible(ctx)
-	defer stop()
+	ctx, in := c.interruptible(ctx)
+	defer in.end()
 	var got bool
 	broken, probe := false, false
 	var err error
@@ -389,7 +389,7 @@ func (c *Comm) waitMsg(ctx context.Context, src int, take func() bool) (int, err
 	if err == nil && broken && !got {
 		err = fmt.Errorf("%w: its connection failed", ErrPeer)
 	}
-	err = conv(err)
+	err = in.err(err)
 	if err != nil {
 		if errors.Is(err, ErrPeer) {
 			c.troubled.Store(true)

@@ -189,11 +189,11 @@ func (w *Win) WaitEpoch(ctx context.Context) (uint64, error) {
 	if err := w.c.usable("wait_epoch"); err != nil {
 		return 0, err
 	}
-	ictx, conv, stop := w.c.interruptible(ctx)
-	defer stop()
+	ictx, in := w.c.interruptible(ctx)
+	defer in.end()
 	for _, b := range n.boxes {
 		if _, err := b.Wait(ictx); err != nil {
-			return 0, opErr("wait_epoch", -1, conv(err))
+			return 0, opErr("wait_epoch", -1, in.err(err))
 		}
 	}
 	for _, b := range n.boxes {

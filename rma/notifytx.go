@@ -256,12 +256,7 @@ func (w *Win) putPerOrigin(ctx context.Context, origin []byte, ol Layout, target
 // pending reports whether operations towards target are in flight or
 // unflushed.
 func (w *Win) pending(target int) bool {
-	n := 0
-	w.c.eng.Locked(func() { n = w.out[target] })
-	w.unsigMu.Lock()
-	n += w.unsig[target]
-	w.unsigMu.Unlock()
-	return n > 0
+	return w.out[target].Load() > 0 || w.unsig[target].Load() > 0
 }
 
 // waitBridged waits until no operation towards target travels outside

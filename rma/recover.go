@@ -182,25 +182,49 @@ func (r *recovery) admit(rank int, inc, mine uint32) string {
 }
 
 // interruptible returns ctx that also ends at the next fault the launcher
-// announces, and a function that turns what a wait returned into the
-// fault's ErrPeer when the fault ended it.
-func (c *Comm) interruptible(ctx context.Context) (context.Context, func(error) error, context.CancelFunc) {
+// announces, and what turns the error the wait returned into the fault's
+// ErrPeer when the fault ended it; end releases it. A context that never
+// ends (Background, the common case of a hot wait) is replaced by the
+// fault's own: nothing is allocated.
+func (c *Comm) interruptible(ctx context.Context) (context.Context, interrupt) {
 	r := &c.rec
 	if r.store == nil {
-		return ctx, func(err error) error { return err }, func() {}
+		return ctx, interrupt{}
 	}
 	r.mu.Lock()
 	fault := r.fault
 	r.mu.Unlock()
-	ictx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(fault, func() { cancel(context.Cause(fault)) })
-	conv := func(err error) error {
-		if err != nil && ctx.Err() == nil && fault.Err() != nil {
-			return context.Cause(fault)
-		}
-		return err
+	in := interrupt{outer: ctx, fault: fault}
+	if ctx.Done() == nil {
+		return fault, in
 	}
-	return ictx, conv, func() { stop(); cancel(nil) }
+	ictx, cancel := context.WithCancelCause(ctx)
+	in.cancel = cancel
+	in.stop = context.AfterFunc(fault, func() { cancel(context.Cause(fault)) })
+	return ictx, in
+}
+
+// interrupt is what interruptible returns besides the context.
+type interrupt struct {
+	outer, fault context.Context // nil fault: no recovery
+	cancel       context.CancelCauseFunc
+	stop         func() bool
+}
+
+// err is the fault's ErrPeer if the fault ended the wait, else err.
+func (in interrupt) err(err error) error {
+	if err != nil && in.fault != nil && in.outer.Err() == nil && in.fault.Err() != nil {
+		return context.Cause(in.fault)
+	}
+	return err
+}
+
+// end releases the derived context, if one was made.
+func (in interrupt) end() {
+	if in.cancel != nil {
+		in.stop()
+		in.cancel(nil)
+	}
 }
 
 // usable refuses operations of a respawned rank before Recover: its
@@ -638,16 +662,23 @@ func (w *Win) quiet(ctx context.Context, changed []bool) {
 		// the first target that failed, so wait for the rest too: nothing
 		// of before may fail after the failures are forgotten.
 		w.FlushAll(ctx)
-		w.c.eng.Wait(ctx, func() bool { return w.outN == 0 })
+		w.c.eng.Wait(ctx, func() bool { return w.outN.Load() == 0 })
 	}
 	w.mu.Lock()
 	w.fence, w.startGroup, w.postGroup, w.lockAll = false, nil, nil, false
 	clear(w.locks)
+	w.setAllOK()
 	w.mu.Unlock()
 	w.unsigMu.Lock()
-	clear(w.unsig)
+	for i := range w.unsig {
+		w.unsig[i].Store(0)
+	}
 	w.unsigMu.Unlock()
-	w.c.eng.Locked(func() { clear(w.failed) })
+	w.c.eng.Locked(func() {
+		for r := range w.failed {
+			w.takeFailed(r)
+		}
+	})
 	for r, ch := range changed {
 		if ch && w.direct != nil {
 			w.direct[r] = directPeer{}
@@ -685,6 +716,12 @@ func (w *Win) rejoin(ctx context.Context, changed []bool) error {
 	} else {
 		copy(w.remote, remote)
 	}
+	w.mu.Lock()
+	if w.ok == nil {
+		w.ok = make([]atomic.Uint32, c.size)
+	}
+	w.setAllOK()
+	w.mu.Unlock()
 	w.resetTx()
 	atomic.StoreUint64(&w.lockMem[0], 0)
 	if w.notify != nil {

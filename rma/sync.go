@@ -28,6 +28,7 @@ func (w *Win) Fence(ctx context.Context, assert int) error {
 	aerr := w.c.agree(ctx, "fence", err)
 	w.mu.Lock()
 	w.fence = assert&ModeNoSucceed == 0
+	w.setAllOK()
 	w.mu.Unlock()
 	if err != nil {
 		return opErr("fence", -1, err)
@@ -96,6 +97,7 @@ func (w *Win) Start(ctx context.Context, group []int, assert int) error {
 	}
 	w.mu.Lock()
 	w.startGroup = append([]int{}, group...)
+	w.setAllOK()
 	w.mu.Unlock()
 	return nil
 }
@@ -113,6 +115,7 @@ func (w *Win) Complete(ctx context.Context) error {
 	w.mu.Lock()
 	group := w.startGroup
 	w.startGroup = nil
+	w.setAllOK()
 	w.mu.Unlock()
 	if group == nil {
 		return opErr("complete", -1, fmt.Errorf("%w: complete without start", ErrSync))
@@ -157,7 +160,7 @@ func completeErr(op string, r int, m []byte) error {
 // bridged from other connections.
 func (w *Win) unordered(target int) bool {
 	n := 0
-	w.c.eng.Locked(func() { n = w.reads[target] + w.bridged[target] })
+	w.c.eng.Locked(func() { n = int(w.reads[target].Load()) + w.bridged[target] })
 	return n > 0
 }
 
@@ -247,14 +250,15 @@ func (w *Win) Lock(ctx context.Context, lt LockType, target int) error {
 	}
 	w.mu.Lock()
 	w.locks[target] = lt
+	w.setOK(target)
 	w.mu.Unlock()
 	return nil
 }
 
 func (w *Win) acquire(ctx context.Context, lt LockType, target int) error {
 	// A holder that died never releases: a fault ends the wait.
-	ictx, conv, stop := w.c.interruptible(ctx)
-	defer stop()
+	ictx, in := w.c.interruptible(ctx)
+	defer in.end()
 	backoff := time.Microsecond
 	for {
 		if lt == LockExclusive {
@@ -279,7 +283,7 @@ func (w *Win) acquire(ctx context.Context, lt LockType, target int) error {
 		}
 		select {
 		case <-ictx.Done():
-			return opErr("lock", target, conv(ictx.Err()))
+			return opErr("lock", target, in.err(ictx.Err()))
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, time.Millisecond)
@@ -324,6 +328,7 @@ func (w *Win) Unlock(ctx context.Context, target int) error {
 	err = cmp.Or(err, w.release1(ctx, lt, target))
 	w.mu.Lock()
 	delete(w.locks, target)
+	w.setOK(target)
 	w.mu.Unlock()
 	return err
 }
@@ -355,6 +360,7 @@ func (w *Win) LockAll(ctx context.Context) error {
 	}
 	w.mu.Lock()
 	w.lockAll = true
+	w.setAllOK()
 	w.mu.Unlock()
 	return nil
 }
@@ -373,6 +379,7 @@ func (w *Win) UnlockAll(ctx context.Context) error {
 	}
 	w.mu.Lock()
 	w.lockAll = false
+	w.setAllOK()
 	w.mu.Unlock()
 	return err
 }

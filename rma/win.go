@@ -207,24 +207,36 @@ type Win struct {
 	lockAll    bool
 	freed      bool
 
-	// Per target, guarded by the engine's lock: operations in flight, the
-	// first failure since the last flush (reported by it), operations
-	// completing outside the RC connection (see bridge), READs in flight
-	// (not ordered before a later message: see Complete), and accumulate
-	// active messages in flight (a NIC atomic must not overtake them).
-	out     []int
-	outN    int
+	// Per target, changed under the engine's lock: operations in flight,
+	// the first failure since the last flush (reported by it; failedN
+	// counts them), operations completing outside the RC connection (see
+	// bridge), READs in flight (not ordered before a later message: see
+	// Complete), accumulate active messages in flight (a NIC atomic must
+	// not overtake them), and NIC atomics in flight (an origin's CPU
+	// atomic must not overtake them either). The counters are atomic so
+	// that a flush or an atomic finds "nothing in flight" without the
+	// lock.
+	out     []atomic.Int32
+	outN    atomic.Int32
 	failed  []error
+	failedN atomic.Int32
 	bridged []int
-	reads   []int
-	amOut   []int
+	reads   []atomic.Int32
+	amOut   []atomic.Int32
+	nicOut  []atomic.Int32
 
-	// unsigMu guards unsig, the unsignalled puts per target since the
-	// last flush marker. It is held across posting those puts and the
-	// marker, so that a marker follows the puts it counts (the engine's
-	// lock nests inside it).
+	// unsigMu is held while unsig, the unsignalled puts per target since
+	// the last flush marker, changes, and across posting those puts and
+	// the marker, so that a marker follows the puts it counts (the
+	// engine's lock nests inside it). A load without it tells a flush
+	// that no marker is due.
 	unsigMu sync.Mutex
-	unsig   []int
+	unsig   []atomic.Int32
+
+	// ok says, per target, which accesses the window's epochs allow now
+	// (okPlain, okNotified; see setOK): what access finds under mu,
+	// loaded without it on the hot path.
+	ok []atomic.Uint32
 
 	// unalignedMu makes atomics on unaligned elements of this rank's
 	// memory atomic (see apply); it guards no field.
@@ -283,8 +295,9 @@ func (c *Comm) create(ctx context.Context, mem []byte, mr *verbs.MR, cfg *WinCon
 	id := c.nextWin
 	c.winMu.Unlock()
 	w := &Win{c: c, id: id, mem: mem, unit: conf.DispUnit, locks: map[int]LockType{}, mr: mr,
-		out: make([]int, c.size), bridged: make([]int, c.size), reads: make([]int, c.size), amOut: make([]int, c.size),
-		unsig: make([]int, c.size), failed: make([]error, c.size)}
+		out: make([]atomic.Int32, c.size), bridged: make([]int, c.size), reads: make([]atomic.Int32, c.size),
+		amOut: make([]atomic.Int32, c.size), nicOut: make([]atomic.Int32, c.size), unsig: make([]atomic.Int32, c.size),
+		failed: make([]error, c.size)}
 	me, local := remoteWin{}, early
 	if local == nil {
 		me, local = w.setup(conf)
@@ -329,6 +342,10 @@ func (c *Comm) create(ctx context.Context, mem []byte, mr *verbs.MR, cfg *WinCon
 	for r := range w.tx {
 		w.tx[r].init(w.remote[r].depth)
 	}
+	w.ok = make([]atomic.Uint32, c.size)
+	w.mu.Lock()
+	w.setAllOK()
+	w.mu.Unlock()
 	if w.notify != nil {
 		if err := w.notify.exchangeReplicas(ctx); err != nil {
 			w.release()
@@ -402,6 +419,7 @@ func (w *Win) release() {
 		return
 	}
 	w.freed = true
+	w.setAllOK()
 	w.resetTx()
 	w.c.winMu.Lock()
 	delete(w.c.wins, w.id)
@@ -419,9 +437,56 @@ func (w *Win) release() {
 	w.credits.free()
 }
 
+// What access allows towards a target, kept per target in w.ok.
+const (
+	okPlain    = 1 << iota // any operation: an epoch covers the target
+	okNotified             // a put: the above, or the target's notified window expects this rank
+)
+
+// setOK recomputes what access allows towards target (w.mu held), after
+// the epochs, the window's state or the target's description changed.
+func (w *Win) setOK(target int) {
+	lockcheck.AssertHeld(&w.mu, "rma: setOK")
+	if w.ok == nil {
+		return // not connected yet (a respawned rank before Recover)
+	}
+	var s uint32
+	if !w.freed {
+		if w.fence || w.lockAll || w.locks[target] != 0 || slices.Contains(w.startGroup, target) {
+			s |= okPlain
+		}
+		rw := &w.remote[target]
+		switch {
+		case rw.notify == 0:
+			s |= s << 1 // okNotified as okPlain
+		case rw.notify != notifyPerOrigin || rw.expect != 0:
+			s |= okNotified
+		}
+	}
+	w.ok[target].Store(s)
+}
+
+// setAllOK is setOK for every target.
+func (w *Win) setAllOK() {
+	for t := range w.ok {
+		w.setOK(t)
+	}
+}
+
 // access checks that an operation may go to target now; w.mu is not held
-// (under -tags rvmadebug, taking it again panics).
+// (under -tags rvmadebug, taking it again panics). What the epochs allow
+// is loaded without the lock; only a refusal takes the slow path, which
+// says why.
 func (w *Win) access(op string, target int, notified bool) error {
+	if uint(target) < uint(len(w.ok)) {
+		bit := uint32(okPlain)
+		if notified {
+			bit = okNotified
+		}
+		if w.ok[target].Load()&bit != 0 && !w.c.rec.fresh.Load() {
+			return nil
+		}
+	}
 	if err := w.c.checkRank(op, target); err != nil {
 		return err
 	}
@@ -483,22 +548,24 @@ func (w *Win) track(n, target int) (*progress.Op, uint64) { return w.trackAs(n, 
 
 // trackAs is track that also raises kind[target] (w.reads, w.amOut) while
 // the operation is in flight.
-func (w *Win) trackAs(n, target int, kind []int) (*progress.Op, uint64) {
+func (w *Win) trackAs(n, target int, kind []atomic.Int32) (*progress.Op, uint64) {
 	w.c.eng.Locked(func() {
-		w.out[target]++
-		w.outN++
+		w.out[target].Add(1)
+		w.outN.Add(1)
 		if kind != nil {
-			kind[target]++
+			kind[target].Add(1)
 		}
 	})
 	return w.c.eng.Start(n, func(err error) {
-		w.out[target]--
-		w.outN--
-		if kind != nil {
-			kind[target]--
+		// The failure is recorded before the counts fall: a flush that
+		// finds nothing in flight without the lock then sees it.
+		if !errors.Is(err, errDropped) {
+			w.fail(target, err)
 		}
-		if err != nil && w.failed[target] == nil && !errors.Is(err, errDropped) {
-			w.failed[target] = err // reported by the next flush towards target
+		w.out[target].Add(-1)
+		w.outN.Add(-1)
+		if kind != nil {
+			kind[target].Add(-1)
 		}
 	})
 }
@@ -537,7 +604,17 @@ const smallBlock = 64
 // completed at the target when the request has, or at the next
 // synchronisation. origin must not change until then.
 func (w *Win) Rput(ctx context.Context, origin []byte, target, disp int) (*Request, error) {
-	return w.put(ctx, origin, Layout{}, target, disp, Layout{}, true)
+	return w.orDone(w.put(ctx, origin, Layout{}, target, disp, Layout{}, true))
+}
+
+// orDone returns the request of an operation that may have completed in
+// the call that started it (then its request is nil, and so is err): one
+// finished request serves them all.
+func (w *Win) orDone(req *Request, err error) (*Request, error) {
+	if req == nil && err == nil {
+		return w.c.doneReq, nil
+	}
+	return req, err
 }
 
 // Put is Rput without a request: it completes at the next
@@ -561,7 +638,7 @@ func (w *Win) PutLayout(ctx context.Context, origin []byte, ol Layout, target, d
 
 // RputLayout is Rput with layouts.
 func (w *Win) RputLayout(ctx context.Context, origin []byte, ol Layout, target, disp int, tl Layout) (*Request, error) {
-	return w.put(ctx, origin, ol, target, disp, tl, true)
+	return w.orDone(w.put(ctx, origin, ol, target, disp, tl, true))
 }
 
 // check validates a put or get before anything moves: the epoch, both
@@ -585,51 +662,9 @@ func (w *Win) check(name string, origin []byte, ol Layout, target, disp int, tl 
 	return ol, tl, off, err
 }
 
-// directPeer is a target's window mapped into this process (shm), so that
-// a plain put is a bounds check and a copy: no work request, no packet, no
-// completion, and its flush has nothing to wait for.
-type directPeer struct {
-	mu    sync.Mutex     // serialises the first attempt to map
-	state atomic.Uint32  // directUntried, directMapped or directNone
-	m     *verbs.Mapping // set before state becomes directMapped
-	dirty atomic.Bool    // a put went through m since the last flush
-}
-
-const (
-	directUntried = iota
-	directMapped
-	directNone
-)
-
-// mapped returns target's window mapped here, mapping it at the first
-// call; nil where it cannot be (another host, memory not from Allocate,
-// a notified window, this rank).
-func (w *Win) mapped(ctx context.Context, target int, rw *remoteWin) *verbs.Mapping {
-	d := &w.direct[target]
-	switch d.state.Load() {
-	case directMapped:
-		return d.m
-	case directNone:
-		return nil
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.state.Load() == directUntried {
-		st := uint32(directNone)
-		if rw.notify == 0 && target != w.c.rank && rw.size > 0 {
-			if qp, err := w.c.conn(ctx, target); err == nil {
-				if m, err := qp.Map(rw.rkey, rw.addr, int(rw.size), verbs.AccessRemoteWrite); err == nil {
-					d.m, st = m, directMapped
-				}
-			}
-		}
-		d.state.Store(st)
-	}
-	return d.m // nil unless mapped
-}
-
 // put implements the puts; without signal it posts unsignalled work
-// requests and returns no request.
+// requests and returns no request, and none either when the put completed
+// in the call (a copy).
 func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp int, tl Layout, signal bool) (*Request, error) {
 	const name = "put"
 	ol, tl, off, err := w.check(name, origin, ol, target, disp, tl, true)
@@ -642,17 +677,12 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 		return &Request{op: op, name: name, rank: target}, nil
 	}
 	rw := &w.remote[target]
-	if !signal && rw.notify == 0 && ol.Contiguous() && tl.Contiguous() && !w.spreads(target, tl.Size(), ol, tl) {
-		// Into a window of this host mapped here: the put is a copy.
-		// Puts are not ordered with each other before a synchronisation
-		// (MPI), so this one may overtake earlier ones still in the QP.
-		if m := w.mapped(ctx, target, rw); m != nil && m.Usable() {
-			copy(m.Bytes()[off:off+tl.Size()], origin)
-			if d := &w.direct[target]; !d.dirty.Load() {
-				d.dirty.Store(true)
-			}
-			return nil, nil
-		}
+	// Into a window of this host mapped here, the put is a copy (see
+	// direct.go). Puts are not ordered with each other before a
+	// synchronisation (MPI), so it may overtake earlier ones still in
+	// the QP.
+	if rw.notify == 0 && !w.spreads(target, tl.Size(), ol, tl) && w.directPut(ctx, origin, ol, target, off, tl) {
+		return nil, nil
 	}
 	switch {
 	case rw.notify != 0 && w.c.longHaul(target):
@@ -780,7 +810,7 @@ func (w *Win) postUnsignalled(qp *verbs.QP, target int, wrs []verbs.SendWR) erro
 	defer w.unsigMu.Unlock()
 	k, err := w.c.post(qp, wrs)
 	if k > 0 {
-		w.unsig[target] += k
+		w.unsig[target].Add(int32(k))
 	}
 	if err != nil {
 		return opErr("put", target, err)
@@ -792,17 +822,15 @@ func (w *Win) postUnsignalled(qp *verbs.QP, target int, wrs []verbs.SendWR) erro
 // puts, if there are any: when it completes, they have (RC completes in
 // order, and a failed put fails the marker too).
 func (w *Win) marker(ctx context.Context, target int) error {
-	if d := &w.direct[target]; d.dirty.Load() {
-		// Puts copied into the target's mapped window completed then;
-		// unless the target is gone, which nothing else would tell.
-		d.dirty.Store(false)
-		if d.m.PeerGone() {
-			return fmt.Errorf("%w: its process is gone", ErrPeer)
-		}
+	if err := w.directFlushed(target); err != nil {
+		return err
+	}
+	if w.unsig[target].Load() == 0 {
+		return nil
 	}
 	w.unsigMu.Lock()
 	defer w.unsigMu.Unlock()
-	if w.unsig[target] == 0 {
+	if w.unsig[target].Load() == 0 {
 		return nil
 	}
 	qp, err := w.c.conn(ctx, target)
@@ -811,7 +839,7 @@ func (w *Win) marker(ctx context.Context, target int) error {
 	}
 	if qp.Idle() {
 		// All done already: on shared memory the puts were copies.
-		w.unsig[target] = 0
+		w.unsig[target].Store(0)
 		return nil
 	}
 	rw := &w.remote[target]
@@ -819,7 +847,7 @@ func (w *Win) marker(ctx context.Context, target int) error {
 		RemoteAddr: rw.lockAddr, RKey: rw.lockKey}}, nil); err != nil {
 		return err
 	}
-	w.unsig[target] = 0
+	w.unsig[target].Store(0)
 	return nil
 }
 
@@ -828,7 +856,7 @@ const inlineMax = 256
 
 // postOps posts wrs as one tracked operation (counted in kind too, if not
 // nil: see trackAs).
-func (w *Win) postOps(name string, qp *verbs.QP, target int, wrs []verbs.SendWR, kind []int) (*Request, error) {
+func (w *Win) postOps(name string, qp *verbs.QP, target int, wrs []verbs.SendWR, kind []atomic.Int32) (*Request, error) {
 	op, base := w.trackAs(len(wrs), target, kind)
 	for i := range wrs {
 		wrs[i].ID = base + uint64(i)
@@ -846,21 +874,30 @@ func (w *Win) postOps(name string, qp *verbs.QP, target int, wrs []verbs.SendWR,
 // Rget starts a get of len(origin) bytes from target's window at disp
 // into origin.
 func (w *Win) Rget(ctx context.Context, origin []byte, target, disp int) (*Request, error) {
-	return w.RgetLayout(ctx, origin, Layout{}, target, disp, Layout{})
+	return w.orDone(w.get(ctx, origin, Layout{}, target, disp, Layout{}))
 }
 
 // Get is Rget completing at the next synchronisation.
 func (w *Win) Get(ctx context.Context, origin []byte, target, disp int) error {
-	_, err := w.Rget(ctx, origin, target, disp)
+	_, err := w.get(ctx, origin, Layout{}, target, disp, Layout{})
 	return err
 }
 
 // RgetLayout is Rget with layouts for both sides.
 func (w *Win) RgetLayout(ctx context.Context, origin []byte, ol Layout, target, disp int, tl Layout) (*Request, error) {
+	return w.orDone(w.get(ctx, origin, ol, target, disp, tl))
+}
+
+// get implements the gets; it returns no request when the get completed
+// in the call (a copy from a window mapped here).
+func (w *Win) get(ctx context.Context, origin []byte, ol Layout, target, disp int, tl Layout) (*Request, error) {
 	const name = "get"
 	ol, tl, off, err := w.check(name, origin, ol, target, disp, tl, false)
 	if err != nil {
 		return nil, err
+	}
+	if tl.Size() > 0 && w.remote[target].notify == 0 && !w.spreads(target, tl.Size(), ol, tl) && w.directGet(ctx, origin, ol, target, off, tl) {
+		return nil, nil
 	}
 	if w.spreads(target, tl.Size(), ol, tl) {
 		return w.spread(ctx, name, target, origin[:ol.Size()], off, true)
@@ -923,12 +960,15 @@ func (w *Win) Flush(ctx context.Context, target int) error {
 	if err := w.marker(ctx, target); err != nil {
 		return opErr("flush", target, err)
 	}
+	if w.out[target].Load() == 0 && w.failedN.Load() == 0 {
+		return nil // nothing in flight, nothing failed: no lock
+	}
 	var failed error
 	if err := w.c.eng.Wait(ctx, func() bool {
-		if w.out[target] != 0 {
+		if w.out[target].Load() != 0 {
 			return false
 		}
-		failed, w.failed[target] = w.failed[target], nil
+		failed = w.takeFailed(target)
 		return true
 	}); err != nil {
 		return opErr("flush", target, err)
@@ -943,23 +983,45 @@ func (w *Win) FlushAll(ctx context.Context) error {
 			return opErr("flush", r, err)
 		}
 	}
+	if w.outN.Load() == 0 && w.failedN.Load() == 0 {
+		return nil
+	}
 	var failed error
 	rank := -1
 	if err := w.c.eng.Wait(ctx, func() bool {
-		if w.outN != 0 {
+		if w.outN.Load() != 0 {
 			return false
 		}
-		for r, err := range w.failed {
-			if err != nil && failed == nil {
+		for r := range w.failed {
+			if err := w.takeFailed(r); err != nil && failed == nil {
 				failed, rank = err, r
 			}
-			w.failed[r] = nil
 		}
 		return true
 	}); err != nil {
 		return opErr("flush", -1, err)
 	}
 	return opErr("flush", rank, failed)
+}
+
+// fail records err, if it is the first failure towards target since the
+// last flush there, for that flush to report (the engine's lock held).
+func (w *Win) fail(target int, err error) {
+	if err != nil && w.failed[target] == nil {
+		w.failed[target] = err
+		w.failedN.Add(1)
+	}
+}
+
+// takeFailed returns and forgets the failure recorded towards target
+// (the engine's lock held).
+func (w *Win) takeFailed(target int) error {
+	err := w.failed[target]
+	if err != nil {
+		w.failed[target] = nil
+		w.failedN.Add(-1)
+	}
+	return err
 }
 
 // FlushLocal waits until the origin buffers of operations towards target

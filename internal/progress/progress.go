@@ -57,6 +57,8 @@ type Engine struct {
 	spin time.Duration
 	stop chan struct{} // closed by Close
 	done chan struct{} // closed when the background goroutine has returned
+	// finished is the Op that Done returns.
+	finished *Op
 
 	// poller is the poller role: the goroutine that swaps it from false
 	// to true polls the CQ and runs OnRecv, alone, until it stores false.
@@ -89,6 +91,10 @@ type inOnRecv struct{}
 
 func (inOnRecv) LockClass() string { return "a progress engine's OnRecv (the poller role)" }
 
+// Done returns an Op that has finished without error: the Op of every
+// operation that completed in the call that started it.
+func (e *Engine) Done() *Op { return e.finished }
+
 // Op is a request of one or more work requests in flight.
 type Op struct {
 	// Immutable after Start.
@@ -105,6 +111,7 @@ type Op struct {
 func New(cq *verbs.CQ, cfg Config) *Engine {
 	e := &Engine{cq: cq, cfg: cfg, spin: cfg.Spin, ops: map[uint64]*Op{}, round: make(chan struct{}),
 		wcs: make([]verbs.WorkCompletion, 64), stop: make(chan struct{}), done: make(chan struct{})}
+	e.finished = &Op{e: e, done: true}
 	if e.spin == 0 {
 		e.spin = spin.Or(20 * time.Microsecond)
 	}

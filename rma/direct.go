@@ -1,0 +1,141 @@
+package rma
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/rvma/rvma/verbs"
+)
+
+// A plain window of a rank on this host whose memory came from Allocate
+// (shm: device memory every rank of the host can map) is reached without
+// the NIC: the origin maps the target's window once, and then a put or a
+// get is a copy, an accumulate, fetch-and-op or compare-and-swap is a CPU
+// atomic on the target's memory (the same atomics the target's progress
+// engine and the shm NIC apply, so all three agree), and a flush has
+// nothing to wait for but the target's liveness. Every check (epoch,
+// layouts, bounds, datatype) has run before; only the movement differs.
+//
+// MPI orders accumulates from one origin to one target. A CPU atomic
+// completes at once, so it only must not overtake an accumulate still in
+// flight on the QP (an active message, or a NIC atomic): while one is, the
+// origin takes the QP too. Puts and gets carry no such order.
+
+// directPeer is a target's window mapped into this process.
+type directPeer struct {
+	mu    sync.Mutex     // serialises the first attempt to map
+	state atomic.Uint32  // directUntried, directMapped or directNone
+	m     *verbs.Mapping // set before state becomes directMapped
+	dirty atomic.Bool    // a put went through m since the last flush
+}
+
+const (
+	directUntried = iota
+	directMapped
+	directNone
+)
+
+// mapped returns target's window mapped here, mapping it at the first
+// call, if accesses through it are right now; nil where it cannot be
+// (another host, memory not from Allocate, a notified window, this rank)
+// or must not (the target is gone, faults are injected on the port).
+func (w *Win) mapped(ctx context.Context, target int) *verbs.Mapping {
+	d := &w.direct[target]
+	switch d.state.Load() {
+	case directMapped:
+		if d.m.Usable() {
+			return d.m
+		}
+		return nil
+	case directNone:
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.state.Load() == directUntried {
+		st := uint32(directNone)
+		if rw := &w.remote[target]; rw.notify == 0 && target != w.c.rank && rw.size > 0 {
+			if qp, err := w.c.conn(ctx, target); err == nil {
+				if m, err := qp.Map(rw.rkey, rw.addr, int(rw.size), verbs.AccessRemoteWrite|verbs.AccessRemoteRead); err == nil {
+					d.m, st = m, directMapped
+				}
+			}
+		}
+		d.state.Store(st)
+	}
+	if d.m != nil && d.m.Usable() {
+		return d.m
+	}
+	return nil
+}
+
+// directPut copies origin (through ol) into target's window at byte off
+// (through tl), if the window is mapped here; false if it is not.
+func (w *Win) directPut(ctx context.Context, origin []byte, ol Layout, target, off int, tl Layout) bool {
+	m := w.mapped(ctx, target)
+	if m == nil {
+		return false
+	}
+	dst := m.Bytes()[off:]
+	if ol.Contiguous() && tl.Contiguous() {
+		copy(dst[:tl.Size()], origin)
+	} else {
+		segments(ol, tl, func(s seg) { copy(dst[s.t:s.t+s.n], origin[s.o:s.o+s.n]) })
+	}
+	if d := &w.direct[target]; !d.dirty.Load() {
+		d.dirty.Store(true)
+	}
+	return true
+}
+
+// directGet copies target's window at byte off (through tl) into origin
+// (through ol), if the window is mapped here; false if it is not.
+func (w *Win) directGet(ctx context.Context, origin []byte, ol Layout, target, off int, tl Layout) bool {
+	m := w.mapped(ctx, target)
+	if m == nil {
+		return false
+	}
+	src := m.Bytes()[off:]
+	if ol.Contiguous() && tl.Contiguous() {
+		copy(origin[:tl.Size()], src)
+	} else {
+		segments(ol, tl, func(s seg) { copy(origin[s.o:s.o+s.n], src[s.t:s.t+s.n]) })
+	}
+	return true
+}
+
+// directAtomic returns the n bytes at byte off of target's window, mapped
+// here, for an atomic on elements of sz bytes by this rank's CPU; nil if
+// the window is not mapped, the elements are not aligned to their size
+// (only the target's engine applies those, under its lock), or an
+// accumulate towards target is still in flight on the QP.
+func (w *Win) directAtomic(ctx context.Context, target, off, n, sz int) []byte {
+	if w.amOut[target].Load() != 0 || w.nicOut[target].Load() != 0 {
+		return nil
+	}
+	m := w.mapped(ctx, target)
+	if m == nil {
+		return nil
+	}
+	b := m.Bytes()[off : off+n]
+	if uintptr(unsafe.Pointer(&b[0]))%uintptr(sz) != 0 {
+		return nil
+	}
+	return b
+}
+
+// directFlushed is a flush's part for what went through the mapping:
+// those puts completed when they were made, unless the target is gone,
+// which nothing else would tell.
+func (w *Win) directFlushed(target int) error {
+	if d := &w.direct[target]; d.dirty.Load() {
+		d.dirty.Store(false)
+		if d.m.PeerGone() {
+			return fmt.Errorf("%w: its process is gone", ErrPeer)
+		}
+	}
+	return nil
+}

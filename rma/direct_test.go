@@ -1,0 +1,166 @@
+package rma
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/internal/lockcheck"
+)
+
+// On shm, the operations into a window of this host are made by the
+// origin through the mapping: right values, and nothing allocated per
+// operation.
+func TestDirectNoAlloc(t *testing.T) {
+	comms := newWorld(t, 2, &Config{Provider: "shm"})
+	wins := make([]*Win, 2)
+	each(t, comms, func(ctx context.Context, c *Comm) (err error) {
+		wins[c.Rank()], err = c.Allocate(ctx, 4096, nil)
+		return err
+	})
+	ctx := context.Background()
+	w := wins[0]
+	require.NoError(t, w.LockAll(ctx))
+	data, res, cmp := u64(7), make([]byte, 8), make([]byte, 8)
+	small := []byte{1, 0, 2, 0, 3, 0, 4, 0} // four Int16
+	got := make([]byte, 8)
+	ops := []struct {
+		name string
+		do   func() error
+	}{
+		{"put+flush", func() error {
+			if err := w.Put(ctx, data, 1, 0); err != nil {
+				return err
+			}
+			return w.Flush(ctx, 1)
+		}},
+		{"get+flush", func() error {
+			if err := w.Get(ctx, got, 1, 0); err != nil {
+				return err
+			}
+			return w.Flush(ctx, 1)
+		}},
+		{"fetch_and_op", func() error { return w.FetchAndOp(ctx, u64(1), res, Int64, Sum, 1, 8) }},
+		{"compare_and_swap", func() error { return w.CompareAndSwap(ctx, u64(1), cmp, res, Uint64, 1, 16) }},
+		{"accumulate int16", func() error { return w.Accumulate(ctx, small, Int16, Sum, 1, 24) }},
+		{"get_accumulate float64", func() error {
+			return w.GetAccumulate(ctx, binary.LittleEndian.AppendUint64(nil, math.Float64bits(0.5)), res, Float64, Sum, 1, 32)
+		}},
+		{"rput", func() error {
+			r, err := w.Rput(ctx, data, 1, 40)
+			if err != nil {
+				return err
+			}
+			return r.Wait(ctx)
+		}},
+	}
+	for _, op := range ops {
+		allocs := testing.AllocsPerRun(50, func() { require.NoError(t, op.do()) })
+		if !lockcheck.Enabled { // the debug build's lock records allocate
+			require.Zero(t, allocs, op.name)
+		}
+	}
+	require.Equal(t, uint32(directMapped), w.direct[1].state.Load(), "the target's window is mapped")
+	require.NoError(t, w.Flush(ctx, 1))
+	mem := wins[1].Bytes()
+	require.Equal(t, uint64(7), binary.LittleEndian.Uint64(mem[0:]))
+	require.Equal(t, uint64(7), binary.LittleEndian.Uint64(got))
+	require.Equal(t, uint64(51), binary.LittleEndian.Uint64(mem[8:]), "50 increments and the warm-up call")
+	require.Equal(t, uint64(1), binary.LittleEndian.Uint64(mem[16:]), "swapped once, then the compare fails")
+	for i, v := range []uint16{1, 2, 3, 4} {
+		require.Equal(t, 51*v, binary.LittleEndian.Uint16(mem[24+2*i:]))
+	}
+	require.Equal(t, 25.5, math.Float64frombits(binary.LittleEndian.Uint64(mem[32:])))
+	require.NoError(t, w.UnlockAll(ctx))
+	each(t, comms, func(ctx context.Context, c *Comm) error { return wins[c.Rank()].Free(ctx) })
+}
+
+// Every rank updates rank 0's counters at once, each counter with a
+// different kind of atomic: the CPU's on a mapped window (shm), the NIC's,
+// and the target's engine (unaligned elements, other types) must all be
+// atomic with each other, and a fetch-and-add hands out every value once.
+func TestAtomicsAgree(t *testing.T) {
+	const n = 200
+	for _, prov := range []string{"loop", "udp", "shm", "auto"} {
+		t.Run(prov, func(t *testing.T) {
+			comms := newWorld(t, 4, &Config{Provider: prov})
+			size := len(comms)
+			tickets := make([][]uint64, size)
+			var final []byte
+			each(t, comms, func(ctx context.Context, c *Comm) error {
+				w, err := c.Allocate(ctx, 128, nil)
+				if err != nil {
+					return err
+				}
+				if err := w.LockAll(ctx); err != nil {
+					return err
+				}
+				res, cas := make([]byte, 8), make([]byte, 8)
+				for range n {
+					// A ticket: fetch-and-add of 8 bytes.
+					if err := w.FetchAndOp(ctx, u64(1), res, Int64, Sum, 0, 0); err != nil {
+						return err
+					}
+					if err := w.Flush(ctx, 0); err != nil {
+						return err
+					}
+					tickets[c.Rank()] = append(tickets[c.Rank()], binary.LittleEndian.Uint64(res))
+					// Int32 and Int16 sums, a Float64 sum, and an unaligned Int64.
+					if err := w.Accumulate(ctx, []byte{1, 0, 0, 0}, Int32, Sum, 0, 8); err != nil {
+						return err
+					}
+					if err := w.Accumulate(ctx, []byte{1, 0}, Int16, Sum, 0, 14); err != nil {
+						return err
+					}
+					if err := w.Accumulate(ctx, binary.LittleEndian.AppendUint64(nil, math.Float64bits(1)), Float64, Sum, 0, 16); err != nil {
+						return err
+					}
+					if err := w.Accumulate(ctx, u64(1), Int64, Sum, 0, 25); err != nil {
+						return err
+					}
+					// A compare-and-swap increment, retried until it wins.
+					for cur := uint64(0); ; {
+						if err := w.CompareAndSwap(ctx, u64(cur+1), u64(cur), cas, Uint64, 0, 40); err != nil {
+							return err
+						}
+						if err := w.Flush(ctx, 0); err != nil {
+							return err
+						}
+						old := binary.LittleEndian.Uint64(cas)
+						if old == cur {
+							break
+						}
+						cur = old
+					}
+				}
+				if err := w.UnlockAll(ctx); err != nil {
+					return err
+				}
+				if err := c.Barrier(ctx); err != nil {
+					return err
+				}
+				if c.Rank() == 0 {
+					final = slices.Clone(w.Bytes())
+				}
+				return w.Free(ctx)
+			})
+			total := uint64(size * n)
+			require.Equal(t, total, binary.LittleEndian.Uint64(final[0:]))
+			require.Equal(t, uint32(total), binary.LittleEndian.Uint32(final[8:]))
+			require.Equal(t, uint16(total), binary.LittleEndian.Uint16(final[14:]))
+			require.Equal(t, float64(total), math.Float64frombits(binary.LittleEndian.Uint64(final[16:])))
+			require.Equal(t, total, binary.LittleEndian.Uint64(final[25:]))
+			require.Equal(t, total, binary.LittleEndian.Uint64(final[40:]))
+			all := slices.Concat(tickets...)
+			slices.Sort(all)
+			for i, v := range all {
+				require.Equal(t, uint64(i), v, fmt.Sprintf("ticket %d", i))
+			}
+		})
+	}
+}
