@@ -102,10 +102,11 @@ func (w *Win) amCall(ctx context.Context, name string, target int, h amHdr, call
 	var op *progress.Op
 	if call.free {
 		op, _ = c.eng.Start(0, nil)
+		call.req = &Request{op: op, name: name, rank: target}
 	} else {
-		op, _ = w.trackAs(0, target, kind)
+		o, _ := w.trackAs(0, target, kind)
+		op, call.req = &o.op, o.request(name)
 	}
-	call.req = &Request{op: op, name: name, rank: target}
 	c.eng.Locked(func() {
 		c.msg.nextAM++
 		call.id = c.msg.nextAM

@@ -293,7 +293,8 @@ type Comm struct {
 	cq         *verbs.CQ
 	srq        *verbs.SRQ
 	eng        *progress.Engine
-	doneReq    *Request // of every operation that completed in its call (Win.orDone)
+	doneReq    *Request  // of every operation that completed in its call (Win.orDone)
+	ops        sync.Pool // of *winOp: flush markers' records, reused
 	target     *mailbox.Target
 	ln         *cm.Listener
 	mpLn       *multipath.Listener // with Config.Paths > 1: where other ranks' multipath connections arrive

@@ -24,7 +24,8 @@ import (
 // flight on the QP (an active message, or a NIC atomic): while one is, the
 // origin takes the QP too. Puts and gets carry no such order.
 
-// directPeer is a target's window mapped into this process.
+// directPeer is a target's window (or, for the credit words of a
+// notified window, an origin's words) mapped into this process.
 type directPeer struct {
 	mu    sync.Mutex     // serialises the first attempt to map
 	state atomic.Uint32  // directUntried, directMapped or directNone
@@ -43,7 +44,23 @@ const (
 // (another host, memory not from Allocate, a notified window, this rank)
 // or must not (the target is gone, faults are injected on the port).
 func (w *Win) mapped(ctx context.Context, target int) *verbs.Mapping {
-	d := &w.direct[target]
+	return w.direct[target].open(func() *verbs.Mapping {
+		rw := &w.remote[target]
+		if rw.notify != 0 || target == w.c.rank || rw.size == 0 {
+			return nil
+		}
+		qp, err := w.c.conn(ctx, target)
+		if err != nil {
+			return nil
+		}
+		m, _ := qp.Map(rw.rkey, rw.addr, int(rw.size), verbs.AccessRemoteWrite|verbs.AccessRemoteRead)
+		return m
+	})
+}
+
+// open returns d's mapping, which mapFn makes at the first call (nil: it
+// cannot be), if accesses through it are right now.
+func (d *directPeer) open(mapFn func() *verbs.Mapping) *verbs.Mapping {
 	switch d.state.Load() {
 	case directMapped:
 		if d.m.Usable() {
@@ -57,12 +74,8 @@ func (w *Win) mapped(ctx context.Context, target int) *verbs.Mapping {
 	defer d.mu.Unlock()
 	if d.state.Load() == directUntried {
 		st := uint32(directNone)
-		if rw := &w.remote[target]; rw.notify == 0 && target != w.c.rank && rw.size > 0 {
-			if qp, err := w.c.conn(ctx, target); err == nil {
-				if m, err := qp.Map(rw.rkey, rw.addr, int(rw.size), verbs.AccessRemoteWrite|verbs.AccessRemoteRead); err == nil {
-					d.m, st = m, directMapped
-				}
-			}
+		if m := mapFn(); m != nil {
+			d.m, st = m, directMapped
 		}
 		d.state.Store(st)
 	}
@@ -70,6 +83,24 @@ func (w *Win) mapped(ctx context.Context, target int) *verbs.Mapping {
 		return d.m
 	}
 	return nil
+}
+
+// creditWord returns this rank's credit word in origin o's memory, mapped
+// here (shm), so that a credit is a store; nil where it is not. qp is
+// the connection to o.
+func (w *Win) creditWord(o int, qp *verbs.QP) *uint64 {
+	if w.credMap == nil {
+		return nil
+	}
+	m := w.credMap[o].open(func() *verbs.Mapping {
+		rw := &w.remote[o]
+		m, _ := qp.Map(rw.credKey, rw.credAddr+uint64(8*w.c.rank), 8, verbs.AccessRemoteWrite)
+		return m
+	})
+	if m == nil {
+		return nil
+	}
+	return (*uint64)(unsafe.Pointer(&m.Bytes()[0]))
 }
 
 // directPut copies origin (through ol) into target's window at byte off

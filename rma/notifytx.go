@@ -157,24 +157,34 @@ func step(epoch uint64, acc, units, expect int) (uint64, int) {
 // units(wr) at the target, can all be posted now: no put waits before
 // them, and each lands in a posted buffer. It returns the position after
 // them.
-func (t *txState) fits(wrs []verbs.SendWR, units func(*verbs.SendWR) int, expect int) (bool, uint64, int) {
+func (t *txState) fits(wrs []verbs.SendWR, units counter, expect int) (bool, uint64, int) {
 	if !t.synced || len(t.queue) > 0 {
 		return false, 0, 0
 	}
 	e, a := t.epoch, t.acc
 	for i := range wrs {
-		if e, a = step(e, a, units(&wrs[i]), expect); e > t.granted {
+		if e, a = step(e, a, units.of(&wrs[i]), expect); e > t.granted {
 			return false, 0, 0
 		}
 	}
 	return true, e, a
 }
 
-// countPuts and countBytes are what a work request counts at a target
-// that counts puts, or bytes.
-func countPuts(*verbs.SendWR) int { return 1 }
+// counter is how a target counts a work request: one put (countPuts), or
+// its bytes. (A method, not a function value: the requests a put builds
+// on its stack then stay there.)
+type counter bool
 
-func countBytes(wr *verbs.SendWR) int {
+// How a target counts: puts, or bytes.
+const (
+	countPuts  counter = true
+	countBytes counter = false
+)
+
+func (c counter) of(wr *verbs.SendWR) int {
+	if c == countPuts {
+		return 1
+	}
 	n := len(wr.Inline)
 	for _, s := range wr.SGL {
 		n += int(s.Length)
@@ -183,12 +193,7 @@ func countBytes(wr *verbs.SendWR) int {
 }
 
 // units is how target counts a work request.
-func (w *Win) units(target int) func(*verbs.SendWR) int {
-	if w.remote[target].countOps {
-		return countPuts
-	}
-	return countBytes
-}
+func (w *Win) units(target int) counter { return counter(w.remote[target].countOps) }
 
 // putPerOrigin sends a put into target's per-origin notified window: over
 // the paths when it may be split, else on the RC connection, now if its
@@ -268,7 +273,7 @@ func (w *Win) waitBridged(ctx context.Context, target int) error {
 // txSubmit posts a put's work requests (tx.mu held): as any put when they
 // fit (ok, ending at epoch e, acc a), else as one tracked operation whose
 // requests are posted as their buffers are posted.
-func (w *Win) txSubmit(tx *txState, qp *verbs.QP, target int, wrs []verbs.SendWR, units func(*verbs.SendWR) int, signal, ok bool, e uint64, a int) (*Request, error) {
+func (w *Win) txSubmit(tx *txState, qp *verbs.QP, target int, wrs []verbs.SendWR, units counter, signal, ok bool, e uint64, a int) (*Request, error) {
 	lockcheck.AssertHeld(&tx.mu, "rma: txSubmit")
 	if ok {
 		tx.epoch, tx.acc = e, a
@@ -277,16 +282,18 @@ func (w *Win) txSubmit(tx *txState, qp *verbs.QP, target int, wrs []verbs.SendWR
 		}
 		return w.postOps("put", qp, target, wrs, nil)
 	}
-	op, base := w.track(len(wrs), target)
+	o, base := w.track(len(wrs), target)
+	op := &o.op
+	req := o.request("put")
 	for i := range wrs {
 		wrs[i].ID, wrs[i].Flags = base+uint64(i), wrs[i].Flags|verbs.FlagSignaled
 		// Queued past this call: inline data must not alias the caller's
 		// origin buffer, which verbs would have copied at post.
 		wrs[i].Inline = bytes.Clone(wrs[i].Inline)
-		tx.queue = append(tx.queue, txWR{wr: wrs[i], units: units(&wrs[i]), op: op})
+		tx.queue = append(tx.queue, txWR{wr: wrs[i], units: units.of(&wrs[i]), op: op})
 	}
 	w.txDrain(tx, target)
-	return &Request{op: op, name: "put", rank: target}, nil
+	return req, nil
 }
 
 // txDrain posts the queued puts whose buffers are posted and asks for
@@ -473,6 +480,10 @@ func (w *Win) credit(o int, count uint64) {
 	if qp == nil {
 		return
 	}
+	if word := w.creditWord(o, qp); word != nil {
+		atomic.StoreUint64(word, count) // o's memory, mapped here: complete at once
+		return
+	}
 	rw := &w.remote[o]
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], count)
@@ -490,6 +501,7 @@ func (n *notifyState) grant(all bool) {
 		id  uint64
 	}
 	var answers []answer
+	var standing []byte
 	n.mu.Lock()
 	for src, r := range n.credits {
 		if all || r.want <= n.epoch+uint64(n.cfg.Depth) {
@@ -497,7 +509,9 @@ func (n *notifyState) grant(all bool) {
 			delete(n.credits, src)
 		}
 	}
-	standing := n.standing()
+	if len(answers) > 0 {
+		standing = n.standing()
+	}
 	n.mu.Unlock()
 	for _, a := range answers {
 		n.w.c.replyAM(a.src, a.id, amOK, standing)

@@ -72,6 +72,24 @@ type recovery struct {
 	ack    uint64          // faults up to here are recovered from
 	fault  context.Context // ends at the first fault after ack
 	cancel context.CancelCauseFunc
+	merged *merged // the last context interruptible made, kept for the next wait with the same one
+}
+
+// merged is a context that ends with outer or with fault, shared by the
+// waits in flight that asked for it (refs, under recovery.mu): a program
+// waits with the same context again and again, and making one per wait
+// would allocate per operation.
+type merged struct {
+	outer, fault context.Context
+	ctx          context.Context
+	cancel       context.CancelCauseFunc
+	stop         func() bool
+	refs         int
+}
+
+func (m *merged) release() {
+	m.stop()
+	m.cancel(nil)
 }
 
 func (r *recovery) init(c *Comm, b boot) {
@@ -184,31 +202,44 @@ func (r *recovery) admit(rank int, inc, mine uint32) string {
 // interruptible returns ctx that also ends at the next fault the launcher
 // announces, and what turns the error the wait returned into the fault's
 // ErrPeer when the fault ended it; end releases it. A context that never
-// ends (Background, the common case of a hot wait) is replaced by the
-// fault's own: nothing is allocated.
+// ends (Background) is replaced by the fault's own, and one merged with
+// the fault is kept for the next wait with the same context: nothing is
+// allocated per wait.
 func (c *Comm) interruptible(ctx context.Context) (context.Context, interrupt) {
 	r := &c.rec
 	if r.store == nil {
 		return ctx, interrupt{}
 	}
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	fault := r.fault
-	r.mu.Unlock()
-	in := interrupt{outer: ctx, fault: fault}
+	in := interrupt{r: r, outer: ctx, fault: fault}
 	if ctx.Done() == nil {
 		return fault, in
 	}
-	ictx, cancel := context.WithCancelCause(ctx)
-	in.cancel = cancel
-	in.stop = context.AfterFunc(fault, func() { cancel(context.Cause(fault)) })
-	return ictx, in
+	if m := r.merged; m != nil && m.outer == ctx && m.fault == fault {
+		m.refs++
+		in.m = m
+		return m.ctx, in
+	}
+	m := &merged{outer: ctx, fault: fault, refs: 1}
+	m.ctx, m.cancel = context.WithCancelCause(ctx)
+	m.stop = context.AfterFunc(fault, func() { m.cancel(context.Cause(fault)) })
+	if old := r.merged; old == nil || old.refs == 0 {
+		if old != nil {
+			old.release()
+		}
+		r.merged = m // kept for the next wait
+	}
+	in.m = m
+	return m.ctx, in
 }
 
 // interrupt is what interruptible returns besides the context.
 type interrupt struct {
+	r            *recovery
 	outer, fault context.Context // nil fault: no recovery
-	cancel       context.CancelCauseFunc
-	stop         func() bool
+	m            *merged         // the merged context, if one was needed
 }
 
 // err is the fault's ErrPeer if the fault ended the wait, else err.
@@ -219,11 +250,16 @@ func (in interrupt) err(err error) error {
 	return err
 }
 
-// end releases the derived context, if one was made.
+// end releases the merged context, unless it is kept for the next wait.
 func (in interrupt) end() {
-	if in.cancel != nil {
-		in.stop()
-		in.cancel(nil)
+	if in.m == nil {
+		return
+	}
+	in.r.mu.Lock()
+	defer in.r.mu.Unlock()
+	in.m.refs--
+	if in.m.refs == 0 && in.r.merged != in.m {
+		in.m.release()
 	}
 }
 
@@ -683,6 +719,9 @@ func (w *Win) quiet(ctx context.Context, changed []bool) {
 		if ch && w.direct != nil {
 			w.direct[r] = directPeer{}
 		}
+		if ch && w.credMap != nil {
+			w.credMap[r] = directPeer{}
+		}
 	}
 }
 
@@ -705,6 +744,9 @@ func (w *Win) rejoin(ctx context.Context, changed []bool) error {
 	if w.remote == nil {
 		w.remote = remote
 		w.direct = make([]directPeer, c.size)
+		if w.notify != nil {
+			w.credMap = make([]directPeer, c.size)
+		}
 		for r := range remote {
 			if remote[r].notify == notifyPerOrigin && w.tx == nil {
 				w.tx = make([]txState, c.size)

@@ -184,7 +184,8 @@ type Win struct {
 	mr      *verbs.MR
 	unit    int
 	remote  []remoteWin
-	direct  []directPeer // per target: its window mapped here, for plain puts (shm)
+	direct  []directPeer // per target: its window mapped here (shm; direct.go)
+	credMap []directPeer // notified windows, per origin: its credit words mapped here (shm)
 	lockMem []uint64     // this rank's lock word, then one result slot per target (atomics)
 	lockMR  *verbs.MR
 	credits words // notified windows: a credit word per target, written by peers, read with atomic loads (notifytx.go)
@@ -330,6 +331,9 @@ func (c *Comm) create(ctx context.Context, mem []byte, mr *verbs.MR, cfg *WinCon
 	}
 	w.remote = make([]remoteWin, c.size)
 	w.direct = make([]directPeer, c.size)
+	if w.notify != nil {
+		w.credMap = make([]directPeer, c.size)
+	}
 	for r, b := range all {
 		if w.remote[r], err = decodeWin(b, r, c.rank); err != nil {
 			w.release()
@@ -542,32 +546,72 @@ func byteSpan(disp, unit, extent int, size uint64) (int, bool) {
 	return int(off), true
 }
 
+// winOp is an operation of the window towards one target: its Op, the
+// Request handed out for it, and what it counts in while in flight (one
+// allocation for all three).
+type winOp struct {
+	op     progress.Op
+	req    Request
+	w      *Win
+	target int
+	kind   []atomic.Int32 // w.reads, w.amOut, w.nicOut, or nil
+	reuse  bool           // no Request of it was handed out: back to w.c.ops once finished
+}
+
+// Started counts the operation in (the engine's lock held).
+func (o *winOp) Started() {
+	o.w.out[o.target].Add(1)
+	o.w.outN.Add(1)
+	if o.kind != nil {
+		o.kind[o.target].Add(1)
+	}
+}
+
+// Finished records its failure and counts it out (the engine's lock
+// held). The failure is recorded before the counts fall: a flush that
+// finds nothing in flight without the lock then sees it.
+func (o *winOp) Finished(err error) {
+	w := o.w
+	if !errors.Is(err, errDropped) {
+		w.fail(o.target, err)
+	}
+	w.out[o.target].Add(-1)
+	w.outN.Add(-1)
+	if o.kind != nil {
+		o.kind[o.target].Add(-1)
+	}
+	if o.reuse {
+		*o = winOp{}
+		w.c.ops.Put(o)
+	}
+}
+
+// request is the operation's Request.
+func (o *winOp) request(name string) *Request {
+	o.req = Request{op: &o.op, name: name, rank: o.target}
+	return &o.req
+}
+
 // track registers an operation of n work requests to target; it counts
 // in w.out until it finishes.
-func (w *Win) track(n, target int) (*progress.Op, uint64) { return w.trackAs(n, target, nil) }
+func (w *Win) track(n, target int) (*winOp, uint64) { return w.trackAs(n, target, nil) }
 
-// trackAs is track that also raises kind[target] (w.reads, w.amOut) while
-// the operation is in flight.
-func (w *Win) trackAs(n, target int, kind []atomic.Int32) (*progress.Op, uint64) {
-	w.c.eng.Locked(func() {
-		w.out[target].Add(1)
-		w.outN.Add(1)
-		if kind != nil {
-			kind[target].Add(1)
-		}
-	})
-	return w.c.eng.Start(n, func(err error) {
-		// The failure is recorded before the counts fall: a flush that
-		// finds nothing in flight without the lock then sees it.
-		if !errors.Is(err, errDropped) {
-			w.fail(target, err)
-		}
-		w.out[target].Add(-1)
-		w.outN.Add(-1)
-		if kind != nil {
-			kind[target].Add(-1)
-		}
-	})
+// trackAs is track that also raises kind[target] (w.reads, w.amOut,
+// w.nicOut) while the operation is in flight.
+func (w *Win) trackAs(n, target int, kind []atomic.Int32) (*winOp, uint64) {
+	o := &winOp{w: w, target: target, kind: kind}
+	return o, w.c.eng.StartOp(&o.op, n, o)
+}
+
+// trackInternal is track for an operation whose Request nobody gets (a
+// flush's marker): its record is reused once it finishes.
+func (w *Win) trackInternal(n, target int) (*winOp, uint64) {
+	o, _ := w.c.ops.Get().(*winOp)
+	if o == nil {
+		o = &winOp{}
+	}
+	o.w, o.target, o.reuse = w, target, true
+	return o, w.c.eng.StartOp(&o.op, n, o)
 }
 
 // seg is one contiguous piece of a transfer.
@@ -672,9 +716,7 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 		return nil, err
 	}
 	if tl.Size() == 0 {
-		op, _ := w.track(0, target)
-		w.c.eng.Finish(op, nil)
-		return &Request{op: op, name: name, rank: target}, nil
+		return nil, nil
 	}
 	rw := &w.remote[target]
 	// Into a window of this host mapped here, the put is a copy (see
@@ -843,8 +885,10 @@ func (w *Win) marker(ctx context.Context, target int) error {
 		return nil
 	}
 	rw := &w.remote[target]
-	if _, err := w.postOps("flush", qp, target, []verbs.SendWR{{Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
-		RemoteAddr: rw.lockAddr, RKey: rw.lockKey}}, nil); err != nil {
+	o, base := w.trackInternal(1, target)
+	wr := [1]verbs.SendWR{{Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled, ID: base, RemoteAddr: rw.lockAddr, RKey: rw.lockKey}}
+	if k, err := w.c.post(qp, wr[:]); err != nil {
+		w.c.eng.Posted(&o.op, base, 1, k, err)
 		return err
 	}
 	w.unsig[target].Store(0)
@@ -857,18 +901,19 @@ const inlineMax = 256
 // postOps posts wrs as one tracked operation (counted in kind too, if not
 // nil: see trackAs).
 func (w *Win) postOps(name string, qp *verbs.QP, target int, wrs []verbs.SendWR, kind []atomic.Int32) (*Request, error) {
-	op, base := w.trackAs(len(wrs), target, kind)
+	o, base := w.trackAs(len(wrs), target, kind)
+	req := o.request(name) // before the post: the op may finish at once
 	for i := range wrs {
 		wrs[i].ID = base + uint64(i)
 	}
 	k, err := w.c.post(qp, wrs)
 	if err != nil {
-		w.c.eng.Posted(op, base, len(wrs), k, err)
+		w.c.eng.Posted(&o.op, base, len(wrs), k, err)
 		if k == 0 {
 			return nil, opErr(name, target, err)
 		}
 	}
-	return &Request{op: op, name: name, rank: target}, nil
+	return req, nil
 }
 
 // Rget starts a get of len(origin) bytes from target's window at disp
@@ -928,9 +973,7 @@ func (w *Win) get(ctx context.Context, origin []byte, ol Layout, target, disp in
 		return nil, opErr(name, target, perr)
 	}
 	if len(wrs) == 0 {
-		op, _ := w.track(0, target)
-		w.c.eng.Finish(op, nil)
-		return &Request{op: op, name: name, rank: target}, nil
+		return nil, nil
 	}
 	return w.postOps(name, qp, target, wrs, w.reads)
 }
@@ -1062,16 +1105,17 @@ func (c *Comm) errOf(wc *verbs.WorkCompletion) error {
 // and report its failure. While it runs, Complete does not rely on the
 // RC connection's ordering towards target (see bridging).
 func (w *Win) bridge(name string, target int, wait func(ctx context.Context) error) *Request {
-	op, _ := w.track(0, target)
+	o, _ := w.track(0, target)
+	req := o.request(name)
 	w.c.eng.Locked(func() { w.bridged[target]++ })
 	w.c.bridges.Add(1)
 	go func() {
 		defer w.c.bridges.Done()
 		err := wait(w.c.bg)
 		w.c.eng.Locked(func() { w.bridged[target]-- })
-		w.c.eng.Finish(op, err)
+		w.c.eng.Finish(&o.op, err)
 	}()
-	return &Request{op: op, name: name, rank: target}
+	return req
 }
 
 // bridging reports whether bridged operations towards target are in

@@ -78,6 +78,10 @@ type Engine struct {
 	next  uint64
 	ops   map[uint64]*Op
 	round chan struct{} // closed, and replaced, when waiters should look again
+	// sleepers says that a waiter may sleep on round: only then does a
+	// round's end close it and make the next (an allocation per finished
+	// Op otherwise).
+	sleepers bool
 }
 
 // engineLocks is the lock class of engines' mu (see internal/lockcheck).
@@ -100,6 +104,7 @@ type Op struct {
 	// Immutable after Start.
 	e      *Engine
 	onDone func(error)
+	tr     Tracker
 
 	// Guarded by e.mu.
 	left int
@@ -134,6 +139,34 @@ func (e *Engine) Close() {
 		close(e.stop)
 	}
 	<-e.done
+}
+
+// Tracker is what StartOp's caller is told of its Op, under the engine's
+// lock: Started when it is registered, Finished with its error when it
+// finishes. An interface rather than a function, so that an Op embedded
+// in the caller's record needs no closure.
+type Tracker interface {
+	Started()
+	Finished(error)
+}
+
+// StartOp is Start for an Op the caller owns (zero, or finished and no
+// longer referenced), typically embedded in its own record: one
+// allocation, or none where the caller reuses its records. tr, if not
+// nil, is told of the Op.
+func (e *Engine) StartOp(op *Op, n int, tr Tracker) uint64 {
+	*op = Op{e: e, left: n, tr: tr}
+	e.mu.Lock()
+	if tr != nil {
+		tr.Started()
+	}
+	base := e.next + 1
+	e.next += uint64(max(n, 1))
+	for i := range n {
+		e.ops[base+uint64(i)] = op
+	}
+	e.mu.Unlock()
+	return base
 }
 
 // Start registers an Op of n work requests (n >= 0) and returns the id of
@@ -196,14 +229,21 @@ func (e *Engine) finishLocked(op *Op, err error) {
 	if op.onDone != nil {
 		op.onDone(op.err)
 	}
+	if op.tr != nil {
+		op.tr.Finished(op.err)
+	}
 	e.nextRound()
 }
 
 // nextRound wakes the sleepers of the current round; e.mu is held.
 func (e *Engine) nextRound() {
 	lockcheck.AssertHeld(&e.mu, "progress: a round ends")
+	if !e.sleepers {
+		return // nobody sleeps on round: spinning waiters look again anyway
+	}
 	close(e.round)
 	e.round = make(chan struct{})
+	e.sleepers = false
 }
 
 // Locked runs f under the engine's lock, for state that OnDone callbacks
@@ -336,6 +376,18 @@ func (e *Engine) Wait(ctx context.Context, cond func() bool) error {
 				spin.Pause(i)
 				continue
 			}
+		}
+		// About to sleep: look once more, and say so under the lock, so
+		// that the next round's end closes the channel slept on.
+		e.mu.Lock()
+		ok = cond()
+		if !ok {
+			e.sleepers = true
+			round = e.round
+		}
+		e.mu.Unlock()
+		if ok {
+			return nil
 		}
 		select {
 		case <-round:
