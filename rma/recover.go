@@ -686,11 +686,12 @@ func (c *Comm) plan(view kvs.View, wins []*Win) ([]uint64, error) {
 const recoverDeadline = 30 * time.Second
 
 // quiet ends this rank's traffic on the window: puts waiting for a
-// buffer are dropped, those in flight complete or fail (towards ranks
+// buffer or in a pack are dropped, those in flight complete or fail (towards ranks
 // whose connection was dropped, at once), and the synchronisation state
 // and failures recorded are forgotten.
 func (w *Win) quiet(ctx context.Context, changed []bool) {
 	w.resetTx()
+	w.dropPacks()
 	ctx, cancel := context.WithTimeout(ctx, recoverDeadline)
 	defer cancel()
 	if !w.c.rec.fresh.Load() {
@@ -747,6 +748,7 @@ func (w *Win) rejoin(ctx context.Context, changed []bool) error {
 		if w.notify != nil {
 			w.credMap = make([]directPeer, c.size)
 		}
+		w.packs = make([]putPack, c.size)
 		for r := range remote {
 			if remote[r].notify == notifyPerOrigin && w.tx == nil {
 				w.tx = make([]txState, c.size)

@@ -455,7 +455,10 @@ func TestRecoverRefusesDeadIncarnation(t *testing.T) {
 			require.NoError(t, wz.Lock(ctx, LockShared, 0)) // connected, before the link slows
 			require.NoError(t, z.dev.SetFaults(-1, verbs.Faults{Delay: delay}))
 			t0 := time.Now()
-			require.NoError(t, wz.Put(ctx, marker, 0, 0)) // lands in delay, if at all
+			// A WRITE now (Rput: a plain Put would wait in its pack for a
+			// flush), landing in delay, if at all.
+			_, err = wz.Rput(ctx, marker, 0, 0)
+			require.NoError(t, err)
 			if recover {
 				z.world.store.Died(2)
 				// A stale entry under the first incarnation's key, as a

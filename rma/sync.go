@@ -124,6 +124,9 @@ func (w *Win) Complete(ctx context.Context) error {
 	var first error
 	for _, r := range group {
 		var failed [1]byte
+		if err := w.sendPack(ctx, r); err != nil {
+			first, failed[0] = cmp.Or(first, opErr("complete", r, err)), 1
+		}
 		if w.unordered(r) {
 			if err := w.Flush(ctx, r); err != nil {
 				first, failed[0] = cmp.Or(first, opErr("complete", r, err)), 1

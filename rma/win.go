@@ -185,6 +185,7 @@ type Win struct {
 	unit    int
 	remote  []remoteWin
 	direct  []directPeer // per target: its window mapped here (shm; direct.go)
+	packs   []putPack    // plain windows, per target: small puts waiting to travel together (pack.go)
 	credMap []directPeer // notified windows, per origin: its credit words mapped here (shm)
 	lockMem []uint64     // this rank's lock word, then one result slot per target (atomics)
 	lockMR  *verbs.MR
@@ -334,6 +335,7 @@ func (c *Comm) create(ctx context.Context, mem []byte, mr *verbs.MR, cfg *WinCon
 	if w.notify != nil {
 		w.credMap = make([]directPeer, c.size)
 	}
+	w.packs = make([]putPack, c.size)
 	for r, b := range all {
 		if w.remote[r], err = decodeWin(b, r, c.rank); err != nil {
 			w.release()
@@ -726,6 +728,12 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 	if rw.notify == 0 && !w.spreads(target, tl.Size(), ol, tl) && w.directPut(ctx, origin, ol, target, off, tl) {
 		return nil, nil
 	}
+	if !signal && rw.notify == 0 && tl.Size() <= packMax && ol.Contiguous() && tl.Contiguous() && target != w.c.rank {
+		if err := w.packPut(ctx, target, off, origin[:tl.Size()]); err != nil {
+			return nil, opErr(name, target, err)
+		}
+		return nil, nil
+	}
 	switch {
 	case rw.notify != 0 && w.c.longHaul(target):
 		// Every notified put towards a long-haul peer takes this way, so
@@ -865,6 +873,9 @@ func (w *Win) postUnsignalled(qp *verbs.QP, target int, wrs []verbs.SendWR) erro
 // order, and a failed put fails the marker too).
 func (w *Win) marker(ctx context.Context, target int) error {
 	if err := w.directFlushed(target); err != nil {
+		return err
+	}
+	if err := w.sendPack(ctx, target); err != nil {
 		return err
 	}
 	if w.unsig[target].Load() == 0 {
