@@ -35,7 +35,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -44,6 +43,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/rvma/rvma/internal/spin"
 	"github.com/rvma/rvma/rma"
 )
 
@@ -212,7 +212,9 @@ type grid struct {
 	hdr []float64
 }
 
-func newGrid(rank, size int, local [3]int, checkpoint int) *grid {
+// newGrid lays out rank's block in memory that alloc returns (zeroed,
+// 8-byte aligned), given the number of bytes it needs.
+func newGrid(rank, size int, local [3]int, checkpoint int, alloc func(n int) ([]byte, error)) (*grid, error) {
 	g := &grid{nx: local[0], ny: local[1], nz: local[2], dims: dimsCreate(size), stageX: checkpoint > 0}
 	g.sy = g.nz + 2
 	g.sx = (g.ny + 2) * g.sy
@@ -238,8 +240,12 @@ func newGrid(rank, size int, local [3]int, checkpoint int) *grid {
 	if checkpoint > 0 && checkpoint%2 == 0 {
 		g.nbase = 8 * g.v
 	}
-	words := make([]float64, n)
-	g.mem = unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), 8*len(words))
+	mem, err := alloc(8 * n)
+	if err != nil {
+		return nil, err
+	}
+	g.mem = mem
+	words := unsafe.Slice((*float64)(unsafe.Pointer(&mem[0])), n)
 	g.u = [2][]float64{words[:g.v], words[g.v : 2*g.v]}
 	g.counter = g.mem[16*g.v : 16*g.v+48]
 	o := 2*g.v + 6
@@ -256,7 +262,7 @@ func newGrid(rank, size int, local [3]int, checkpoint int) *grid {
 		}
 	}
 	g.hdr = words[o : o+1]
-	return g
+	return g, nil
 }
 
 func (g *grid) idx(i, j, k int) int { return i*g.sx + j*g.sy + k }
@@ -442,26 +448,46 @@ func (g *grid) pack(u []float64, d, s int, buf []float64, unpack bool) {
 	case s == 1:
 		plane = n[d]
 	}
+	// Straight loops, no function per element: this copy is the notify
+	// variant's datatype engine, on its critical path.
 	m := 0
-	at := func(a, b int) int {
-		switch d {
-		case 0:
-			return g.idx(plane, a, b)
-		case 1:
-			return g.idx(a, plane, b)
+	switch d {
+	case 0: // x face: one contiguous block of ny rows
+		for j := 1; j <= g.ny; j++ {
+			at := g.idx(plane, j, 1)
+			copyRow(u[at:at+g.nz], buf[m:m+g.nz], unpack)
+			m += g.nz
 		}
-		return g.idx(a, b, plane)
-	}
-	e := [3][2]int{{g.ny, g.nz}, {g.nx, g.nz}, {g.nx, g.ny}}[d]
-	for a := 1; a <= e[0]; a++ {
-		for b := 1; b <= e[1]; b++ {
+	case 1: // y face: a row of nz per x
+		for i := 1; i <= g.nx; i++ {
+			at := g.idx(i, plane, 1)
+			copyRow(u[at:at+g.nz], buf[m:m+g.nz], unpack)
+			m += g.nz
+		}
+	default: // z face: one element per (x, y), sy apart
+		for i := 1; i <= g.nx; i++ {
+			at := g.idx(i, 1, plane)
+			row := buf[m : m+g.ny]
 			if unpack {
-				u[at(a, b)] = buf[m]
+				for j, x := range row {
+					u[at+j*g.sy] = x
+				}
 			} else {
-				buf[m] = u[at(a, b)]
+				for j := range row {
+					row[j] = u[at+j*g.sy]
+				}
 			}
-			m++
+			m += g.ny
 		}
+	}
+}
+
+// copyRow copies buf into the grid's row, or the row into buf.
+func copyRow(row, buf []float64, unpack bool) {
+	if unpack {
+		copy(row, buf)
+	} else {
+		copy(buf, row)
 	}
 }
 
@@ -589,17 +615,24 @@ func (v *variant) exchange(ctx context.Context, sync string, cur int, iter int64
 					continue
 				}
 				c := (*int64)(unsafe.Pointer(&g.counter[8*(2*d+s)]))
-				// Spin briefly, then nap, so that ranks sharing a core
-				// (oversubscription) let each other run.
+				// Spin for up to 200us, yielding the core now and then
+				// so that ranks sharing it (oversubscription) run, then
+				// nap: a neighbour's puts are copies and take
+				// microseconds, a timer nap tens of them at best.
+				var deadline time.Time
 				for i := 0; atomic.LoadInt64(c) < iter; i++ {
 					if err := ctx.Err(); err != nil {
 						return err
 					}
-					if i < 200 {
-						runtime.Gosched()
-					} else {
-						time.Sleep(20 * time.Microsecond)
+					if i&63 == 63 {
+						if now := time.Now(); deadline.IsZero() {
+							deadline = now.Add(200 * time.Microsecond)
+						} else if now.After(deadline) {
+							time.Sleep(20 * time.Microsecond)
+							continue
+						}
 					}
+					spin.Pause(i)
 				}
 			}
 		}
@@ -655,16 +688,26 @@ type result struct {
 }
 
 func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
-	g := newGrid(comm.Rank(), comm.Size(), o.local, o.checkpoint)
-	v := &variant{comm: comm, g: g, o: o}
+	// The memory is the plain window's, allocated by the library (as
+	// MPI_Win_allocate): on one host the ranks map each other's, so a put
+	// is a copy by the origin, and so is a notified put into the window
+	// made over part of it.
+	v := &variant{comm: comm, o: o}
+	g, err := newGrid(comm.Rank(), comm.Size(), o.local, o.checkpoint, func(n int) ([]byte, error) {
+		var err error
+		if v.win, err = comm.Allocate(ctx, n, nil); err != nil {
+			return nil, err
+		}
+		return v.win.Bytes(), nil
+	})
+	if err != nil {
+		return false, err
+	}
+	v.g = g
 	for d := range 3 {
 		for s := range 2 {
 			v.bufs[d][s] = make([]float64, g.faceBytes(d)/8)
 		}
-	}
-	var err error
-	if v.win, err = comm.Create(ctx, g.mem, nil); err != nil {
-		return false, err
 	}
 	expect := map[int]int{}
 	for d := range 3 {
