@@ -401,7 +401,9 @@ func (c *Comm) Device() *verbs.Device { return c.dev }
 // --mpi=pmi2), spoken in PMI-2 if it accepts it, else PMI-1 (RVMA_PMI=1
 // or 2 forces one); Open MPI's mpirun (OMPI_COMM_WORLD_RANK and _SIZE:
 // within one node rank 0 publishes the rendezvous in a file of the job's
-// session directory, across nodes RVMA_RENDEZVOUS must name it); Slurm
+// session directory, across nodes through the nodes' PMIx servers, and
+// every rank then binds an address the other nodes reach unless
+// Config.Addr or RVMA_ADDR names one); Slurm
 // without PMI (SLURM_PROCID, SLURM_NTASKS and RVMA_RENDEZVOUS=host:port,
 // where rank 0 serves the rendezvous); otherwise a world of size 1. It is
 // collective: it returns once every rank has published its address.
@@ -427,6 +429,9 @@ func Init(ctx context.Context, cfg *Config) (*Comm, error) {
 	b, err := bootstrap(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if env.Addr == "" && b.addr != "" {
+		conf.Addr = b.addr
 	}
 	dev, err := verbs.Open(ctx, conf.deviceURI(""), &conf.Device)
 	if err != nil && conf.Provider == "auto" {
@@ -478,6 +483,7 @@ type boot struct {
 	srv        *kvs.Server // rank 0 serves the rendezvous (Slurm, Open MPI)
 	key        []byte
 	published  string // a file that publishes the rendezvous, removed once every rank has joined (Open MPI)
+	addr       string // the address to bind when the user named none: one other nodes reach (Open MPI across nodes)
 	inc        uint32 // the rank's incarnation (rvmarun --restart)
 	// recover, when the launcher can respawn ranks, is where the ranks
 	// agree after a failure, and watch a second connection to it on which

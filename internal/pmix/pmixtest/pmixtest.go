@@ -93,6 +93,13 @@ func (s *Server) Requests() []string {
 	return slices.Clone(s.log)
 }
 
+// Visible returns what rank committed before the last completed fence.
+func (s *Server) Visible(rank int) []wire.KV {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.visible[uint32(rank)])
+}
+
 // Finalized is how many clients finalized.
 func (s *Server) Finalized() int {
 	s.mu.Lock()
