@@ -24,7 +24,7 @@ func clearLaunchEnv(t *testing.T) {
 		"PMI_FD", "PMI_RANK", "PMI_SIZE", "PMI_ID", "PMI_JOBID",
 		envOMPIRank, envOMPISize, envOMPILocalSize, envOMPINodes, envOMPISession, envPMIxTmpdir, envPMIxNamespace, envOMPIJobID,
 		EnvOMPIPMIx, envOMPIHNPURI, EnvAddr, "PMIX_SERVER_URI3", "PMIX_SERVER_URI4", "PMIX_SERVER_URI41", "PMIX_SERVER_URI21",
-		"PMIX_SERVER_URI2", "PMIX_RANK", "PMIX_SECURITY_MODE", "SLURM_PROCID", "SLURM_NTASKS"} {
+		"PMIX_SERVER_URI2", "PMIX_RANK", "PMIX_SECURITY_MODE", envPMIxHostname, "SLURM_PROCID", "SLURM_NTASKS"} {
 		t.Setenv(v, "") // restored after the test
 		require.NoError(t, os.Unsetenv(v))
 	}
@@ -218,6 +218,7 @@ func TestOMPIPMIxBootstrap(t *testing.T) {
 	t.Setenv(envOMPISize, "1")
 	t.Setenv(EnvOMPIPMIx, "1")
 	t.Setenv(envOMPIHNPURI, "1.0;tcp://127.0.0.1,192.0.2.1:4000;tcp6://[::1]:4001")
+	t.Setenv(envPMIxHostname, "node7")
 	b, err := bootstrap(ctx)
 	if err != nil && strings.Contains(err.Error(), "no address other nodes could reach") {
 		t.Log("this host has only loopback:", err)
@@ -237,6 +238,7 @@ func TestOMPIPMIxBootstrap(t *testing.T) {
 	b, err = bootstrap(ctx)
 	require.NoError(t, err)
 	require.Equal(t, "127.0.0.1", b.addr, "RVMA_ADDR's first")
+	require.Equal(t, hostIdentity()+"/node7", b.host, "the node's name tells nodes that share a kernel apart")
 	host, _, _ := net.SplitHostPort(b.srv.Addr())
 	require.Equal(t, "127.0.0.1", host, "the rendezvous serves there too")
 	b.store.Close()

@@ -433,6 +433,9 @@ func Init(ctx context.Context, cfg *Config) (*Comm, error) {
 	if env.Addr == "" && b.addr != "" {
 		conf.Addr = b.addr
 	}
+	if env.Host == "" && b.host != "" {
+		conf.Host = b.host
+	}
 	dev, err := verbs.Open(ctx, conf.deviceURI(""), &conf.Device)
 	if err != nil && conf.Provider == "auto" {
 		conf.Logger.Debug("rma: no shared memory; every peer over UDP", "err", err)
@@ -484,6 +487,7 @@ type boot struct {
 	key        []byte
 	published  string // a file that publishes the rendezvous, removed once every rank has joined (Open MPI)
 	addr       string // the address to bind when the user named none: one other nodes reach (Open MPI across nodes)
+	host       string // the host identity when the user named none (Open MPI across nodes: the kernel's and the node's name)
 	inc        uint32 // the rank's incarnation (rvmarun --restart)
 	// recover, when the launcher can respawn ranks, is where the ranks
 	// agree after a failure, and watch a second connection to it on which

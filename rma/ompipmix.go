@@ -42,9 +42,10 @@ const (
 	// RVMA_RENDEZVOUS must then name where rank 0 serves); unset, through
 	// PMIx when the job spans several nodes, else through a file of the
 	// session directory.
-	EnvOMPIPMIx    = "RVMA_OMPI_PMIX"
-	envOMPIHNPURI  = "OMPI_MCA_orte_hnp_uri" // Open MPI 4: mpirun's own address, "JOB;tcp://IP[,IP...]:PORT;..."
-	rendezvousPMIx = "rvma-rendezvous"       // the key rank 0 puts
+	EnvOMPIPMIx     = "RVMA_OMPI_PMIX"
+	envOMPIHNPURI   = "OMPI_MCA_orte_hnp_uri" // Open MPI 4: mpirun's own address, "JOB;tcp://IP[,IP...]:PORT;..."
+	envPMIxHostname = "PMIX_HOSTNAME"         // the name of the node the rank runs on
+	rendezvousPMIx  = "rvma-rendezvous"       // the key rank 0 puts
 )
 
 // pmixRendezvous bootstraps rank r of s through the node's PMIx server:
@@ -133,7 +134,20 @@ func pmixRendezvous(ctx context.Context, r, s int, env pmix.Env) (b boot, err er
 	if err != nil {
 		return b, fmt.Errorf("the rendezvous %s that rank 0 published through PMIx: %w", addr, err)
 	}
-	return boot{rank: r, size: s, store: cl2, own: true, srv: srv, key: key, addr: bind}, nil
+	return boot{rank: r, size: s, store: cl2, own: true, srv: srv, key: key, addr: bind, host: ompiHost()}, nil
+}
+
+// ompiHost is the host identity of a rank of a job across nodes: the
+// kernel's, and the name of the node Open MPI placed it on, so that ranks
+// of two nodes never take each other for neighbours, even where the
+// nodes share a kernel (containers, network namespaces), as rvmarun -H
+// does with the names of its hosts.
+func ompiHost() string {
+	node := os.Getenv(envPMIxHostname)
+	if node == "" {
+		node, _ = os.Hostname()
+	}
+	return hostIdentity() + "/" + node
 }
 
 // ompiAddr is the address rank 0 serves the rendezvous on and its

@@ -252,6 +252,29 @@ func TestHostsOpenMPI(t *testing.T) {
 	ref, rstderr, code := runJob(t, append([]string{"-n", "8", "--tag-output=false"}, halo...)...)
 	require.Equal(t, 0, code, rstderr)
 	require.Equal(t, haloChecksums(t, ref), sums, "the same checksums as under rvmarun")
+
+	// Ranks of one host meet over shared memory, the others over UDP,
+	// although the hosts share a kernel: Open MPI's node names tell them
+	// apart, as rvmarun's host names do.
+	self, err := os.Executable()
+	require.NoError(t, err)
+	args = append(args[:len(args)-len(halo)], "-x", envRole+"=transport", self)
+	cmd = exec.CommandContext(ctx, "ip", args...)
+	stderr.Reset()
+	cmd.Stderr = &stderr
+	out, err = cmd.Output()
+	require.NoError(t, err, "%s%s", out, stderr.String())
+	lines := regexp.MustCompile(`(?m)^transport (\d+) (\d+) (\S+)$`).FindAllStringSubmatch(string(out), -1)
+	require.Len(t, lines, 8*7, "%s", out)
+	for _, l := range lines {
+		me, _ := strconv.Atoi(l[1])
+		p, _ := strconv.Atoi(l[2])
+		want := "udp"
+		if me/4 == p/4 {
+			want = "shm"
+		}
+		require.Equal(t, want, l[3], "rank %d to rank %d", me, p)
+	}
 }
 
 // haloChecksums reads halo3d's --json lines (rank 0's), checks that each
