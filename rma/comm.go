@@ -60,15 +60,18 @@ type Config struct {
 	// Host identifies this rank's host for "auto": ranks of equal Host
 	// connect through shared memory. Default RVMA_HOST, else the kernel's
 	// boot id and PID namespace (what processes that can map each other's
-	// memory through /proc share).
+	// memory through /proc share), with, under Open MPI's mpirun across
+	// nodes, the node's name.
 	Host string
 	// Hosts, for NewWorld with "auto", is each rank's Host (one per rank),
 	// so that one process can stand for several hosts. Default: Host.
 	Hosts []string
 	// Addr is the local IP address for the UDP provider and the connection
 	// manager, or a comma-separated list of addresses, one per path (the
-	// first also serves the connection manager). Default RVMA_ADDR, else
-	// 127.0.0.1.
+	// first also serves the connection manager). Default RVMA_ADDR, else,
+	// under Open MPI's mpirun across nodes, an address the other nodes
+	// reach (rank 0's route toward mpirun, the others' toward rank 0),
+	// else 127.0.0.1.
 	Addr string
 	// Paths is the number of paths of every connection between two ranks
 	// (Virtuoso-style multipath, see the package documentation): the UDP
