@@ -29,11 +29,11 @@ import (
 // a job of one node publishes in: PMIx 4's server (Open MPI 4.1's, here)
 // listens on loopback TCP, and the "native" credential it checks is the
 // uid and gid the client claims. Another user of a node who learns the
-// job's namespace (Open MPI derives it from mpirun's pid) and the
-// server's port can connect as one of its ranks and read the key. Where
-// nodes are shared with users outside the job, give the job a key file
-// (rvmarun --make-key FILE, then RVMA_KEY_FILE=FILE, on a shared file
-// system): only the address then crosses PMIx.
+// job's namespace (Open MPI derives it from mpirun's host name and pid)
+// and the server's port can connect as one of its ranks and read the
+// key. Where nodes are shared with users outside the job, give the job a
+// key file (rvmarun --make-key FILE, then RVMA_KEY_FILE=FILE, on a shared
+// file system): only the address then crosses PMIx.
 
 // Open MPI's and rvma's variables the PMIx bootstrap reads.
 const (
