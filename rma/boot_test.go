@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/rvma/rvma/internal/launch"
 	"github.com/rvma/rvma/internal/pmitest"
+	"github.com/rvma/rvma/internal/pmix/pmixtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -21,7 +23,8 @@ func clearLaunchEnv(t *testing.T) {
 	for _, v := range []string{EnvRank, EnvSize, EnvKVS, EnvRendezvous, EnvPMI, launch.EnvKey, launch.EnvKeyFile,
 		"PMI_FD", "PMI_RANK", "PMI_SIZE", "PMI_ID", "PMI_JOBID",
 		envOMPIRank, envOMPISize, envOMPILocalSize, envOMPINodes, envOMPISession, envPMIxTmpdir, envPMIxNamespace, envOMPIJobID,
-		"SLURM_PROCID", "SLURM_NTASKS"} {
+		EnvOMPIPMIx, envOMPIHNPURI, EnvAddr, "PMIX_SERVER_URI3", "PMIX_SERVER_URI4", "PMIX_SERVER_URI41", "PMIX_SERVER_URI21",
+		"PMIX_SERVER_URI2", "PMIX_RANK", "PMIX_SECURITY_MODE", envPMIxHostname, "SLURM_PROCID", "SLURM_NTASKS"} {
 		t.Setenv(v, "") // restored after the test
 		require.NoError(t, os.Unsetenv(v))
 	}
@@ -162,13 +165,20 @@ func TestOMPIBootstrap(t *testing.T) {
 	t.Setenv(envOMPILocalSize, "2")
 	_, err = bootstrap(ctx)
 	require.ErrorIs(t, err, ErrBootstrap)
+	require.ErrorContains(t, err, "across nodes (2 of its 4 ranks on this node; Open MPI named no PMIx server")
+	require.ErrorContains(t, err, "needs RVMA_RENDEZVOUS=host:port")
+	t.Setenv(EnvOMPIPMIx, "0") // PMIx refused: the message does not offer it
+	_, err = bootstrap(ctx)
 	require.ErrorContains(t, err, "across nodes (2 of its 4 ranks on this node) needs RVMA_RENDEZVOUS=host:port")
-	require.ErrorContains(t, err, "PMIx")
+	t.Setenv(EnvOMPIPMIx, "2")
+	_, err = bootstrap(ctx)
+	require.ErrorContains(t, err, "RVMA_OMPI_PMIX=\"2\": want 1")
+	t.Setenv(EnvOMPIPMIx, "")
 	t.Setenv(envOMPILocalSize, "")
 	os.Unsetenv(envOMPILocalSize)
 	t.Setenv(envOMPINodes, "2")
 	_, err = bootstrap(ctx)
-	require.ErrorContains(t, err, "across nodes (2 nodes)")
+	require.ErrorContains(t, err, "across nodes (2 nodes;")
 
 	// With RVMA_RENDEZVOUS, as under Slurm: the key from the environment.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -187,6 +197,54 @@ func TestOMPIBootstrap(t *testing.T) {
 	require.Empty(t, b.published)
 	b.store.Close()
 	b.srv.Close()
+}
+
+// Under Open MPI across nodes (here one rank, forced), rank 0 serves the
+// rendezvous on an address other nodes reach (RVMA_ADDR's, else the route
+// toward mpirun's address) and publishes it with the key through PMIx;
+// Init then binds that address.
+func TestOMPIPMIxBootstrap(t *testing.T) {
+	clearLaunchEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	srv, err := pmixtest.New(1)
+	require.NoError(t, err)
+	defer srv.Close()
+	for _, kv := range srv.Env(0) {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	t.Setenv(envOMPIRank, "0")
+	t.Setenv(envOMPISize, "1")
+	t.Setenv(EnvOMPIPMIx, "1")
+	t.Setenv(envOMPIHNPURI, "1.0;tcp://127.0.0.1,192.0.2.1:4000;tcp6://[::1]:4001")
+	t.Setenv(envPMIxHostname, "node7")
+	b, err := bootstrap(ctx)
+	if err != nil && strings.Contains(err.Error(), "no address other nodes could reach") {
+		t.Log("this host has only loopback:", err)
+	} else {
+		require.NoError(t, err)
+		b.store.Close()
+		b.srv.Close()
+		// 127.0.0.1 is skipped (other nodes cannot reach it); 192.0.2.1
+		// (TEST-NET) is routed only where a default route exists, else
+		// the first non-loopback address is taken
+		require.NotEmpty(t, b.addr)
+		require.False(t, net.ParseIP(b.addr).IsLoopback(), b.addr)
+		require.Equal(t, 1, srv.Finalized())
+	}
+
+	t.Setenv(EnvAddr, "127.0.0.1,127.0.0.2")
+	b, err = bootstrap(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1", b.addr, "RVMA_ADDR's first")
+	require.Equal(t, hostIdentity()+"/node7", b.host, "the node's name tells nodes that share a kernel apart")
+	host, _, _ := net.SplitHostPort(b.srv.Addr())
+	require.Equal(t, "127.0.0.1", host, "the rendezvous serves there too")
+	b.store.Close()
+	b.srv.Close()
+	require.Equal(t, []string{"127.0.0.1", "192.0.2.1"}, hnpAddrs("1.0;tcp://127.0.0.1,192.0.2.1:4000;tcp6://[::1]:4001"))
+	require.Empty(t, hnpAddrs(""))
 }
 
 // The bootstrap order: rvmarun, then PMI, then Open MPI, then Slurm.

@@ -60,15 +60,18 @@ type Config struct {
 	// Host identifies this rank's host for "auto": ranks of equal Host
 	// connect through shared memory. Default RVMA_HOST, else the kernel's
 	// boot id and PID namespace (what processes that can map each other's
-	// memory through /proc share).
+	// memory through /proc share), with, under Open MPI's mpirun across
+	// nodes, the node's name.
 	Host string
 	// Hosts, for NewWorld with "auto", is each rank's Host (one per rank),
 	// so that one process can stand for several hosts. Default: Host.
 	Hosts []string
 	// Addr is the local IP address for the UDP provider and the connection
 	// manager, or a comma-separated list of addresses, one per path (the
-	// first also serves the connection manager). Default RVMA_ADDR, else
-	// 127.0.0.1.
+	// first also serves the connection manager). Default RVMA_ADDR, else,
+	// under Open MPI's mpirun across nodes, an address the other nodes
+	// reach (rank 0's route toward mpirun, the others' toward rank 0),
+	// else 127.0.0.1.
 	Addr string
 	// Paths is the number of paths of every connection between two ranks
 	// (Virtuoso-style multipath, see the package documentation): the UDP
@@ -403,7 +406,9 @@ func (c *Comm) Device() *verbs.Device { return c.dev }
 // --mpi=pmi2), spoken in PMI-2 if it accepts it, else PMI-1 (RVMA_PMI=1
 // or 2 forces one); Open MPI's mpirun (OMPI_COMM_WORLD_RANK and _SIZE:
 // within one node rank 0 publishes the rendezvous in a file of the job's
-// session directory, across nodes RVMA_RENDEZVOUS must name it); Slurm
+// session directory, across nodes through the nodes' PMIx servers, and
+// every rank then binds an address the other nodes reach unless
+// Config.Addr or RVMA_ADDR names one); Slurm
 // without PMI (SLURM_PROCID, SLURM_NTASKS and RVMA_RENDEZVOUS=host:port,
 // where rank 0 serves the rendezvous); otherwise a world of size 1. It is
 // collective: it returns once every rank has published its address.
@@ -429,6 +434,12 @@ func Init(ctx context.Context, cfg *Config) (*Comm, error) {
 	b, err := bootstrap(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if env.Addr == "" && b.addr != "" {
+		conf.Addr = b.addr
+	}
+	if env.Host == "" && b.host != "" {
+		conf.Host = b.host
 	}
 	dev, err := verbs.Open(ctx, conf.deviceURI(""), &conf.Device)
 	if err != nil && conf.Provider == "auto" {
@@ -480,6 +491,8 @@ type boot struct {
 	srv        *kvs.Server // rank 0 serves the rendezvous (Slurm, Open MPI)
 	key        []byte
 	published  string // a file that publishes the rendezvous, removed once every rank has joined (Open MPI)
+	addr       string // the address to bind when the user named none: one other nodes reach (Open MPI across nodes)
+	host       string // the host identity when the user named none (Open MPI across nodes: the kernel's and the node's name)
 	inc        uint32 // the rank's incarnation (rvmarun --restart)
 	// recover, when the launcher can respawn ranks, is where the ranks
 	// agree after a failure, and watch a second connection to it on which

@@ -13,17 +13,18 @@ import (
 
 	"github.com/rvma/rvma/internal/kvs"
 	"github.com/rvma/rvma/internal/launch"
+	"github.com/rvma/rvma/internal/pmix"
 )
 
 // Open MPI's mpirun tells each rank its place (OMPI_COMM_WORLD_RANK,
-// _SIZE, _LOCAL_SIZE) and offers its key-value space through PMIx only,
-// a protocol rvma does not speak. Within one node the job needs no help:
-// rank 0 serves the rendezvous on loopback and publishes its address and
-// a fresh key in a file of the job's session directory, a directory of
-// the node that Open MPI makes for the job, readable by its user only
-// (mode 0700), and removes when the job ends. Across nodes nothing the
-// ranks share without PMIx says where rank 0 is: RVMA_RENDEZVOUS must,
-// as under Slurm.
+// _SIZE, _LOCAL_SIZE) and offers its key-value space through PMIx only.
+// Within one node the job needs no PMIx: rank 0 serves the rendezvous on
+// loopback and publishes its address and a fresh key in a file of the
+// job's session directory, a directory of the node that Open MPI makes
+// for the job, readable by its user only (mode 0700), and removes when
+// the job ends. Across nodes rank 0 publishes them through PMIx
+// (ompipmix.go), or, with RVMA_OMPI_PMIX=0, RVMA_RENDEZVOUS must say
+// where rank 0 serves, as under Slurm.
 
 // Environment variables of Open MPI that Init reads.
 const (
@@ -63,12 +64,38 @@ func ompiBootstrap(ctx context.Context) (b boot, ok bool, err error) {
 		b, err := rendezvousAt(ctx, r, s, addr, job)
 		return b, true, err
 	}
-	if several, why, err := ompiNodes(s); err != nil {
+	several, why, err := ompiNodes(s)
+	if err != nil {
 		return boot{}, true, err
-	} else if several {
+	}
+	mode := os.Getenv(EnvOMPIPMIx)
+	switch mode {
+	case "", "0", "1":
+	default:
+		return boot{}, true, fmt.Errorf("%w: %s=%q: want 1 (through PMIx even on one node) or 0 (never)", ErrBootstrap, EnvOMPIPMIx, mode)
+	}
+	if (several && mode != "0") || mode == "1" {
+		env, ok, err := pmix.FromEnv()
+		if ok && err == nil {
+			b, err := pmixRendezvous(ctx, r, s, env)
+			if err != nil {
+				return boot{}, true, fmt.Errorf("%w: %s, through PMIx: %w", ErrBootstrap, job, err)
+			}
+			return b, true, nil
+		}
+		if err != nil {
+			return boot{}, true, fmt.Errorf("%w: %s: %w", ErrBootstrap, job, err)
+		}
+		if !several {
+			return boot{}, true, fmt.Errorf("%w: %s: %s=1 but Open MPI named no PMIx server (PMIX_SERVER_URI3)", ErrBootstrap, job, EnvOMPIPMIx)
+		}
+	}
+	if several {
+		if mode != "0" {
+			why += "; Open MPI named no PMIx server (PMIX_SERVER_URI3) to publish rank 0's address through"
+		}
 		return boot{}, true, fmt.Errorf("%w: %s across nodes (%s) needs %s=host:port where rank 0 serves the rendezvous, "+
-			"and %s naming the job's key file (rvmarun --make-key FILE): without them the other nodes' ranks cannot find rank 0 "+
-			"(publishing its address through Open MPI would take PMIx, which rvma does not speak)",
+			"and %s naming the job's key file (rvmarun --make-key FILE): without them the other nodes' ranks cannot find rank 0",
 			ErrBootstrap, job, why, EnvRendezvous, launch.EnvKeyFile)
 	}
 	dir := cmpEnv(envOMPISession, envPMIxTmpdir)

@@ -9,7 +9,10 @@
 #      across) against Open MPI (pml ob1 over btl vader within a host and
 #      tcp across, osc pt2pt: its rdma osc cannot make a window across
 #      these hosts) running our bench/mpi/halo3d.c, with their checksums;
-#   3. file descriptors and sockets per rank, sampled while halo3d runs.
+#   3. file descriptors and sockets per rank, sampled while halo3d runs;
+#   4. rvma's halo3d launched by mpirun.openmpi itself (the ranks meet
+#      through Open MPI's PMIx servers), whole job timed, its checksums
+#      beside rvmarun's.
 # Needs root, iproute2, go, mpicc.openmpi/mpirun.openmpi (skipped without).
 # Environment: RUNS (default 3), HALO (halo3d's arguments).
 set -euo pipefail
@@ -86,6 +89,12 @@ for p in $(pgrep -f "^$OUT/halo3d"); do
 	echo "$(ls /proc/$p/fd 2>/dev/null | wc -l) $(ls -l /proc/$p/fd 2>/dev/null | grep -c socket)"
 done | sort -n | awk '{f[NR]=$1; s[NR]=$2} END {if (NR) printf "  fds %d/%d/%d, sockets %d/%d/%d over %d ranks\n", f[1], f[int((NR+1)/2)], f[NR], s[1], s[int((NR+1)/2)], s[NR], NR}'
 wait
+if [ -n "${OMPI:-}" ]; then
+	echo "== rvma's halo3d, $N ranks, launched by mpirun.openmpi (PMIx bootstrap): $HALO"
+	t0=$(date +%s%N)
+	"$OUT/job.sh" ompi "$N" "$OUT/halo3d" $HALO 2>&1 | grep -E '^ *(halo3d|sendrecv|fence|pscw|lock|notify|serial)' | tail -8
+	echo "whole job $((($(date +%s%N) - t0) / 1000000)) ms"
+fi
 if [ -n "${OMPI:-}" ] && [ -x "$OUT/halo3d_ompi" ]; then
 	# MPI has no notified windows: the same run without that variant.
 	"$OUT/job.sh" ompi "$N" "$OUT/halo3d_ompi" $(echo "$HALO" | sed 's/,notify//; s/notify,//') 2>&1 | grep -E '^ *(halo3d|sendrecv|fence|pscw|lock|serial)' | tail -8

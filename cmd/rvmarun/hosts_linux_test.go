@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -211,4 +212,88 @@ func TestHostsRestart(t *testing.T) {
 	require.Contains(t, string(out), "rvmarun: rank 3 on "+victim+" (incarnation 1) killed by signal 9 (SIGKILL); it died 2 times, more than --restart 1 allows; stopping the others\n")
 	require.Contains(t, string(out), "rvmarun: host "+victim+" failed (exit status 137); stopping the other hosts\n")
 	requireAllGone(t, incPIDs(t, string(out)))
+}
+
+// ompiAgent is a launch agent for Open MPI's rsh launcher: it runs the
+// command in the namespace host it names, under that name as hostname,
+// so that Open MPI sees several nodes (as scripts/hostbed's does).
+const ompiAgent = `#!/bin/sh
+while [ "${1#-}" != "$1" ]; do shift; done
+host=$1; shift
+exec ip netns exec "$host" unshare --uts sh -c "hostname $host; $*"
+`
+
+// Open MPI's mpirun across two namespace hosts, with no RVMA_RENDEZVOUS
+// and no key file: rank 0 publishes the rendezvous through the hosts'
+// PMIx servers, and halo3d's 8 ranks (4 per host) agree with the serial
+// solution and with the same job under rvmarun.
+func TestHostsOpenMPI(t *testing.T) {
+	mpirun, err := exec.LookPath("mpirun.openmpi")
+	if err != nil {
+		t.Skip("mpirun.openmpi not installed (apt-get install openmpi-bin); skipping the Open MPI test across hosts")
+	}
+	tb := testbed.NewHosts(t, testbed.HostsConfig{Hosts: 2})
+	agent := filepath.Join(t.TempDir(), "agent")
+	require.NoError(t, os.WriteFile(agent, []byte(ompiAgent), 0o755))
+	halo := []string{filepath.Join(bins, "halo3d"), "-n", "16", "--iters", "10", "--warmup", "2", "--sync", "sendrecv,fence,notify", "--json"}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	args := append([]string{"netns", "exec", tb.Names[0], mpirun, "--allow-run-as-root", "-n", "8",
+		"--host", tb.Names[0] + ":4," + tb.Names[1] + ":4", "--mca", "plm_rsh_agent", agent, "--mca", "routed", "direct",
+		"--mca", "oob_tcp_if_include", "10.78.0.0/16", "--bind-to", "none"}, halo...)
+	cmd := exec.CommandContext(ctx, "ip", args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, "%s%s", out, stderr.String())
+	sums := haloChecksums(t, string(out))
+	require.Len(t, sums, 4, "three variants and the serial reference: %s", out)
+
+	ref, rstderr, code := runJob(t, append([]string{"-n", "8", "--tag-output=false"}, halo...)...)
+	require.Equal(t, 0, code, rstderr)
+	require.Equal(t, haloChecksums(t, ref), sums, "the same checksums as under rvmarun")
+
+	// Ranks of one host meet over shared memory, the others over UDP,
+	// although the hosts share a kernel: Open MPI's node names tell them
+	// apart, as rvmarun's host names do.
+	self, err := os.Executable()
+	require.NoError(t, err)
+	args = append(args[:len(args)-len(halo)], "-x", envRole+"=transport", self)
+	cmd = exec.CommandContext(ctx, "ip", args...)
+	stderr.Reset()
+	cmd.Stderr = &stderr
+	out, err = cmd.Output()
+	require.NoError(t, err, "%s%s", out, stderr.String())
+	lines := regexp.MustCompile(`(?m)^transport (\d+) (\d+) (\S+)$`).FindAllStringSubmatch(string(out), -1)
+	require.Len(t, lines, 8*7, "%s", out)
+	for _, l := range lines {
+		me, _ := strconv.Atoi(l[1])
+		p, _ := strconv.Atoi(l[2])
+		want := "udp"
+		if me/4 == p/4 {
+			want = "shm"
+		}
+		require.Equal(t, want, l[3], "rank %d to rank %d", me, p)
+	}
+}
+
+// haloChecksums reads halo3d's --json lines (rank 0's), checks that each
+// is ok, and returns their checksums by variant.
+func haloChecksums(t *testing.T, out string) map[string]float64 {
+	t.Helper()
+	sums := map[string]float64{}
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(line, "{") {
+			continue
+		}
+		var r struct {
+			Sync     string
+			Checksum float64
+			OK       bool
+		}
+		require.NoError(t, json.Unmarshal([]byte(line), &r), line)
+		require.True(t, r.OK, line)
+		sums[r.Sync] = r.Checksum
+	}
+	return sums
 }

@@ -201,7 +201,10 @@ type ServerConfig struct {
 	// (default 10s).
 	HandshakeTimeout time.Duration
 	// MaxPending bounds the connections still authenticating (default
-	// 64); one more drops the oldest.
+	// 64, or two per rank and 16 more when that is more: every rank of a
+	// job dials its client and its launcher watch at once, and a job of
+	// 256 ranks over four hosts overflowed 64 while the ranks started);
+	// one more drops the oldest.
 	MaxPending int
 }
 
@@ -223,7 +226,7 @@ func (c *ServerConfig) withDefaults(size int) ServerConfig {
 		d.HandshakeTimeout = 10 * time.Second
 	}
 	if d.MaxPending <= 0 {
-		d.MaxPending = 64
+		d.MaxPending = max(64, 2*size+16)
 	}
 	return d
 }
