@@ -24,7 +24,6 @@ const (
 	amCAS    = 2 // compare-and-swap of one element
 	amPacked = 3 // a packed strided put, unpacked at the target
 	amCredit = 4 // when is the buffer of epoch off posted (per-origin notified windows)?
-	amPuts   = 5 // small puts that travelled together (pack.go)
 
 	amHdrLen = 40
 
@@ -192,11 +191,6 @@ func (w *Win) apply(src int, h *amHdr, data []byte) (byte, []byte) {
 			copy(mem[o:o+l.Block], data[i*l.Block:])
 		}
 		return amOK, nil
-	case amPuts:
-		if w.notify != nil {
-			return amBadType, nil // notified windows count their puts: never packed
-		}
-		return applyPuts(mem, data), nil
 	case amAcc, amCAS:
 		if check(h.op, h.dt, len(data)) != nil && h.kind == amAcc {
 			return amBadType, nil

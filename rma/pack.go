@@ -2,38 +2,34 @@ package rma
 
 import (
 	"context"
-	"encoding/binary"
 	"sync"
 
 	"github.com/rvma/rvma/verbs"
 )
 
 // Small puts into a plain window of another host travel together: each is
-// appended to the target's pack (its offset, length and bytes) and the
-// pack leaves as one active message, which the target applies and
-// answers, when it is full or at the next synchronisation towards the
-// target (a flush; Complete sends it ahead of its message, which the
-// target handles after it). A stream of 8-byte puts then costs one packet
-// per few hundred instead of one each, as MPI's TCP transports aggregate.
-// Puts are not ordered with each other before a synchronisation (MPI), so
-// a packed put may be overtaken by a larger one sent as a WRITE.
+// appended to the target's pack (its address, length and bytes) and the
+// pack leaves as one WRITE_LIST (verbs.OpWriteList: one packet that the
+// target's NIC places run by run, checking each, with no part for its
+// progress engine) when it is full or at the next synchronisation towards
+// the target (a flush, whose marker follows it on the connection; Complete
+// sends it ahead of its message). A stream of 8-byte puts then costs one
+// packet per few hundred instead of one each, as MPI's TCP transports
+// aggregate. Puts are not ordered with each other before a
+// synchronisation (MPI), so a packed put may be overtaken by a larger one
+// sent as a WRITE.
 
 const (
-	packMax   = 256  // the largest put packed
-	packCap   = 4000 // bytes of entries per pack: one packet at the loopback MTU
-	packEntry = 8 + 2
-	// packFew is the most puts a flush finds in a pack and sends as
-	// WRITEs rather than as a message: a lone put and its flush then
-	// cost what they did before packing (no trip through the target's
-	// progress engine).
-	packFew = 2
+	packMax = 256  // the largest put packed
+	packCap = 4000 // the longest list: one packet at the loopback MTU (less if the connection's MTU is)
 )
 
 // putPack is the puts towards one target waiting to travel together.
 type putPack struct {
 	mu  sync.Mutex
-	buf []byte // entries: offset (8 bytes), length (2), bytes
-	n   int    // entries in buf
+	buf []byte // a write list (verbs.AppendWriteList)
+	n   int    // runs in buf
+	cap int    // the list's longest, from the connection's MTU; 0 until the first put
 }
 
 // packPut appends a put of b at byte off of target's window to its pack,
@@ -42,25 +38,26 @@ func (w *Win) packPut(ctx context.Context, target, off int, b []byte) error {
 	p := &w.packs[target]
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.buf)+packEntry+len(b) > packCap {
-		if err := w.sendPackLocked(ctx, target, p); err != nil {
+	qp, err := w.c.conn(ctx, target)
+	if err != nil {
+		return err
+	}
+	if p.cap == 0 {
+		p.cap = min(packCap, qp.MTU())
+		p.buf = make([]byte, 0, p.cap)
+	}
+	if len(p.buf)+verbs.WriteListEntry+len(b) > p.cap {
+		if err := w.sendPackLocked(qp, target, p); err != nil {
 			return err
 		}
 	}
-	if p.buf == nil {
-		p.buf = make([]byte, 0, packCap)
-	}
-	p.buf = binary.LittleEndian.AppendUint64(p.buf, uint64(off))
-	p.buf = binary.LittleEndian.AppendUint16(p.buf, uint16(len(b)))
-	p.buf = append(p.buf, b...)
+	p.buf = verbs.AppendWriteList(p.buf, w.remote[target].addr+uint64(off), b)
 	p.n++
 	return nil
 }
 
-// sendPack sends target's pack, if it holds puts (as WRITEs if few, for
-// the flush's marker to follow: see packFew); the active message counts
-// among the window's operations until the target answers, so a flush
-// waits for it.
+// sendPack posts target's pack, if it holds puts, as one unsignalled
+// request: the flush's marker follows it.
 func (w *Win) sendPack(ctx context.Context, target int) error {
 	if w.packs == nil {
 		return nil
@@ -68,33 +65,23 @@ func (w *Win) sendPack(ctx context.Context, target int) error {
 	p := &w.packs[target]
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.n == 0 || p.n > packFew {
-		return w.sendPackLocked(ctx, target, p)
+	if p.n == 0 {
+		return nil
 	}
 	qp, err := w.c.conn(ctx, target)
 	if err != nil {
 		return err
 	}
-	var wrs [packFew]verbs.SendWR
-	k := 0
-	for d := p.buf; len(d) > 0; k++ {
-		off, n := binary.LittleEndian.Uint64(d), int(binary.LittleEndian.Uint16(d[8:]))
-		wrs[k] = w.putTo(target, int(off))
-		wrs[k].Flags |= verbs.FlagInline | verbs.FlagDefer
-		wrs[k].Inline = d[packEntry : packEntry+n] // copied at post
-		d = d[packEntry+n:]
-	}
-	p.buf, p.n = p.buf[:0], 0
-	return w.postUnsignalled(qp, target, wrs[:k])
+	return w.sendPackLocked(qp, target, p)
 }
 
-func (w *Win) sendPackLocked(ctx context.Context, target int, p *putPack) error {
+func (w *Win) sendPackLocked(qp *verbs.QP, target int, p *putPack) error {
 	if p.n == 0 {
 		return nil
 	}
-	_, err := w.am(ctx, "put", target, amHdr{kind: amPuts}, nil, p.buf)
-	p.buf, p.n = p.buf[:0], 0 // the message was copied
-	return err
+	wr := [1]verbs.SendWR{{Opcode: verbs.OpWriteList, Flags: verbs.FlagInline | verbs.FlagDefer, Inline: p.buf, RKey: w.remote[target].rkey}}
+	p.buf, p.n = p.buf[:0], 0 // copied at post
+	return w.postUnsignalled(qp, target, wr[:])
 }
 
 // dropPacks forgets the puts waiting in packs (Recover).
@@ -105,28 +92,4 @@ func (w *Win) dropPacks() {
 		p.buf, p.n = p.buf[:0], 0
 		p.mu.Unlock()
 	}
-}
-
-// applyPuts places a pack's puts into mem, once every entry is checked:
-// a bad one refuses the whole pack, nothing placed.
-func applyPuts(mem, data []byte) byte {
-	for d := data; len(d) > 0; {
-		if len(d) < packEntry {
-			return amBadType
-		}
-		off, n := binary.LittleEndian.Uint64(d), int(binary.LittleEndian.Uint16(d[8:]))
-		if len(d) < packEntry+n {
-			return amBadType
-		}
-		if !fits(off, n, len(mem)) {
-			return amBounds
-		}
-		d = d[packEntry+n:]
-	}
-	for d := data; len(d) > 0; {
-		off, n := binary.LittleEndian.Uint64(d), int(binary.LittleEndian.Uint16(d[8:]))
-		copy(mem[off:off+uint64(n)], d[packEntry:packEntry+n])
-		d = d[packEntry+n:]
-	}
-	return amOK
 }

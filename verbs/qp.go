@@ -428,6 +428,14 @@ func (qp *QP) Connect(remote Endpoint, cfg *ConnectConfig) error {
 	return qp.ReadyToSend(nil)
 }
 
+// MTU is the payload bytes of one packet on the connection (0 before it
+// is connected): the longest OpWriteList list.
+func (qp *QP) MTU() int {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.mtu
+}
+
 // Idle reports whether the QP is ready to send and every request posted
 // to it has completed. On shared memory, writes, reads and atomics into a
 // peer's registered memory complete as they are posted, so a caller that
@@ -647,7 +655,7 @@ func (qp *QP) postSendLocked(wrs []SendWR, ob *outbox) (int, error) {
 }
 
 func (qp *QP) validateSend(wr *SendWR) error {
-	if wr.Opcode < OpSend || wr.Opcode > OpMailboxWriteImm {
+	if wr.Opcode < OpSend || wr.Opcode > OpWriteList {
 		return fmt.Errorf("verbs: QP %d: %w: opcode %v", qp.num, ErrInvalidWR, wr.Opcode)
 	}
 	if qp.typ == UC && wr.Opcode.isReadLike() {
@@ -655,6 +663,14 @@ func (qp *QP) validateSend(wr *SendWR) error {
 	}
 	if len(wr.SGL) > qp.cfg.MaxSendSGE {
 		return fmt.Errorf("verbs: QP %d: %w: %d SGEs, max %d", qp.num, ErrInvalidWR, len(wr.SGL), qp.cfg.MaxSendSGE)
+	}
+	if wr.Opcode == OpWriteList {
+		// One packet, its list copied at post.
+		if qp.typ != RC || wr.Flags&FlagInline == 0 || len(wr.Inline) > qp.mtu {
+			return fmt.Errorf("verbs: QP %d: %w: a write list is inline, on RC, and at most the MTU (%d bytes; %d given)",
+				qp.num, ErrInvalidWR, qp.mtu, len(wr.Inline))
+		}
+		return nil
 	}
 	if wr.Flags&FlagInline != 0 {
 		if wr.Opcode.isReadLike() {

@@ -571,6 +571,8 @@ func (qp *QP) dataPacket(w *sendWQE, idx int) *wire.Packet {
 		fam = [6]wire.Opcode{wire.SendFirst, wire.SendMiddle, wire.SendLast, wire.SendLastImm, wire.SendOnly, wire.SendOnlyImm}
 	case OpWrite, OpWriteImm:
 		fam = [6]wire.Opcode{wire.WriteFirst, wire.WriteMiddle, wire.WriteLast, wire.WriteLastImm, wire.WriteOnly, wire.WriteOnlyImm}
+	case OpWriteList: // one packet, ONLY
+		fam = [6]wire.Opcode{4: wire.WriteList}
 	default:
 		fam = [6]wire.Opcode{wire.MailboxFirst, wire.MailboxMiddle, wire.MailboxLast, wire.MailboxLastImm, wire.MailboxOnly, wire.MailboxOnlyImm}
 	}

@@ -235,6 +235,10 @@ func (qp *QP) execute(p *wire.Packet, ob *outbox) {
 		if !qp.writeExec(p, ob, starts, ends) {
 			return
 		}
+	case wire.WriteList:
+		if qp.typ != RC || !qp.writeListExec(p, ob) {
+			return
+		}
 	case wire.MailboxFirst:
 		if !qp.mailboxExec(p, ob, starts, ends, wasRNR) {
 			return
@@ -346,6 +350,49 @@ func (qp *QP) sendExec(p *wire.Packet, ob *outbox, starts, ends bool) bool {
 		rs.cur.hasRecv = false
 		qp.completeRecv(wc)
 	}
+	return true
+}
+
+// writeListExec places a WRITE_LIST's runs, once every one of them is
+// checked against the memory its rkey names: a run out of bounds or a
+// malformed list places nothing.
+func (qp *QP) writeListExec(p *wire.Packet, ob *outbox) bool {
+	if p.Placed || int(p.DMALen) != len(p.Payload) {
+		qp.dev.drop(&qp.dev.stats.malformed)
+		qp.reject(ob, wire.NAKInvalid)
+		return false
+	}
+	var mr *MR
+	ok := true
+	if err := wire.ListEntries(p.Payload, func(va uint64, d []byte) bool {
+		if mr == nil { // one rkey: its region's key, rights and liveness are checked once
+			mr, _, ok = qp.pd.resolveRemote(p.RKey, va, uint64(len(d)), AccessRemoteWrite)
+		} else {
+			_, ok = mr.span(va, uint64(len(d)))
+		}
+		return ok
+	}); err != nil {
+		qp.dev.drop(&qp.dev.stats.malformed)
+		qp.reject(ob, wire.NAKInvalid)
+		return false
+	}
+	if !ok {
+		qp.reject(ob, wire.NAKRemoteAccess)
+		return false
+	}
+	if mr == nil {
+		return true // an empty list
+	}
+	if !mr.enter() {
+		qp.reject(ob, wire.NAKRemoteAccess)
+		return false
+	}
+	wire.ListEntries(p.Payload, func(va uint64, d []byte) bool {
+		dst, _ := mr.span(va, uint64(len(d)))
+		copy(dst, d)
+		return true
+	})
+	mr.exit()
 	return true
 }
 

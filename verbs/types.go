@@ -3,6 +3,8 @@ package verbs
 import (
 	"fmt"
 	"net/netip"
+
+	"github.com/rvma/rvma/internal/wire"
 )
 
 // GID is a device's local address: one per vNIC, the unit multipath binds
@@ -114,10 +116,27 @@ const (
 	// OpMailboxWriteImm is OpMailboxWrite with 32 bits of immediate data
 	// handed to the target's handler with the last packet.
 	OpMailboxWriteImm
+	// OpWriteList writes several small runs of the memory under RKey in
+	// one packet (rvma's extension, RC only): Inline holds the list, built
+	// with AppendWriteList, at most the connection's MTU; RemoteAddr is
+	// unused. The target checks every run before it places any; one out
+	// of bounds fails the request as a WRITE out of bounds does. It
+	// completes as a WRITE.
+	OpWriteList
 )
 
+// AppendWriteList appends a run of data to be written at remote address
+// addr to an OpWriteList's list; data is at most 65535 bytes.
+func AppendWriteList(list []byte, addr uint64, data []byte) []byte {
+	return wire.AppendListEntry(list, addr, data)
+}
+
+// WriteListEntry is the bytes a run takes in an OpWriteList's list
+// besides its data.
+const WriteListEntry = wire.ListEntryLen
+
 var opNames = [...]string{"", "SEND", "SEND_WITH_IMM", "RDMA_WRITE", "RDMA_WRITE_WITH_IMM", "RDMA_READ",
-	"ATOMIC_CMP_AND_SWP", "ATOMIC_FETCH_AND_ADD", "MAILBOX_WRITE", "MAILBOX_WRITE_WITH_IMM"}
+	"ATOMIC_CMP_AND_SWP", "ATOMIC_FETCH_AND_ADD", "MAILBOX_WRITE", "MAILBOX_WRITE_WITH_IMM", "WRITE_LIST"}
 
 func (o Opcode) String() string {
 	if int(o) < len(opNames) && o != 0 {
@@ -135,7 +154,7 @@ func (o Opcode) wcOpcode() WCOpcode {
 	switch o {
 	case OpSend, OpSendImm:
 		return WCSend
-	case OpWrite, OpWriteImm:
+	case OpWrite, OpWriteImm, OpWriteList:
 		return WCWrite
 	case OpRead:
 		return WCRead

@@ -61,7 +61,7 @@ func allOpcodes() []Opcode {
 
 func TestRoundTrip(t *testing.T) {
 	ops := allOpcodes()
-	require.Len(t, ops, 21+12+12, "21 RC opcodes, 12 UC, 6+6 mailbox")
+	require.Len(t, ops, 21+12+12+1, "21 RC opcodes, 12 UC, 6+6 mailbox, write list")
 	for _, op := range ops {
 		for _, n := range []int{0, 1, 2, 3, 4, 5, 4096} {
 			payload := bytes.Repeat([]byte{0xA5}, n)

@@ -52,8 +52,20 @@ const (
 	mailboxUCBase Opcode = 0xE0
 )
 
+// WriteList is a WRITE of several small runs in one packet (rvma's
+// extension, RC only, single packet): after the RETH (whose rkey covers
+// every run; VA 0, DMA length the payload's) the payload is a list of
+// entries, each a virtual address (8 bytes), a length (2) and that many
+// bytes (see AppendListEntry, ListEntries). The responder checks every
+// entry before it places any.
+const WriteList Opcode = 0xC6
+
 // UC returns the UC form of an RC send, write or mailbox opcode.
+// A WRITE_LIST has no UC form: it is returned as it is.
 func (o Opcode) UC() Opcode {
+	if o == WriteList {
+		return o
+	}
 	if o.isMailbox() {
 		return o - mailboxRCBase + mailboxUCBase
 	}
@@ -66,7 +78,7 @@ func (o Opcode) Base() Opcode {
 	switch {
 	case o >= mailboxUCBase && o <= mailboxUCBase+5:
 		return o - mailboxUCBase + mailboxRCBase
-	case o >= mailboxRCBase && o <= mailboxRCBase+5:
+	case o >= mailboxRCBase && o <= mailboxRCBase+5, o == WriteList:
 		return o
 	default:
 		return o &^ transportMsk
@@ -90,7 +102,7 @@ func (o Opcode) Valid() bool {
 		return o&^transportMsk <= WriteOnlyImm
 	default:
 		b := o.Base()
-		return b >= MailboxFirst && b <= MailboxOnlyImm
+		return b >= MailboxFirst && b <= MailboxOnlyImm || o == WriteList
 	}
 }
 
@@ -111,7 +123,7 @@ func (o Opcode) IsFirst() bool {
 // IsOnly reports whether the packet is a whole message by itself.
 func (o Opcode) IsOnly() bool {
 	switch o.Base() {
-	case SendOnly, SendOnlyImm, WriteOnly, WriteOnlyImm, ReadRespOnly, MailboxOnly, MailboxOnlyImm:
+	case SendOnly, SendOnlyImm, WriteOnly, WriteOnlyImm, ReadRespOnly, MailboxOnly, MailboxOnlyImm, WriteList:
 		return true
 	}
 	return false
@@ -144,7 +156,7 @@ func (o Opcode) HasImm() bool {
 // HasRETH reports whether an RDMA extended transport header follows.
 func (o Opcode) HasRETH() bool {
 	switch o.Base() {
-	case WriteFirst, WriteOnly, WriteOnlyImm, ReadRequest:
+	case WriteFirst, WriteOnly, WriteOnlyImm, ReadRequest, WriteList:
 		return true
 	}
 	return false
@@ -190,6 +202,7 @@ var names = map[Opcode]string{
 	AtomicAck: "ATOMIC_ACK", CompareSwap: "CMP_SWAP", FetchAdd: "FETCH_ADD",
 	MailboxFirst: "MBX_FIRST", MailboxMiddle: "MBX_MIDDLE", MailboxLast: "MBX_LAST",
 	MailboxLastImm: "MBX_LAST_IMM", MailboxOnly: "MBX_ONLY", MailboxOnlyImm: "MBX_ONLY_IMM",
+	WriteList: "WRITE_LIST",
 }
 
 func (o Opcode) String() string {

@@ -42,6 +42,7 @@ func TestOpcodeHeaders(t *testing.T) {
 		{WriteOnlyImm.UC(), "UC_WRITE_ONLY_IMM", hdrs{reth: true, imm: true, payload: true, only: true}},
 		{SendMiddle.UC(), "UC_SEND_MIDDLE", hdrs{payload: true}},
 		{MailboxOnly.UC(), "UC_MBX_ONLY", hdrs{payload: true, only: true}},
+		{WriteList, "RC_WRITE_LIST", hdrs{reth: true, payload: true, only: true}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -57,7 +58,7 @@ func TestOpcodeHeaders(t *testing.T) {
 	require.Equal(t, Opcode(0x2A), WriteOnly.UC(), "IBTA UC RDMA WRITE ONLY")
 	require.Equal(t, Opcode(0xE4), MailboxOnly.UC())
 	require.True(t, MailboxOnly.UC().IsMailbox())
-	for _, bad := range []Opcode{0x15, 0x1F, 0x2C, 0x40, 0x60, 0xA0, 0xC6, 0xE6, 0xFF} {
+	for _, bad := range []Opcode{0x15, 0x1F, 0x2C, 0x40, 0x60, 0xA0, 0xC7, 0xE6, 0xFF} {
 		require.False(t, bad.Valid(), "%#x", uint8(bad))
 	}
 }
