@@ -223,3 +223,45 @@ func BenchmarkCheckpoint(b *testing.B) {
 		})
 	}
 }
+
+// A message ping-pong, one way per op: Send and Recv of 8 bytes between
+// two ranks, the path of collectives, PSCW's messages and halo exchanges
+// written with messages.
+func BenchmarkSendRecv(b *testing.B) {
+	for _, prov := range []string{"shm", "udp"} {
+		b.Run(prov, func(b *testing.B) {
+			_, wins := benchWins(b, prov, nil)
+			c0, c1 := wins[0].c, wins[1].c
+			ctx := context.Background()
+			data := make([]byte, 8)
+			n := b.N
+			errs := make(chan error, 1)
+			go func() {
+				for range n {
+					if _, err := c1.Recv(ctx, 0, 1); err != nil {
+						errs <- err
+						return
+					}
+					if err := c1.Send(ctx, 0, 1, data); err != nil {
+						errs <- err
+						return
+					}
+				}
+				errs <- nil
+			}()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range n {
+				if err := c0.Send(ctx, 1, 1, data); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := c0.Recv(ctx, 1, 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			require.NoError(b, <-errs)
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(2*n), "ns/way")
+		})
+	}
+}
