@@ -483,6 +483,8 @@ func (w *Win) nicAtomic(ctx context.Context, name string, target int, opc verbs.
 	if err != nil {
 		return nil, opErr(name, target, err)
 	}
-	return w.postOps(name, qp, target, []verbs.SendWR{{Opcode: opc, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{sge},
-		RemoteAddr: raddr, RKey: rkey, CompareAdd: cmpAdd, Swap: swap}}, w.nicOut)
+	// On the stack: verbs copies a request at post.
+	sgl := [1]verbs.SGE{sge}
+	wr := [1]verbs.SendWR{{Opcode: opc, Flags: verbs.FlagSignaled, SGL: sgl[:], RemoteAddr: raddr, RKey: rkey, CompareAdd: cmpAdd, Swap: swap}}
+	return w.postOps(name, qp, target, wr[:], w.nicOut)
 }

@@ -26,7 +26,8 @@ func TestDirectNoAlloc(t *testing.T) {
 	ctx := context.Background()
 	w := wins[0]
 	require.NoError(t, w.LockAll(ctx))
-	data, res, cmp := u64(7), make([]byte, 8), make([]byte, 8)
+	data, one, res, cmp := u64(7), u64(1), make([]byte, 8), make([]byte, 8)
+	half := binary.LittleEndian.AppendUint64(nil, math.Float64bits(0.5))
 	small := []byte{1, 0, 2, 0, 3, 0, 4, 0} // four Int16
 	got := make([]byte, 8)
 	ops := []struct {
@@ -45,11 +46,11 @@ func TestDirectNoAlloc(t *testing.T) {
 			}
 			return w.Flush(ctx, 1)
 		}},
-		{"fetch_and_op", func() error { return w.FetchAndOp(ctx, u64(1), res, Int64, Sum, 1, 8) }},
-		{"compare_and_swap", func() error { return w.CompareAndSwap(ctx, u64(1), cmp, res, Uint64, 1, 16) }},
+		{"fetch_and_op", func() error { return w.FetchAndOp(ctx, one, res, Int64, Sum, 1, 8) }},
+		{"compare_and_swap", func() error { return w.CompareAndSwap(ctx, one, cmp, res, Uint64, 1, 16) }},
 		{"accumulate int16", func() error { return w.Accumulate(ctx, small, Int16, Sum, 1, 24) }},
 		{"get_accumulate float64", func() error {
-			return w.GetAccumulate(ctx, binary.LittleEndian.AppendUint64(nil, math.Float64bits(0.5)), res, Float64, Sum, 1, 32)
+			return w.GetAccumulate(ctx, half, res, Float64, Sum, 1, 32)
 		}},
 		{"rput", func() error {
 			r, err := w.Rput(ctx, data, 1, 40)
