@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/rvma/rvma/internal/progress"
 	"github.com/rvma/rvma/mailbox"
 	"github.com/rvma/rvma/reliability"
 	"github.com/rvma/rvma/verbs"
@@ -279,56 +280,75 @@ func (c *Comm) LongHaul(r int) *reliability.Conn {
 	return p.haul.data.conn
 }
 
-// haulPut puts origin (through layout ol) into target's notified window
-// over the reliability layer: one mailbox put per contiguous run of
-// target bytes, started in order (the target assigns each to an epoch
-// in that order), completing as one tracked operation.
+// haulPut puts origin (through layout ol) into target's aggregate
+// notified window over the reliability layer (per-origin windows take
+// putPerOrigin, which keeps them within the target's posted epochs).
 func (w *Win) haulPut(ctx context.Context, name string, origin []byte, ol Layout, target, off int, tl Layout) (*Request, error) {
-	in, err := w.c.haulInitiator(ctx, target)
-	if err != nil {
+	if _, err := w.c.haulInitiator(ctx, target); err != nil {
 		return nil, err
 	}
-	type run struct {
-		dst  int
-		data []byte
+	wrs := w.haulWRs(nil, origin, ol, target, off, tl)
+	o, base := w.track(len(wrs), target)
+	req := o.request(name)
+	for i := range wrs {
+		wrs[i].ID = base + uint64(i)
 	}
-	var runs []run
-	next := -1
+	if k, err := w.haulStart(target, wrs, func(int) *progress.Op { return &o.op }); k < len(wrs) {
+		w.c.eng.Posted(&o.op, base+uint64(k), len(wrs)-k, 0, opErr(name, target, err))
+		if k == 0 {
+			return nil, opErr(name, target, err)
+		}
+	}
+	return req, nil
+}
+
+// haulWRs describes the long-haul puts of a put of origin (through ol) at
+// byte off of target's window (through tl), appended to dst: one mailbox
+// put per run of consecutive target bytes, its bytes in Inline (aliasing
+// origin, or a copy where the run gathers several origin pieces).
+func (w *Win) haulWRs(dst []verbs.SendWR, origin []byte, ol Layout, target, off int, tl Layout) []verbs.SendWR {
+	mbox := w.mailboxAddr(target)
+	first, next := len(dst), -1
 	segments(ol, tl, func(s seg) {
-		dst, src := off+s.t, origin[s.o:s.o+s.n]
-		if n := len(runs); n > 0 && next == dst {
+		at, src := off+s.t, origin[s.o:s.o+s.n]
+		if n := len(dst); n > first && next == at {
 			// Consecutive target bytes from separate origin pieces: one
 			// put, from a copy.
-			r := &runs[n-1]
-			r.data = append(r.data[:len(r.data):len(r.data)], src...)
+			r := &dst[n-1]
+			r.Inline = append(r.Inline[:len(r.Inline):len(r.Inline)], src...)
 		} else {
-			runs = append(runs, run{dst: dst, data: src})
+			dst = append(dst, verbs.SendWR{Opcode: verbs.OpMailboxWrite, Mailbox: mbox, MailboxOffset: uint64(at), Inline: src})
 		}
-		next = dst + s.n
+		next = at + s.n
 	})
-	mbox := w.mailboxAddr(target)
-	puts := make([]*mailbox.ReliablePut, 0, len(runs))
-	for _, r := range runs {
-		p, err := in.Start(ctx, mbox, uint64(r.dst), r.data, nil)
-		if err != nil {
-			if len(puts) == 0 {
-				return nil, opErr(name, target, peerErr(err))
-			}
-			break // the ones started still complete; the error is reported below
-		}
-		puts = append(puts, p)
+	return dst
+}
+
+// haulStart starts the long-haul puts wrs describe (see haulWRs), in
+// order: the target assigns each to an epoch as it starts. Each finishes
+// its work request (by ID) of op(i) once the target counted it; it runs
+// outside the RC connection, so Complete does not rely on that ordering
+// while it does (see bridging). It returns how many it started, and why
+// not the rest.
+func (w *Win) haulStart(target int, wrs []verbs.SendWR, op func(i int) *progress.Op) (int, error) {
+	in, err := w.c.haulInitiator(w.c.bg, target)
+	if err != nil {
+		return 0, err
 	}
-	short := len(puts) < len(runs)
-	return w.bridge(name, target, func(ctx context.Context) error {
-		var first error
-		for _, p := range puts {
-			if _, err := p.Wait(ctx); err != nil && first == nil {
-				first = err
-			}
+	for i := range wrs {
+		p, err := in.Start(w.c.bg, wrs[i].Mailbox, wrs[i].MailboxOffset, wrs[i].Inline, nil)
+		if err != nil {
+			return i, peerErr(err)
 		}
-		if first == nil && short {
-			first = fmt.Errorf("%w: not every piece of the put could be started", ErrPeer)
-		}
-		return peerErr(first)
-	}), nil
+		o, id := op(i), wrs[i].ID
+		w.c.eng.Locked(func() { w.bridged[target]++ })
+		w.c.bridges.Add(1)
+		go func() {
+			defer w.c.bridges.Done()
+			_, err := p.Wait(w.c.bg)
+			w.c.eng.Locked(func() { w.bridged[target]-- })
+			w.c.eng.Posted(o, id, 1, 0, opErr("put", target, peerErr(err)))
+		}()
+	}
+	return len(wrs), nil
 }

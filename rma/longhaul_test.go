@@ -82,13 +82,69 @@ func TestLongHaulNotified(t *testing.T) {
 	}
 }
 
-// A put the target refuses (no buffer posted: the origin ran Depth epochs
-// ahead of a target that does not wait) fails its request with
-// ErrRefused.
-func TestLongHaulRefused(t *testing.T) {
+// A put into a per-origin window for an epoch the target has not posted
+// waits at the origin, as over RC, and goes once the target consumes an
+// epoch: it is neither refused nor counted into the wrong epoch.
+func TestLongHaulWaitsForBuffer(t *testing.T) {
 	comms := newWorld(t, 2, &Config{LongHaul: &LongHaulConfig{Reliability: reliability.Config{RTT: 2 * time.Millisecond}}})
 	each(t, comms, func(ctx context.Context, c *Comm) error {
 		w, err := c.Allocate(ctx, 4096, &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{0: 4096}, Count: mailbox.CountBytes}})
+		if err != nil {
+			return err
+		}
+		if c.Rank() == 0 {
+			var third *Request
+			for e := range 3 {
+				r, err := w.Rput(ctx, bytes.Repeat([]byte{byte(e + 1)}, 4096), 1, 0)
+				if err != nil {
+					return err
+				}
+				if e < 2 {
+					if err := r.Wait(ctx); err != nil {
+						return fmt.Errorf("epoch %d: %w", e, err)
+					}
+				}
+				third = r
+			}
+			time.Sleep(50 * time.Millisecond)
+			if done, err := third.Test(); done {
+				return fmt.Errorf("the put for an epoch not posted completed (%v) before the target consumed one", err)
+			}
+			if err := c.Send(ctx, 1, 1, nil); err != nil { // the put waiting does not hold a message back
+				return err
+			}
+			if err := third.Wait(ctx); err != nil {
+				return err
+			}
+		} else {
+			if _, err := c.Recv(ctx, 0, 1); err != nil {
+				return err
+			}
+			for e := range 3 {
+				got, err := w.WaitEpoch(ctx)
+				if err != nil {
+					return err
+				}
+				if got != uint64(e+1) {
+					return fmt.Errorf("epoch %d completed as %d", e+1, got)
+				}
+			}
+			// Every epoch lands in the same memory: the last one's bytes.
+			if got := w.Bytes(); !bytes.Equal(got, bytes.Repeat([]byte{3}, 4096)) {
+				return fmt.Errorf("the window holds %d.., want 3", got[0])
+			}
+		}
+		return w.Free(ctx)
+	})
+}
+
+// A put the target refuses (an aggregate window, whose origins do not
+// follow its epochs: no buffer is posted, since the target does not wait)
+// fails its request with ErrRefused, and the next flush reports it once.
+func TestLongHaulRefused(t *testing.T) {
+	comms := newWorld(t, 2, &Config{LongHaul: &LongHaulConfig{Reliability: reliability.Config{RTT: 2 * time.Millisecond}}})
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		w, err := c.Allocate(ctx, 4096, &WinConfig{Notify: &NotifyConfig{Expect: 4096, Count: mailbox.CountBytes}})
 		if err != nil {
 			return err
 		}

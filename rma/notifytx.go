@@ -195,27 +195,37 @@ func (c counter) of(wr *verbs.SendWR) int {
 // units is how target counts a work request.
 func (w *Win) units(target int) counter { return counter(w.remote[target].countOps) }
 
-// putPerOrigin sends a put into target's per-origin notified window: over
-// the paths when it may be split, else on the RC connection, now if its
-// epochs' buffers are posted, else queued until they are.
+// putPerOrigin sends a put into target's per-origin notified window, now
+// if its epochs' buffers are posted, else queued until they are: over the
+// paths when it may be split, over the reliability layer to a long-haul
+// peer, else on the RC connection. The epochs and the queue are one layer
+// above whichever carries the bytes.
 func (w *Win) putPerOrigin(ctx context.Context, origin []byte, ol Layout, target, off int, tl Layout, signal bool) (*Request, error) {
 	const name = "put"
 	rw := &w.remote[target]
-	qp, err := w.c.conn(ctx, target)
+	qp, err := w.c.conn(ctx, target) // credit requests travel on it, whatever carries the puts
 	if err != nil {
 		return nil, err
 	}
-	spread := !rw.countOps && w.spreads(target, tl.Size(), ol, tl)
+	haul := w.c.longHaul(target)
+	if haul {
+		if _, err := w.c.haulInitiator(ctx, target); err != nil {
+			return nil, err
+		}
+	}
+	spread := !haul && !rw.countOps && w.spreads(target, tl.Size(), ol, tl)
 	if spread {
 		if _, err := w.c.pathConn(ctx, target); err != nil {
 			return nil, err
 		}
 	}
-	// Built on the stack, inline data aliasing origin: txSubmit copies
-	// them if they must wait in the queue.
+	// Built on the stack, data aliasing origin: txSubmit copies them if
+	// they must wait in the queue.
 	var one [1]verbs.SendWR
-	wrs, err := w.putWRs(one[:0], origin, ol, target, off, tl)
-	if err != nil {
+	var wrs []verbs.SendWR
+	if haul {
+		wrs = w.haulWRs(one[:0], origin, ol, target, off, tl)
+	} else if wrs, err = w.putWRs(one[:0], origin, ol, target, off, tl); err != nil {
 		return nil, opErr(name, target, err)
 	}
 	units := w.units(target)
@@ -243,9 +253,10 @@ func (w *Win) putPerOrigin(ctx context.Context, origin []byte, ol Layout, target
 			tx.mu.Unlock()
 			return req, err
 		}
-		if !whole && w.bridging(target) {
+		if !haul && !whole && w.bridging(target) {
 			// Puts split over the paths are not ordered before this one,
-			// which starts or closes an epoch, or waits.
+			// which starts or closes an epoch, or waits. (Long-haul puts
+			// are placed in the order they start.)
 			tx.mu.Unlock()
 			if err := w.waitBridged(ctx, target); err != nil {
 				return nil, opErr(name, target, err)
@@ -275,6 +286,21 @@ func (w *Win) waitBridged(ctx context.Context, target int) error {
 // requests are posted as their buffers are posted.
 func (w *Win) txSubmit(tx *txState, qp *verbs.QP, target int, wrs []verbs.SendWR, units counter, signal, ok bool, e uint64, a int) (*Request, error) {
 	lockcheck.AssertHeld(&tx.mu, "rma: txSubmit")
+	if ok && w.c.longHaul(target) {
+		tx.epoch, tx.acc = e, a
+		o, base := w.track(len(wrs), target)
+		req := o.request("put")
+		for i := range wrs {
+			wrs[i].ID = base + uint64(i)
+		}
+		if k, err := w.haulStart(target, wrs, func(int) *progress.Op { return &o.op }); k < len(wrs) {
+			w.c.eng.Posted(&o.op, base+uint64(k), len(wrs)-k, 0, opErr("put", target, err))
+			if k == 0 {
+				return nil, opErr("put", target, err)
+			}
+		}
+		return req, nil
+	}
 	if ok {
 		tx.epoch, tx.acc = e, a
 		if !signal {
@@ -324,9 +350,12 @@ func (w *Win) txDrain(tx *txState, target int) {
 		p.mu.Lock()
 		qp := p.qp
 		p.mu.Unlock()
-		if qp == nil {
+		switch {
+		case w.c.longHaul(target):
+			k, err = w.haulStart(target, batch, func(i int) *progress.Op { return tx.queue[i].op })
+		case qp == nil:
 			err = ErrClosed
-		} else {
+		default:
 			k, err = w.c.post(qp, batch)
 		}
 		for i := k; i < n; i++ {

@@ -735,9 +735,11 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 		return nil, nil
 	}
 	switch {
-	case rw.notify != 0 && w.c.longHaul(target):
-		// Every notified put towards a long-haul peer takes this way, so
-		// that the peer assigns them to epochs in the order they start.
+	case rw.notify == notifyAggregate && w.c.longHaul(target):
+		// Every notified put towards a long-haul peer takes the
+		// reliability layer, so that the peer assigns them to epochs in
+		// the order they start (per-origin windows too, from
+		// putPerOrigin).
 		return w.haulPut(ctx, name, origin, ol, target, off, tl)
 	case rw.notify == notifyPerOrigin:
 		return w.putPerOrigin(ctx, origin, ol, target, off, tl, signal)
