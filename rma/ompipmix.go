@@ -121,7 +121,7 @@ func pmixRendezvous(ctx context.Context, r, s int, env pmix.Env) (b boot, err er
 		}
 		addr = a
 		h, _, _ := net.SplitHostPort(a)
-		if bind, err = routeTo(h); err != nil {
+		if bind, err = launch.RouteTo(h); err != nil {
 			return b, fmt.Errorf("no route to the rendezvous at %s: %w", a, err)
 		}
 	}
@@ -165,7 +165,7 @@ func ompiAddr() (string, error) {
 		return strings.TrimSpace(first), nil
 	}
 	for _, ip := range hnpAddrs(os.Getenv(envOMPIHNPURI)) {
-		if a, err := routeTo(ip); err == nil && !net.ParseIP(a).IsLoopback() {
+		if a, err := launch.RouteTo(ip); err == nil && !net.ParseIP(a).IsLoopback() {
 			return a, nil
 		}
 	}
@@ -200,15 +200,4 @@ func hnpAddrs(uri string) []string {
 		}
 	}
 	return ips
-}
-
-// routeTo returns the local address this node uses to reach ip (no
-// packet is sent).
-func routeTo(ip string) (string, error) {
-	c, err := net.Dial("udp", net.JoinHostPort(ip, "9"))
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	return c.LocalAddr().(*net.UDPAddr).IP.String(), nil
 }

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/rvma/rvma/internal/launch"
 )
 
 // A job over several hosts: rvmarun starts, through the launch agent
@@ -57,7 +59,7 @@ func daemon(stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	if job.Addr == "" {
 		h, _, _ := net.SplitHostPort(job.KVS)
-		if job.Addr, err = routeTo(h); err != nil {
+		if job.Addr, err = launch.RouteTo(h); err != nil {
 			return fail(fmt.Errorf("no route to the rendezvous at %s: %v", job.KVS, err))
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -168,17 +167,6 @@ func isLocal(name string) bool {
 	}
 	short, _, _ := strings.Cut(hn, ".")
 	return name == hn || name == short
-}
-
-// routeTo returns the local address this host uses to reach ip: the
-// address a rank binds so that the other hosts reach it back.
-func routeTo(ip string) (string, error) {
-	c, err := net.Dial("udp", net.JoinHostPort(ip, "9"))
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	return c.LocalAddr().(*net.UDPAddr).IP.String(), nil
 }
 
 // planHosts reads the hosts of a job (-H or --hostfile) and places its

@@ -58,24 +58,7 @@ func TestSlurmPMI2(t *testing.T) {
 // Open MPI's mpirun starts rvma programs on one node with no help: rank 0
 // publishes the rendezvous in the job's session directory.
 func TestMPIRunOpenMPI(t *testing.T) {
-	mpirun, err := exec.LookPath("mpirun.openmpi")
-	if err != nil {
-		t.Skip("mpirun.openmpi not installed (apt-get install openmpi-bin); skipping the Open MPI launch test")
-	}
-	const n = 3
-	args := []string{"--oversubscribe", "-n", strconv.Itoa(n), filepath.Join(bins, "putwin")}
-	if os.Geteuid() == 0 {
-		args = append([]string{"--allow-run-as-root"}, args...)
-	}
-	cmd := exec.Command(mpirun, args...)
-	cmd.Env = os.Environ()
-	out := new(bytes.Buffer)
-	cmd.Stdout, cmd.Stderr = out, out
-	require.NoError(t, cmd.Start())
-	waitAll(t, []*exec.Cmd{cmd}, []*bytes.Buffer{out}, time.Minute)
-	for r := range n {
-		require.Contains(t, out.String(), "rank "+strconv.Itoa(r)+" of 3 got")
-	}
+	mpirunPutwin(t, "launch")
 
 	// Across nodes (as this node's share of the ranks says) without
 	// RVMA_RENDEZVOUS: refused, saying what to set and why.
@@ -202,13 +185,21 @@ func TestOpenMPIPMIxErrors(t *testing.T) {
 // (whose variables the wrapper removes): the path a job across nodes
 // takes, against the real server.
 func TestMPIRunOpenMPIPMIx(t *testing.T) {
+	mpirunPutwin(t, "PMIx", "-x", rma.EnvOMPIPMIx+"=1", "env", "-u", "OMPI_MCA_orte_jobfam_session_dir", "-u", "PMIX_SERVER_TMPDIR")
+}
+
+// mpirunPutwin runs putwin as 3 ranks under Open MPI's mpirun, with
+// mpirun's arguments args before the program (a wrapper command may end
+// them), and checks every rank's result; what names the test in the skip
+// message.
+func mpirunPutwin(t *testing.T, what string, args ...string) {
+	t.Helper()
 	mpirun, err := exec.LookPath("mpirun.openmpi")
 	if err != nil {
-		t.Skip("mpirun.openmpi not installed (apt-get install openmpi-bin); skipping the Open MPI PMIx test")
+		t.Skipf("mpirun.openmpi not installed (apt-get install openmpi-bin); skipping the Open MPI %s test", what)
 	}
 	const n = 3
-	args := []string{"--oversubscribe", "-n", strconv.Itoa(n), "-x", rma.EnvOMPIPMIx + "=1",
-		"env", "-u", "OMPI_MCA_orte_jobfam_session_dir", "-u", "PMIX_SERVER_TMPDIR", filepath.Join(bins, "putwin")}
+	args = append(append([]string{"--oversubscribe", "-n", strconv.Itoa(n)}, args...), filepath.Join(bins, "putwin"))
 	if os.Geteuid() == 0 {
 		args = append([]string{"--allow-run-as-root"}, args...)
 	}

@@ -155,3 +155,15 @@ func (w *watcher) parent(ctx context.Context) {
 		}
 	}
 }
+
+// RouteTo returns the local address this host uses to reach ip (no
+// packet is sent): the address a rank binds so that other hosts reach it
+// back.
+func RouteTo(ip string) (string, error) {
+	c, err := net.Dial("udp", net.JoinHostPort(ip, "9"))
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).IP.String(), nil
+}
