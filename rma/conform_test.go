@@ -75,11 +75,6 @@ func TestConformance(t *testing.T) {
 	// in write lists, multipath connections, and long-haul ones.
 	rings := verbs.Faults{Jitter: time.Nanosecond}
 	paths := func(c *Config) { c.Paths, c.Multipath.Small = 2, 256 }
-	// Open defect: per-origin notified windows whose puts are split over
-	// paths can lose an epoch's bytes at 3 or more ranks (an origin runs
-	// ahead, one target's WaitEpoch never completes, a few runs in ten);
-	// those two cases run over paths at 2 ranks only until it is fixed.
-	pathsOpen := regexp.MustCompile(`^notified-(strided-epochs|run-ahead)$`)
 	haul := func(c *Config) {
 		c.LongHaul = &LongHaulConfig{Reliability: reliability.Config{RTT: 2 * time.Millisecond}}
 	}
@@ -125,9 +120,6 @@ func TestConformance(t *testing.T) {
 				}
 				for _, cc := range conformCases {
 					if !only.MatchString(cc.name) || v.faults.Reorder > 0 && cc.name == "pscw-get" {
-						continue
-					}
-					if v.name == "loop-paths" && n > 2 && pathsOpen.MatchString(cc.name) {
 						continue
 					}
 					r := rounds

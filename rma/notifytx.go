@@ -55,6 +55,11 @@ type txState struct {
 	granted uint64  // the target has posted buffers for the epochs up to here
 	queue   []txWR  // puts waiting for their epoch's buffer, in posting order
 	ask     *amCall // the credit request in flight, if any
+	// since is the epoch of the first put sent on the connection since
+	// nothing was last in flight towards the target: a put split over
+	// the paths, which may overtake those, waits for them unless they
+	// all land in its own epoch.
+	since uint64
 	// The target's epoch was base when its credit word read word0: the
 	// word's growth since then is epochs consumed.
 	base, word0 uint64
@@ -237,9 +242,10 @@ func (w *Win) putPerOrigin(ctx context.Context, origin []byte, ol Layout, target
 		newEpoch := tx.acc >= rw.expect
 		whole := ok && !newEpoch && a <= rw.expect // within the current epoch, closing nothing
 		if spread && ok && a <= rw.expect {
-			if newEpoch && w.pending(target) {
-				// A piece of a split put could overtake the last
-				// epoch's puts and be counted into it.
+			if (newEpoch || tx.since < e) && w.pending(target) {
+				// A piece of a split put could overtake an earlier
+				// epoch's puts, still on the connection, and be counted
+				// into it.
 				tx.mu.Unlock()
 				if err := w.Flush(ctx, target); err != nil {
 					return nil, err
@@ -302,6 +308,7 @@ func (w *Win) txSubmit(tx *txState, qp *verbs.QP, target int, wrs []verbs.SendWR
 		return req, nil
 	}
 	if ok {
+		w.sending(tx, target)
 		tx.epoch, tx.acc = e, a
 		if !signal {
 			return nil, w.postUnsignalled(qp, target, wrs)
@@ -320,6 +327,15 @@ func (w *Win) txSubmit(tx *txState, qp *verbs.QP, target int, wrs []verbs.SendWR
 	}
 	w.txDrain(tx, target)
 	return req, nil
+}
+
+// sending notes that puts are about to go on the connection, from tx's
+// position (tx.mu held): if nothing is in flight towards target, the
+// first of them starts what a split put must not overtake.
+func (w *Win) sending(tx *txState, target int) {
+	if !w.pending(target) {
+		tx.since, _ = step(tx.epoch, tx.acc, 0, w.remote[target].expect)
+	}
 }
 
 // txDrain posts the queued puts whose buffers are posted and asks for
@@ -345,6 +361,7 @@ func (w *Win) txDrain(tx *txState, target int) {
 		for i := range n {
 			batch[i] = tx.queue[i].wr
 		}
+		w.sending(tx, target)
 		k, err := 0, error(nil)
 		p := w.c.peers[target]
 		p.mu.Lock()
