@@ -565,6 +565,8 @@ func receiveRegions(ctx context.Context, c *reliability.Conn, out *output, slots
 	var free [][]byte // staging buffers to reuse
 	if pl != nil {
 		slots = pl.l.staging(slots)
+	} else {
+		slots = max(2, min(slots, stagingBudget/max(len(out.span(0)), 1)))
 	}
 	failed := map[int][]uint32{} // regions with chunks to ask for again
 	next, bad := 0, 0
@@ -573,20 +575,23 @@ func receiveRegions(ctx context.Context, c *reliability.Conn, out *output, slots
 			next++
 		}
 		if next < n && len(pending) < slots {
-			buf, sealed := out.span(next), []byte(nil)
+			// A staging buffer of the first region's size (the largest).
+			stage, want := []byte(nil), len(out.span(next))
 			if pl != nil {
-				if k := len(free); k > 0 {
-					sealed, free = free[k-1], free[:k-1]
-				} else {
-					sealed = make([]byte, pl.l.sealedLen(0))
-				}
-				buf = sealed[:pl.l.sealedLen(next)]
+				want = pl.l.sealedLen(next)
 			}
-			rv, err := c.Post(ctx, buf)
+			if k := len(free); k > 0 {
+				stage, free = free[k-1], free[:k-1]
+			} else if pl != nil {
+				stage = make([]byte, pl.l.sealedLen(0))
+			} else {
+				stage = alignedBuf(len(out.span(0)))
+			}
+			rv, err := c.Post(ctx, stage[:want])
 			if err != nil {
 				return sessionErr(ctx, err)
 			}
-			pending = append(pending, posted{rv, next, sealed})
+			pending = append(pending, posted{rv, next, stage})
 			next++
 			continue
 		}
@@ -604,6 +609,8 @@ func receiveRegions(ctx context.Context, c *reliability.Conn, out *output, slots
 			}
 			continue
 		}
+		var ok bool
+		var err error
 		if pl != nil {
 			sealed := p.buf[:pl.l.sealedLen(p.idx)]
 			if hook != nil {
@@ -615,8 +622,11 @@ func receiveRegions(ctx context.Context, c *reliability.Conn, out *output, slots
 				failed[p.idx] = f
 				continue
 			}
+			ok, err = out.complete(p.idx)
+		} else {
+			ok, err = out.land(p.idx, p.buf[:len(out.span(p.idx))], true)
+			free = append(free, p.buf)
 		}
-		ok, err := out.complete(p.idx)
 		if err != nil {
 			return err
 		}
