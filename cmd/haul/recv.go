@@ -361,7 +361,7 @@ func (r *receiver) session(ctx context.Context, req *cm.Request, out *output) (*
 		if w > 0 {
 			local = netip.AddrPortFrom(local.Addr(), 0)
 		}
-		if eps[w], err = open(ctx, local, paths, cfg); err != nil {
+		if eps[w], err = open(ctx, local, paths, cfg, o.noMAC()); err != nil {
 			req.Reject(err.Error())
 			return nil, err
 		}

@@ -101,7 +101,7 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 		}
 	}()
 	for w := range eps {
-		if eps[w], err = open(ctx, local, o.paths, cfg); err != nil {
+		if eps[w], err = open(ctx, local, o.paths, cfg, o.noMAC()); err != nil {
 			return err
 		}
 	}
