@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -96,3 +97,43 @@ func TestWorkersVia(t *testing.T) {
 type testWriter struct{ t *testing.T }
 
 func (w *testWriter) Write(b []byte) (int, error) { w.t.Log(string(b)); return len(b), nil }
+
+// An encrypted transfer over two workers, with a chunk tampered with in
+// a region of each: both are fetched again (on the first worker's
+// connection, after every region arrived) and the file is intact.
+func TestWorkersEncrypted(t *testing.T) {
+	dir := t.TempDir()
+	in, out := filepath.Join(dir, "in"), filepath.Join(dir, "out")
+	key := keyFile(t, dir, "key")
+	want := writeRandom(t, in, 6<<20+777)
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var tampered atomic.Int32
+	r := &proc{done: make(chan error, 1)}
+	go func() {
+		o, err := parseRecv([]string{"--listen", addr, "--out", out, "--key-file", key, "--encrypt", "--json"}, &r.stderr)
+		if err == nil {
+			o.sealedHook = func(round uint32, region int, sealed []byte) {
+				if round == 0 && (region == 1 || region == 2) {
+					sealed[100] ^= 1
+					tampered.Add(1)
+				}
+			}
+			err = receive(ctx, o, &r.stdout, &r.stderr)
+		}
+		r.done <- err
+	}()
+	waitListening(t, addr)
+	s := start(ctx, "send", "--to", addr, "--rate", "2gbit", "--region", "1MiB", "--workers", "2", "--key-file", key, "--encrypt", "--json", in)
+	require.NoError(t, s.wait(t), s.stderr.String())
+	require.NoError(t, r.wait(t), r.stderr.String())
+	got, err := os.ReadFile(out)
+	require.NoError(t, err)
+	require.Equal(t, sha256.Sum256(want), sha256.Sum256(got))
+	var rep report
+	require.NoError(t, json.Unmarshal([]byte(s.stdout.String()), &rep), s.stdout.String())
+	require.True(t, rep.Encrypted)
+	require.EqualValues(t, 2, tampered.Load())
+	require.Equal(t, 2, rep.AuthFailed)
+}
