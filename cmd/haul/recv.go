@@ -589,12 +589,17 @@ func receiveRegions(ctx context.Context, conns []*reliability.Conn, out *output,
 		close(hashed)
 	}
 	w := len(conns)
-	// The staging budget is the workers' together.
+	// The staging budget is the workers' together. Plain regions too
+	// large for two each within it (files of several TiB have regions of
+	// hundreds of MiB) land in the mapping, as they did before staging.
 	region := len(out.span(0))
 	if pl != nil {
 		region = pl.l.sealedLen(0)
 	}
-	slots = max(2, min(slots, stagingBudget/w/max(region, 1)))
+	inPlace := pl == nil && 2*w*region > plainStaging
+	if !inPlace {
+		slots = max(2, min(slots, stagingBudget/w/max(region, 1)))
+	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type outcome struct {
@@ -610,7 +615,7 @@ func receiveRegions(ctx context.Context, conns []*reliability.Conn, out *output,
 		}
 		go func() {
 			var o outcome
-			o.failed, o.bad, o.err = receiveWorker(wctx, c, out, mine, k == 0 && out.needHashes(), hashed, slots, pl, hook)
+			o.failed, o.bad, o.err = receiveWorker(wctx, c, out, mine, k == 0 && out.needHashes(), hashed, slots, inPlace, pl, hook)
 			if o.err != nil {
 				cancel() // the others stop: the session ends with this one's error
 			}
@@ -646,12 +651,17 @@ func receiveRegions(ctx context.Context, conns []*reliability.Conn, out *output,
 	return nil
 }
 
+// plainStaging is the staging budget of plain regions: stagingBudget, a
+// variable so that a test can send regions past it.
+var plainStaging = stagingBudget
+
 // receiveWorker is one connection's part of receiveRegions: the region
 // hashes first if hashes is set (then it closes hashed), then the regions
 // todo in order, as many at once as slots; a region is checked only once
-// hashed is closed. It returns the sealed regions with chunks to fetch
-// again and how many regions did not match their hash.
-func receiveWorker(ctx context.Context, c *reliability.Conn, out *output, todo []int, hashes bool, hashed chan struct{}, slots int, pl *payload, hook func(uint32, int, []byte)) (map[int][]uint32, int, error) {
+// hashed is closed. With inPlace, plain regions land in the mapping
+// rather than staging buffers. It returns the sealed regions with chunks
+// to fetch again and how many regions did not match their hash.
+func receiveWorker(ctx context.Context, c *reliability.Conn, out *output, todo []int, hashes bool, hashed chan struct{}, slots int, inPlace bool, pl *payload, hook func(uint32, int, []byte)) (map[int][]uint32, int, error) {
 	type posted struct {
 		r   *reliability.Recv
 		idx int    // -1: the region hashes
@@ -677,11 +687,14 @@ func receiveWorker(ctx context.Context, c *reliability.Conn, out *output, todo [
 			if pl != nil {
 				want = pl.l.sealedLen(i)
 			}
-			if k := len(free); k > 0 {
+			switch k := len(free); {
+			case inPlace:
+				stage = out.span(i)
+			case k > 0:
 				stage, free = free[k-1], free[:k-1]
-			} else if pl != nil {
+			case pl != nil:
 				stage = make([]byte, pl.l.sealedLen(0))
-			} else {
+			default:
 				stage = alignedBuf(len(out.span(0)))
 			}
 			rv, err := c.Post(ctx, stage[:want])
@@ -725,6 +738,8 @@ func receiveWorker(ctx context.Context, c *reliability.Conn, out *output, todo [
 				failed[p.idx] = f
 				continue
 			}
+			ok, err = out.complete(p.idx)
+		} else if inPlace {
 			ok, err = out.complete(p.idx)
 		} else {
 			ok, err = out.land(p.idx, p.buf[:len(out.span(p.idx))], true)

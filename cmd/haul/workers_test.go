@@ -83,6 +83,17 @@ func TestWorkersResume(t *testing.T) {
 	require.Equal(t, sha256.Sum256(want), sha256.Sum256(got))
 }
 
+// Regions too large to stage (a budget made small here) land in the
+// mapping, as before staging, under one worker and two.
+func TestRegionsInPlace(t *testing.T) {
+	defer func(b int) { plainStaging = b }(plainStaging)
+	plainStaging = 1 << 20
+	for _, n := range []int{1, 2} {
+		rep := workersRun(t, 5<<20+99, n, "2gbit")
+		require.Equal(t, n, rep.Workers)
+	}
+}
+
 // With relays, --via names one per path of each worker.
 func TestWorkersVia(t *testing.T) {
 	_, err := parseSend([]string{"--to", "127.0.0.1:1", "--workers", "2", "--via", "127.0.0.1:2", "f"}, &testWriter{t})
