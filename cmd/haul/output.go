@@ -26,9 +26,13 @@ type output struct {
 	log  *slog.Logger
 	mu   sync.Mutex // the state's Have and its saving, as regions land
 	// direct writes regions past the page cache (direct.go); nil: not
-	// opened yet, or the file system does not allow it (tried is set).
-	direct *os.File
-	tried  bool
+	// opened yet (tried unset), or the file system does not allow it.
+	// refused: a direct write failed, and the others go through the page
+	// cache (direct stays open until close: another worker may be using
+	// it).
+	direct  *os.File
+	tried   bool
+	refused bool
 	// hooked: a test's state file hook wraps st's writes already.
 	hooked bool
 }
@@ -335,6 +339,9 @@ func (o *output) directFile() *os.File {
 		o.tried = true
 		o.direct = openDirect(o.f.Name())
 	}
+	if o.refused {
+		return nil
+	}
 	return o.direct
 }
 
@@ -342,10 +349,7 @@ func (o *output) directFile() *os.File {
 func (o *output) noDirect() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.direct != nil {
-		o.direct.Close()
-		o.direct = nil
-	}
+	o.refused = true
 }
 
 // close unmaps and closes the files (but keeps them). Every device that
@@ -355,7 +359,10 @@ func (o *output) close() {
 		unix.Munmap(o.mm)
 		o.mm = nil
 	}
-	o.noDirect()
+	if o.direct != nil {
+		o.direct.Close()
+		o.direct, o.tried = nil, false
+	}
 	o.f.Close()
 	o.st.close()
 }
