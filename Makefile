@@ -131,13 +131,18 @@ demo-haul:
 
 # The reliability figures: haul through linkem for each loss rate and
 # scheme (about three minutes); a table and docs/img/haul_loss.svg; then
-# auto against forced sr and ec at 0.5 to 5 bandwidth-delay products
-# (25 and 100 ms RTT, three seeds a cell: about six minutes); then
-# --rate auto against --rate at the link's rate (about three minutes).
+# auto against forced sr and ec at 0.5, 1 and 2 bandwidth-delay products
+# and far larger (25 and 100 ms RTT, three seeds a cell: about ten
+# minutes); --rate auto against --rate at the link's rate (about three
+# minutes); the unpaced run over loopback, 1 GiB, with CPU per GiB
+# (about two minutes); haul against a QUIC transfer (tools/quicpeer) at
+# 25 and 100 ms RTT, loss 0 and 1e-3 (about two minutes).
 perf-haul:
 	scripts/haul-matrix.sh 256 docs/img/haul_loss.svg
 	scripts/haul-bdp.sh 3
 	scripts/haul-auto.sh 3
+	scripts/haul-unpaced.sh 1024 3
+	scripts/haul-vs-quic.sh 3 32
 
 # haul over one path, then two, each its own linkem (25 ms RTT, 1e-3 loss).
 perf-haul-paths:

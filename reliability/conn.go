@@ -675,6 +675,7 @@ func (c *Conn) tick() {
 			}
 		}
 		c.windowLocked(now)
+		c.stallLocked(now)
 		if c.rc != nil {
 			c.rc.Tick(now, RateSample{Sent: c.sentAll, Delivered: c.fw.delivered, DeliveredAt: c.fw.deliveredAt, InFlight: c.fw.inflight})
 		}

@@ -121,6 +121,30 @@ type sendWindow struct {
 	waited      time.Duration
 	min, max    float64
 	cuts        int
+	stalled     bool          // chunks in flight, none acknowledged for stallAfter
+	stalls      int           // times it stalled so
+	longest     time.Duration // the longest stall (the current one included)
+}
+
+// stallAfter is how long chunks in flight go unacknowledged before the
+// sender counts a stall: the path down, or the receiver stopped. The
+// rate controller counts its own (it sees deliveries); this one is for
+// a sender paced at a fixed rate.
+const stallAfter = time.Second
+
+// stallLocked notes whether the sender is in a stall (called every tick).
+func (c *Conn) stallLocked(now time.Duration) {
+	f := &c.fw
+	d := now - f.ackedAt
+	if f.inflight == 0 || d < stallAfter {
+		f.stalled = false
+		return
+	}
+	if !f.stalled {
+		f.stalled = true
+		f.stalls++
+	}
+	f.longest = max(f.longest, d)
 }
 
 // room says whether n more bytes may go.
@@ -235,6 +259,11 @@ type FlowStats struct {
 	PeerCuts                     int   // times the peer's window shrank
 	Waited                       time.Duration
 	InFlight                     int64 // chunk bytes in flight now
+	// Stalls is the times chunks were in flight and none was
+	// acknowledged for a second or more (the path down, or the receiver
+	// stopped); LongestStall the longest (an ongoing one included).
+	Stalls       int
+	LongestStall time.Duration
 
 	Window, WindowMin, WindowMax int64 // this end's, as a receiver
 	Cuts                         int   // times this end halved it
@@ -251,6 +280,6 @@ func (c *Conn) Flow() FlowStats {
 		waited += c.now() - f.since
 	}
 	return FlowStats{PeerWindow: int64(f.peer), PeerMin: int64(f.min), PeerMax: int64(f.max), PeerCuts: f.cuts,
-		Waited: waited, InFlight: f.inflight,
+		Waited: waited, InFlight: f.inflight, Stalls: f.stalls, LongestStall: f.longest,
 		Window: int64(w.wnd), WindowMin: int64(w.min), WindowMax: int64(w.max), Cuts: w.cuts, Dropped: w.lost}
 }

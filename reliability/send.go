@@ -523,7 +523,11 @@ func (c *Conn) scanLocked(now time.Duration) {
 			continue
 		}
 		late := false
-		for i := s.acked.NextClear(0); i < s.n; i = s.acked.NextClear(i + 1) {
+		// Chunks past the injection cursor's stripe were never sent: the
+		// scan stops there rather than walk a large message's every
+		// chunk each time.
+		end := min(s.n, (s.stripe+1)*s.k)
+		for i := s.acked.NextClear(0); i < end; i = s.acked.NextClear(i + 1) {
 			if s.sent[i] <= 0 {
 				continue
 			}

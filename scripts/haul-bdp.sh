@@ -13,8 +13,9 @@ OUT=${2:-}
 haul_setup
 port=7900
 # one-way delay, rate, sizes in MiB (BDP: 100 ms x 2 Gbit/s = 24 MiB,
-# 25 ms x 500 Mbit/s = 1.5 MiB)
-cells=("50ms 2000mbit 12 32 128" "12.5ms 500mbit 1 2 32")
+# 25 ms x 500 Mbit/s = 1.5 MiB): 0.5, 1 and 2 BDP, 0.67, 1.33 and 2 BDP,
+# and one far larger each
+cells=("50ms 2000mbit 12 24 48 128" "12.5ms 500mbit 1 2 3 32")
 for cell in "${cells[@]}"; do
   read -r delay rate sizes <<<"${cell%% *} $(echo "$cell" | cut -d' ' -f2) $(echo "$cell" | cut -d' ' -f3-)"
   for mib in $sizes; do

@@ -315,7 +315,7 @@ func TestSummariseRepeats(t *testing.T) {
 	c := testConn(t)
 	o := &sendOpts{common: common{rate: 1e6}, k: 32}
 	var rep report
-	summarise(&rep, mk(2), []int64{0}, c, o, 100*4096, time.Second, start)
+	summarise(&rep, mk(2), []int64{0}, []*reliability.Conn{c}, o, 100*4096, time.Second, start)
 	require.Empty(t, rep.warning)
 	require.InDelta(t, 0.02, rep.Repeats, 1e-9)
 	require.Equal(t, "sr for 245760 bytes, ec(32,4) for 163840 bytes", rep.schemeMix)
@@ -323,7 +323,7 @@ func TestSummariseRepeats(t *testing.T) {
 	require.EqualValues(t, 60*4096, rep.Decisions[1].Byte)
 	require.InDelta(t, 1.0, rep.Decisions[1].T, 1e-9)
 	rep = report{}
-	summarise(&rep, mk(5), []int64{0}, c, o, 100*4096, time.Second, start)
+	summarise(&rep, mk(5), []int64{0}, []*reliability.Conn{c}, o, 100*4096, time.Second, start)
 	require.Contains(t, rep.warning, "5.0% of the payload was sent again")
 }
 

@@ -6,7 +6,7 @@
 //
 //	haul keygen FILE
 //	haul recv --listen ADDR --out PATH [--key-file FILE [--encrypt]] [--via RELAY] [--wait D]
-//	haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate auto|R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--probes N] PATH
+//	haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate auto|R] [--workers N] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--probes N] PATH
 //
 // ADDR is host:port; the connection setup uses TCP on it and the data
 // path UDP on the same port. --via sends the data path through a relay
@@ -25,6 +25,11 @@
 // off when the round trip shows a queue and not on loss, which the
 // reliability layer repairs; the report says what it found and how it
 // moved. --rate R paces at R instead.
+//
+// send --workers N spreads the regions over N connections, each with its
+// own sockets, queues and goroutines at both ends, so that one transfer
+// uses N cores (they share --rate; through relays, each path of each
+// worker needs its own --via).
 //
 // The receiver writes PATH.haul.part and renames it to PATH only once its
 // SHA-256 matches; PATH.haul beside it records the regions in place (each
@@ -62,7 +67,7 @@ func main() {
 const usage = `usage:
   haul keygen FILE
   haul recv --listen ADDR --out PATH [--key-file FILE [--encrypt]] [--via RELAY] [--wait D] [--json]
-  haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate auto|R] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--probes N] [--json] PATH`
+  haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate auto|R] [--workers N] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--probes N] [--json] PATH`
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {

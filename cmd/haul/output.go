@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -23,6 +24,15 @@ type output struct {
 	mm   []byte
 	st   *stateFile
 	log  *slog.Logger
+	mu   sync.Mutex // the state's Have and its saving, as regions land
+	// direct writes regions past the page cache (direct.go); nil: not
+	// opened yet (tried unset), or the file system does not allow it.
+	// refused: a direct write failed, and the others go through the page
+	// cache (direct stays open until close: another worker may be using
+	// it).
+	direct  *os.File
+	tried   bool
+	refused bool
 	// hooked: a test's state file hook wraps st's writes already.
 	hooked bool
 }
@@ -238,11 +248,34 @@ func (o *output) setHashes(h []byte) error {
 // complete records region i if its bytes match the sender's hash, and
 // says whether they did.
 func (o *output) complete(i int) (bool, error) {
+	return o.land(i, o.span(i), false)
+}
+
+// land checks region i's bytes in b against the sender's hash and, if
+// they match, writes them into place (unless b is the mapping's span
+// already) and records the region. Chunks land in a staging buffer
+// rather than the mapping because a first store to a page of the
+// mapping faults it in zeroed (the blocks are reserved but unwritten),
+// which cost more than the transfer's own copies; a write of whole pages
+// skips that, and a region that does not check out never reaches the
+// file. It is safe for concurrent use on distinct regions.
+func (o *output) land(i int, b []byte, write bool) (bool, error) {
 	s := &o.st.st
-	if !regionOK(o.span(i), i, o.regions(), s.Region, s.Hashes) {
+	if !regionOK(b, i, o.regions(), s.Region, s.Hashes) {
 		o.log.Warn("a region arrived corrupted; it will be fetched again", "region", i)
 		return false, nil
 	}
+	if write {
+		ok, err := writeRegion(o.f, o.directFile(), b, int64(i)*s.Region)
+		if !ok {
+			o.noDirect()
+		}
+		if err != nil {
+			return true, fmt.Errorf("write region %d of %s: %w", i, o.f.Name(), err)
+		}
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	setRegion(s.Have, i)
 	if err := o.st.save(); err != nil {
 		clearRegion(s.Have, i) // as on disk, for the count of what is kept
@@ -298,12 +331,37 @@ func (o *output) finish() error {
 	return os.Remove(statePath(o.path))
 }
 
+// directFile is the partial file opened for direct writes, or nil.
+func (o *output) directFile() *os.File {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.tried {
+		o.tried = true
+		o.direct = openDirect(o.f.Name())
+	}
+	if o.refused {
+		return nil
+	}
+	return o.direct
+}
+
+// noDirect stops direct writes (the file system refused one).
+func (o *output) noDirect() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.refused = true
+}
+
 // close unmaps and closes the files (but keeps them). Every device that
 // could write into the mapping must be closed before.
 func (o *output) close() {
 	if o.mm != nil {
 		unix.Munmap(o.mm)
 		o.mm = nil
+	}
+	if o.direct != nil {
+		o.direct.Close()
+		o.direct, o.tried = nil, false
 	}
 	o.f.Close()
 	o.st.close()

@@ -45,7 +45,10 @@ type rateEvent struct {
 func rateReport(c *reliability.Conn, o *sendOpts, start time.Time) rateRep {
 	st, ok := c.RateStats()
 	if !ok {
-		return rateRep{Mode: "fixed", IdealMbps: o.rate * 8 / 1e6}
+		// No controller to count stalls: the connection's flow control
+		// does.
+		f := c.Flow()
+		return rateRep{Mode: "fixed", IdealMbps: o.rate * 8 / 1e6 * float64(max(o.workers, 1)), Stalls: f.Stalls, LongestStall: f.LongestStall.Seconds()}
 	}
 	mean := st.Mean
 	if mean == 0 {
@@ -71,6 +74,7 @@ const maxRateLines = 12
 func printRate(w io.Writer, r *rateRep) {
 	if r.Mode != "auto" {
 		fmt.Fprintf(w, "haul: rate %.0f Mbit/s, as given (--rate)\n", r.IdealMbps)
+		printStalls(w, r)
 		return
 	}
 	fmt.Fprintf(w, "haul: rate auto: found %.0f Mbit/s on average; started at %.0f, ended at %.0f (%.0f to %.0f after start-up), path RTT %.1f ms; %d moves, and %d queues drained with less of a cut\n",
@@ -84,6 +88,10 @@ func printRate(w io.Writer, r *rateRep) {
 		}
 		fmt.Fprintf(w, "haul:   at %.3fs: %s\n", e.T, e.Why)
 	}
+	printStalls(w, r)
+}
+
+func printStalls(w io.Writer, r *rateRep) {
 	if r.Stalls > 0 {
 		fmt.Fprintf(w, "haul: delivery stopped %d times for a second or more, the longest %.1fs (the path went down, or the receiver stalled); the transfer went on when it came back\n",
 			r.Stalls, r.LongestStall)

@@ -24,7 +24,7 @@ import (
 // the link and the receiver's output path once the transfer is under
 // way, and returns the sender's report once both ends are done and the
 // file is checked.
-func autoRun(t *testing.T, cfg linkem.Config, size int, during func(l *linkem.Link, out string, ps ...*proc)) report {
+func autoRun(t *testing.T, cfg linkem.Config, size int, during func(l *linkem.Link, out string, ps ...*proc), sendArgs ...string) report {
 	t.Helper()
 	dir := t.TempDir()
 	in, out := filepath.Join(dir, "in"), filepath.Join(dir, "out")
@@ -37,7 +37,8 @@ func autoRun(t *testing.T, cfg linkem.Config, size int, during func(l *linkem.Li
 	defer cancel()
 	r := start(ctx, "recv", "--listen", addr, "--out", out, "--via", l.AddrB().String(), "--json")
 	waitListening(t, addr)
-	s := start(ctx, "send", "--to", addr, "--via", l.AddrA().String(), "--region", "1MiB", "--json", in)
+	args := append([]string{"send", "--to", addr, "--via", l.AddrA().String(), "--region", "1MiB", "--json"}, sendArgs...)
+	s := start(ctx, append(args, in)...)
 	if during != nil {
 		during(l, out, s, r)
 	}
@@ -50,7 +51,9 @@ func autoRun(t *testing.T, cfg linkem.Config, size int, during func(l *linkem.Li
 	var rep report
 	require.NoError(t, json.Unmarshal([]byte(s.stdout.String()), &rep), s.stdout.String())
 	require.True(t, rep.OK)
-	require.Equal(t, "auto", rep.Rate.Mode)
+	if len(sendArgs) == 0 {
+		require.Equal(t, "auto", rep.Rate.Mode)
+	}
 	ab, _ := l.Stats()
 	t.Logf("%.3fs, %.1f Mbit/s goodput; rate found %.0f Mbit/s on average, %.0f at the start, %.0f at the end (%.0f..%.0f), %d small drains; wire overhead %.3f, repeats %.4f; link A→B: %v",
 		rep.Seconds, rep.Gbps*1e3, rep.Rate.IdealMbps, rep.Rate.StartMbps, rep.Rate.FinalMbps, rep.Rate.LowMbps, rep.Rate.HighMbps, rep.Rate.Drains, rep.Overhead, rep.Repeats, ab)
@@ -145,6 +148,24 @@ func TestAutoRateBlackout(t *testing.T) {
 	require.InDelta(t, 5, rep.Rate.LongestStall, 1.5, "the report says how long delivery stopped")
 	require.True(t, hasEvent(rep, "delivery resumed"))
 	require.Greater(t, rep.Rate.FinalMbps, 0.3*link, "the estimate survived the blackout")
+}
+
+// The same blackout under a fixed --rate, which has no controller to
+// notice it: the sender's flow control counts the stall, the transfer
+// finishes intact, and the report says delivery stopped and for how long
+// rather than blaming the receiver for the repeats.
+func TestFixedRateBlackout(t *testing.T) {
+	const link = 100
+	rep := autoRun(t, linkem.Config{Rate: link * mbitps, Faults: fabric.Faults{Delay: 5 * time.Millisecond}}, 24<<20,
+		func(l *linkem.Link, out string, ps ...*proc) {
+			waitRegions(t, out, 4, ps...)
+			l.SetDown(true)
+			time.Sleep(5 * time.Second)
+			l.SetDown(false)
+		}, "--rate", "90mbit")
+	require.Equal(t, "fixed", rep.Rate.Mode)
+	require.GreaterOrEqual(t, rep.Rate.Stalls, 1)
+	require.InDelta(t, 5, rep.Rate.LongestStall, 1.5, "the report says how long delivery stopped")
 }
 
 func hasEvent(rep report, part string) bool {

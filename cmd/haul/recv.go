@@ -330,10 +330,10 @@ func (r *receiver) session(ctx context.Context, req *cm.Request, out *output) (*
 		return nil, fmt.Errorf("%w: %v", errSenderGone, err)
 	}
 	o := r.o
-	paths := max(off.Paths, 1)
-	if len(o.vias) > 0 && len(o.vias) != paths {
+	paths, workers := max(off.Paths, 1), max(off.Workers, 1)
+	if len(o.vias) > 0 && len(o.vias) != paths*workers {
 		req.Reject("receiver misconfigured")
-		return nil, fmt.Errorf("--via: %d relays, but the sender uses %d paths", len(o.vias), paths)
+		return nil, fmt.Errorf("--via: %d relays, but the sender uses %d paths and %d workers (one relay for each path of each worker)", len(o.vias), paths, workers)
 	}
 	via, err := o.viaGID(0)
 	if err != nil {
@@ -345,16 +345,35 @@ func (r *receiver) session(ctx context.Context, req *cm.Request, out *output) (*
 	if o.noWindow {
 		cfg.RecvWindow = -1
 	}
-	e, err := open(ctx, r.local, paths, cfg)
-	if err != nil {
-		req.Reject(err.Error())
-		return nil, err
+	// A device per worker: its sockets, CQ and goroutines are its own.
+	// The devices go before the caller unmaps the output: closing one
+	// waits for its receive handlers, which write into the mapping.
+	eps := make([]*endpoint, workers)
+	defer func() {
+		for _, e := range eps {
+			if e != nil {
+				e.close()
+			}
+		}
+	}()
+	for w := range eps {
+		local := r.local
+		if w > 0 {
+			local = netip.AddrPortFrom(local.Addr(), 0)
+		}
+		if eps[w], err = open(ctx, local, paths, cfg, o.noMAC()); err != nil {
+			req.Reject(err.Error())
+			return nil, err
+		}
 	}
-	cfg.Drops = socketDrops(e.dev.GIDs())
-	// The device goes before the caller unmaps the output: closing it
-	// waits for its receive handlers, the only writers of the mapping.
-	defer e.close()
-	ans := answer{Have: out.have(), Hashes: out.needHashes(), Wire: sdrwire.Version, Hashing: hashChain}
+	e := eps[0]
+	ans := answer{Have: slices.Clone(out.have()), Hashes: out.needHashes(), Wire: sdrwire.Version, Hashing: hashChain}
+	var todo []int // the regions the sender will send, as it counts them
+	for i := range out.regions() {
+		if !hasRegion(ans.Have, i) {
+			todo = append(todo, i)
+		}
+	}
 	var pl *payload
 	if off.Nonce != nil {
 		// The sealed chunks fill the chunks of this end's connection:
@@ -372,23 +391,31 @@ func (r *receiver) session(ctx context.Context, req *cm.Request, out *output) (*
 	if err := req.Accept(ctx, e.qps[0], &cm.Config{PrivateData: mustJSON(ans), Via: via}); err != nil {
 		return nil, r.senderErr(ctx, err)
 	}
-	if err := r.acceptPaths(ctx, e, off); err != nil {
+	if err := r.acceptPaths(ctx, eps, off); err != nil {
 		return nil, r.senderErr(ctx, err)
 	}
-	if e.conn, err = reliability.NewPaths(e.pd, e.qps, e.cq, cfg); err != nil {
-		return nil, err
+	conns := make([]*reliability.Conn, workers)
+	for w, e := range eps {
+		wcfg := cfg
+		wcfg.Drops = socketDrops(e.dev.GIDs())
+		if e.conn, err = reliability.NewPaths(e.pd, e.qps, e.cq, wcfg); err != nil {
+			return nil, err
+		}
+		conns[w] = e.conn
 	}
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	takeover := r.watch(sctx, cancel, out)
 	start := time.Now()
-	err = receiveRegions(sctx, e.conn, out, o.slots, pl, o.sealedHook)
+	err = receiveRegions(sctx, conns, out, todo, o.slots, pl, o.sealedHook)
 	cancel(nil)
 	if next := <-takeover; next != nil {
 		return next, nil
 	}
 	if o.verbose {
-		fmt.Fprintf(r.stderr, "haul: device counters %+v\n", e.dev.Stats())
+		for w, e := range eps {
+			fmt.Fprintf(r.stderr, "haul: worker %d: device counters %+v\n", w, e.dev.Stats())
+		}
 	}
 	if err != nil {
 		if !errors.Is(err, errSenderGone) {
@@ -396,7 +423,7 @@ func (r *receiver) session(ctx context.Context, req *cm.Request, out *output) (*
 		}
 		return nil, err
 	}
-	return nil, r.conclude(ctx, e.conn, out, time.Since(start), pl)
+	return nil, r.conclude(ctx, conns, out, time.Since(start), pl)
 }
 
 // senderErr classifies a failed connection setup: the sender's doing
@@ -439,29 +466,31 @@ func (r *receiver) watch(ctx context.Context, cancel context.CancelCauseFunc, ou
 }
 
 // acceptPaths accepts the sender's further paths, each onto the QP of
-// its index.
-func (r *receiver) acceptPaths(ctx context.Context, e *endpoint, off *offer) error {
-	done := make([]bool, len(e.qps))
+// its worker and index.
+func (r *receiver) acceptPaths(ctx context.Context, eps []*endpoint, off *offer) error {
+	paths := len(eps[0].qps)
+	done := make([]bool, len(eps)*paths)
 	done[0] = true
-	for left := len(e.qps) - 1; left > 0; {
+	for left := len(done) - 1; left > 0; {
 		req, err := r.next(ctx, r.o.peerT)
 		if err != nil {
 			return fmt.Errorf("the sender's further paths did not arrive: %w", err)
 		}
 		var h pathHello
-		if json.Unmarshal(req.PrivateData(), &h) != nil || h.SHA256 != off.SHA256 || h.Path < 1 || h.Path >= len(e.qps) || done[h.Path] {
+		if json.Unmarshal(req.PrivateData(), &h) != nil || h.SHA256 != off.SHA256 || h.Path < 0 || h.Path >= paths ||
+			h.Worker < 0 || h.Worker >= len(eps) || done[h.Worker*paths+h.Path] {
 			req.Reject("not a path of this transfer")
 			continue
 		}
-		via, err := r.o.viaGID(h.Path)
+		via, err := r.o.viaGID(h.Worker*paths + h.Path)
 		if err != nil {
 			req.Reject("receiver misconfigured")
 			return err
 		}
-		if err := req.Accept(ctx, e.qps[h.Path], &cm.Config{Via: via}); err != nil {
-			return fmt.Errorf("path %d: %w", h.Path, err)
+		if err := req.Accept(ctx, eps[h.Worker].qps[h.Path], &cm.Config{Via: via}); err != nil {
+			return fmt.Errorf("worker %d path %d: %w", h.Worker, h.Path, err)
 		}
-		done[h.Path] = true
+		done[h.Worker*paths+h.Path] = true
 		left--
 	}
 	return nil
@@ -469,7 +498,8 @@ func (r *receiver) acceptPaths(ctx context.Context, e *endpoint, off *offer) err
 
 // conclude verifies the complete file, tells the sender, and on success
 // gives the file its name.
-func (r *receiver) conclude(ctx context.Context, c *reliability.Conn, out *output, elapsed time.Duration, pl *payload) error {
+func (r *receiver) conclude(ctx context.Context, conns []*reliability.Conn, out *output, elapsed time.Duration, pl *payload) error {
+	c := conns[0]
 	sum, verr := out.verify()
 	v := verdict{SHA256: sum, OK: verr == nil}
 	if verr == nil {
@@ -490,6 +520,12 @@ func (r *receiver) conclude(ctx context.Context, c *reliability.Conn, out *outpu
 		cpu, failed = pl.CPU().Seconds(), pl.failed.Load()
 	}
 	fl := c.Flow()
+	for _, c := range conns[1:] {
+		f := c.Flow()
+		fl.WindowMin, fl.WindowMax = min(fl.WindowMin, f.WindowMin), max(fl.WindowMax, f.WindowMax)
+		fl.Cuts += f.Cuts
+		fl.Dropped += f.Dropped
+	}
 	if r.o.json {
 		fmt.Fprintf(r.stdout, "%s\n", mustJSON(map[string]any{"bytes": size, "seconds": elapsed.Seconds(), "gbps": gbps, "sha256": sum, "ok": v.OK,
 			"encrypted": pl != nil, "crypto_cpu_seconds": cpu, "auth_failed_chunks": failed,
@@ -537,56 +573,135 @@ func okWord(ok bool) string {
 	return "MISMATCH"
 }
 
-// receiveRegions posts the sender's region hashes if they are still
-// needed, then every missing region in order (as many at once as the
-// connection has slots), and records each as it completes and checks out.
-// A region that does not match its hash stays missing: the run ends with
-// an error and the next one fetches it again.
+// receiveRegions receives the regions todo, spread over the workers'
+// connections as the sender spreads them (the j-th of todo on connection
+// j mod len(conns)), and records each as it completes and checks out. The
+// region hashes, if still needed, come first on the first connection. A
+// region that does not match its hash stays missing: the run ends with an
+// error and the next one fetches it again.
 //
 // With pl, the regions arrive sealed into staging buffers, and only the
-// chunks that verify reach the output; the others are asked for again
-// once every region has arrived (repairChunks).
-func receiveRegions(ctx context.Context, c *reliability.Conn, out *output, slots int, pl *payload, hook func(uint32, int, []byte)) error {
-	n := out.regions()
+// chunks that verify reach the output; the others are asked for again on
+// the first connection once every region has arrived (repairChunks).
+func receiveRegions(ctx context.Context, conns []*reliability.Conn, out *output, todo []int, slots int, pl *payload, hook func(uint32, int, []byte)) error {
+	hashed := make(chan struct{})
+	if !out.needHashes() {
+		close(hashed)
+	}
+	w := len(conns)
+	// The staging budget is the workers' together. Plain regions too
+	// large for two each within it (files of several TiB have regions of
+	// hundreds of MiB) land in the mapping, as they did before staging.
+	region := len(out.span(0))
+	if pl != nil {
+		region = pl.l.sealedLen(0)
+	}
+	inPlace := pl == nil && 2*w*region > plainStaging
+	if !inPlace {
+		slots = max(2, min(slots, stagingBudget/w/max(region, 1)))
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type outcome struct {
+		failed map[int][]uint32
+		bad    int
+		err    error
+	}
+	res := make(chan outcome, w)
+	for k, c := range conns {
+		var mine []int
+		for j := k; j < len(todo); j += w {
+			mine = append(mine, todo[j])
+		}
+		go func() {
+			var o outcome
+			o.failed, o.bad, o.err = receiveWorker(wctx, c, out, mine, k == 0 && out.needHashes(), hashed, slots, inPlace, pl, hook)
+			if o.err != nil {
+				cancel() // the others stop: the session ends with this one's error
+			}
+			res <- o
+		}()
+	}
+	var first error
+	failed := map[int][]uint32{}
+	bad := 0
+	for range conns {
+		o := <-res
+		if o.err != nil && first == nil {
+			first = o.err
+		}
+		bad += o.bad
+		for i, f := range o.failed {
+			failed[i] = f
+		}
+	}
+	if first != nil {
+		return first
+	}
+	if len(failed) > 0 {
+		b, err := repairChunks(ctx, conns[0], out, pl, failed, hook)
+		if err != nil {
+			return err
+		}
+		bad += b
+	}
+	if bad > 0 {
+		return fmt.Errorf("%d regions arrived corrupted (they do not match the sender's hashes); the next run fetches them again", bad)
+	}
+	return nil
+}
+
+// plainStaging is the staging budget of plain regions: stagingBudget, a
+// variable so that a test can send regions past it.
+var plainStaging = stagingBudget
+
+// receiveWorker is one connection's part of receiveRegions: the region
+// hashes first if hashes is set (then it closes hashed), then the regions
+// todo in order, as many at once as slots; a region is checked only once
+// hashed is closed. With inPlace, plain regions land in the mapping
+// rather than staging buffers. It returns the sealed regions with chunks
+// to fetch again and how many regions did not match their hash.
+func receiveWorker(ctx context.Context, c *reliability.Conn, out *output, todo []int, hashes bool, hashed chan struct{}, slots int, inPlace bool, pl *payload, hook func(uint32, int, []byte)) (map[int][]uint32, int, error) {
 	type posted struct {
 		r   *reliability.Recv
 		idx int    // -1: the region hashes
-		buf []byte // the hashes, or the sealed region
+		buf []byte // the hashes, or the staging buffer
 	}
 	var pending []posted
-	if out.needHashes() {
-		buf := make([]byte, n*hashLen)
+	if hashes {
+		buf := make([]byte, out.regions()*hashLen)
 		rv, err := c.Post(ctx, buf)
 		if err != nil {
-			return sessionErr(ctx, err)
+			return nil, 0, sessionErr(ctx, err)
 		}
 		pending = append(pending, posted{rv, -1, buf})
 	}
-	var free [][]byte // staging buffers to reuse
-	if pl != nil {
-		slots = pl.l.staging(slots)
-	}
+	var free [][]byte            // staging buffers to reuse
 	failed := map[int][]uint32{} // regions with chunks to ask for again
 	next, bad := 0, 0
 	for {
-		for next < n && hasRegion(out.have(), next) {
-			next++
-		}
-		if next < n && len(pending) < slots {
-			buf, sealed := out.span(next), []byte(nil)
+		if next < len(todo) && len(pending) < slots {
+			i := todo[next]
+			// A staging buffer of the first region's size (the largest).
+			stage, want := []byte(nil), len(out.span(i))
 			if pl != nil {
-				if k := len(free); k > 0 {
-					sealed, free = free[k-1], free[:k-1]
-				} else {
-					sealed = make([]byte, pl.l.sealedLen(0))
-				}
-				buf = sealed[:pl.l.sealedLen(next)]
+				want = pl.l.sealedLen(i)
 			}
-			rv, err := c.Post(ctx, buf)
+			switch k := len(free); {
+			case inPlace:
+				stage = out.span(i)
+			case k > 0:
+				stage, free = free[k-1], free[:k-1]
+			case pl != nil:
+				stage = make([]byte, pl.l.sealedLen(0))
+			default:
+				stage = alignedBuf(len(out.span(0)))
+			}
+			rv, err := c.Post(ctx, stage[:want])
 			if err != nil {
-				return sessionErr(ctx, err)
+				return nil, bad, sessionErr(ctx, err)
 			}
-			pending = append(pending, posted{rv, next, sealed})
+			pending = append(pending, posted{rv, i, stage})
 			next++
 			continue
 		}
@@ -596,14 +711,22 @@ func receiveRegions(ctx context.Context, c *reliability.Conn, out *output, slots
 		p := pending[0]
 		pending = pending[1:]
 		if err := p.r.Wait(ctx); err != nil {
-			return sessionErr(ctx, err)
+			return nil, bad, sessionErr(ctx, err)
 		}
 		if p.idx < 0 {
 			if err := out.setHashes(p.buf); err != nil {
-				return err
+				return nil, bad, err
 			}
+			close(hashed)
 			continue
 		}
+		select {
+		case <-hashed:
+		case <-ctx.Done():
+			return nil, bad, sessionErr(ctx, ctx.Err())
+		}
+		var ok bool
+		var err error
 		if pl != nil {
 			sealed := p.buf[:pl.l.sealedLen(p.idx)]
 			if hook != nil {
@@ -615,27 +738,21 @@ func receiveRegions(ctx context.Context, c *reliability.Conn, out *output, slots
 				failed[p.idx] = f
 				continue
 			}
+			ok, err = out.complete(p.idx)
+		} else if inPlace {
+			ok, err = out.complete(p.idx)
+		} else {
+			ok, err = out.land(p.idx, p.buf[:len(out.span(p.idx))], true)
+			free = append(free, p.buf)
 		}
-		ok, err := out.complete(p.idx)
 		if err != nil {
-			return err
+			return nil, bad, err
 		}
 		if !ok {
 			bad++
 		}
 	}
-	if len(failed) > 0 {
-		free = nil
-		b, err := repairChunks(ctx, c, out, pl, failed, hook)
-		if err != nil {
-			return err
-		}
-		bad += b
-	}
-	if bad > 0 {
-		return fmt.Errorf("%d regions arrived corrupted (they do not match the sender's hashes); the next run fetches them again", bad)
-	}
-	return nil
+	return failed, bad, nil
 }
 
 // repairChunks asks the sender again for the chunks that failed their tag

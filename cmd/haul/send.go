@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -22,25 +23,29 @@ import (
 
 // report is the sender's final account.
 type report struct {
-	Bytes      int64    `json:"bytes"`
-	Seconds    float64  `json:"seconds"`
-	Gbps       float64  `json:"gbps"`
-	Scheme     string   `json:"scheme"`
-	Ideal      float64  `json:"ideal_seconds"`
-	Predicted  float64  `json:"predicted_seconds"`
-	SHA256     string   `json:"sha256"`
-	OK         bool     `json:"ok"`
-	Overhead   float64  `json:"wire_overhead"`
-	Repaired   int      `json:"repaired_chunks"`
-	Timeouts   int      `json:"timeouts"`
-	RTTms      float64  `json:"rtt_ms"`
-	Loss       float64  `json:"chunk_loss"`
-	Resumed    int64    `json:"resumed_bytes"`
-	Paths      int      `json:"paths"`
-	PathBytes  []uint64 `json:"path_bytes"` // chunk bytes sent per path, repairs included
-	Encrypted  bool     `json:"encrypted"`
-	CryptoCPU  float64  `json:"crypto_cpu_seconds"` // sealing the payload, on all threads
-	AuthFailed int      `json:"auth_failed_chunks"` // sealed chunks the receiver found forged or corrupted, sent again
+	Bytes     int64    `json:"bytes"`
+	Seconds   float64  `json:"seconds"`
+	Gbps      float64  `json:"gbps"`
+	Scheme    string   `json:"scheme"`
+	Ideal     float64  `json:"ideal_seconds"`
+	Predicted float64  `json:"predicted_seconds"`
+	SHA256    string   `json:"sha256"`
+	OK        bool     `json:"ok"`
+	Overhead  float64  `json:"wire_overhead"`
+	Repaired  int      `json:"repaired_chunks"`
+	Timeouts  int      `json:"timeouts"`
+	RTTms     float64  `json:"rtt_ms"`
+	Loss      float64  `json:"chunk_loss"`
+	Resumed   int64    `json:"resumed_bytes"`
+	Paths     int      `json:"paths"`
+	PathBytes []uint64 `json:"path_bytes"` // chunk bytes sent per path, repairs included
+	Workers   int      `json:"workers"`
+	// WorkerBytes is the chunk bytes each worker's connection sent,
+	// repairs included.
+	WorkerBytes []uint64 `json:"worker_bytes"`
+	Encrypted   bool     `json:"encrypted"`
+	CryptoCPU   float64  `json:"crypto_cpu_seconds"` // sealing the payload, on all threads
+	AuthFailed  int      `json:"auth_failed_chunks"` // sealed chunks the receiver found forged or corrupted, sent again
 	// Repeats is the payload bytes sent again (selective repeat), over
 	// the payload: the part of the wire overhead that loss, or a
 	// receiver that reports late, costs.
@@ -86,38 +91,52 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 		return fmt.Errorf("peer %s unreachable: %w", o.to, err)
 	}
 	cfg := o.relCfg(o.k, o.m, 8, o.scheme, o.paths)
-	e, err := open(ctx, local, o.paths, cfg)
-	if err != nil {
-		return err
+	// A device per worker: its sockets, CQ and goroutines are its own.
+	eps := make([]*endpoint, o.workers)
+	defer func() {
+		for _, e := range eps {
+			if e != nil {
+				e.close()
+			}
+		}
+	}()
+	for w := range eps {
+		if eps[w], err = open(ctx, local, o.paths, cfg, o.noMAC()); err != nil {
+			return err
+		}
 	}
-	defer e.close()
 	off := offer{Name: filepath.Base(o.path), Size: size, SHA256: sha, Region: region, Manifest: sha256Hex(hashes),
 		K: o.k, M: max(o.m, 8), Wire: sdrwire.Version, Hashing: hashChain}
 	if o.paths > 1 {
 		off.Paths = o.paths
 	}
+	if o.workers > 1 {
+		off.Workers = o.workers
+	}
 	if o.encrypt {
 		off.Nonce = newNonce()
 	}
 	var ans answer
-	for i := range o.paths {
-		via, err := o.viaGID(i)
-		if err != nil {
-			return err
-		}
-		pd := mustJSON(pathHello{Path: i, SHA256: sha})
-		if i == 0 {
-			pd = mustJSON(off)
-		}
-		dctx, cancel := context.WithTimeout(ctx, o.peerT)
-		res, err := cm.Dial(dctx, o.to, e.qps[i], &cm.Config{PrivateData: pd, Via: via, Key: o.key})
-		cancel()
-		if err != nil {
-			return o.dialErr(i, err)
-		}
-		if i == 0 {
-			if err := json.Unmarshal(res.PrivateData, &ans); err != nil {
-				return fmt.Errorf("malformed answer from the receiver: %w", err)
+	for w, e := range eps {
+		for i := range o.paths {
+			via, err := o.viaGID(w*o.paths + i)
+			if err != nil {
+				return err
+			}
+			pd := mustJSON(pathHello{Path: i, Worker: w, SHA256: sha})
+			if w == 0 && i == 0 {
+				pd = mustJSON(off)
+			}
+			dctx, cancel := context.WithTimeout(ctx, o.peerT)
+			res, err := cm.Dial(dctx, o.to, e.qps[i], &cm.Config{PrivateData: pd, Via: via, Key: o.key})
+			cancel()
+			if err != nil {
+				return o.dialErr(w*o.paths+i, err)
+			}
+			if w == 0 && i == 0 {
+				if err := json.Unmarshal(res.PrivateData, &ans); err != nil {
+					return fmt.Errorf("malformed answer from the receiver: %w", err)
+				}
 			}
 		}
 	}
@@ -136,10 +155,14 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 			return fmt.Errorf("the receiver's answer: %w", err)
 		}
 	}
-	if e.conn, err = reliability.NewPaths(e.pd, e.qps, e.cq, cfg); err != nil {
-		return err
+	conns := make([]*reliability.Conn, len(eps))
+	for w, e := range eps {
+		if e.conn, err = reliability.NewPaths(e.pd, e.qps, e.cq, cfg); err != nil {
+			return err
+		}
+		conns[w] = e.conn
 	}
-	c := e.conn
+	c := conns[0]
 	// The receiver's messages (the verdict; with encryption, repair
 	// requests first) land in the buffers posted here, one at a time.
 	fbuf := make([]byte, verdictSize)
@@ -150,15 +173,26 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := ready(ctx, c, fb, o.peerT); err != nil {
-		return err
+	for _, c := range conns {
+		if err := ready(ctx, c, fb, o.peerT); err != nil {
+			return err
+		}
 	}
 	var probe *probeRep
 	if o.probes > 0 && !settled(fb) {
-		pr, err := c.Probe(ctx, o.probes)
-		if err != nil && !settled(fb) {
+		// Every worker's connection probes (its model and rate start
+		// from it); the report has the first's.
+		prs := make([]reliability.ProbeResult, len(conns))
+		errs := make([]error, len(conns))
+		var wg sync.WaitGroup
+		for w, c := range conns {
+			wg.Go(func() { prs[w], errs[w] = c.Probe(ctx, o.probes) })
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil && !settled(fb) {
 			return fmt.Errorf("probing the path: %w", err)
 		}
+		pr := prs[0]
 		probe = &probeRep{Sent: pr.Sent, Echoed: pr.Echoed, Loss: pr.Loss, RTTms: float64(pr.Median.Microseconds()) / 1e3,
 			Seconds: pr.Duration.Seconds(), DispersionMbps: pr.Dispersion * 8 / 1e6, SendMbps: pr.SendRate * 8 / 1e6}
 		if o.verbose {
@@ -181,7 +215,7 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 			todoBytes += min(region, size-int64(i)*region)
 		}
 	}
-	rep := report{Bytes: size, SHA256: sha, Resumed: size - todoBytes, Encrypted: pl != nil, Probe: probe}
+	rep := report{Bytes: size, SHA256: sha, Resumed: size - todoBytes, Encrypted: pl != nil, Probe: probe, Workers: o.workers}
 	plain := func(i int) []byte {
 		lo := int64(i) * region
 		return mm[lo:min(lo+region, size)]
@@ -189,40 +223,23 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 	// Plain regions are all queued at once (they are the file's own
 	// mapping); sealed ones need a buffer each, so a few are in flight.
 	window := len(todo)
-	var free [][]byte
 	if pl != nil {
-		window = pl.l.staging(o.slots)
-	}
-	type inflight struct {
-		s      *reliability.Send
-		buf    []byte // sealed copy, reused when the send completes
-		region int
-	}
-	var fly []inflight
-	next, left := 0, todoBytes
-	sendNext := func() error {
-		i := todo[next]
-		next++
-		data, buf := plain(i), []byte(nil)
-		if pl != nil {
-			if k := len(free); k > 0 {
-				buf, free = free[k-1], free[:k-1]
-			} else {
-				buf = make([]byte, pl.l.sealedLen(0))
-			}
-			pl.sealRegion(buf, data, i)
-			data = buf[:pl.l.sealedLen(i)]
-		}
-		s, err := c.Send(ctx, data, &reliability.SendOptions{Stream: left})
-		if err != nil {
-			return err
-		}
-		left -= int64(len(plain(i)))
-		fly = append(fly, inflight{s, buf, i})
-		return nil
+		window = max(2, pl.l.staging(o.slots)/o.workers)
 	}
 	prog := newProgress(stderr, todoBytes)
 	start := time.Now()
+	wctx, stopWorkers := context.WithCancel(ctx)
+	defer stopWorkers()
+	done := make(chan sentRegion, len(todo))
+	for w, c := range conns {
+		// The j-th region to send goes on worker j mod workers, as the
+		// receiver posts them.
+		var mine []int
+		for j := w; j < len(todo); j += o.workers {
+			mine = append(mine, todo[j])
+		}
+		go sendRegions(wctx, c, mine, window, plain, pl, done)
+	}
 	var results []reliability.SendResult
 	var offsets []int64 // of each result's region in the file
 	tick := time.NewTicker(prog.every)
@@ -230,54 +247,46 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 	doneBytes := int64(0)
 	repaired := 0
 	early := fb.Done() // a verdict before the end: the receiver stopped
-	for next < len(todo) || len(fly) > 0 {
-		for next < len(todo) && len(fly) < window {
-			if err := sendNext(); err != nil {
+	for range todo {
+		var d sentRegion
+	wait:
+		for {
+			select {
+			case <-early:
+				early = nil
+				var v verdict
+				if fb.Wait(ctx) != nil || isRepair(fbuf) {
+					// The connection failed (so do the sends, with the
+					// reason), or chunks to send again after the regions.
+					continue
+				}
+				if json.Unmarshal(bytes.TrimRight(fbuf, "\x00"), &v) == nil && v.OK {
+					continue // it has everything; the last completions are on their way
+				}
 				prog.end()
-				return err
+				return fmt.Errorf("after %d of %d bytes, the receiver stopped: %s", doneBytes+rep.Resumed, size, v.Error)
+			case d = <-done:
+				break wait
+			case <-tick.C:
+				prog.update(doneBytes, repaired, time.Since(start))
+			case <-ctx.Done():
+				prog.end()
+				return ctx.Err()
 			}
 		}
-		select {
-		case <-early:
-			early = nil
-			var v verdict
-			if fb.Wait(ctx) != nil || isRepair(fbuf) {
-				// The connection failed (so do the sends, with the
-				// reason), or chunks to send again after the regions.
-				continue
-			}
-			if json.Unmarshal(bytes.TrimRight(fbuf, "\x00"), &v) == nil && v.OK {
-				continue // it has everything; the last completions are on their way
-			}
+		if d.err != nil {
 			prog.end()
-			return fmt.Errorf("after %d of %d bytes, the receiver stopped: %s", doneBytes+rep.Resumed, size, v.Error)
-		case <-fly[0].s.Done():
-			f := fly[0]
-			r, err := f.s.Wait(ctx)
-			if err != nil {
-				prog.end()
-				return fmt.Errorf("after %d of %d bytes: %w", doneBytes+rep.Resumed, size, err)
-			}
-			fly = fly[1:]
-			if f.buf != nil {
-				free = append(free, f.buf)
-			}
-			r.Bytes = len(plain(f.region)) // not the sealed length
-			results = append(results, r)
-			offsets = append(offsets, int64(f.region)*region)
-			if o.verbose {
-				fmt.Fprintf(stderr, "msg %d: tx %d retx %d timeouts %d decoded %d dur %v\n", r.Seq, r.Transmissions, r.Retransmissions, r.Timeouts, r.Decoded, r.Duration)
-			}
-			doneBytes += int64(r.Bytes)
-			repaired += r.Retransmissions + r.Decoded
-		case <-tick.C:
-			prog.update(doneBytes, repaired, time.Since(start))
-		case <-ctx.Done():
-			prog.end()
-			return ctx.Err()
+			return fmt.Errorf("after %d of %d bytes: %w", doneBytes+rep.Resumed, size, d.err)
 		}
+		r := d.r
+		results = append(results, r)
+		offsets = append(offsets, int64(d.region)*region)
+		if o.verbose {
+			fmt.Fprintf(stderr, "msg %d: tx %d retx %d timeouts %d decoded %d dur %v\n", r.Seq, r.Transmissions, r.Retransmissions, r.Timeouts, r.Decoded, r.Duration)
+		}
+		doneBytes += int64(r.Bytes)
+		repaired += r.Retransmissions + r.Decoded
 	}
-	free = nil
 	elapsed := time.Since(start)
 	prog.update(doneBytes, repaired, elapsed)
 	prog.end()
@@ -318,7 +327,7 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 		rep.CryptoCPU = pl.CPU().Seconds()
 	}
 	rep.OK = v.OK && v.SHA256 == sha
-	summarise(&rep, results, offsets, c, o, todoBytes, elapsed, start)
+	summarise(&rep, results, offsets, conns, o, todoBytes, elapsed, start)
 	if o.json {
 		fmt.Fprintf(stdout, "%s\n", mustJSON(rep))
 	} else {
@@ -350,6 +359,9 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 		if rep.Paths > 1 {
 			fmt.Fprintf(stdout, "haul: %d paths carried %v bytes\n", rep.Paths, rep.PathBytes)
 		}
+		if rep.Workers > 1 {
+			fmt.Fprintf(stdout, "haul: %d workers carried %v bytes\n", rep.Workers, rep.WorkerBytes)
+		}
 		fmt.Fprintf(stdout, "haul: %s\n", cryptoLine(rep.Encrypted, rep.CryptoCPU, "sealing",
 			fmt.Sprintf("%d chunks sent again after failing authentication at the receiver", rep.AuthFailed)))
 		fmt.Fprintf(stdout, "haul: sha256 %s %s\n", sha, okWord(rep.OK))
@@ -361,6 +373,72 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 		return errors.New(rep.verdictErr)
 	}
 	return nil
+}
+
+// sentRegion is a region's send, completed or failed.
+type sentRegion struct {
+	r      reliability.SendResult
+	region int
+	err    error
+}
+
+// sendRegions sends the regions todo on c in order, window at a time,
+// and reports each on done as it completes: one worker's part of a
+// transfer. It stops at the first failure, which it reports, or when ctx
+// ends. With pl, each region is sealed into a buffer of its own first.
+func sendRegions(ctx context.Context, c *reliability.Conn, todo []int, window int, plain func(int) []byte, pl *payload, done chan<- sentRegion) {
+	type inflight struct {
+		s      *reliability.Send
+		buf    []byte // sealed copy, reused when the send completes
+		region int
+	}
+	var fly []inflight
+	var free [][]byte
+	left := int64(0)
+	for _, i := range todo {
+		left += int64(len(plain(i)))
+	}
+	next := 0
+	for next < len(todo) || len(fly) > 0 {
+		for next < len(todo) && len(fly) < window {
+			i := todo[next]
+			next++
+			data, buf := plain(i), []byte(nil)
+			if pl != nil {
+				if k := len(free); k > 0 {
+					buf, free = free[k-1], free[:k-1]
+				} else {
+					buf = make([]byte, pl.l.sealedLen(0))
+				}
+				pl.sealRegion(buf, data, i)
+				data = buf[:pl.l.sealedLen(i)]
+			}
+			s, err := c.Send(ctx, data, &reliability.SendOptions{Stream: left})
+			if err != nil {
+				done <- sentRegion{region: i, err: err}
+				return
+			}
+			left -= int64(len(plain(i)))
+			fly = append(fly, inflight{s, buf, i})
+		}
+		select {
+		case <-fly[0].s.Done():
+		case <-ctx.Done():
+			return
+		}
+		f := fly[0]
+		fly = fly[1:]
+		r, err := f.s.Wait(ctx)
+		if err != nil {
+			done <- sentRegion{region: f.region, err: err}
+			return
+		}
+		if f.buf != nil {
+			free = append(free, f.buf)
+		}
+		r.Bytes = len(plain(f.region)) // not the sealed length
+		done <- sentRegion{r: r, region: f.region}
+	}
 }
 
 // dialErr explains a failed connection setup, the key's part in it first.
@@ -480,7 +558,8 @@ func schemeName(s reliability.Scheme, k, m int) string {
 
 // summarise fills the report's figures from the sends and the model.
 // offsets are the file offsets of the results' regions.
-func summarise(rep *report, results []reliability.SendResult, offsets []int64, c *reliability.Conn, o *sendOpts, todo int64, elapsed time.Duration, start time.Time) {
+func summarise(rep *report, results []reliability.SendResult, offsets []int64, conns []*reliability.Conn, o *sendOpts, todo int64, elapsed time.Duration, start time.Time) {
+	c := conns[0] // the model's view and the rate are the first worker's
 	rep.Seconds = elapsed.Seconds()
 	rep.Gbps = float64(todo) * 8 / rep.Seconds / 1e9
 	l := c.Link()
@@ -488,7 +567,15 @@ func summarise(rep *report, results []reliability.SendResult, offsets []int64, c
 	rep.Loss = l.Loss
 	rep.Rate = rateReport(c, o, start)
 	rep.Ideal = float64(todo)/(rep.Rate.IdealMbps*1e6/8) + l.RTT.Seconds()
-	rep.Paths, rep.PathBytes = o.paths, c.PathBytes()
+	rep.Paths, rep.PathBytes = o.paths, make([]uint64, len(c.PathBytes()))
+	for _, c := range conns {
+		var sum uint64
+		for p, b := range c.PathBytes() {
+			rep.PathBytes[p] += b
+			sum += b
+		}
+		rep.WorkerBytes = append(rep.WorkerBytes, sum)
+	}
 	fl := c.Flow()
 	rep.Flow = flowRep{WindowMin: fl.PeerMin, WindowMax: fl.PeerMax, Cuts: fl.PeerCuts, Waited: fl.Waited.Seconds()}
 	byScheme := map[string]int64{}

@@ -56,13 +56,14 @@ type recvOpts struct {
 
 type sendOpts struct {
 	common
-	to     string
-	paths  int
-	path   string
-	scheme reliability.Scheme
-	k, m   int
-	region int64
-	probes int
+	to      string
+	paths   int
+	workers int
+	path    string
+	scheme  reliability.Scheme
+	k, m    int
+	region  int64
+	probes  int
 }
 
 func commonFlags(fs *flag.FlagSet, c *common) (chunk, rate, via *string) {
@@ -78,9 +79,9 @@ func commonFlags(fs *flag.FlagSet, c *common) (chunk, rate, via *string) {
 	return chunk, rate, via
 }
 
-// finish parses the common flags for paths paths (the receiver learns
-// its count from the sender: 0 skips the per-path checks).
-func (c *common) finish(chunk, rate, via string, paths int) error {
+// finish parses the common flags for paths paths and relays relays (the
+// receiver learns their counts from the sender: 0 skips the checks).
+func (c *common) finish(chunk, rate, via string, paths, relays int) error {
 	if c.keyFile != "" {
 		k, err := launch.ReadKeyFile(c.keyFile)
 		if err != nil {
@@ -100,8 +101,8 @@ func (c *common) finish(chunk, rate, via string, paths int) error {
 	}
 	if via != "" {
 		c.vias = strings.Split(via, ",")
-		if paths > 0 && len(c.vias) != paths {
-			return fmt.Errorf("--via: %d relays for %d paths", len(c.vias), paths)
+		if relays > 0 && len(c.vias) != relays {
+			return fmt.Errorf("--via: %d relays for %d paths (one for each path of each worker)", len(c.vias), relays)
 		}
 	}
 	c.auto = rate == "" || rate == "auto"
@@ -145,7 +146,7 @@ func parseRecv(args []string, stderr io.Writer) (*recvOpts, error) {
 	if o.wait < 0 {
 		return nil, fmt.Errorf("--wait %v: want a duration of 0 or more", o.wait)
 	}
-	err := o.finish(*chunk, *rate, *via, 0)
+	err := o.finish(*chunk, *rate, *via, 0, 0)
 	o.auto = false // the receiver sends only its verdict and requests: paced at 1 Gbit/s
 	return o, err
 }
@@ -157,6 +158,7 @@ func parseSend(args []string, stderr io.Writer) (*sendOpts, error) {
 	chunk, rate, via := commonFlags(fs, &o.common)
 	fs.StringVar(&o.to, "to", "", "the receiver's host:port")
 	fs.IntVar(&o.paths, "paths", 1, "paths (1..16): the data spreads over this many UDP sockets and connections, each paced at its --rate and relayed by its --via")
+	fs.IntVar(&o.workers, "workers", 1, "workers (1..16): the regions spread over this many connections, each with its own sockets, queues and goroutines at both ends, so that one transfer uses as many cores; --rate is shared among them, and --via names a relay per path of each worker")
 	scheme := fs.String("scheme", "auto", "loss repair: auto (the model chooses), sr (selective repeat) or ec (erasure coding)")
 	fs.IntVar(&o.k, "k", 32, "EC data chunks per stripe")
 	fs.IntVar(&o.m, "m", 0, "EC parity chunks per stripe (default: the model picks 1, 2, 4 or 8)")
@@ -188,8 +190,27 @@ func parseSend(args []string, stderr io.Writer) (*sendOpts, error) {
 	if o.paths < 1 || o.paths > 16 {
 		return nil, fmt.Errorf("--paths %d: want 1..16", o.paths)
 	}
-	return o, o.finish(*chunk, *rate, *via, o.paths)
+	if o.workers < 1 || o.workers > 16 {
+		return nil, fmt.Errorf("--workers %d: want 1..16", o.workers)
+	}
+	if err := o.finish(*chunk, *rate, *via, o.paths, o.paths*o.workers); err != nil {
+		return o, err
+	}
+	// The workers share the rate: each paces at its part.
+	for i := range o.rates {
+		o.rates[i] /= float64(o.workers)
+	}
+	o.rate /= float64(o.workers)
+	return o, nil
 }
+
+// noMAC says whether the data path goes without a MAC on its packets:
+// when there is no --key-file. The MAC's key then crosses the connection
+// setup in the clear, so the MAC stops nobody the keyed checksum does not
+// (blind injection), while it costs an AES-GMAC pass over every packet at
+// each end, a seventh of haul's CPU on loopback; each region's SHA-256
+// still checks the bytes end to end. With a key the MAC stays.
+func (c *common) noMAC() bool { return c.key == nil }
 
 // offer is the sender's request, in the CM's private data.
 type offer struct {
@@ -208,6 +229,10 @@ type offer struct {
 	K       int    `json:"k"`
 	M       int    `json:"m"`
 	Paths   int    `json:"paths,omitempty"` // further paths dial after this one with a pathHello
+	// Workers is the connections the regions are spread over (the j-th
+	// region to send on worker j mod Workers), each with Paths paths;
+	// every path but worker 0's first dials with a pathHello.
+	Workers int `json:"workers,omitempty"`
 	// Wire is the version of the data path's format (sdrwire) the sender
 	// speaks; the receiver refuses another (0: a haul from before it was
 	// sent, which speaks version 2).
@@ -217,9 +242,10 @@ type offer struct {
 	Nonce []byte `json:"nonce,omitempty"`
 }
 
-// pathHello is the private data of path i > 0.
+// pathHello is the private data of every path but the first.
 type pathHello struct {
 	Path   int    `json:"path"`
+	Worker int    `json:"worker,omitempty"`
 	SHA256 string `json:"sha256"`
 }
 
@@ -285,15 +311,16 @@ func (c *common) relCfg(k, m, maxParity int, scheme reliability.Scheme, paths in
 
 // open opens a udp device with one socket per path (the first on local,
 // the others on local's address and a free port) and a QP per path, ready
-// for the CM.
-func open(ctx context.Context, local netip.AddrPort, paths int, cfg reliability.Config) (*endpoint, error) {
+// for the CM. With noMAC its QPs ask for the keyed checksum rather than
+// a MAC on the packets sent to them (verbs.DeviceConfig.NoMAC).
+func open(ctx context.Context, local netip.AddrPort, paths int, cfg reliability.Config, noMAC bool) (*endpoint, error) {
 	e := &endpoint{}
 	uri := "udp://" + local.String()
 	for range paths - 1 {
 		uri += "," + netip.AddrPortFrom(local.Addr(), 0).String()
 	}
 	var err error
-	if e.dev, err = verbs.Open(ctx, uri, nil); err != nil {
+	if e.dev, err = verbs.Open(ctx, uri, &verbs.DeviceConfig{NoMAC: noMAC}); err != nil {
 		return nil, err
 	}
 	if e.pd, err = e.dev.AllocPD(); err != nil {

@@ -11,7 +11,8 @@
 //	haul send --to 127.0.0.1:7000 --via 127.0.0.1:7001 f
 //
 // It prints both directions' counters on exit (SIGINT or SIGTERM) and,
-// with --stats D, every D.
+// with --stats D, every D. --blackout AT,FOR takes the link down, both
+// ways, for FOR from AT after start.
 package main
 
 import (
@@ -43,8 +44,16 @@ func main() {
 	}
 }
 
-func parse(args []string, stderr io.Writer) (linkem.Config, time.Duration, error) {
+// runOpts are the flags that act while linkem runs.
+type runOpts struct {
+	every   time.Duration // print counters this often (0: on exit only)
+	downAt  time.Duration // the blackout's start after linkem's
+	downFor time.Duration // and its length (0: none)
+}
+
+func parse(args []string, stderr io.Writer) (linkem.Config, runOpts, error) {
 	var cfg linkem.Config
+	var ro runOpts
 	fs := flag.NewFlagSet("linkem", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.A, "a", "127.0.0.1:0", "side A's listen address")
@@ -60,12 +69,22 @@ func parse(args []string, stderr io.Writer) (linkem.Config, time.Duration, error
 	fs.Float64Var(&cfg.Faults.Reorder, "reorder", 0, "probability a packet is held back behind later ones")
 	fs.Float64Var(&cfg.Faults.Duplicate, "dup", 0, "probability a packet is delivered twice")
 	fs.Uint64Var(&cfg.Faults.Seed, "seed", 1, "seed of the random draws (B→A uses seed+1)")
-	every := fs.Duration("stats", 0, "print counters every this often (default: only on exit)")
+	fs.DurationVar(&ro.every, "stats", 0, "print counters every this often (default: only on exit)")
+	blackout := fs.String("blackout", "", "AT,FOR: drop everything, both ways, from AT after start for FOR (e.g. 3s,5s), as a path that goes down and comes back")
 	if err := fs.Parse(args); err != nil {
-		return cfg, 0, err
+		return cfg, ro, err
+	}
+	if *blackout != "" {
+		at, dur, ok := strings.Cut(*blackout, ",")
+		var err1, err2 error
+		ro.downAt, err1 = time.ParseDuration(at)
+		ro.downFor, err2 = time.ParseDuration(dur)
+		if !ok || err1 != nil || err2 != nil || ro.downAt < 0 || ro.downFor <= 0 {
+			return cfg, ro, fmt.Errorf("--blackout %q: want AT,FOR, two durations (3s,5s)", *blackout)
+		}
 	}
 	if fs.NArg() > 0 {
-		return cfg, 0, fmt.Errorf("unexpected arguments %q", fs.Args())
+		return cfg, ro, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	for _, p := range []struct {
 		s   string
@@ -76,21 +95,21 @@ func parse(args []string, stderr io.Writer) (linkem.Config, time.Duration, error
 		}
 		ap, err := netip.ParseAddrPort(p.s)
 		if err != nil {
-			return cfg, 0, fmt.Errorf("peer %q: %w", p.s, err)
+			return cfg, ro, fmt.Errorf("peer %q: %w", p.s, err)
 		}
 		*p.dst = ap
 	}
 	if *rate != "" {
 		bits, err := units.ParseRate(*rate)
 		if err != nil {
-			return cfg, 0, err
+			return cfg, ro, err
 		}
 		cfg.Rate = bits / 8
 	}
 	if *queue != "" {
 		q, err := units.ParseSize(*queue)
 		if err != nil {
-			return cfg, 0, err
+			return cfg, ro, err
 		}
 		cfg.Queue = int(q)
 	}
@@ -100,22 +119,22 @@ func parse(args []string, stderr io.Writer) (linkem.Config, time.Duration, error
 		cfg.Faults.BurstEnter, err1 = strconv.ParseFloat(gb, 64)
 		cfg.Faults.BurstExit, err2 = strconv.ParseFloat(bg, 64)
 		if !ok || err1 != nil || err2 != nil || cfg.Faults.BurstEnter <= 0 || cfg.Faults.BurstExit <= 0 || cfg.Faults.BurstExit > 1 {
-			return cfg, 0, fmt.Errorf("--burst %q: want P_GB,P_BG, two probabilities in (0, 1]", *burst)
+			return cfg, ro, fmt.Errorf("--burst %q: want P_GB,P_BG, two probabilities in (0, 1]", *burst)
 		}
 	}
 	for name, p := range map[string]float64{"loss": cfg.Faults.Drop, "reorder": cfg.Faults.Reorder, "dup": cfg.Faults.Duplicate} {
 		if p < 0 || p > 1 {
-			return cfg, 0, fmt.Errorf("--%s %g: want a probability in [0, 1]", name, p)
+			return cfg, ro, fmt.Errorf("--%s %g: want a probability in [0, 1]", name, p)
 		}
 	}
 	if cfg.Faults.Delay < 0 || cfg.Faults.Jitter < 0 {
-		return cfg, 0, errors.New("--delay and --jitter must not be negative")
+		return cfg, ro, errors.New("--delay and --jitter must not be negative")
 	}
-	return cfg, *every, nil
+	return cfg, ro, nil
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	cfg, every, err := parse(args, stderr)
+	cfg, ro, err := parse(args, stderr)
 	if err != nil {
 		return err
 	}
@@ -132,10 +151,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "linkem: A->B %v\nlinkem: B->A %v\n", ab, ba)
 	}
 	var tick <-chan time.Time
-	if every > 0 {
-		t := time.NewTicker(every)
+	if ro.every > 0 {
+		t := time.NewTicker(ro.every)
 		defer t.Stop()
 		tick = t.C
+	}
+	var down, up <-chan time.Time
+	if ro.downFor > 0 {
+		down = time.After(ro.downAt)
 	}
 	for {
 		select {
@@ -144,6 +167,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return nil
 		case <-tick:
 			print()
+		case <-down:
+			down, up = nil, time.After(ro.downFor)
+			l.SetDown(true)
+			fmt.Fprintf(stdout, "linkem: down for %v (--blackout)\n", ro.downFor)
+		case <-up:
+			up = nil
+			l.SetDown(false)
+			fmt.Fprintf(stdout, "linkem: up again\n")
 		}
 	}
 }
