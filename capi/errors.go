@@ -38,6 +38,7 @@ const (
 	codeUnsupported
 	codeResource
 	codeOther
+	codeCancelled
 )
 
 // apiError is an error of this layer's own checks, with its code.
@@ -72,6 +73,7 @@ var codes = []struct {
 	{rma.ErrClosed, codeClosed},
 	{verbs.ErrUnsupported, codeUnsupported},
 	{context.DeadlineExceeded, codeTimeout},
+	{context.Canceled, codeCancelled}, // rvma_msg_cancel's, the only cancel
 }
 
 func codeOf(err error) int {

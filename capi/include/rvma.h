@@ -95,7 +95,8 @@ typedef enum rvma_error {
 	RVMA_ERR_TIMEOUT = 16,     /* a bounded wait ran out */
 	RVMA_ERR_UNSUPPORTED = 17, /* not implemented, or not by this provider */
 	RVMA_ERR_RESOURCE = 18,    /* out of memory or handles */
-	RVMA_ERR_OTHER = 19        /* anything else: see rvma_last_error_message() */
+	RVMA_ERR_OTHER = 19,       /* anything else: see rvma_last_error_message() */
+	RVMA_ERR_CANCELLED = 20    /* a wait ended by rvma_msg_cancel */
 } rvma_error;
 
 /* The name of an error code ("RVMA_ERR_BOUNDS: access outside the target
@@ -268,6 +269,26 @@ int rvma_try_recv_match(rvma_comm comm, int src, int tag, int mask, uint64_t bef
  * get. rvma_msg_wait waits until message number n has arrived. */
 int rvma_msg_arrived(rvma_comm comm, uint64_t *next);
 int rvma_msg_wait(rvma_comm comm, uint64_t n);
+
+/* Probes, for MPI_Probe and MPI_Iprobe: the matching receives' choice of
+ * message, left in place; *source, *mtag and *len (each may be NULL) give
+ * its source, tag and length, and the matching receive (or rvma_recv from
+ * that source with that tag) that runs next takes it. rvma_probe_match
+ * waits for one; rvma_try_probe_match does not (*flag 0 if none matches;
+ * before as in rvma_try_recv_match). */
+int rvma_probe_match(rvma_comm comm, int src, int tag, int mask, int *source, int *mtag, size_t *len);
+int rvma_try_probe_match(rvma_comm comm, int src, int tag, int mask, uint64_t before, int *source, int *mtag,
+                         size_t *len, int *flag);
+/* Cancellable waits, for MPI_Cancel of a receive that another thread waits
+ * for: rvma_recv_match_key and rvma_msg_wait_key are rvma_recv_match and
+ * rvma_msg_wait that rvma_msg_cancel(comm, key) ends with
+ * RVMA_ERR_CANCELLED, having taken nothing, also when it was called
+ * before they began. key (not 0) is the caller's and names one wait: a
+ * key once cancelled must not be used again. */
+int rvma_recv_match_key(rvma_comm comm, int src, int tag, int mask, void *buf, size_t cap, size_t *len, int *source,
+                        int *mtag, uint64_t key);
+int rvma_msg_wait_key(rvma_comm comm, uint64_t n, uint64_t key);
+int rvma_msg_cancel(rvma_comm comm, uint64_t key);
 
 /* ---- Windows ----------------------------------------------------------- */
 
