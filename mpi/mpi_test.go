@@ -295,3 +295,10 @@ func TestMPIX(t *testing.T) {
 func TestSubarray(t *testing.T) {
 	cTest(t, "subarray", false)
 }
+
+// TestProbe runs test/probe.c (MPI_Probe and MPI_Iprobe with wildcards
+// sizing receives from their status, MPI_Cancel of receives, also one
+// another thread waits for, and of a send, MPI_Test_cancelled).
+func TestProbe(t *testing.T) {
+	cTest(t, "probe", false)
+}

@@ -303,8 +303,12 @@ int MPI_Topo_test(MPI_Comm comm, int *status);
  * sender's messages in send order, each message to the first posted
  * receive that matches it. Receives progress whenever the program waits
  * for or tests a request (MPI_Test on an MPI_Irecv returns true once its
- * message has arrived). MPI_Probe, MPI_Iprobe and MPI_Cancel are not
- * here. */
+ * message has arrived). MPI_Probe and MPI_Iprobe describe the message
+ * that a receive with the same source and tag posted next would take;
+ * MPI_Cancel cancels a pending receive (also one that another thread
+ * waits for, under MPI_THREAD_MULTIPLE) unless it has taken its message,
+ * and leaves sends and RMA requests to complete (MPI_Test_cancelled
+ * then says false). */
 int MPI_Send(const void *buf, int count, MPI_Datatype datatype, int dest, int tag, MPI_Comm comm);
 int MPI_Recv(void *buf, int count, MPI_Datatype datatype, int source, int tag, MPI_Comm comm, MPI_Status *status);
 int MPI_Isend(const void *buf, int count, MPI_Datatype datatype, int dest, int tag, MPI_Comm comm,
@@ -313,6 +317,10 @@ int MPI_Irecv(void *buf, int count, MPI_Datatype datatype, int source, int tag, 
               MPI_Request *request);
 int MPI_Sendrecv(const void *sendbuf, int sendcount, MPI_Datatype sendtype, int dest, int sendtag, void *recvbuf,
                  int recvcount, MPI_Datatype recvtype, int source, int recvtag, MPI_Comm comm, MPI_Status *status);
+int MPI_Probe(int source, int tag, MPI_Comm comm, MPI_Status *status);
+int MPI_Iprobe(int source, int tag, MPI_Comm comm, int *flag, MPI_Status *status);
+int MPI_Cancel(MPI_Request *request);
+int MPI_Test_cancelled(const MPI_Status *status, int *flag);
 int MPI_Wait(MPI_Request *request, MPI_Status *status);
 int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses[]);
 int MPI_Waitany(int count, MPI_Request requests[], int *index, MPI_Status *status);
