@@ -72,6 +72,7 @@ var codes = []struct {
 	{mailbox.ErrRefused, codeRefused},
 	{rma.ErrClosed, codeClosed},
 	{verbs.ErrUnsupported, codeUnsupported},
+	{rma.ErrNotShared, codeUnsupported},
 	{context.DeadlineExceeded, codeTimeout},
 	{context.Canceled, codeCancelled}, // rvma_msg_cancel's, the only cancel
 }

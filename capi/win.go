@@ -8,6 +8,7 @@ package main
 import "C"
 
 import (
+	"cmp"
 	"math"
 	"unsafe"
 
@@ -22,6 +23,12 @@ type window struct {
 	mem  []byte         // this rank's part: the caller's, shared or C memory
 	cmem unsafe.Pointer // memory rvma__alloc gave for it, freed after the window
 	unit int
+	// A shared window (shared.go): every rank's part in one block that
+	// rank 0's window holds (freed after this one), mapped here as all;
+	// rank r's part is all[offs[r]:offs[r+1]].
+	holder *rma.Win
+	all    []byte
+	offs   []int
 }
 
 func (w *window) freeMem() {
@@ -199,6 +206,10 @@ func rvma_win_free(h *C.rvma_win) C.int {
 	}
 	*h = 0
 	err := w.w.Free(bg)
+	if w.holder != nil {
+		// Collective too, and after the window over its memory.
+		err = cmp.Or(err, w.holder.Free(bg))
+	}
 	w.freeMem()
 	return result(err)
 }

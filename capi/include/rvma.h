@@ -311,6 +311,22 @@ int rvma_win_allocate_notified(rvma_comm comm, size_t size, int disp_unit, const
 int rvma_win_create_notified(rvma_comm comm, void *base, size_t size, int disp_unit,
                              const rvma_notify_config *cfg, rvma_win *win);
 
+/* Collective. A window whose parts every rank loads and stores directly
+ * (MPI_Win_allocate_shared): one block, the ranks' parts contiguous in
+ * rank order, *base this rank's part (zeroed). Only ranks of one host
+ * over shared memory have it: elsewhere every rank fails with
+ * RVMA_ERR_UNSUPPORTED and no window. Stores are ordered with the
+ * window's operations and with other ranks' loads by its
+ * synchronisation (fence, a barrier, sync, locks). */
+int rvma_win_allocate_shared(rvma_comm comm, size_t size, int disp_unit, void **base, rvma_win *win);
+
+/* Rank's part of the window as this process sees it: *base and *size.
+ * For a shared window, always; for another window, this rank's part, or
+ * a peer's where the provider maps it here (memory the library allocated
+ * on one host over shared memory), else RVMA_ERR_UNSUPPORTED. A part of
+ * size 0 may have base NULL. Valid until rvma_win_free. */
+int rvma_win_shared_query(rvma_win win, int rank, size_t *size, void **base);
+
 /* Collective. Completes this rank's operations on the window, waits for
  * every rank to stop using it, and frees it; *win becomes RVMA_WIN_NULL.
  * The window is freed even when an operation failed (whose error is then
