@@ -302,3 +302,10 @@ func TestSubarray(t *testing.T) {
 func TestProbe(t *testing.T) {
 	cTest(t, "probe", false)
 }
+
+// TestShared runs test/shared.c (MPI_Win_allocate_shared's contiguous
+// parts through MPI_Win_shared_query, stores under fence and passive
+// epochs, puts; MPI_ERR_RMA_SHARED over udp).
+func TestShared(t *testing.T) {
+	cTest(t, "shared", true)
+}

@@ -10,8 +10,8 @@
  *
  * What is not here fails to link. What is here but cannot be done on
  * rvma (collectives on MPI_COMM_SELF, datatypes rvma's layouts cannot
- * express in a call that needs one, MPI_Win_allocate_shared) returns
- * MPI_ERR_UNSUPPORTED_OPERATION with a message, never a wrong result.
+ * express in a call that needs one) returns MPI_ERR_UNSUPPORTED_OPERATION
+ * with a message, never a wrong result.
  *
  * Handles are integers; the predefined ones are constants.
  */
@@ -347,9 +347,16 @@ int MPI_Gather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *
 /* ---- One-sided ---- */
 int MPI_Win_allocate(MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm comm, void *baseptr, MPI_Win *win);
 int MPI_Win_create(void *base, MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm comm, MPI_Win *win);
-/* MPI_ERR_UNSUPPORTED_OPERATION: rvma.h does not give a peer's address. */
+/* Shared windows: the ranks' parts are one block, contiguous in rank order
+ * (MPI's default; the info key alloc_shared_noncontig changes nothing),
+ * when every rank is on one host over shm; elsewhere every rank gets
+ * MPI_ERR_RMA_SHARED. MPI_Win_shared_query gives any rank's part of a
+ * shared window, and of other windows this rank's and the parts the
+ * provider maps here (MPI_Win_allocate's, on one host over shm), else
+ * size 0 and a NULL base, as MPI-4 says. */
 int MPI_Win_allocate_shared(MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm comm, void *baseptr,
                             MPI_Win *win);
+int MPI_Win_shared_query(MPI_Win win, int rank, MPI_Aint *size, int *disp_unit, void *baseptr);
 /* MPI_ERR_UNSUPPORTED_OPERATION: rvma registers a window's memory
  * collectively at creation, and MPI_Win_attach is local. MPI_Win_attach
  * and MPI_Win_detach then fail with MPI_ERR_RMA_FLAVOR. */
