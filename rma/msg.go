@@ -32,6 +32,7 @@ const (
 	kindAM       = 2 // an active message for a window (accumulate, fetch-op, strided put)
 	kindAMReply  = 3 // its reply
 	kindPing     = 4 // a liveness probe from a rank waiting for a message: ignored
+	kindDynAM    = 5 // an active message for a dynamic window (dynamic.go); its reply is a kindAMReply
 	userTagLimit = 1 << 30
 )
 
@@ -285,6 +286,8 @@ func (c *Comm) onRecv(wc *verbs.WorkCompletion) {
 		c.handleAM(src, whole)
 	case kindAMReply:
 		c.handleAMReply(whole)
+	case kindDynAM:
+		c.handleDynAM(src, whole)
 	}
 }
 
