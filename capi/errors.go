@@ -73,6 +73,7 @@ var codes = []struct {
 	{rma.ErrClosed, codeClosed},
 	{verbs.ErrUnsupported, codeUnsupported},
 	{rma.ErrNotShared, codeUnsupported},
+	{rma.ErrAttach, codeArg},
 	{context.DeadlineExceeded, codeTimeout},
 	{context.Canceled, codeCancelled}, // rvma_msg_cancel's, the only cancel
 }

@@ -327,6 +327,20 @@ int rvma_win_allocate_shared(rvma_comm comm, size_t size, int disp_unit, void **
  * size 0 may have base NULL. Valid until rvma_win_free. */
 int rvma_win_shared_query(rvma_win win, int rank, size_t *size, void **base);
 
+/* Collective. A dynamic window (MPI_Win_create_dynamic): no memory at
+ * first; each rank attaches and detaches its own, alone, and origins
+ * address it by its address in the target's process ((int64_t)(intptr_t)p
+ * as the displacement of every data-movement call; disp_unit 1). Its
+ * synchronisation is every other window's. rvma_win_attach makes [base,
+ * base+size) reachable (the caller keeps it allocated until it is
+ * detached or the window freed; RVMA_ERR_ARG if it overlaps memory
+ * attached already); rvma_win_detach withdraws the memory attached at
+ * base once the ranks that used it have forgotten it. An access outside
+ * attached memory fails with RVMA_ERR_BOUNDS. */
+int rvma_win_create_dynamic(rvma_comm comm, rvma_win *win);
+int rvma_win_attach(rvma_win win, void *base, size_t size);
+int rvma_win_detach(rvma_win win, const void *base);
+
 /* Collective. Completes this rank's operations on the window, waits for
  * every rank to stop using it, and frees it; *win becomes RVMA_WIN_NULL.
  * The window is freed even when an operation failed (whose error is then
