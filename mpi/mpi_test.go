@@ -309,3 +309,10 @@ func TestProbe(t *testing.T) {
 func TestShared(t *testing.T) {
 	cTest(t, "shared", true)
 }
+
+// TestDynamic runs test/dynamic.c (MPI_Win_create_dynamic, attach and
+// detach, data movement and atomics at addresses under every kind of
+// epoch, and the errors).
+func TestDynamic(t *testing.T) {
+	cTest(t, "dynamic", false)
+}

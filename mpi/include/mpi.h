@@ -287,6 +287,8 @@ int MPI_Type_size(MPI_Datatype datatype, int *size);
 int MPI_Type_get_extent(MPI_Datatype datatype, MPI_Aint *lb, MPI_Aint *extent);
 int MPI_Get_count(const MPI_Status *status, MPI_Datatype datatype, int *count);
 int MPI_Get_address(const void *location, MPI_Aint *address);
+MPI_Aint MPI_Aint_add(MPI_Aint base, MPI_Aint disp);
+MPI_Aint MPI_Aint_diff(MPI_Aint addr1, MPI_Aint addr2);
 
 /* ---- Cartesian topologies (the grid holds every rank; reorder is ignored) ---- */
 int MPI_Cart_create(MPI_Comm comm_old, int ndims, const int dims[], const int periods[], int reorder,
@@ -357,9 +359,13 @@ int MPI_Win_create(void *base, MPI_Aint size, int disp_unit, MPI_Info info, MPI_
 int MPI_Win_allocate_shared(MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm comm, void *baseptr,
                             MPI_Win *win);
 int MPI_Win_shared_query(MPI_Win win, int rank, MPI_Aint *size, int *disp_unit, void *baseptr);
-/* MPI_ERR_UNSUPPORTED_OPERATION: rvma registers a window's memory
- * collectively at creation, and MPI_Win_attach is local. MPI_Win_attach
- * and MPI_Win_detach then fail with MPI_ERR_RMA_FLAVOR. */
+/* Dynamic windows: target displacements are addresses in the target
+ * (MPI_Get_address, MPI_Aint_add, MPI_Aint_diff); an origin asks the
+ * target which registration holds an address the first time it uses it,
+ * and MPI_Win_detach makes it forget. Overlapping attaches and detaches
+ * of memory not attached fail with MPI_ERR_RMA_ATTACH, accesses outside
+ * attached memory with MPI_ERR_RMA_RANGE. Accumulates and atomics are
+ * applied by the target's progress engine. */
 int MPI_Win_create_dynamic(MPI_Info info, MPI_Comm comm, MPI_Win *win);
 int MPI_Win_attach(MPI_Win win, void *base, MPI_Aint size);
 int MPI_Win_detach(MPI_Win win, const void *base);

@@ -41,9 +41,9 @@ MPI_Errhandler win_eh(MPI_Win h) {
 	struct win *w = tbl_get(&wins, h);                                                     \
 	if (!w) return fail_win(h, MPI_ERR_WIN, fn, "invalid window %d", (int)h)
 
-/* How create makes the window: over the caller's memory, allocated, or
- * allocated shared. */
-enum { WIN_CREATE, WIN_ALLOC, WIN_SHARED };
+/* How create makes the window: over the caller's memory, allocated,
+ * allocated shared, or dynamic (memory attached later). */
+enum { WIN_CREATE, WIN_ALLOC, WIN_SHARED, WIN_DYNAMIC };
 
 static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp_unit, MPI_Comm c, void *baseptr,
                   MPI_Win *out, const rvma_notify_config *nc) {
@@ -53,7 +53,8 @@ static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp
 	if (x == -2) return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, fn, "windows over MPI_COMM_SELF");
 	if (size < 0) return fail_comm(c, MPI_ERR_SIZE, fn, "size %lld", (long long)size);
 	if (disp_unit <= 0) return fail_comm(c, MPI_ERR_DISP, fn, "disp_unit %d", disp_unit);
-	if (!out || (alloc && !baseptr)) return fail_comm(c, MPI_ERR_ARG, fn, "NULL win or baseptr");
+	if (!out || ((alloc == WIN_ALLOC || alloc == WIN_SHARED) && !baseptr))
+		return fail_comm(c, MPI_ERR_ARG, fn, "NULL win or baseptr");
 	if (!alloc && !base && size > 0) return fail_comm(c, MPI_ERR_BASE, fn, "NULL base with size %lld", (long long)size);
 	struct win *w = calloc(1, sizeof *w);
 	int *units = malloc(sizeof(int) * (size_t)rv_size);
@@ -66,6 +67,8 @@ static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp
 	if (nc)
 		rc = alloc ? rvma_win_allocate_notified(rv_world, (size_t)size, 1, nc, &w->base, &w->w)
 		           : rvma_win_create_notified(rv_world, base, (size_t)size, 1, nc, &w->w);
+	else if (alloc == WIN_DYNAMIC)
+		rc = rvma_win_create_dynamic(rv_world, &w->w);
 	else if (alloc == WIN_SHARED)
 		rc = rvma_win_allocate_shared(rv_world, (size_t)size, 1, &w->base, &w->w);
 	else
@@ -82,9 +85,10 @@ static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp
 	if (!alloc) w->base = base;
 	w->comm = c, w->size = size, w->disp_unit = disp_unit, w->units = units, w->locked = locked;
 	w->notified = nc != NULL;
-	w->flavor = alloc == WIN_SHARED ? MPI_WIN_FLAVOR_SHARED
-	            : alloc             ? MPI_WIN_FLAVOR_ALLOCATE
-	                                : MPI_WIN_FLAVOR_CREATE;
+	w->flavor = alloc == WIN_SHARED    ? MPI_WIN_FLAVOR_SHARED
+	            : alloc == WIN_DYNAMIC ? MPI_WIN_FLAVOR_DYNAMIC
+	            : alloc                ? MPI_WIN_FLAVOR_ALLOCATE
+	                                   : MPI_WIN_FLAVOR_CREATE;
 	w->model = MPI_WIN_UNIFIED;
 	w->eh = MPI_ERRORS_ARE_FATAL;
 	int h = tbl_add(&wins, w);
@@ -93,7 +97,7 @@ static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp
 		free(w), free(units);
 		return fail_comm(c, MPI_ERR_NO_MEM, fn, "out of window handles");
 	}
-	if (alloc) *(void **)baseptr = w->base;
+	if (baseptr) *(void **)baseptr = w->base;
 	*out = h;
 	return MPI_SUCCESS;
 }
@@ -147,29 +151,32 @@ int MPI_Win_shared_query(MPI_Win h, int rank, MPI_Aint *size, int *disp_unit, vo
 	return MPI_SUCCESS;
 }
 
-/* Dynamic windows: rvma registers a window's memory, and gives its peers
- * the keys, when the window is created, collectively; MPI_Win_attach is
- * local, so memory attached later could not be reached. */
+/* Dynamic windows: MPI_Win_attach registers the memory here, alone; an
+ * origin learns from the target which registration holds an address the
+ * first time it uses one (see rma's DynWin), and target displacements are
+ * addresses (MPI_Get_address), disp_unit 1. */
 int MPI_Win_create_dynamic(MPI_Info info, MPI_Comm c, MPI_Win *win) {
 	(void)info;
-	if (win) *win = MPI_WIN_NULL;
-	return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, __func__,
-	                 "rvma registers a window's memory collectively when the window is created, and MPI_Win_attach "
-	                 "is local: use MPI_Win_allocate or MPI_Win_create");
+	return create(__func__, WIN_DYNAMIC, NULL, 0, 1, c, NULL, win, NULL);
 }
 
 int MPI_Win_attach(MPI_Win h, void *base, MPI_Aint size) {
-	(void)base, (void)size;
 	GET_WIN(w, h, __func__);
-	(void)w;
-	return fail_win(h, MPI_ERR_RMA_FLAVOR, __func__, "window %d is not dynamic (rvma has no dynamic windows)", h);
+	if (w->flavor != MPI_WIN_FLAVOR_DYNAMIC)
+		return fail_win(h, MPI_ERR_RMA_FLAVOR, __func__, "window %d is not dynamic", h);
+	if (size < 0) return fail_win(h, MPI_ERR_SIZE, __func__, "size %lld", (long long)size);
+	int rc = rvma_win_attach(w->w, base, (size_t)size);
+	if (rc == RVMA_ERR_ARG) return fail_win(h, MPI_ERR_RMA_ATTACH, __func__, "%s", rvma_last_error_message());
+	return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;
 }
 
 int MPI_Win_detach(MPI_Win h, const void *base) {
-	(void)base;
 	GET_WIN(w, h, __func__);
-	(void)w;
-	return fail_win(h, MPI_ERR_RMA_FLAVOR, __func__, "window %d is not dynamic (rvma has no dynamic windows)", h);
+	if (w->flavor != MPI_WIN_FLAVOR_DYNAMIC)
+		return fail_win(h, MPI_ERR_RMA_FLAVOR, __func__, "window %d is not dynamic", h);
+	int rc = rvma_win_detach(w->w, base);
+	if (rc == RVMA_ERR_ARG) return fail_win(h, MPI_ERR_RMA_ATTACH, __func__, "%s", rvma_last_error_message());
+	return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;
 }
 
 int MPI_Get_address(const void *location, MPI_Aint *address) {
@@ -177,6 +184,10 @@ int MPI_Get_address(const void *location, MPI_Aint *address) {
 	*address = (MPI_Aint)(uintptr_t)location;
 	return MPI_SUCCESS;
 }
+
+MPI_Aint MPI_Aint_add(MPI_Aint base, MPI_Aint disp) { return (MPI_Aint)((uintptr_t)base + (uintptr_t)disp); }
+
+MPI_Aint MPI_Aint_diff(MPI_Aint addr1, MPI_Aint addr2) { return (MPI_Aint)((uintptr_t)addr1 - (uintptr_t)addr2); }
 
 int MPI_Win_free(MPI_Win *h) {
 	if (!h) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL win");
