@@ -71,6 +71,7 @@ func dynamicRank(ctx context.Context, c *Comm, n int) error {
 	old, res := make([]byte, 8), make([]byte, 8)
 	for _, step := range []func() error{
 		func() error { return d.Put(ctx, []byte("dynamic!"), next, as[next]+8) },
+		func() error { return d.Put(ctx, []byte("self"), me, as[me]+48) },
 		func() error { return d.Get(ctx, got, prev, bs[prev]+4) },
 		func() error { return d.Accumulate(ctx, u64(5), Int64, Sum, next, as[next]+16) },
 		func() error { return d.FetchAndOp(ctx, u64(7), old, Int64, Sum, next, as[next]+16) },
@@ -101,6 +102,8 @@ func dynamicRank(ctx context.Context, c *Comm, n int) error {
 	}
 	le := binary.LittleEndian
 	switch {
+	case string(a[48:52]) != "self":
+		return fmt.Errorf("put to this rank: %q", a[48:52])
 	case string(a[8:16]) != "dynamic!":
 		return fmt.Errorf("put: %q", a[8:16])
 	case le.Uint64(a[16:]) != 12 || le.Uint64(old) != 5:
