@@ -75,11 +75,11 @@ func rvma_win_allocate_shared(h C.rvma_comm, size C.size_t, unit C.int, base *un
 	win := &window{unit: max(int(unit), 1), offs: offs}
 	total, me := offs[c.Size()], c.Rank()
 	if total > 0 {
-		mine := 0
+		n := 0 // the others' parts of the holder are empty
 		if me == 0 {
-			mine = total
+			n = total
 		}
-		if win.holder, err = c.Allocate(bg, mine, nil); err != nil {
+		if win.holder, err = c.Allocate(bg, n, nil); err != nil {
 			return fail(err)
 		}
 		win.all, err = win.holder.Shared(bg, 0)
@@ -111,16 +111,25 @@ func rvma_win_allocate_shared(h C.rvma_comm, size C.size_t, unit C.int, base *un
 	wh, ok := wins.add(win)
 	if !ok {
 		win.w.Free(bg)
-		win.holder.Free(bg)
+		if win.holder != nil {
+			win.holder.Free(bg)
+		}
 		return fail(errorf(codeResource, "%s: no window handle left", fn))
 	}
-	*base = unsafe.Pointer(unsafe.SliceData(part))
-	if len(part) == 0 && total > 0 {
-		// MPI's base of an empty part: where it would start.
-		*base = unsafe.Pointer(unsafe.SliceData(win.all[offs[me]:]))
-	}
+	*base = win.at(me)
 	*out = C.rvma_win(wh)
 	return codeOK
+}
+
+// at is where rank r's part of shared window w starts (also when it is
+// empty: MPI's base of an empty part), NULL if every part is; computed
+// rather than sliced, since a slice at the block's end may point
+// anywhere.
+func (w *window) at(r int) unsafe.Pointer {
+	if len(w.all) == 0 {
+		return nil
+	}
+	return unsafe.Add(unsafe.Pointer(unsafe.SliceData(w.all)), w.offs[r])
 }
 
 //export rvma_win_shared_query
@@ -140,11 +149,7 @@ func rvma_win_shared_query(h C.rvma_win, rank C.int, size *C.size_t, base *unsaf
 		if rank < 0 || int(rank) >= len(w.offs)-1 {
 			return fail(errorf(codeRank, "%s: rank %d of %d", fn, int(rank), len(w.offs)-1))
 		}
-		off, end := w.offs[rank], w.offs[rank+1]
-		*size, *base = C.size_t(end-off), nil
-		if len(w.all) > 0 {
-			*base = unsafe.Pointer(unsafe.SliceData(w.all[off:]))
-		}
+		*size, *base = C.size_t(w.offs[rank+1]-w.offs[rank]), w.at(int(rank))
 		return codeOK
 	}
 	// Any other window: a rank's part where the provider maps it here
