@@ -527,7 +527,37 @@ func (d *DynWin) fetchAndOp(ctx context.Context, origin, result []byte, dt Datat
 	if sz := dt.Size(); len(origin) != sz || len(result) != sz {
 		return nil, opErr(name, target, fmt.Errorf("%w: one %v element expected", ErrDatatype, dt))
 	}
+	if (dt == Int64 || dt == Uint64) && (op == Sum || op == NoOp) {
+		add := binary.LittleEndian.Uint64(origin)
+		if op == NoOp {
+			add = 0
+		}
+		if req, ok, err := d.nicAtomic(ctx, name, target, addr, verbs.OpFetchAdd, add, 0, result); ok {
+			return req, err
+		}
+	}
 	return d.accumulate(ctx, name, origin, result, dt, op, target, addr)
+}
+
+// nicAtomic posts an 8-byte fetch-and-add or compare-and-swap at target's
+// address addr as a verbs atomic, which the target's NIC applies on
+// arrival (its progress engine need not run, as an active message's
+// must), if it may be one: the word is aligned, and no accumulate to
+// target is in flight that it would overtake (see Win.nicAtomicOK). ok
+// is false if it may not.
+func (d *DynWin) nicAtomic(ctx context.Context, name string, target, addr int, opc verbs.Opcode, cmpAdd, swap uint64, result []byte) (*Request, bool, error) {
+	if addr%8 != 0 || d.w.amOut[target].Load() != 0 {
+		return nil, false, nil
+	}
+	if err := d.w.access(name, target, false); err != nil {
+		return nil, true, err
+	}
+	r, err := d.resolve(ctx, name, target, uint64(addr), 8)
+	if err != nil {
+		return nil, true, err
+	}
+	req, err := d.w.nicAtomic(ctx, name, target, opc, r.addr+(uint64(addr)-r.base), r.rkey, cmpAdd, swap, result)
+	return req, true, err
 }
 
 // FetchAndOp applies op to one element at target's address addr and
@@ -553,6 +583,12 @@ func (d *DynWin) compareAndSwap(ctx context.Context, origin, compare, result []b
 	}
 	if addr < 0 {
 		return nil, opErr(name, target, fmt.Errorf("%w: address %#x", ErrOutOfBounds, addr))
+	}
+	if sz == 8 {
+		cmp, swp := binary.LittleEndian.Uint64(compare), binary.LittleEndian.Uint64(origin)
+		if req, ok, err := d.nicAtomic(ctx, name, target, addr, verbs.OpCompareSwap, cmp, swp, result); ok {
+			return req, err
+		}
 	}
 	return d.call(ctx, name, target, amHdr{kind: amCAS, dt: dt, off: uint64(addr)}, result, false, compare, origin)
 }

@@ -69,6 +69,7 @@ func dynamicRank(ctx context.Context, c *Comm, n int) error {
 	}
 	got := make([]byte, 16)
 	old, res := make([]byte, 8), make([]byte, 8)
+	old32, res32 := make([]byte, 4), make([]byte, 4)
 	for _, step := range []func() error{
 		func() error { return d.Put(ctx, []byte("dynamic!"), next, as[next]+8) },
 		func() error { return d.Put(ctx, []byte("self"), me, as[me]+48) },
@@ -76,6 +77,11 @@ func dynamicRank(ctx context.Context, c *Comm, n int) error {
 		func() error { return d.Accumulate(ctx, u64(5), Int64, Sum, next, as[next]+16) },
 		func() error { return d.FetchAndOp(ctx, u64(7), old, Int64, Sum, next, as[next]+16) },
 		func() error { return d.CompareAndSwap(ctx, u64(99), u64(0), res, Uint64, next, as[next]+24) },
+		// 4-byte elements and Max are the target's to apply
+		func() error {
+			return d.CompareAndSwap(ctx, []byte{9, 0, 0, 0}, make([]byte, 4), res32, Int32, next, as[next]+40)
+		},
+		func() error { return d.FetchAndOp(ctx, []byte{5, 0, 0, 0}, old32, Int32, Max, next, as[next]+44) },
 		func() error {
 			return d.PutLayout(ctx, []byte{1, 2, 3, 4}, Layout{}, next, as[next]+32, Layout{Count: 2, Block: 2, Stride: 4})
 		},
@@ -110,6 +116,9 @@ func dynamicRank(ctx context.Context, c *Comm, n int) error {
 		return fmt.Errorf("accumulate, fetch-and-op: %d, fetched %d", le.Uint64(a[16:]), le.Uint64(old))
 	case le.Uint64(a[24:]) != 99 || le.Uint64(res) != 0:
 		return fmt.Errorf("compare-and-swap: %d, old %d", le.Uint64(a[24:]), le.Uint64(res))
+	case le.Uint32(a[40:]) != 9 || le.Uint32(res32) != 0 || le.Uint32(a[44:]) != 5 || le.Uint32(old32) != 0:
+		return fmt.Errorf("4-byte compare-and-swap, max: %d (old %d), %d (old %d)", le.Uint32(a[40:]), le.Uint32(res32),
+			le.Uint32(a[44:]), le.Uint32(old32))
 	case string(a[32:40]) != "\x01\x02\x00\x00\x03\x04\x00\x00":
 		return fmt.Errorf("strided put: % x", a[32:40])
 	}
