@@ -256,6 +256,13 @@ int MPI_Errhandler_free(MPI_Errhandler *errhandler);
 int MPI_Comm_rank(MPI_Comm comm, int *rank);
 int MPI_Comm_size(MPI_Comm comm, int *size);
 int MPI_Comm_dup(MPI_Comm comm, MPI_Comm *newcomm);
+/* MPI_COMM_TYPE_SHARED only, and only where it keeps every rank (all of
+ * them on one host over shm, keys in rank order): then a duplicate; all
+ * MPI_UNDEFINED gives MPI_COMM_NULL. Anything else would need a smaller
+ * communicator, which this library has not: MPI_ERR_UNSUPPORTED_OPERATION
+ * on every rank. */
+#define MPI_COMM_TYPE_SHARED 1
+int MPI_Comm_split_type(MPI_Comm comm, int split_type, int key, MPI_Info info, MPI_Comm *newcomm);
 int MPI_Comm_free(MPI_Comm *comm);
 int MPI_Comm_compare(MPI_Comm comm1, MPI_Comm comm2, int *result);
 int MPI_Comm_group(MPI_Comm comm, MPI_Group *group);

@@ -468,6 +468,53 @@ int MPI_Comm_dup(MPI_Comm c, MPI_Comm *out) {
 	return MPI_SUCCESS;
 }
 
+/* Every communicator here has every rank, so a split can only keep them
+ * all: the ranks agree on what they asked first, then whether they can
+ * share memory is tried the way MPI_Win_allocate_shared would (a window of
+ * one byte), so the answer matches what that call will do. */
+int MPI_Comm_split_type(MPI_Comm c, int type, int key, MPI_Info info, MPI_Comm *out) {
+	(void)info;
+	CHECK_COMM(c, __func__);
+	if (!out) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL newcomm");
+	int mine[2] = {type, key}, *all = malloc(sizeof mine * (size_t)rv_size);
+	if (!all) return fail_comm(c, MPI_ERR_NO_MEM, __func__, "out of memory");
+	int rc = rvma_allgather(rv_world, mine, sizeof mine, all);
+	if (rc) {
+		free(all);
+		return rvfail_comm(c, rc, __func__);
+	}
+	int undefined = 0, why = 0; /* why: 1 mixed, 2 another type, 3 keys out of rank order */
+	for (int r = 0; r < rv_size; r++) {
+		int t = all[2 * r];
+		if (t == MPI_UNDEFINED)
+			undefined++;
+		else if (t != MPI_COMM_TYPE_SHARED)
+			why = 2;
+		else if (r > 0 && all[2 * r - 2] == MPI_COMM_TYPE_SHARED && all[2 * r + 1] < all[2 * r - 1])
+			why = 3;
+	}
+	if (!why && undefined && undefined < rv_size) why = 1;
+	free(all);
+	*out = MPI_COMM_NULL;
+	if (why)
+		return fail_comm(c, why == 2 ? MPI_ERR_ARG : MPI_ERR_UNSUPPORTED_OPERATION, __func__, "%s",
+		                 why == 1   ? "some ranks pass MPI_UNDEFINED: the others' communicator would be smaller, "
+		                              "and this library has only communicators of every rank"
+		                 : why == 2 ? "a split type other than MPI_COMM_TYPE_SHARED or MPI_UNDEFINED"
+		                            : "keys out of rank order: this library cannot reorder ranks");
+	if (undefined) return MPI_SUCCESS;
+	void *p;
+	rvma_win w = RVMA_WIN_NULL;
+	rc = rvma_win_allocate_shared(rv_world, 1, 1, &p, &w);
+	if (rc == RVMA_ERR_UNSUPPORTED)
+		return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, __func__,
+		                 "the ranks cannot all share memory (%s), and this library has only communicators of every rank",
+		                 rvma_last_error_message());
+	if (!rc) rc = rvma_win_free(&w);
+	if (rc) return rvfail_comm(c, rc, __func__);
+	return MPI_Comm_dup(c, out);
+}
+
 int MPI_Comm_free(MPI_Comm *c) {
 	if (NOT_INIT(__func__)) return MPI_ERR_OTHER;
 	if (!c || *c < 3 || *c >= NCOMM || comm_ctx(*c) < 0)

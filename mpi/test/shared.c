@@ -6,7 +6,8 @@
  * barrier, as shared-memory codes do) and puts into it, values checked by
  * the owner; the query on an MPI_Win_allocate window; and where the ranks
  * do not share memory (udp), MPI_ERR_RMA_SHARED on every rank. argv[1] is
- * the provider every other rank is reached over. Prints "shared: ok on N
+ * the provider every other rank is reached over. MPI_Comm_split_type
+ * gives the window's communicator. Prints "shared: ok on N
  * ranks". */
 #include <mpi.h>
 #include <stdint.h>
@@ -32,6 +33,29 @@ int main(int argc, char **argv) {
 	MPI_Aint size;
 	int unit;
 
+	/* The node's communicator, as shared-memory codes get it: every rank
+	 * over shm; refused elsewhere, and for what would drop or reorder
+	 * ranks. */
+	MPI_Comm node = MPI_COMM_WORLD;
+	if (shm) {
+		int n = -1, r = -1;
+		OK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &node));
+		OK(MPI_Comm_size(node, &n));
+		OK(MPI_Comm_rank(node, &r));
+		EXPECT(node != MPI_COMM_WORLD && node != MPI_COMM_NULL && n == np && r == me, "node: %d of %d", r, n);
+	} else {
+		MPI_Comm none = MPI_COMM_WORLD;
+		CLASS(MPI_ERR_UNSUPPORTED_OPERATION,
+		      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &none));
+		EXPECT(none == MPI_COMM_NULL, "a communicator after the failure");
+	}
+	MPI_Comm undef = MPI_COMM_WORLD;
+	OK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_UNDEFINED, 0, MPI_INFO_NULL, &undef));
+	EXPECT(undef == MPI_COMM_NULL, "MPI_UNDEFINED: %d", (int)undef);
+	if (np > 1)
+		CLASS(MPI_ERR_UNSUPPORTED_OPERATION,
+		      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, -me, MPI_INFO_NULL, &undef));
+
 	/* rank r's part: r+1 ints */
 	if (!shm) {
 		CLASS(MPI_ERR_RMA_SHARED,
@@ -39,8 +63,8 @@ int main(int argc, char **argv) {
 		                              &mine, &win));
 		EXPECT(win == MPI_WIN_NULL, "a window after the failure");
 	} else {
-		OK(MPI_Win_allocate_shared((me + 1) * (MPI_Aint)sizeof(int), sizeof(int), MPI_INFO_NULL, MPI_COMM_WORLD,
-		                           &mine, &win));
+		OK(MPI_Win_allocate_shared((me + 1) * (MPI_Aint)sizeof(int), sizeof(int), MPI_INFO_NULL, node, &mine,
+		                           &win));
 		OK(MPI_Win_set_errhandler(win, MPI_ERRORS_RETURN));
 		int *flavor, flag;
 		OK(MPI_Win_get_attr(win, MPI_WIN_CREATE_FLAVOR, &flavor, &flag));
@@ -109,6 +133,7 @@ int main(int argc, char **argv) {
 	OK(MPI_Win_fence(0, win));
 	OK(MPI_Win_free(&win));
 
+	if (node != MPI_COMM_WORLD) OK(MPI_Comm_free(&node));
 	OK(MPI_Barrier(MPI_COMM_WORLD));
 	if (me == 0) printf("shared: ok on %d ranks\n", np);
 	OK(MPI_Finalize());
