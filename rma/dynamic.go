@@ -24,7 +24,8 @@ import (
 // asks the target for the region holding an address it does not know (a
 // dynamic active message, answered by the target's progress engine).
 // Accumulates and atomics are active messages the target applies to the
-// region holding their address. A detach tells the origins that learnt
+// region holding their address, but for 8-byte fetch-and-add and
+// compare-and-swap, which are verbs atomics as Win's are. A detach tells the origins that learnt
 // the region to forget it before it is deregistered, so an address
 // attached again later is asked for again, and an access to a region
 // that is gone fails (the registration is gone too) rather than reach
@@ -65,9 +66,9 @@ func (r *dynRegion) holds(addr, n uint64) bool {
 type DynWin struct {
 	w *Win
 
-	mu       sync.Mutex  // guards regions; held while an active message updates one
-	regions  []dynRegion // attached here
-	cacheMu  sync.Mutex
+	mu       sync.Mutex    // guards regions; held while an active message updates one
+	regions  []dynRegion   // attached here
+	cacheMu  sync.Mutex    // guards cache; taken by the poller (a forget) too
 	cache    [][]dynRegion // per target: regions learnt from it
 	freeOnce sync.Once
 }
@@ -140,8 +141,9 @@ func (d *DynWin) Attach(mem []byte) error {
 }
 
 // Detach withdraws the region attached at address base: the ranks that
-// learnt it forget it first (Detach waits until they have), then it is
-// deregistered, which waits for accesses in progress.
+// learnt it forget it first (Detach waits until they have, which their
+// progress engines answer whenever they are in any call of this package),
+// then it is deregistered, which waits for accesses in progress.
 func (d *DynWin) Detach(ctx context.Context, base int) error {
 	d.mu.Lock()
 	i := slices.IndexFunc(d.regions, func(r dynRegion) bool { return r.base == uint64(base) })
