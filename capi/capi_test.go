@@ -122,7 +122,7 @@ func TestC(t *testing.T) {
 		t.Run(p, func(t *testing.T) {
 			job(t, dir, p, 2)
 			job(t, dir, p, 4)
-			if p == "fence" || p == "notify" || p == "errors" || p == "match" {
+			if p == "fence" || p == "notify" || p == "errors" || p == "match" || p == "shared" || p == "dynamic" {
 				job(t, dir, p, 3, "--provider", "udp")
 			}
 		})

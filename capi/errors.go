@@ -38,6 +38,7 @@ const (
 	codeUnsupported
 	codeResource
 	codeOther
+	codeCancelled
 )
 
 // apiError is an error of this layer's own checks, with its code.
@@ -71,7 +72,10 @@ var codes = []struct {
 	{mailbox.ErrRefused, codeRefused},
 	{rma.ErrClosed, codeClosed},
 	{verbs.ErrUnsupported, codeUnsupported},
+	{rma.ErrNotShared, codeUnsupported},
+	{rma.ErrAttach, codeArg},
 	{context.DeadlineExceeded, codeTimeout},
+	{context.Canceled, codeCancelled}, // rvma_msg_cancel's, the only cancel
 }
 
 func codeOf(err error) int {

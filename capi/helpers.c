@@ -43,6 +43,7 @@ const char *rvma_strerror(int code) {
 	case RVMA_ERR_UNSUPPORTED: return "RVMA_ERR_UNSUPPORTED: not supported";
 	case RVMA_ERR_RESOURCE: return "RVMA_ERR_RESOURCE: out of resources";
 	case RVMA_ERR_OTHER: return "RVMA_ERR_OTHER: error";
+	case RVMA_ERR_CANCELLED: return "RVMA_ERR_CANCELLED: cancelled";
 	}
 	return "unknown rvma error code";
 }

@@ -8,6 +8,7 @@ package main
 import "C"
 
 import (
+	"cmp"
 	"math"
 	"unsafe"
 
@@ -22,6 +23,14 @@ type window struct {
 	mem  []byte         // this rank's part: the caller's, shared or C memory
 	cmem unsafe.Pointer // memory rvma__alloc gave for it, freed after the window
 	unit int
+	// A shared window (shared.go): every rank's part in one block that
+	// rank 0's window holds (freed after this one), mapped here as all;
+	// rank r's part is all[offs[r]:offs[r+1]].
+	holder *rma.Win
+	all    []byte
+	offs   []int
+	// A dynamic window (dynamic.go): its data movement; w synchronises.
+	dyn *rma.DynWin
 }
 
 func (w *window) freeMem() {
@@ -198,7 +207,16 @@ func rvma_win_free(h *C.rvma_win) C.int {
 		return fail(errorf(codeHandle, "rvma_win_free: invalid window handle %#x", uint64(*h)))
 	}
 	*h = 0
-	err := w.w.Free(bg)
+	var err error
+	if w.dyn != nil {
+		err = w.dyn.Free(bg)
+	} else {
+		err = w.w.Free(bg)
+	}
+	if w.holder != nil {
+		// Collective too, and after the window over its memory.
+		err = cmp.Or(err, w.holder.Free(bg))
+	}
 	w.freeMem()
 	return result(err)
 }
@@ -269,7 +287,7 @@ func rvma_put(h C.rvma_win, origin unsafe.Pointer, n C.size_t, target C.int, d C
 	if err != nil {
 		return fail(err)
 	}
-	if err := w.w.Put(bg, b, rankArg(target), disp(d)); err != nil {
+	if err := w.data().Put(bg, b, rankArg(target), disp(d)); err != nil {
 		return fail(err)
 	}
 	return codeOK
@@ -285,7 +303,7 @@ func rvma_get(h C.rvma_win, origin unsafe.Pointer, n C.size_t, target C.int, d C
 	if err != nil {
 		return fail(err)
 	}
-	return result(w.w.Get(bg, b, rankArg(target), disp(d)))
+	return result(w.data().Get(bg, b, rankArg(target), disp(d)))
 }
 
 //export rvma_put_strided
@@ -298,7 +316,7 @@ func rvma_put_strided(h C.rvma_win, origin unsafe.Pointer, ol *C.rvma_layout, ta
 	if err != nil {
 		return fail(err)
 	}
-	return result(w.w.PutLayout(bg, b, o, rankArg(target), disp(d), t))
+	return result(w.data().PutLayout(bg, b, o, rankArg(target), disp(d), t))
 }
 
 //export rvma_get_strided
@@ -311,7 +329,7 @@ func rvma_get_strided(h C.rvma_win, origin unsafe.Pointer, ol *C.rvma_layout, ta
 	if err != nil {
 		return fail(err)
 	}
-	_, err = w.w.RgetLayout(bg, b, o, rankArg(target), disp(d), t)
+	_, err = w.data().RgetLayout(bg, b, o, rankArg(target), disp(d), t)
 	return result(err)
 }
 
@@ -369,7 +387,7 @@ func rvma_accumulate(h C.rvma_win, origin unsafe.Pointer, count C.size_t, dt C.r
 	if err != nil {
 		return fail(err)
 	}
-	return result(w.w.Accumulate(bg, o, t, p, rankArg(target), disp(d)))
+	return result(w.data().Accumulate(bg, o, t, p, rankArg(target), disp(d)))
 }
 
 //export rvma_get_accumulate
@@ -382,7 +400,7 @@ func rvma_get_accumulate(h C.rvma_win, origin, res unsafe.Pointer, count C.size_
 	if err != nil {
 		return fail(err)
 	}
-	return result(w.w.GetAccumulate(bg, o, r, t, p, rankArg(target), disp(d)))
+	return result(w.data().GetAccumulate(bg, o, r, t, p, rankArg(target), disp(d)))
 }
 
 //export rvma_fetch_and_op
@@ -395,7 +413,7 @@ func rvma_fetch_and_op(h C.rvma_win, origin, res unsafe.Pointer, dt C.rvma_datat
 	if err != nil {
 		return fail(err)
 	}
-	if err := w.w.FetchAndOp(bg, o, r, t, p, rankArg(target), disp(d)); err != nil {
+	if err := w.data().FetchAndOp(bg, o, r, t, p, rankArg(target), disp(d)); err != nil {
 		return fail(err)
 	}
 	return codeOK
@@ -426,7 +444,7 @@ func rvma_compare_and_swap(h C.rvma_win, origin, compare, res unsafe.Pointer, dt
 	if err != nil {
 		return fail(err)
 	}
-	return result(w.w.CompareAndSwap(bg, o, c, r, t, rankArg(target), disp(d)))
+	return result(w.data().CompareAndSwap(bg, o, c, r, t, rankArg(target), disp(d)))
 }
 
 // ---- Request variants ----
@@ -444,7 +462,7 @@ func rvma_rput(h C.rvma_win, origin unsafe.Pointer, n C.size_t, target C.int, d 
 	if err != nil {
 		return fail(err)
 	}
-	r, err := w.w.Rput(bg, b, rankArg(target), disp(d))
+	r, err := w.data().Rput(bg, b, rankArg(target), disp(d))
 	return request(r, err, req)
 }
 
@@ -461,7 +479,7 @@ func rvma_rget(h C.rvma_win, origin unsafe.Pointer, n C.size_t, target C.int, d 
 	if err != nil {
 		return fail(err)
 	}
-	r, err := w.w.Rget(bg, b, rankArg(target), disp(d))
+	r, err := w.data().Rget(bg, b, rankArg(target), disp(d))
 	return request(r, err, req)
 }
 
@@ -478,7 +496,7 @@ func rvma_rput_strided(h C.rvma_win, origin unsafe.Pointer, ol *C.rvma_layout, t
 	if err != nil {
 		return fail(err)
 	}
-	r, err := w.w.RputLayout(bg, b, o, rankArg(target), disp(d), t)
+	r, err := w.data().RputLayout(bg, b, o, rankArg(target), disp(d), t)
 	return request(r, err, req)
 }
 
@@ -495,7 +513,7 @@ func rvma_rget_strided(h C.rvma_win, origin unsafe.Pointer, ol *C.rvma_layout, t
 	if err != nil {
 		return fail(err)
 	}
-	r, err := w.w.RgetLayout(bg, b, o, rankArg(target), disp(d), t)
+	r, err := w.data().RgetLayout(bg, b, o, rankArg(target), disp(d), t)
 	return request(r, err, req)
 }
 
@@ -512,7 +530,7 @@ func rvma_raccumulate(h C.rvma_win, origin unsafe.Pointer, count C.size_t, dt C.
 	if err != nil {
 		return fail(err)
 	}
-	r, err := w.w.Raccumulate(bg, o, t, p, rankArg(target), disp(d))
+	r, err := w.data().Raccumulate(bg, o, t, p, rankArg(target), disp(d))
 	return request(r, err, req)
 }
 
@@ -529,7 +547,7 @@ func rvma_rget_accumulate(h C.rvma_win, origin, res unsafe.Pointer, count C.size
 	if err != nil {
 		return fail(err)
 	}
-	rq, err := w.w.RgetAccumulate(bg, o, r, t, p, rankArg(target), disp(d))
+	rq, err := w.data().RgetAccumulate(bg, o, r, t, p, rankArg(target), disp(d))
 	return request(rq, err, req)
 }
 
@@ -546,7 +564,7 @@ func rvma_rfetch_and_op(h C.rvma_win, origin, res unsafe.Pointer, dt C.rvma_data
 	if err != nil {
 		return fail(err)
 	}
-	rq, err := w.w.RfetchAndOp(bg, o, r, t, p, rankArg(target), disp(d))
+	rq, err := w.data().RfetchAndOp(bg, o, r, t, p, rankArg(target), disp(d))
 	return request(rq, err, req)
 }
 
@@ -563,6 +581,6 @@ func rvma_rcompare_and_swap(h C.rvma_win, origin, compare, res unsafe.Pointer, d
 	if err != nil {
 		return fail(err)
 	}
-	rq, err := w.w.RcompareAndSwap(bg, o, c, r, t, rankArg(target), disp(d))
+	rq, err := w.data().RcompareAndSwap(bg, o, c, r, t, rankArg(target), disp(d))
 	return request(rq, err, req)
 }

@@ -295,3 +295,24 @@ func TestMPIX(t *testing.T) {
 func TestSubarray(t *testing.T) {
 	cTest(t, "subarray", false)
 }
+
+// TestProbe runs test/probe.c (MPI_Probe and MPI_Iprobe with wildcards
+// sizing receives from their status, MPI_Cancel of receives, also one
+// another thread waits for, and of a send, MPI_Test_cancelled).
+func TestProbe(t *testing.T) {
+	cTest(t, "probe", false)
+}
+
+// TestShared runs test/shared.c (MPI_Win_allocate_shared's contiguous
+// parts through MPI_Win_shared_query, stores under fence and passive
+// epochs, puts; MPI_ERR_RMA_SHARED over udp).
+func TestShared(t *testing.T) {
+	cTest(t, "shared", true)
+}
+
+// TestDynamic runs test/dynamic.c (MPI_Win_create_dynamic, attach and
+// detach, data movement and atomics at addresses under every kind of
+// epoch, and the errors).
+func TestDynamic(t *testing.T) {
+	cTest(t, "dynamic", false)
+}

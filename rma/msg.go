@@ -32,6 +32,7 @@ const (
 	kindAM       = 2 // an active message for a window (accumulate, fetch-op, strided put)
 	kindAMReply  = 3 // its reply
 	kindPing     = 4 // a liveness probe from a rank waiting for a message: ignored
+	kindDynAM    = 5 // an active message for a dynamic window (dynamic.go); its reply is a kindAMReply
 	userTagLimit = 1 << 30
 )
 
@@ -285,6 +286,8 @@ func (c *Comm) onRecv(wc *verbs.WorkCompletion) {
 		c.handleAM(src, whole)
 	case kindAMReply:
 		c.handleAMReply(whole)
+	case kindDynAM:
+		c.handleDynAM(src, whole)
 	}
 }
 
@@ -515,9 +518,9 @@ type Match struct {
 	Before      uint64
 }
 
-// take removes and returns the earliest-arrived message m matches (under
+// find returns the key of the earliest-arrived message x matches (under
 // the engine's lock).
-func (m *msgState) take(x Match) (Message, bool) {
+func (m *msgState) find(x Match) (inboxKey, bool) {
 	var best inboxKey
 	var bestSeq uint64
 	for k, q := range m.seqs {
@@ -529,10 +532,27 @@ func (m *msgState) take(x Match) (Message, bool) {
 			best, bestSeq = k, q[0]
 		}
 	}
-	if bestSeq == 0 {
+	return best, bestSeq != 0
+}
+
+// take removes and returns the earliest-arrived message x matches (under
+// the engine's lock).
+func (m *msgState) take(x Match) (Message, bool) {
+	k, ok := m.find(x)
+	if !ok {
 		return Message{}, false
 	}
-	return Message{Data: m.pop(best), Source: best.src, Tag: int(best.tag)}, true
+	return Message{Data: m.pop(k), Source: k.src, Tag: int(k.tag)}, true
+}
+
+// peek describes the message take would return, leaving it in place
+// (under the engine's lock).
+func (m *msgState) peek(x Match) (Envelope, bool) {
+	k, ok := m.find(x)
+	if !ok {
+		return Envelope{}, false
+	}
+	return Envelope{Source: k.src, Tag: int(k.tag), Len: len(m.inbox[k][0])}, true
 }
 
 func (c *Comm) checkMatch(x Match) error {
@@ -579,6 +599,46 @@ func (c *Comm) TryRecvMatch(x Match) (m Message, ok bool, err error) {
 	}
 	c.eng.Locked(func() { m, ok = c.msg.take(x) })
 	return m, ok, nil
+}
+
+// Envelope describes a message that has arrived and was not taken yet
+// (ProbeMatch, TryProbeMatch): its source, tag and length in bytes.
+type Envelope struct {
+	Source, Tag, Len int
+}
+
+// ProbeMatch waits until a message x matches has arrived and describes
+// the earliest-arrived one, leaving it to be taken (MPI_Probe): a
+// RecvMatch with the same Match, or a Recv from its source with its tag,
+// that runs next takes that message. x.Before is ignored. Like
+// RecvMatch, a probe from any source never probes the senders.
+func (c *Comm) ProbeMatch(ctx context.Context, x Match) (Envelope, error) {
+	if err := c.checkMatch(x); err != nil {
+		return Envelope{}, err
+	}
+	x.Before = 0
+	var got Envelope
+	_, err := c.waitMsg(ctx, x.Source, func() bool {
+		var ok bool
+		got, ok = c.msg.peek(x)
+		return ok
+	})
+	return got, err
+}
+
+// TryProbeMatch is ProbeMatch without waiting (MPI_Iprobe): it drives the
+// connections once, then describes the earliest-arrived message x
+// matches, with an arrival number below x.Before unless that is 0 (ok
+// false if there is none).
+func (c *Comm) TryProbeMatch(x Match) (e Envelope, ok bool, err error) {
+	if err := c.checkMatch(x); err != nil {
+		return Envelope{}, false, err
+	}
+	if _, err := c.eng.Progress(); err != nil {
+		return Envelope{}, false, opErr("probe", x.Source, err)
+	}
+	c.eng.Locked(func() { e, ok = c.msg.peek(x) })
+	return e, ok, nil
 }
 
 // Arrived returns the arrival number the next message to arrive at this

@@ -95,7 +95,8 @@ typedef enum rvma_error {
 	RVMA_ERR_TIMEOUT = 16,     /* a bounded wait ran out */
 	RVMA_ERR_UNSUPPORTED = 17, /* not implemented, or not by this provider */
 	RVMA_ERR_RESOURCE = 18,    /* out of memory or handles */
-	RVMA_ERR_OTHER = 19        /* anything else: see rvma_last_error_message() */
+	RVMA_ERR_OTHER = 19,       /* anything else: see rvma_last_error_message() */
+	RVMA_ERR_CANCELLED = 20    /* a wait ended by rvma_msg_cancel */
 } rvma_error;
 
 /* The name of an error code ("RVMA_ERR_BOUNDS: access outside the target
@@ -269,6 +270,26 @@ int rvma_try_recv_match(rvma_comm comm, int src, int tag, int mask, uint64_t bef
 int rvma_msg_arrived(rvma_comm comm, uint64_t *next);
 int rvma_msg_wait(rvma_comm comm, uint64_t n);
 
+/* Probes, for MPI_Probe and MPI_Iprobe: the matching receives' choice of
+ * message, left in place; *source, *mtag and *len (each may be NULL) give
+ * its source, tag and length, and the matching receive (or rvma_recv from
+ * that source with that tag) that runs next takes it. rvma_probe_match
+ * waits for one; rvma_try_probe_match does not (*flag 0 if none matches;
+ * before as in rvma_try_recv_match). */
+int rvma_probe_match(rvma_comm comm, int src, int tag, int mask, int *source, int *mtag, size_t *len);
+int rvma_try_probe_match(rvma_comm comm, int src, int tag, int mask, uint64_t before, int *source, int *mtag,
+                         size_t *len, int *flag);
+/* Cancellable waits, for MPI_Cancel of a receive that another thread waits
+ * for: rvma_recv_match_key and rvma_msg_wait_key are rvma_recv_match and
+ * rvma_msg_wait that rvma_msg_cancel(comm, key) ends with
+ * RVMA_ERR_CANCELLED, having taken nothing, also when it was called
+ * before they began. key (not 0) is the caller's and names one wait: a
+ * key once cancelled must not be used again. */
+int rvma_recv_match_key(rvma_comm comm, int src, int tag, int mask, void *buf, size_t cap, size_t *len, int *source,
+                        int *mtag, uint64_t key);
+int rvma_msg_wait_key(rvma_comm comm, uint64_t n, uint64_t key);
+int rvma_msg_cancel(rvma_comm comm, uint64_t key);
+
 /* ---- Windows ----------------------------------------------------------- */
 
 /* Collective. A window of size bytes that the library allocates (zeroed,
@@ -289,6 +310,36 @@ int rvma_win_allocate_notified(rvma_comm comm, size_t size, int disp_unit, const
                                void **base, rvma_win *win);
 int rvma_win_create_notified(rvma_comm comm, void *base, size_t size, int disp_unit,
                              const rvma_notify_config *cfg, rvma_win *win);
+
+/* Collective. A window whose parts every rank loads and stores directly
+ * (MPI_Win_allocate_shared): one block, the ranks' parts contiguous in
+ * rank order, *base this rank's part (zeroed). Only ranks of one host
+ * over shared memory have it: elsewhere every rank fails with
+ * RVMA_ERR_UNSUPPORTED and no window. Stores are ordered with the
+ * window's operations and with other ranks' loads by its
+ * synchronisation (fence, a barrier, sync, locks). */
+int rvma_win_allocate_shared(rvma_comm comm, size_t size, int disp_unit, void **base, rvma_win *win);
+
+/* Rank's part of the window as this process sees it: *base and *size.
+ * For a shared window, always; for another window, this rank's part, or
+ * a peer's where the provider maps it here (memory the library allocated
+ * on one host over shared memory), else RVMA_ERR_UNSUPPORTED. A part of
+ * size 0 may have base NULL. Valid until rvma_win_free. */
+int rvma_win_shared_query(rvma_win win, int rank, size_t *size, void **base);
+
+/* Collective. A dynamic window (MPI_Win_create_dynamic): no memory at
+ * first; each rank attaches and detaches its own, alone, and origins
+ * address it by its address in the target's process ((int64_t)(intptr_t)p
+ * as the displacement of every data-movement call; disp_unit 1). Its
+ * synchronisation is every other window's. rvma_win_attach makes [base,
+ * base+size) reachable (the caller keeps it allocated until it is
+ * detached or the window freed; RVMA_ERR_ARG if it overlaps memory
+ * attached already); rvma_win_detach withdraws the memory attached at
+ * base once the ranks that used it have forgotten it. An access outside
+ * attached memory fails with RVMA_ERR_BOUNDS. */
+int rvma_win_create_dynamic(rvma_comm comm, rvma_win *win);
+int rvma_win_attach(rvma_win win, void *base, size_t size);
+int rvma_win_detach(rvma_win win, const void *base);
 
 /* Collective. Completes this rank's operations on the window, waits for
  * every rank to stop using it, and frees it; *win becomes RVMA_WIN_NULL.

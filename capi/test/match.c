@@ -1,7 +1,8 @@
 /* Matching receives: rank 0 takes every other rank's messages from any
  * source and with any tag of a context (mask), in each sender's order,
  * with their source and tag; a non-blocking try over a snapshot; a
- * truncated match; and the arguments' errors. */
+ * truncated match; probes, which leave the message; waits ended by
+ * rvma_msg_cancel; and the arguments' errors. */
 #include "check.h"
 
 int main(void) {
@@ -16,6 +17,10 @@ int main(void) {
 		int64_t v = -me;
 		CHECK(rvma_send(world, 0, 77, &v, sizeof v));
 		CHECK(rvma_send(world, 0, 78, &v, sizeof v));
+		/* 3*me bytes to probe */
+		char p[64];
+		memset(p, 'a' + me, sizeof p);
+		CHECK(rvma_send(world, 0, 79, p, 3 * (size_t)me));
 	} else {
 		int next[64] = {0};
 		for (int k = 0; k < n * (np - 1); k++) {
@@ -61,9 +66,36 @@ int main(void) {
 			                                              &src, NULL));
 			EXPECT(len == 8 && src >= 1, "truncated: %zu bytes from %d", len, src);
 		}
+		/* Probes describe the message a matching receive then takes. */
+		for (int r = 1; r < np; r++) {
+			int src = -1, tag = -1, flag = -1;
+			size_t len = 0;
+			CHECK(rvma_probe_match(world, RVMA_ANY_SOURCE, 79, -1, &src, &tag, &len));
+			EXPECT(src >= 1 && src < np && tag == 79 && len == 3 * (size_t)src, "probe: %d %d %zu", src, tag, len);
+			int src2 = -1;
+			size_t len2 = 0;
+			CHECK(rvma_try_probe_match(world, src, 0, 0, 0, &src2, NULL, &len2, &flag));
+			EXPECT(flag == 1 && src2 == src && len2 == len, "try probe: %d %d %zu", flag, src2, len2);
+			char b[64];
+			CHECK(rvma_recv_match(world, src, 79, -1, b, sizeof b, &len2, NULL, NULL));
+			EXPECT(len2 == len && b[0] == 'a' + src, "received %zu bytes %c", len2, b[0]);
+		}
+		/* A cancelled key ends its wait at once, taking nothing, also
+		 * when the cancel comes first. */
+		size_t got = 0;
+		char c[8];
+		CHECK(rvma_msg_cancel(world, 41));
+		EXPECT_ERR(RVMA_ERR_CANCELLED, rvma_recv_match_key(world, RVMA_ANY_SOURCE, 0, 0, c, sizeof c, &got, NULL, NULL, 41));
+		CHECK(rvma_msg_cancel(world, 42));
+		uint64_t at;
+		CHECK(rvma_msg_arrived(world, &at));
+		EXPECT_ERR(RVMA_ERR_CANCELLED, rvma_msg_wait_key(world, at, 42));
+		EXPECT_ERR(RVMA_ERR_ARG, rvma_msg_cancel(world, 0));
 		int flag = -1;
 		size_t len;
 		char b[8];
+		EXPECT_ERR(RVMA_ERR_RANK, rvma_try_probe_match(world, np, 0, -1, 0, NULL, NULL, NULL, &flag));
+		EXPECT_ERR(RVMA_ERR_ARG, rvma_try_probe_match(world, 0, 0, -1, 0, NULL, NULL, NULL, NULL));
 		CHECK(rvma_try_recv_match(world, RVMA_ANY_SOURCE, 0, 0, 0, b, sizeof b, &len, NULL, NULL, &flag));
 		EXPECT(flag == 0, "a message left: %d", flag);
 		EXPECT_ERR(RVMA_ERR_RANK, rvma_try_recv_match(world, np, 0, -1, 0, b, sizeof b, &len, NULL, NULL, &flag));

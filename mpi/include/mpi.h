@@ -10,8 +10,8 @@
  *
  * What is not here fails to link. What is here but cannot be done on
  * rvma (collectives on MPI_COMM_SELF, datatypes rvma's layouts cannot
- * express in a call that needs one, MPI_Win_allocate_shared) returns
- * MPI_ERR_UNSUPPORTED_OPERATION with a message, never a wrong result.
+ * express in a call that needs one) returns MPI_ERR_UNSUPPORTED_OPERATION
+ * with a message, never a wrong result.
  *
  * Handles are integers; the predefined ones are constants.
  */
@@ -256,6 +256,13 @@ int MPI_Errhandler_free(MPI_Errhandler *errhandler);
 int MPI_Comm_rank(MPI_Comm comm, int *rank);
 int MPI_Comm_size(MPI_Comm comm, int *size);
 int MPI_Comm_dup(MPI_Comm comm, MPI_Comm *newcomm);
+/* MPI_COMM_TYPE_SHARED only, and only where it keeps every rank (all of
+ * them on one host over shm, keys in rank order): then a duplicate; all
+ * MPI_UNDEFINED gives MPI_COMM_NULL. Anything else would need a smaller
+ * communicator, which this library has not: MPI_ERR_UNSUPPORTED_OPERATION
+ * on every rank. */
+#define MPI_COMM_TYPE_SHARED 1
+int MPI_Comm_split_type(MPI_Comm comm, int split_type, int key, MPI_Info info, MPI_Comm *newcomm);
 int MPI_Comm_free(MPI_Comm *comm);
 int MPI_Comm_compare(MPI_Comm comm1, MPI_Comm comm2, int *result);
 int MPI_Comm_group(MPI_Comm comm, MPI_Group *group);
@@ -287,6 +294,8 @@ int MPI_Type_size(MPI_Datatype datatype, int *size);
 int MPI_Type_get_extent(MPI_Datatype datatype, MPI_Aint *lb, MPI_Aint *extent);
 int MPI_Get_count(const MPI_Status *status, MPI_Datatype datatype, int *count);
 int MPI_Get_address(const void *location, MPI_Aint *address);
+MPI_Aint MPI_Aint_add(MPI_Aint base, MPI_Aint disp);
+MPI_Aint MPI_Aint_diff(MPI_Aint addr1, MPI_Aint addr2);
 
 /* ---- Cartesian topologies (the grid holds every rank; reorder is ignored) ---- */
 int MPI_Cart_create(MPI_Comm comm_old, int ndims, const int dims[], const int periods[], int reorder,
@@ -303,8 +312,12 @@ int MPI_Topo_test(MPI_Comm comm, int *status);
  * sender's messages in send order, each message to the first posted
  * receive that matches it. Receives progress whenever the program waits
  * for or tests a request (MPI_Test on an MPI_Irecv returns true once its
- * message has arrived). MPI_Probe, MPI_Iprobe and MPI_Cancel are not
- * here. */
+ * message has arrived). MPI_Probe and MPI_Iprobe describe the message
+ * that a receive with the same source and tag posted next would take;
+ * MPI_Cancel cancels a pending receive (also one that another thread
+ * waits for, under MPI_THREAD_MULTIPLE) unless it has taken its message,
+ * and leaves sends and RMA requests to complete (MPI_Test_cancelled
+ * then says false). */
 int MPI_Send(const void *buf, int count, MPI_Datatype datatype, int dest, int tag, MPI_Comm comm);
 int MPI_Recv(void *buf, int count, MPI_Datatype datatype, int source, int tag, MPI_Comm comm, MPI_Status *status);
 int MPI_Isend(const void *buf, int count, MPI_Datatype datatype, int dest, int tag, MPI_Comm comm,
@@ -313,6 +326,10 @@ int MPI_Irecv(void *buf, int count, MPI_Datatype datatype, int source, int tag, 
               MPI_Request *request);
 int MPI_Sendrecv(const void *sendbuf, int sendcount, MPI_Datatype sendtype, int dest, int sendtag, void *recvbuf,
                  int recvcount, MPI_Datatype recvtype, int source, int recvtag, MPI_Comm comm, MPI_Status *status);
+int MPI_Probe(int source, int tag, MPI_Comm comm, MPI_Status *status);
+int MPI_Iprobe(int source, int tag, MPI_Comm comm, int *flag, MPI_Status *status);
+int MPI_Cancel(MPI_Request *request);
+int MPI_Test_cancelled(const MPI_Status *status, int *flag);
 int MPI_Wait(MPI_Request *request, MPI_Status *status);
 int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses[]);
 int MPI_Waitany(int count, MPI_Request requests[], int *index, MPI_Status *status);
@@ -339,12 +356,23 @@ int MPI_Gather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *
 /* ---- One-sided ---- */
 int MPI_Win_allocate(MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm comm, void *baseptr, MPI_Win *win);
 int MPI_Win_create(void *base, MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm comm, MPI_Win *win);
-/* MPI_ERR_UNSUPPORTED_OPERATION: rvma.h does not give a peer's address. */
+/* Shared windows: the ranks' parts are one block, contiguous in rank order
+ * (MPI's default; the info key alloc_shared_noncontig changes nothing),
+ * when every rank is on one host over shm; elsewhere every rank gets
+ * MPI_ERR_RMA_SHARED. MPI_Win_shared_query gives any rank's part of a
+ * shared window, and of other windows this rank's and the parts the
+ * provider maps here (MPI_Win_allocate's, on one host over shm), else
+ * size 0 and a NULL base, as MPI-4 says. */
 int MPI_Win_allocate_shared(MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm comm, void *baseptr,
                             MPI_Win *win);
-/* MPI_ERR_UNSUPPORTED_OPERATION: rvma registers a window's memory
- * collectively at creation, and MPI_Win_attach is local. MPI_Win_attach
- * and MPI_Win_detach then fail with MPI_ERR_RMA_FLAVOR. */
+int MPI_Win_shared_query(MPI_Win win, int rank, MPI_Aint *size, int *disp_unit, void *baseptr);
+/* Dynamic windows: target displacements are addresses in the target
+ * (MPI_Get_address, MPI_Aint_add, MPI_Aint_diff); an origin asks the
+ * target which registration holds an address the first time it uses it,
+ * and MPI_Win_detach makes it forget. Overlapping attaches and detaches
+ * of memory not attached fail with MPI_ERR_RMA_ATTACH, accesses outside
+ * attached memory with MPI_ERR_RMA_RANGE. Accumulates and atomics are
+ * applied by the target's progress engine. */
 int MPI_Win_create_dynamic(MPI_Info info, MPI_Comm comm, MPI_Win *win);
 int MPI_Win_attach(MPI_Win win, void *base, MPI_Aint size);
 int MPI_Win_detach(MPI_Win win, const void *base);

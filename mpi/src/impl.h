@@ -99,9 +99,12 @@ struct req {
 	rvma_request *r; /* REQ_RVMA */
 	/* REQ_RECV: rvma's source, tag and tag mask of the match; a
 	 * staging buffer when the datatype is not dense; active while a wait
-	 * blocks in rvma_recv_match for it */
+	 * blocks in rvma_recv_match for it; key the rvma key of a wait in
+	 * progress for it (MPI_THREAD_MULTIPLE: a wait MPI_Cancel can end),
+	 * 0 if none */
 	MPI_Comm comm;
 	int src, tag, rtag, mask, active;
+	uint64_t key;
 	void *buf, *tmp;
 	int count;
 	MPI_Datatype type;

@@ -468,6 +468,53 @@ int MPI_Comm_dup(MPI_Comm c, MPI_Comm *out) {
 	return MPI_SUCCESS;
 }
 
+/* Every communicator here has every rank, so a split can only keep them
+ * all: the ranks agree on what they asked first, then whether they can
+ * share memory is tried the way MPI_Win_allocate_shared would (a window of
+ * one byte), so the answer matches what that call will do. */
+int MPI_Comm_split_type(MPI_Comm c, int type, int key, MPI_Info info, MPI_Comm *out) {
+	(void)info;
+	CHECK_COMM(c, __func__);
+	if (!out) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL newcomm");
+	int mine[2] = {type, key}, *all = malloc(sizeof mine * (size_t)rv_size);
+	if (!all) return fail_comm(c, MPI_ERR_NO_MEM, __func__, "out of memory");
+	int rc = rvma_allgather(rv_world, mine, sizeof mine, all);
+	if (rc) {
+		free(all);
+		return rvfail_comm(c, rc, __func__);
+	}
+	int undefined = 0, why = 0; /* why: 1 mixed, 2 another type, 3 keys out of rank order */
+	for (int r = 0; r < rv_size; r++) {
+		int t = all[2 * r];
+		if (t == MPI_UNDEFINED)
+			undefined++;
+		else if (t != MPI_COMM_TYPE_SHARED)
+			why = 2;
+		else if (r > 0 && all[2 * r - 2] == MPI_COMM_TYPE_SHARED && all[2 * r + 1] < all[2 * r - 1])
+			why = 3;
+	}
+	if (!why && undefined && undefined < rv_size) why = 1;
+	free(all);
+	*out = MPI_COMM_NULL;
+	if (why)
+		return fail_comm(c, why == 2 ? MPI_ERR_ARG : MPI_ERR_UNSUPPORTED_OPERATION, __func__, "%s",
+		                 why == 1   ? "some ranks pass MPI_UNDEFINED: the others' communicator would be smaller, "
+		                              "and this library has only communicators of every rank"
+		                 : why == 2 ? "a split type other than MPI_COMM_TYPE_SHARED or MPI_UNDEFINED"
+		                            : "keys out of rank order: this library cannot reorder ranks");
+	if (undefined) return MPI_SUCCESS;
+	void *p;
+	rvma_win w = RVMA_WIN_NULL;
+	rc = rvma_win_allocate_shared(rv_world, 1, 1, &p, &w);
+	if (rc == RVMA_ERR_UNSUPPORTED)
+		return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, __func__,
+		                 "the ranks cannot all share memory (%s), and this library has only communicators of every rank",
+		                 rvma_last_error_message());
+	if (!rc) rc = rvma_win_free(&w);
+	if (rc) return rvfail_comm(c, rc, __func__);
+	return MPI_Comm_dup(c, out);
+}
+
 int MPI_Comm_free(MPI_Comm *c) {
 	if (NOT_INIT(__func__)) return MPI_ERR_OTHER;
 	if (!c || *c < 3 || *c >= NCOMM || comm_ctx(*c) < 0)
@@ -1209,14 +1256,24 @@ static void recv_done(struct req *q, int rc, size_t len, int src, int mtag) {
 	q->kind = REQ_DONE;
 }
 
+/* The end of receive q by MPI_Cancel (recv_mu held): it leaves the list
+ * and is done, cancelled, having taken nothing. */
+static void recv_cancelled(struct req *q) {
+	for (struct req **p = &pending; *p; p = &(*p)->next)
+		if (*p == q) {
+			*p = q->next;
+			break;
+		}
+	set_status(&q->st, q->src == RVMA_ANY_SOURCE ? MPI_ANY_SOURCE : q->src, q->tag, MPI_SUCCESS, 0);
+	q->st.rvma_cancelled = 1;
+	q->err = MPI_SUCCESS;
+	q->kind = REQ_DONE;
+}
+
 /* Offers each pending receive, in posting order, the messages that
- * arrived before the current snapshot (see above). Returns rvma's code of
- * a failed snapshot (0 otherwise). */
-static int recv_pass(void) {
-	pthread_mutex_lock(&recv_mu);
-	uint64_t at;
-	int rc = pending ? rvma_msg_arrived(rv_world, &at) : RVMA_SUCCESS;
-	for (struct req *q = pending, *next; !rc && q; q = next) {
+ * arrived before snapshot at (see above); recv_mu held. */
+static void recv_pass_at(uint64_t at) {
+	for (struct req *q = pending, *next; q; q = next) {
 		next = q->next;
 		if (q->active) continue;
 		size_t len = 0;
@@ -1225,8 +1282,29 @@ static int recv_pass(void) {
 		                            (size_t)(q->d->size * q->count), &len, &src, &mtag, &flag);
 		if (r || flag) recv_done(q, r, len, src, mtag);
 	}
+}
+
+/* recv_pass_at with the current snapshot. Returns rvma's code of a
+ * failed snapshot (0 otherwise). */
+static int recv_pass(void) {
+	pthread_mutex_lock(&recv_mu);
+	uint64_t at;
+	int rc = pending ? rvma_msg_arrived(rv_world, &at) : RVMA_SUCCESS;
+	if (!rc && pending) recv_pass_at(at);
 	pthread_mutex_unlock(&recv_mu);
 	return rc;
+}
+
+/* Keys of the waits MPI_Cancel can end (recv_mu): each names one wait,
+ * never reused. */
+static uint64_t wait_keys;
+
+/* The key for the next blocking wait for q (recv_mu held): under
+ * MPI_THREAD_MULTIPLE only, since otherwise no other thread can call
+ * MPI_Cancel while it waits, and the plain waits cost less. */
+static uint64_t wait_key(struct req *q) {
+	q->key = rv_thread == MPI_THREAD_MULTIPLE ? ++wait_keys : 0;
+	return q->key;
 }
 
 /* Waits until receive q is done. */
@@ -1235,14 +1313,21 @@ static void recv_wait(struct req *q) {
 		pthread_mutex_lock(&recv_mu);
 		int first = q->kind == REQ_RECV && pending == q;
 		if (first) q->active = 1; /* the passes leave it alone */
+		uint64_t key = q->kind == REQ_RECV ? wait_key(q) : 0;
 		pthread_mutex_unlock(&recv_mu);
 		if (first) {
 			size_t len = 0;
 			int src = -1, mtag = 0;
-			int rc = rvma_recv_match(rv_world, q->src, q->rtag, q->mask, q->tmp ? q->tmp : q->buf,
-			                         (size_t)(q->d->size * q->count), &len, &src, &mtag);
+			void *to = q->tmp ? q->tmp : q->buf;
+			size_t cap = (size_t)(q->d->size * q->count);
+			int rc = key ? rvma_recv_match_key(rv_world, q->src, q->rtag, q->mask, to, cap, &len, &src, &mtag, key)
+			             : rvma_recv_match(rv_world, q->src, q->rtag, q->mask, to, cap, &len, &src, &mtag);
 			pthread_mutex_lock(&recv_mu);
-			recv_done(q, rc, len, src, mtag);
+			q->key = 0, q->active = 0;
+			if (rc == RVMA_ERR_CANCELLED)
+				recv_cancelled(q);
+			else
+				recv_done(q, rc, len, src, mtag);
 			pthread_mutex_unlock(&recv_mu);
 			return;
 		}
@@ -1250,13 +1335,14 @@ static void recv_wait(struct req *q) {
 		int rc = rvma_msg_arrived(rv_world, &at);
 		if (!rc) rc = recv_pass();
 		if (q->kind != REQ_RECV) return;
-		if (!rc) rc = rvma_msg_wait(rv_world, at);
-		if (rc) {
-			pthread_mutex_lock(&recv_mu);
-			if (q->kind == REQ_RECV) recv_done(q, rc, 0, q->src, q->rtag);
-			pthread_mutex_unlock(&recv_mu);
-			return;
-		}
+		if (!rc) rc = key ? rvma_msg_wait_key(rv_world, at, key) : rvma_msg_wait(rv_world, at);
+		pthread_mutex_lock(&recv_mu);
+		if (q->kind == REQ_RECV) q->key = 0;
+		/* cancelled: MPI_Cancel has ended q (REQ_DONE) */
+		if (rc && rc != RVMA_ERR_CANCELLED && q->kind == REQ_RECV) recv_done(q, rc, 0, q->src, q->rtag);
+		int done = q->kind != REQ_RECV;
+		pthread_mutex_unlock(&recv_mu);
+		if (done || rc) return;
 	}
 }
 
@@ -1338,6 +1424,80 @@ int MPI_Irecv(void *buf, int count, MPI_Datatype t, int src, int tag, MPI_Comm c
 	while (*p) p = &(*p)->next;
 	*p = q;
 	pthread_mutex_unlock(&recv_mu);
+	return MPI_SUCCESS;
+}
+
+static struct req *req_of(MPI_Request h, int *bad);
+
+/* Probes for a message from src with tag (MPI_Iprobe; MPI_Probe with
+ * block): the pending receives take what they match first, in one pass
+ * over one snapshot, and the probe sees the rest of that snapshot, so that
+ * it reports the message a receive posted next would take. */
+static int probe(const char *fn, int src, int tag, MPI_Comm c, int block, int *flag, MPI_Status *st) {
+	struct dtype *d;
+	int rtag, cls = p2p_args(fn, c, 0, MPI_BYTE, src, tag, 1, &d, &rtag);
+	if (cls) return cls;
+	if (!block && !flag) return fail_comm(c, MPI_ERR_ARG, fn, "NULL flag");
+	if (src == MPI_PROC_NULL) {
+		set_status(st, MPI_PROC_NULL, MPI_ANY_TAG, MPI_SUCCESS, 0);
+		if (flag) *flag = 1;
+		return MPI_SUCCESS;
+	}
+	int rsrc = src == MPI_ANY_SOURCE ? RVMA_ANY_SOURCE : src;
+	int mask = tag == MPI_ANY_TAG ? (int)0xff000000u : -1;
+	for (;;) {
+		uint64_t at;
+		size_t len = 0;
+		int from = -1, mtag = 0, found = 0;
+		pthread_mutex_lock(&recv_mu);
+		int rc = rvma_msg_arrived(rv_world, &at);
+		if (!rc) {
+			recv_pass_at(at);
+			rc = rvma_try_probe_match(rv_world, rsrc, rtag, mask, at, &from, &mtag, &len, &found);
+		}
+		pthread_mutex_unlock(&recv_mu);
+		if (!rc && found) {
+			set_status(st, from, mtag & MPI_TAG_UB_VALUE, MPI_SUCCESS, (long long)len);
+			if (flag) *flag = 1;
+			return MPI_SUCCESS;
+		}
+		if (!rc && !block) {
+			*flag = 0;
+			return MPI_SUCCESS;
+		}
+		if (!rc) rc = rvma_msg_wait(rv_world, at);
+		if (rc) return rvfail_comm(c, rc, fn);
+	}
+}
+
+int MPI_Probe(int src, int tag, MPI_Comm c, MPI_Status *st) { return probe(__func__, src, tag, c, 1, NULL, st); }
+
+int MPI_Iprobe(int src, int tag, MPI_Comm c, int *flag, MPI_Status *st) {
+	return probe(__func__, src, tag, c, 0, flag, st);
+}
+
+/* MPI_Cancel: a pending receive that no wait holds ends at once; one a
+ * wait holds in another thread (active, or between passes with a key) is
+ * ended through its wait, unless its message comes first. Sends and RMA
+ * requests complete as they would have (a cancel may fail, says MPI). */
+int MPI_Cancel(MPI_Request *h) {
+	if (!h) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL request");
+	int bad;
+	struct req *q = req_of(*h, &bad);
+	if (!q) return fail_comm(MPI_COMM_WORLD, MPI_ERR_REQUEST, __func__, "invalid request %d", *h);
+	pthread_mutex_lock(&recv_mu);
+	if (q->kind == REQ_RECV) {
+		/* an active one's wait ends it, with RVMA_ERR_CANCELLED */
+		if (!q->active) recv_cancelled(q);
+		if (q->key) rvma_msg_cancel(rv_world, q->key);
+	}
+	pthread_mutex_unlock(&recv_mu);
+	return MPI_SUCCESS;
+}
+
+int MPI_Test_cancelled(const MPI_Status *st, int *flag) {
+	if (!st || !flag) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL status or flag");
+	*flag = st->rvma_cancelled != 0;
 	return MPI_SUCCESS;
 }
 

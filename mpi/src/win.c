@@ -41,6 +41,10 @@ MPI_Errhandler win_eh(MPI_Win h) {
 	struct win *w = tbl_get(&wins, h);                                                     \
 	if (!w) return fail_win(h, MPI_ERR_WIN, fn, "invalid window %d", (int)h)
 
+/* How create makes the window: over the caller's memory, allocated,
+ * allocated shared, or dynamic (memory attached later). */
+enum { WIN_CREATE, WIN_ALLOC, WIN_SHARED, WIN_DYNAMIC };
+
 static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp_unit, MPI_Comm c, void *baseptr,
                   MPI_Win *out, const rvma_notify_config *nc) {
 	if (NOT_INIT(fn)) return MPI_ERR_OTHER;
@@ -49,7 +53,8 @@ static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp
 	if (x == -2) return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, fn, "windows over MPI_COMM_SELF");
 	if (size < 0) return fail_comm(c, MPI_ERR_SIZE, fn, "size %lld", (long long)size);
 	if (disp_unit <= 0) return fail_comm(c, MPI_ERR_DISP, fn, "disp_unit %d", disp_unit);
-	if (!out || (alloc && !baseptr)) return fail_comm(c, MPI_ERR_ARG, fn, "NULL win or baseptr");
+	if (!out || ((alloc == WIN_ALLOC || alloc == WIN_SHARED) && !baseptr))
+		return fail_comm(c, MPI_ERR_ARG, fn, "NULL win or baseptr");
 	if (!alloc && !base && size > 0) return fail_comm(c, MPI_ERR_BASE, fn, "NULL base with size %lld", (long long)size);
 	struct win *w = calloc(1, sizeof *w);
 	int *units = malloc(sizeof(int) * (size_t)rv_size);
@@ -62,19 +67,29 @@ static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp
 	if (nc)
 		rc = alloc ? rvma_win_allocate_notified(rv_world, (size_t)size, 1, nc, &w->base, &w->w)
 		           : rvma_win_create_notified(rv_world, base, (size_t)size, 1, nc, &w->w);
+	else if (alloc == WIN_DYNAMIC)
+		rc = rvma_win_create_dynamic(rv_world, &w->w);
+	else if (alloc == WIN_SHARED)
+		rc = rvma_win_allocate_shared(rv_world, (size_t)size, 1, &w->base, &w->w);
 	else
 		rc = alloc ? rvma_win_allocate(rv_world, (size_t)size, 1, &w->base, &w->w)
 		           : rvma_win_create(rv_world, base, (size_t)size, 1, &w->w);
 	if (!rc) rc = rvma_allgather(rv_world, &disp_unit, sizeof disp_unit, units);
 	if (rc) {
 		if (w->w) rvma_win_free(&w->w);
-		free(w), free(units);
+		free(w), free(units), free(locked);
+		if (rc == RVMA_ERR_UNSUPPORTED && alloc == WIN_SHARED)
+			return fail_comm(c, MPI_ERR_RMA_SHARED, fn, "%s", rvma_last_error_message());
 		return rvfail_comm(c, rc, fn);
 	}
 	if (!alloc) w->base = base;
 	w->comm = c, w->size = size, w->disp_unit = disp_unit, w->units = units, w->locked = locked;
 	w->notified = nc != NULL;
-	w->flavor = alloc ? MPI_WIN_FLAVOR_ALLOCATE : MPI_WIN_FLAVOR_CREATE, w->model = MPI_WIN_UNIFIED;
+	w->flavor = alloc == WIN_SHARED    ? MPI_WIN_FLAVOR_SHARED
+	            : alloc == WIN_DYNAMIC ? MPI_WIN_FLAVOR_DYNAMIC
+	            : alloc                ? MPI_WIN_FLAVOR_ALLOCATE
+	                                   : MPI_WIN_FLAVOR_CREATE;
+	w->model = MPI_WIN_UNIFIED;
 	w->eh = MPI_ERRORS_ARE_FATAL;
 	int h = tbl_add(&wins, w);
 	if (h < 0) {
@@ -82,51 +97,86 @@ static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp
 		free(w), free(units);
 		return fail_comm(c, MPI_ERR_NO_MEM, fn, "out of window handles");
 	}
-	if (alloc) *(void **)baseptr = w->base;
+	if (baseptr) *(void **)baseptr = w->base;
 	*out = h;
 	return MPI_SUCCESS;
 }
 
 int MPI_Win_allocate(MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm c, void *baseptr, MPI_Win *win) {
 	(void)info;
-	return create(__func__, 1, NULL, size, disp_unit, c, baseptr, win, NULL);
+	return create(__func__, WIN_ALLOC, NULL, size, disp_unit, c, baseptr, win, NULL);
 }
 
 int MPI_Win_create(void *base, MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm c, MPI_Win *win) {
 	(void)info;
-	return create(__func__, 0, base, size, disp_unit, c, NULL, win, NULL);
+	return create(__func__, WIN_CREATE, base, size, disp_unit, c, NULL, win, NULL);
 }
 
 int MPI_Win_allocate_shared(MPI_Aint size, int disp_unit, MPI_Info info, MPI_Comm c, void *baseptr, MPI_Win *win) {
-	(void)size, (void)disp_unit, (void)info, (void)baseptr, (void)win;
-	return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, __func__,
-	                 "rvma.h does not give the address of a peer's memory (MPI_Win_shared_query): use MPI_Win_allocate, "
-	                 "whose memory rvma shares between the ranks of a host");
+	(void)info; /* contiguous even with alloc_shared_noncontig, which only permits otherwise */
+	return create(__func__, WIN_SHARED, NULL, size, disp_unit, c, baseptr, win, NULL);
 }
 
-/* Dynamic windows: rvma registers a window's memory, and gives its peers
- * the keys, when the window is created, collectively; MPI_Win_attach is
- * local, so memory attached later could not be reached. */
+int MPI_Win_shared_query(MPI_Win h, int rank, MPI_Aint *size, int *disp_unit, void *baseptr) {
+	GET_WIN(w, h, __func__);
+	if (!size || !disp_unit || !baseptr) return fail_win(h, MPI_ERR_ARG, __func__, "NULL size, disp_unit or baseptr");
+	if (rank != MPI_PROC_NULL && (rank < 0 || rank >= rv_size))
+		return fail_win(h, MPI_ERR_RANK, __func__, "rank %d not in the window's group of %d", rank, rv_size);
+	size_t n = 0;
+	void *p = NULL;
+	if (rank == MPI_PROC_NULL) {
+		/* the lowest rank whose part is not empty (of a shared window:
+		 * the start of the block) */
+		if (w->flavor != MPI_WIN_FLAVOR_SHARED)
+			return fail_win(h, MPI_ERR_RANK, __func__, "MPI_PROC_NULL on a window that is not shared");
+		for (int r = 0; r < rv_size; r++) {
+			int rc = rvma_win_shared_query(w->w, r, &n, &p);
+			if (rc) return rvfail_win(h, rc, __func__);
+			if (n > 0) {
+				rank = r;
+				break;
+			}
+		}
+		if (rank == MPI_PROC_NULL) n = 0, p = NULL, rank = 0;
+	} else {
+		int rc = rvma_win_shared_query(w->w, rank, &n, &p);
+		if (rc == RVMA_ERR_UNSUPPORTED && w->flavor != MPI_WIN_FLAVOR_SHARED)
+			n = 0, p = NULL; /* not mapped here: MPI-4's answer */
+		else if (rc)
+			return rvfail_win(h, rc, __func__);
+	}
+	*size = (MPI_Aint)n;
+	*disp_unit = w->units[rank];
+	*(void **)baseptr = p;
+	return MPI_SUCCESS;
+}
+
+/* Dynamic windows: MPI_Win_attach registers the memory here, alone; an
+ * origin learns from the target which registration holds an address the
+ * first time it uses one (see rma's DynWin), and target displacements are
+ * addresses (MPI_Get_address), disp_unit 1. */
 int MPI_Win_create_dynamic(MPI_Info info, MPI_Comm c, MPI_Win *win) {
 	(void)info;
-	if (win) *win = MPI_WIN_NULL;
-	return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, __func__,
-	                 "rvma registers a window's memory collectively when the window is created, and MPI_Win_attach "
-	                 "is local: use MPI_Win_allocate or MPI_Win_create");
+	return create(__func__, WIN_DYNAMIC, NULL, 0, 1, c, NULL, win, NULL);
 }
 
 int MPI_Win_attach(MPI_Win h, void *base, MPI_Aint size) {
-	(void)base, (void)size;
 	GET_WIN(w, h, __func__);
-	(void)w;
-	return fail_win(h, MPI_ERR_RMA_FLAVOR, __func__, "window %d is not dynamic (rvma has no dynamic windows)", h);
+	if (w->flavor != MPI_WIN_FLAVOR_DYNAMIC)
+		return fail_win(h, MPI_ERR_RMA_FLAVOR, __func__, "window %d is not dynamic", h);
+	if (size < 0) return fail_win(h, MPI_ERR_SIZE, __func__, "size %lld", (long long)size);
+	int rc = rvma_win_attach(w->w, base, (size_t)size);
+	if (rc == RVMA_ERR_ARG) return fail_win(h, MPI_ERR_RMA_ATTACH, __func__, "%s", rvma_last_error_message());
+	return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;
 }
 
 int MPI_Win_detach(MPI_Win h, const void *base) {
-	(void)base;
 	GET_WIN(w, h, __func__);
-	(void)w;
-	return fail_win(h, MPI_ERR_RMA_FLAVOR, __func__, "window %d is not dynamic (rvma has no dynamic windows)", h);
+	if (w->flavor != MPI_WIN_FLAVOR_DYNAMIC)
+		return fail_win(h, MPI_ERR_RMA_FLAVOR, __func__, "window %d is not dynamic", h);
+	int rc = rvma_win_detach(w->w, base);
+	if (rc == RVMA_ERR_ARG) return fail_win(h, MPI_ERR_RMA_ATTACH, __func__, "%s", rvma_last_error_message());
+	return rc ? rvfail_win(h, rc, __func__) : MPI_SUCCESS;
 }
 
 int MPI_Get_address(const void *location, MPI_Aint *address) {
@@ -134,6 +184,10 @@ int MPI_Get_address(const void *location, MPI_Aint *address) {
 	*address = (MPI_Aint)(uintptr_t)location;
 	return MPI_SUCCESS;
 }
+
+MPI_Aint MPI_Aint_add(MPI_Aint base, MPI_Aint disp) { return (MPI_Aint)((uintptr_t)base + (uintptr_t)disp); }
+
+MPI_Aint MPI_Aint_diff(MPI_Aint addr1, MPI_Aint addr2) { return (MPI_Aint)((uintptr_t)addr1 - (uintptr_t)addr2); }
 
 int MPI_Win_free(MPI_Win *h) {
 	if (!h) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL win");
@@ -666,7 +720,7 @@ int MPIX_Win_allocate_notified(MPI_Aint size, int disp_unit, const MPIX_Notify *
 	rvma_notify_config nc;
 	int64_t *counts;
 	int cls = notify_config(__func__, c, cfg, &nc, &counts);
-	if (!cls) cls = create(__func__, 1, NULL, size, disp_unit, c, baseptr, win, &nc);
+	if (!cls) cls = create(__func__, WIN_ALLOC, NULL, size, disp_unit, c, baseptr, win, &nc);
 	free(counts);
 	return cls;
 }
@@ -677,7 +731,7 @@ int MPIX_Win_create_notified(void *base, MPI_Aint size, int disp_unit, const MPI
 	rvma_notify_config nc;
 	int64_t *counts;
 	int cls = notify_config(__func__, c, cfg, &nc, &counts);
-	if (!cls) cls = create(__func__, 0, base, size, disp_unit, c, NULL, win, &nc);
+	if (!cls) cls = create(__func__, WIN_CREATE, base, size, disp_unit, c, NULL, win, &nc);
 	free(counts);
 	return cls;
 }
