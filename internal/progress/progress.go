@@ -424,6 +424,45 @@ func (op *Op) Err() error {
 	return op.err
 }
 
+// spinAfter keeps polling for the spin time after the background
+// goroutine found work: a request answered now (an active message, a
+// message of a collective) is often followed by the next within
+// microseconds, and a goroutine woken from the CQ's channel costs tens of
+// them. It returns the poll's error, or nil once the spin time passes
+// without work, or a waiter takes the poller role.
+func (e *Engine) spinAfter() error {
+	if e.spin <= 0 {
+		return nil
+	}
+	last, idle := time.Now(), 0
+	for i := 0; ; i++ {
+		select {
+		case <-e.stop:
+			return nil
+		default:
+		}
+		if !e.poller.CompareAndSwap(false, true) {
+			return nil // a waiter polls
+		}
+		n, err := e.poll()
+		e.poller.Store(false)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			last, idle = time.Now(), 0
+		} else if idle++; idle >= spinRounds || i&15 == 15 && time.Since(last) > e.spin {
+			// The rounds bound it where the clock does not move while
+			// goroutines run (testing/synctest's bubbles).
+			return nil
+		}
+		spin.Pause(i)
+	}
+}
+
+// spinRounds bounds spinAfter's empty polls in a row, whatever the clock.
+const spinRounds = 1 << 12
+
 func (e *Engine) background() {
 	defer close(e.done)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -437,9 +476,12 @@ func (e *Engine) background() {
 			return
 		}
 		if e.poller.CompareAndSwap(false, true) {
-			_, err := e.poll()
+			n, err := e.poll()
 			e.poller.Store(false)
 			if err != nil {
+				return
+			}
+			if n > 0 && e.spinAfter() != nil {
 				return
 			}
 			continue
