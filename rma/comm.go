@@ -328,11 +328,13 @@ type Comm struct {
 	hostMu sync.Mutex
 	hosts  map[int]string
 
-	// winMu guards wins and nextWin. The poller reads wins to find an
-	// active message's window: a window is added once the fields its
-	// handler reads are set (see Win).
+	// winMu guards wins, dyns and nextWin. The poller reads wins (and
+	// dyns, for dynamic windows: dynamic.go) to find an active message's
+	// window: a window is added once the fields its handler reads are set
+	// (see Win).
 	winMu   sync.Mutex
 	wins    map[uint32]*Win
+	dyns    map[uint32]*DynWin
 	nextWin uint32
 
 	// msg is guarded by the engine's lock, but for msg.partial (OnRecv's)
@@ -734,7 +736,7 @@ type world struct {
 func newComm(ctx context.Context, b boot, dev *verbs.Device, cfg Config) (_ *Comm, err error) {
 	rank, size, store := b.rank, b.size, b.store
 	c := &Comm{rank: rank, size: size, cfg: cfg, store: store, ownStore: b.own, kvServer: b.srv, published: b.published, key: b.key, dev: dev, inc: b.inc,
-		byQPN: map[uint32]int{}, wins: map[uint32]*Win{}, done: make(chan struct{}), haulHalf: map[int]*haulPeer{}}
+		byQPN: map[uint32]int{}, wins: map[uint32]*Win{}, dyns: map[uint32]*DynWin{}, done: make(chan struct{}), haulHalf: map[int]*haulPeer{}}
 	c.bg, c.bgStop = context.WithCancel(context.Background())
 	c.peers = make([]*peer, size)
 	for i := range c.peers {

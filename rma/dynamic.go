@@ -73,19 +73,6 @@ type DynWin struct {
 	freeOnce sync.Once
 }
 
-// dynWins finds a dynamic window by its Comm and Win id, for the progress
-// engine's handler (Comm has no room for it: comm.go belongs to the
-// window core).
-var dynWins struct {
-	sync.Mutex
-	m map[dynKey]*DynWin
-}
-
-type dynKey struct {
-	c  *Comm
-	id uint32
-}
-
 // Address is the address of b's first byte, as a dynamic window's target
 // displacement for memory attached with b (0 for an empty b).
 func Address(b []byte) int {
@@ -102,12 +89,9 @@ func (c *Comm) CreateDynamic(ctx context.Context) (*DynWin, error) {
 		return nil, err
 	}
 	d := &DynWin{w: w, cache: make([][]dynRegion, c.size)}
-	dynWins.Lock()
-	if dynWins.m == nil {
-		dynWins.m = map[dynKey]*DynWin{}
-	}
-	dynWins.m[dynKey{c, w.id}] = d
-	dynWins.Unlock()
+	c.winMu.Lock()
+	c.dyns[w.id] = d
+	c.winMu.Unlock()
 	return d, nil
 }
 
@@ -182,9 +166,9 @@ func (d *DynWin) Detach(ctx context.Context, base int) error {
 func (d *DynWin) Free(ctx context.Context) error {
 	err := d.w.Free(ctx)
 	d.freeOnce.Do(func() {
-		dynWins.Lock()
-		delete(dynWins.m, dynKey{d.w.c, d.w.id})
-		dynWins.Unlock()
+		d.w.c.winMu.Lock()
+		delete(d.w.c.dyns, d.w.id)
+		d.w.c.winMu.Unlock()
 		d.mu.Lock()
 		rs := d.regions
 		d.regions = nil
@@ -282,9 +266,9 @@ func (c *Comm) handleDynAM(src int, b []byte) {
 		c.cfg.Logger.Warn("rma: short active message", "rank", c.rank, "src", src)
 		return
 	}
-	dynWins.Lock()
-	d := dynWins.m[dynKey{c, h.win}]
-	dynWins.Unlock()
+	c.winMu.Lock()
+	d := c.dyns[h.win]
+	c.winMu.Unlock()
 	status, result := byte(amNoWin), []byte(nil)
 	if d != nil {
 		status, result = d.apply(src, &h, data)
