@@ -341,12 +341,12 @@ func (w *Win) haulStart(target int, wrs []verbs.SendWR, op func(i int) *progress
 			return i, peerErr(err)
 		}
 		o, id := op(i), wrs[i].ID
-		w.c.eng.Locked(func() { w.bridged[target]++ })
+		w.c.eng.Locked(func() { w.bridged[target].Add(1) })
 		w.c.bridges.Add(1)
 		go func() {
 			defer w.c.bridges.Done()
 			_, err := p.Wait(w.c.bg)
-			w.c.eng.Locked(func() { w.bridged[target]-- })
+			w.c.eng.Locked(func() { w.bridged[target].Add(-1) })
 			w.c.eng.Posted(o, id, 1, 0, opErr("put", target, peerErr(err)))
 		}()
 	}

@@ -284,7 +284,7 @@ func (w *Win) pending(target int) bool {
 // waitBridged waits until no operation towards target travels outside
 // the RC connection.
 func (w *Win) waitBridged(ctx context.Context, target int) error {
-	return w.c.eng.Wait(ctx, func() bool { return w.bridged[target] == 0 })
+	return w.c.eng.Wait(ctx, func() bool { return w.bridged[target].Load() == 0 })
 }
 
 // txSubmit posts a put's work requests (tx.mu held): as any put when they

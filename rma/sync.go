@@ -162,9 +162,7 @@ func completeErr(op string, r int, m []byte) error {
 // read its memory for them after it handled the message) and operations
 // bridged from other connections.
 func (w *Win) unordered(target int) bool {
-	n := 0
-	w.c.eng.Locked(func() { n = int(w.reads[target].Load()) + w.bridged[target] })
-	return n > 0
+	return w.reads[target].Load()+w.bridged[target].Load() > 0
 }
 
 // Wait ends the exposure epoch: it returns once every origin of the

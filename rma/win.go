@@ -222,7 +222,7 @@ type Win struct {
 	outN    atomic.Int32
 	failed  []error
 	failedN atomic.Int32
-	bridged []int
+	bridged []atomic.Int32
 	reads   []atomic.Int32
 	amOut   []atomic.Int32
 	nicOut  []atomic.Int32
@@ -297,7 +297,7 @@ func (c *Comm) create(ctx context.Context, mem []byte, mr *verbs.MR, cfg *WinCon
 	id := c.nextWin
 	c.winMu.Unlock()
 	w := &Win{c: c, id: id, mem: mem, unit: conf.DispUnit, locks: map[int]LockType{}, mr: mr,
-		out: make([]atomic.Int32, c.size), bridged: make([]int, c.size), reads: make([]atomic.Int32, c.size),
+		out: make([]atomic.Int32, c.size), bridged: make([]atomic.Int32, c.size), reads: make([]atomic.Int32, c.size),
 		amOut: make([]atomic.Int32, c.size), nicOut: make([]atomic.Int32, c.size), unsig: make([]atomic.Int32, c.size),
 		failed: make([]error, c.size)}
 	me, local := remoteWin{}, early
@@ -1120,12 +1120,12 @@ func (c *Comm) errOf(wc *verbs.WorkCompletion) error {
 func (w *Win) bridge(name string, target int, wait func(ctx context.Context) error) *Request {
 	o, _ := w.track(0, target)
 	req := o.request(name)
-	w.c.eng.Locked(func() { w.bridged[target]++ })
+	w.c.eng.Locked(func() { w.bridged[target].Add(1) })
 	w.c.bridges.Add(1)
 	go func() {
 		defer w.c.bridges.Done()
 		err := wait(w.c.bg)
-		w.c.eng.Locked(func() { w.bridged[target]-- })
+		w.c.eng.Locked(func() { w.bridged[target].Add(-1) })
 		w.c.eng.Finish(&o.op, err)
 	}()
 	return req
@@ -1133,8 +1133,4 @@ func (w *Win) bridge(name string, target int, wait func(ctx context.Context) err
 
 // bridging reports whether bridged operations towards target are in
 // flight: they are not ordered before a message on the RC connection.
-func (w *Win) bridging(target int) bool {
-	n := 0
-	w.c.eng.Locked(func() { n = w.bridged[target] })
-	return n > 0
-}
+func (w *Win) bridging(target int) bool { return w.bridged[target].Load() > 0 }
