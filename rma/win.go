@@ -16,6 +16,7 @@ import (
 
 	"github.com/rvma/rvma/internal/lockcheck"
 	"github.com/rvma/rvma/internal/progress"
+	"github.com/rvma/rvma/internal/spin"
 	"github.com/rvma/rvma/mailbox"
 	"github.com/rvma/rvma/verbs"
 )
@@ -1017,6 +1018,7 @@ func (w *Win) Flush(ctx context.Context, target int) error {
 		return opErr("flush", target, err)
 	}
 	if w.out[target].Load() == 0 && w.failedN.Load() == 0 {
+		idle()
 		return nil // nothing in flight, nothing failed: no lock
 	}
 	var failed error
@@ -1040,6 +1042,7 @@ func (w *Win) FlushAll(ctx context.Context) error {
 		}
 	}
 	if w.outN.Load() == 0 && w.failedN.Load() == 0 {
+		idle()
 		return nil
 	}
 	var failed error
@@ -1066,6 +1069,18 @@ func (w *Win) fail(target int, err error) {
 	if err != nil && w.failed[target] == nil {
 		w.failed[target] = err
 		w.failedN.Add(1)
+	}
+}
+
+// idle is what a synchronisation call that had nothing to wait for does:
+// nothing, unless processors are scarce (more ranks than cores), where it
+// yields. A program that polls a flag in its window with flushes (MPI's
+// passive-target idiom) otherwise keeps its core from the ranks it waits
+// for until the kernel preempts it, milliseconds later, as MPI libraries
+// yield when idle under oversubscription.
+func idle() {
+	if spin.Scarce() {
+		spin.Yield()
 	}
 }
 

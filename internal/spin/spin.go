@@ -63,3 +63,10 @@ func Or(def time.Duration) time.Duration {
 	}
 	return def
 }
+
+// Scarce reports whether the process was told that processors are scarce
+// (a spin duration of zero: rvmarun sets it when ranks outnumber cores).
+func Scarce() bool { return override.Load() == 0 }
+
+// Yield gives the processor to another thread or process that can run.
+func Yield() { osYield() }
