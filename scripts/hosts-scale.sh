@@ -12,9 +12,13 @@
 #   3. file descriptors and sockets per rank, sampled while halo3d runs;
 #   4. rvma's halo3d launched by mpirun.openmpi itself (the ranks meet
 #      through Open MPI's PMIx servers), whole job timed, its checksums
-#      beside rvmarun's.
+#      beside rvmarun's;
+#   5. memory per rank (RSS and PSS) and of the launchers, sampled while
+#      halo3d runs at HOSTS*PER_HOST ranks under rvmarun and, our
+#      bench/mpi/halo3d.c, under mpirun.openmpi (scripts/hosts-mem.sh).
 # Needs root, iproute2, go, mpicc.openmpi/mpirun.openmpi (skipped without).
-# Environment: RUNS (default 3), HALO (halo3d's arguments).
+# Environment: RUNS (default 3), HALO (halo3d's arguments), MEMHALO (step
+# 5's, default HALO), ONLY=mem (step 5 alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 H=${1:-4}
@@ -22,6 +26,7 @@ P=${2:-16}
 N=$((H * P))
 RUNS=${RUNS:-3}
 HALO=${HALO:-"-n 16 --iters 50 --warmup 5 --sync sendrecv,fence,pscw,lock"}
+MEMHALO=${MEMHALO:-$HALO}
 OUT=$(mktemp -d)
 go build -o "$OUT/rvmarun" ./cmd/rvmarun
 go build -o "$OUT/putwin" ./examples/putwin
@@ -60,7 +65,21 @@ cat >"$OUT/bench.sh" <<'BENCH'
 #!/bin/bash
 # Runs inside the testbed's first host.
 set -euo pipefail
-N=$1 RUNS=$2 HALO=$3
+N=$1 RUNS=$2 HALO=$3 MEMHALO=$4
+mem() {
+	echo "== memory while halo3d runs, $N ranks: $MEMHALO"
+	echo "| processes | count | RSS MiB min / median / max | RSS total | PSS MiB min / median / max | PSS total |"
+	echo "|---|---|---|---|---|---|"
+	"$MEM" "rvma halo3d" "$OUT/halo3d" "$OUT/job.sh" rvma "$N" "$OUT/halo3d" $MEMHALO
+	if [ -n "${OMPI:-}" ] && [ -x "$OUT/halo3d_ompi" ]; then
+		"$MEM" "Open MPI halo3d" "$OUT/halo3d_ompi" "$OUT/job.sh" ompi "$N" "$OUT/halo3d_ompi" \
+			$(echo "$MEMHALO" | sed 's/,notify//; s/notify,//')
+	fi
+}
+if [ "${ONLY:-}" = mem ]; then
+	mem
+	exit
+fi
 ms() {
 	local t0 t1
 	t0=$(date +%s%N)
@@ -99,7 +118,9 @@ if [ -n "${OMPI:-}" ] && [ -x "$OUT/halo3d_ompi" ]; then
 	# MPI has no notified windows: the same run without that variant.
 	"$OUT/job.sh" ompi "$N" "$OUT/halo3d_ompi" $(echo "$HALO" | sed 's/,notify//; s/notify,//') 2>&1 | grep -E '^ *(halo3d|sendrecv|fence|pscw|lock|serial)' | tail -8
 fi
+mem
 BENCH
 chmod +x "$OUT/bench.sh"
-go run ./scripts/hostbed -hosts "$H" -slots "$P" -- env OUT="$OUT" OMPI="$OMPI" MPICH="$MPICH" "$OUT/bench.sh" "$N" "$RUNS" "$HALO"
+go run ./scripts/hostbed -hosts "$H" -slots "$P" -- env OUT="$OUT" OMPI="$OMPI" MPICH="$MPICH" MEM="$PWD/scripts/hosts-mem.sh" \
+	ONLY="${ONLY:-}" "$OUT/bench.sh" "$N" "$RUNS" "$HALO" "$MEMHALO"
 rm -rf "$OUT"
