@@ -660,6 +660,8 @@ func (w *Window) ready() bool {
 // window completes an epoch, the window closes or ctx ends.
 func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
 	var deadline time.Time // set at the first look at the clock: it costs as much as a put
+	var patient time.Time  // past it, the spin yields often
+	long := false
 	var stop func() bool   // a shared window's wake on ctx's end, once it sleeps
 	for i := 0; ; i++ {
 		// Look without the lock: the placing goroutine needs it.
@@ -669,12 +671,20 @@ func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
 			}
 		}
 		if i&63 == 63 {
-			if now := time.Now(); deadline.IsZero() {
-				deadline = now.Add(spin.Or(20 * time.Microsecond))
+			now := time.Now()
+			if deadline.IsZero() {
+				deadline, patient = now.Add(spin.Or(20*time.Microsecond)), now.Add(20*time.Microsecond)
 			} else if now.After(deadline) {
 				break
 			}
-			spin.Pause(i >> 6) // let a placing goroutine (or process) run when processors are scarce
+			long = now.After(patient)
+			spin.Pause(i >> 6)
+		}
+		if long && i&3 == 3 {
+			// A long spin (RVMA_SPIN above the default: rvmarun's, with a
+			// few ranks per core) lets a placing goroutine or process run
+			// often: the kernel gets the core every 64 rounds.
+			spin.Pause(i >> 2)
 		}
 		if !w.shared || i&3 == 3 {
 			// A shared window's puts from this host need no progress:

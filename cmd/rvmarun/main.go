@@ -9,7 +9,7 @@
 // It serves the job's rendezvous, starts N processes of prog with
 // RVMA_RANK, RVMA_SIZE and RVMA_KVS set (rma.Init reads them), shares the
 // cores among them (GOMAXPROCS; with more ranks than cores also
-// RVMA_SPIN=0s, so that waits block instead of spinning), prefixes every
+// RVMA_SPIN: see spinFor), prefixes every
 // line they print with their rank, forwards SIGINT, SIGTERM, SIGQUIT and
 // SIGHUP, and, when a rank fails, stops the others and exits with the
 // first failure's status.
