@@ -662,7 +662,7 @@ func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
 	var deadline time.Time // set at the first look at the clock: it costs as much as a put
 	var patient time.Time  // past it, the spin yields often
 	long := false
-	var stop func() bool   // a shared window's wake on ctx's end, once it sleeps
+	var stop func() bool // a shared window's wake on ctx's end, once it sleeps
 	for i := 0; ; i++ {
 		// Look without the lock: the placing goroutine needs it.
 		if w.ready() {
