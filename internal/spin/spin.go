@@ -64,9 +64,13 @@ func Or(def time.Duration) time.Duration {
 	return def
 }
 
-// Scarce reports whether the process was told that processors are scarce
-// (a spin duration of zero: rvmarun sets it when ranks outnumber cores).
-func Scarce() bool { return override.Load() == 0 }
+// Scarce reports whether the process was told that ranks share
+// processors: a spin duration of zero, or of a millisecond or more (what
+// rvmarun sets when ranks outnumber cores: see its spinFor).
+func Scarce() bool {
+	d := override.Load()
+	return d == 0 || d >= int64(time.Millisecond)
+}
 
 // Yield gives the processor to another thread or process that can run.
 func Yield() { osYield() }
