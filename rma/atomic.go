@@ -83,6 +83,7 @@ type amCall struct {
 	result []byte
 	after  func(error) // if set, runs once the call finished, outside the engine's lock
 	free   bool        // not an operation of the window: flushes do not wait for it
+	kind   byte        // the message's kind: kindAM, or kindDynAM for a dynamic window's (0: kindAM)
 }
 
 // am sends an active message to target and returns the request its reply
@@ -124,7 +125,11 @@ func (w *Win) amCall(ctx context.Context, name string, target int, h amHdr, call
 			}
 		}
 	}
-	_, err := c.sendMsg(ctx, target, kindAM, 0, h.encode(data...), func(err error) {
+	msg := call.kind
+	if msg == 0 {
+		msg = kindAM
+	}
+	_, err := c.sendMsg(ctx, target, msg, 0, h.encode(data...), func(err error) {
 		if err != nil {
 			fail(err)
 		}

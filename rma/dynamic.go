@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"unsafe"
 
-	"github.com/rvma/rvma/internal/progress"
 	"github.com/rvma/rvma/verbs"
 )
 
@@ -220,42 +219,11 @@ func (d *DynWin) resolve(ctx context.Context, name string, target int, addr, n u
 }
 
 // call sends a dynamic active message to target and returns the request
-// its reply completes (amCall's, with kindDynAM). An internal one (a
+// its reply completes (Win.amCall's, as kindDynAM). An internal one (a
 // lookup, a forget) is no operation of the window: flushes do not wait
 // for it. Accumulates count in w.amOut, as Win's do.
 func (d *DynWin) call(ctx context.Context, name string, target int, h amHdr, result []byte, internal bool, data ...[]byte) (*Request, error) {
-	w, c := d.w, d.w.c
-	call := &amCall{result: result}
-	var op *progress.Op
-	if internal {
-		op, _ = c.eng.Start(0, nil)
-		call.req = &Request{op: op, name: name, rank: target}
-	} else {
-		o, _ := w.trackAs(0, target, w.amOut)
-		op, call.req = &o.op, o.request(name)
-	}
-	c.eng.Locked(func() {
-		c.msg.nextAM++
-		call.id = c.msg.nextAM
-		c.msg.am[call.id] = call
-	})
-	h.id, h.win = call.id, w.id
-	fail := func(err error) {
-		if c.msg.am[call.id] == call {
-			delete(c.msg.am, call.id)
-			c.eng.FinishLocked(op, err)
-		}
-	}
-	_, err := c.sendMsg(ctx, target, kindDynAM, 0, h.encode(data...), func(err error) {
-		if err != nil {
-			fail(err)
-		}
-	})
-	if err != nil {
-		c.eng.Locked(func() { fail(err) })
-		return nil, opErr(name, target, err)
-	}
-	return call.req, nil
+	return d.w.amCall(ctx, name, target, h, &amCall{result: result, free: internal, kind: kindDynAM}, data...)
 }
 
 // handleDynAM runs a dynamic active message at the target (in the poller)
