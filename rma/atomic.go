@@ -197,49 +197,56 @@ func (w *Win) apply(src int, h *amHdr, data []byte) (byte, []byte) {
 		}
 		return amOK, nil
 	case amAcc, amCAS:
-		if check(h.op, h.dt, len(data)) != nil && h.kind == amAcc {
-			return amBadType, nil
-		}
-		sz := h.dt.Size()
-		if sz == 0 {
-			return amBadType, nil
-		}
-		n := len(data)
-		if h.kind == amCAS {
-			n = sz
-			if len(data) != 2*sz {
-				return amBadType, nil
-			}
-		}
-		if n == 0 {
-			return amOK, nil
+		n, refused := elemSpan(h, data)
+		if refused != amOK || n == 0 {
+			return refused, nil
 		}
 		if !fits(h.off, n, len(mem)) {
 			return amBounds, nil
 		}
 		region := mem[h.off : int(h.off)+n]
-		if uintptr(unsafe.Pointer(&region[0]))%uintptr(sz) != 0 {
+		if uintptr(unsafe.Pointer(&region[0]))%uintptr(h.dt.Size()) != 0 {
 			// Elements not aligned to their size cannot take the CPU's
 			// atomics; every atomic on them comes here (origins send no
 			// NIC atomic to them), so a lock makes them atomic.
 			w.unalignedMu.Lock()
 			defer w.unalignedMu.Unlock()
 		}
-		if h.kind == amCAS {
-			cmp, swp := loadElem(data[:sz]), loadElem(data[sz:])
-			old := compareSwap(h.dt, region, cmp, swp)
-			out := make([]byte, sz)
-			storeElem(out, old)
-			return amOK, out
-		}
-		var old []byte
-		if h.fetch {
-			old = make([]byte, n)
-		}
-		applyAtomic(h.op, h.dt, region, data, old)
-		return amOK, old
+		return applyElems(h, region, data)
 	}
 	return amBadType, nil
+}
+
+// elemSpan checks an accumulate or compare-and-swap message and returns
+// how many bytes of the target's memory it updates, or why it is refused.
+func elemSpan(h *amHdr, data []byte) (int, byte) {
+	sz := h.dt.Size()
+	switch {
+	case sz == 0, h.kind == amAcc && check(h.op, h.dt, len(data)) != nil, h.kind == amCAS && len(data) != 2*sz:
+		return 0, amBadType
+	case h.kind == amCAS:
+		return sz, amOK
+	}
+	return len(data), amOK
+}
+
+// applyElems applies an accumulate or compare-and-swap message (checked
+// by elemSpan) to mem, its bytes of the target's memory, and returns the
+// status and the old values asked for. Unaligned elements are the
+// caller's to make atomic.
+func applyElems(h *amHdr, mem, data []byte) (byte, []byte) {
+	if h.kind == amCAS {
+		sz := h.dt.Size()
+		out := make([]byte, sz)
+		storeElem(out, compareSwap(h.dt, mem, loadElem(data[:sz]), loadElem(data[sz:])))
+		return amOK, out
+	}
+	var old []byte
+	if h.fetch {
+		old = make([]byte, len(mem))
+	}
+	applyAtomic(h.op, h.dt, mem, data, old)
+	return amOK, old
 }
 
 // fits reports whether [off, off+n) lies within size bytes, without

@@ -269,16 +269,9 @@ func (d *DynWin) apply(src int, h *amHdr, data []byte) (byte, []byte) {
 		}
 		return amBounds, nil
 	case amAcc, amCAS:
-		sz := h.dt.Size()
-		if sz == 0 || (h.kind == amAcc && check(h.op, h.dt, len(data)) != nil) || (h.kind == amCAS && len(data) != 2*sz) {
-			return amBadType, nil
-		}
-		n := len(data)
-		if h.kind == amCAS {
-			n = sz
-		}
-		if n == 0 {
-			return amOK, nil
+		n, refused := elemSpan(h, data)
+		if refused != amOK || n == 0 {
+			return refused, nil
 		}
 		// The region stays attached while d.mu is held: Detach takes it
 		// out under d.mu before it deregisters. Held across the update,
@@ -291,19 +284,7 @@ func (d *DynWin) apply(src int, h *amHdr, data []byte) (byte, []byte) {
 			return amBounds, nil
 		}
 		r := &d.regions[i]
-		mem := r.mem[h.off-r.base : h.off-r.base+uint64(n)]
-		if h.kind == amCAS {
-			old := compareSwap(h.dt, mem, loadElem(data[:sz]), loadElem(data[sz:]))
-			out := make([]byte, sz)
-			storeElem(out, old)
-			return amOK, out
-		}
-		var old []byte
-		if h.fetch {
-			old = make([]byte, n)
-		}
-		applyAtomic(h.op, h.dt, mem, data, old)
-		return amOK, old
+		return applyElems(h, r.mem[h.off-r.base:h.off-r.base+uint64(n)], data)
 	}
 	return amBadType, nil
 }
