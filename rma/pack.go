@@ -33,27 +33,35 @@ type putPack struct {
 }
 
 // packPut appends a put of b at byte off of target's window to its pack,
-// sending the pack first if b would not fit.
-func (w *Win) packPut(ctx context.Context, target, off int, b []byte) error {
+// sending the pack first if b would not fit; false if b does not fit even
+// an empty list (a connection of a tiny MTU): the put goes as a WRITE.
+// The connection is looked up only to size the list and to send it.
+func (w *Win) packPut(ctx context.Context, target, off int, b []byte) (bool, error) {
 	p := &w.packs[target]
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	qp, err := w.c.conn(ctx, target)
-	if err != nil {
-		return err
-	}
-	if p.cap == 0 {
-		p.cap = min(packCap, qp.MTU())
-		p.buf = make([]byte, 0, p.cap)
-	}
-	if len(p.buf)+verbs.WriteListEntry+len(b) > p.cap {
-		if err := w.sendPackLocked(qp, target, p); err != nil {
-			return err
+	need := verbs.WriteListEntry + len(b)
+	if p.cap == 0 || len(p.buf)+need > p.cap {
+		qp, err := w.c.conn(ctx, target)
+		if err != nil {
+			return false, err
+		}
+		if p.cap == 0 {
+			p.cap = min(packCap, qp.MTU())
+			p.buf = make([]byte, 0, p.cap)
+		}
+		if need > p.cap {
+			return false, nil
+		}
+		if len(p.buf)+need > p.cap {
+			if err := w.sendPackLocked(qp, target, p); err != nil {
+				return false, err
+			}
 		}
 	}
 	p.buf = verbs.AppendWriteList(p.buf, w.remote[target].addr+uint64(off), b)
 	p.n++
-	return nil
+	return true, nil
 }
 
 // sendPack posts target's pack, if it holds puts, as one unsignalled

@@ -730,10 +730,13 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 		return nil, nil
 	}
 	if !signal && rw.notify == 0 && tl.Size() <= packMax && ol.Contiguous() && tl.Contiguous() && target != w.c.rank {
-		if err := w.packPut(ctx, target, off, origin[:tl.Size()]); err != nil {
+		packed, err := w.packPut(ctx, target, off, origin[:tl.Size()])
+		if err != nil {
 			return nil, opErr(name, target, err)
 		}
-		return nil, nil
+		if packed {
+			return nil, nil
+		}
 	}
 	switch {
 	case rw.notify == notifyAggregate && w.c.longHaul(target):
