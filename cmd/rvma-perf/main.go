@@ -93,6 +93,7 @@ type Result struct {
 }
 
 type options struct {
+	accFloat  bool // rma_acc_lat: a Float64 sum, which the target's engine applies
 	bind      bool
 	test      string
 	provider  string
@@ -224,6 +225,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.addr, "addr", "127.0.0.1", "udp: the local IP address of the device")
 	fs.StringVar(&o.cpuprof, "cpuprofile", "", "write a CPU profile of the run to this file")
 	fs.StringVar(&o.device, "device", "", "device URI (default: chosen from --provider)")
+	fs.BoolVar(&o.accFloat, "acc-float", false, "rma_acc_lat: accumulate a float64 (an active message the target's progress engine applies off shm) instead of an int64 (the NIC's fetch-and-add)")
 	fs.IntVar(&o.size, "size", 0, "message size in bytes (default 8 for latency tests, 65536 otherwise)")
 	fs.IntVar(&o.iters, "iters", 0, "iterations (default: run for --duration)")
 	fs.IntVar(&o.warmup, "warmup", 0, "MPI-style rma tests: warm-up operations (default 1000; rma_put_rate: 10 rounds)")

@@ -194,8 +194,12 @@ func rmaOneSided(ctx context.Context, c *rma.Comm, o *options) (*Result, error) 
 					return w.Flush(ctx, target)
 				}
 			case "rma_acc_lat":
+				dt := rma.Int64
+				if o.accFloat {
+					dt = rma.Float64
+				}
 				op = func(int) error {
-					if err := w.Accumulate(ctx, one, rma.Int64, rma.Sum, target, 0); err != nil {
+					if err := w.Accumulate(ctx, one, dt, rma.Sum, target, 0); err != nil {
 						return err
 					}
 					return w.Flush(ctx, target)

@@ -125,6 +125,9 @@ func rankArgs(o *options) []string {
 	if o.noMAC {
 		a = append(a, "--no-mac")
 	}
+	if o.accFloat {
+		a = append(a, "--acc-float")
+	}
 	return a
 }
 
