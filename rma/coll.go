@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/rvma/rvma/internal/progress"
 )
 
 // Collectives: every rank calls them in the same order. Each call takes a
@@ -21,7 +23,7 @@ func (c *Comm) collTag() uint32 {
 // fails on every rank with ErrPeer naming the lowest dead rank, in bounded
 // time, rather than waiting for it.
 func (c *Comm) Barrier(ctx context.Context) error {
-	_, err := c.disseminate(ctx, "barrier", noRank)
+	_, err := c.disseminate(ctx, "barrier", noRank, false)
 	return err
 }
 
@@ -38,7 +40,7 @@ func (c *Comm) agree(ctx context.Context, op string, mine error) error {
 	if mine != nil {
 		low = uint32(c.rank)
 	}
-	low, err := c.disseminate(ctx, op, low)
+	low, err := c.disseminate(ctx, op, low, false)
 	switch {
 	case err != nil:
 		return err
@@ -55,7 +57,15 @@ func (c *Comm) agree(ctx context.Context, op string, mine error) error {
 // is dead (a send or receive fails with ErrPeer) goes on with the next
 // rounds and tells the rest, so every rank finishes and fails with
 // ErrPeer naming it instead of waiting for a message that never comes.
-func (c *Comm) disseminate(ctx context.Context, op string, low uint32) (_ uint32, err error) {
+//
+// closing is Close's barrier, after which the ranks tear down. Its rounds
+// do not wait for their sends' acknowledgements, and a send that fails
+// once every message has been received is no failure: the rank it went to
+// received it in that round and may already be gone, with the
+// acknowledgement lost on the way (the last-ACK problem every transport
+// has at close). Waiting per round would hold back the next partner for
+// as long as RC retries toward a rank that left.
+func (c *Comm) disseminate(ctx context.Context, op string, low uint32, closing bool) (_ uint32, err error) {
 	defer func() {
 		if err != nil || low != noRank {
 			c.troubled.Store(true)
@@ -64,6 +74,7 @@ func (c *Comm) disseminate(ctx context.Context, op string, low uint32) (_ uint32
 	f := collFailure{dead: noRank}
 	tag := c.collTag()
 	var msg [8]byte
+	var pending []*progress.Op // closing: sends not yet waited for
 	for k, round := 1, uint32(0); k < c.size; k, round = k*2, round+1 {
 		to, from := (c.rank+k)%c.size, (c.rank-k+c.size)%c.size
 		binary.LittleEndian.PutUint32(msg[:], low)
@@ -84,7 +95,9 @@ func (c *Comm) disseminate(ctx context.Context, op string, low uint32) (_ uint32
 			low = min(low, binary.LittleEndian.Uint32(m))
 			f.heard(binary.LittleEndian.Uint32(m[4:]))
 		}
-		if sent != nil {
+		if sent != nil && closing {
+			pending = append(pending, sent)
+		} else if sent != nil {
 			if err := sent.Wait(ctx); err != nil {
 				if err := f.lost(ctx, op, to, err); err != nil {
 					return 0, err
@@ -94,6 +107,11 @@ func (c *Comm) disseminate(ctx context.Context, op string, low uint32) (_ uint32
 	}
 	if err := f.err(op); err != nil {
 		return 0, err
+	}
+	for _, sent := range pending {
+		if err := sent.Wait(ctx); err != nil {
+			c.cfg.Logger.Debug("rma: a closing barrier's message was not acknowledged", "rank", c.rank, "err", err)
+		}
 	}
 	return low, nil
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rvma/rvma/verbs"
 	"github.com/stretchr/testify/require"
 )
 
@@ -249,5 +250,34 @@ func TestAllgatherErrors(t *testing.T) {
 				return nil
 			})
 		})
+	}
+}
+
+// TestCloseLostAcks: Close succeeds on every rank while packets are lost,
+// including the acknowledgements of Close's last barrier messages, whose
+// receivers may have torn down before the sender retransmits (the
+// last-ACK problem). The short RC timeouts make a sender that waits for
+// such an ACK fail within milliseconds rather than seconds.
+func TestCloseLostAcks(t *testing.T) {
+	for i := range 12 {
+		n := 2 + i%4
+		cfg := &Config{Provider: "loop", Connect: verbs.ConnectConfig{Timeout: time.Millisecond, MaxTimeout: 2 * time.Millisecond}}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		comms, err := NewWorld(ctx, n, cfg)
+		require.NoError(t, err)
+		each(t, comms, func(ctx context.Context, c *Comm) error { return c.Barrier(ctx) })
+		for r, c := range comms {
+			require.NoError(t, c.dev.SetFaults(-1, verbs.Faults{Drop: 0.15, Seed: uint64(100*i + r + 1)}))
+		}
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for r, c := range comms {
+			wg.Go(func() { errs[r] = c.Close(ctx) })
+		}
+		wg.Wait()
+		cancel()
+		for r, err := range errs {
+			require.NoError(t, err, "round %d: rank %d of %d", i, r, n)
+		}
 	}
 }

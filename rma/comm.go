@@ -839,7 +839,7 @@ func (c *Comm) Close(ctx context.Context) error {
 			ctx, cancel = context.WithTimeout(ctx, c.cfg.CloseTimeout)
 			defer cancel()
 		}
-		if err = c.Barrier(ctx); err != nil {
+		if _, err = c.disseminate(ctx, "barrier", noRank, true); err != nil {
 			err = opErr("close", -1, fmt.Errorf("the other ranks did not all close: %w", err))
 			c.cfg.Logger.Warn("rma: closing without every rank", "rank", c.rank, "err", err)
 		}

@@ -492,6 +492,15 @@ func (qp *QP) Destroy() error {
 		qp.mu.Unlock()
 		return ErrClosed
 	}
+	// An acknowledgement still owed goes out first: the requester may
+	// have nothing else to complete its last message with, and a peer
+	// that is gone cannot answer its retransmission.
+	var ob *outbox
+	if rs := &qp.resp; (rs.delayed || rs.ackPending) && qp.typ == RC &&
+		(qp.state == StateReadyToReceive || qp.state == StateReadyToSend) {
+		ob = outboxPool.Get().(*outbox)
+		qp.emitAck(ob, wire.SyndromeACK|0x1F, psn.Add(rs.ePSN, -1))
+	}
 	qp.detachLocked()
 	qp.dropDeferred()
 	qp.closed = true
@@ -499,6 +508,10 @@ func (qp *QP) Destroy() error {
 	qp.resp.gen++
 	qp.stopTimerLocked()
 	qp.mu.Unlock()
+	if ob != nil {
+		ob.flush(qp.port)
+		outboxPool.Put(ob)
+	}
 	d := qp.dev
 	d.mu.Lock()
 	cow(d, &d.qps, func(m map[uint32]*QP) { delete(m, qp.num) })

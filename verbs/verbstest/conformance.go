@@ -43,6 +43,7 @@ func Run(t *testing.T, env Env) {
 		{"UCLoss", testUCLoss},
 		{"RCFaults", testRCFaults},
 		{"PeerGone", testPeerGone},
+		{"OwedAck", testOwedAck},
 		{"RandomModel", testRandomModel},
 		{"Concurrent", testConcurrent},
 	}
@@ -953,6 +954,21 @@ func testPeerGone(t *testing.T, env Env) {
 	require.Equal(t, verbs.StatusFlushed, a.Wait(t).Status)
 	require.Equal(t, verbs.StatusFlushed, a.Wait(t).Status)
 	require.Equal(t, verbs.StateError, a.QP.State())
+}
+
+// testOwedAck: a responder destroyed while it still owes the
+// acknowledgement of an unsignaled WRITE (one that asked for none, so it
+// waits for the delayed ACK) sends it as it goes, so the requester, which
+// cannot reach it any more, has nothing to retransmit and does not fail.
+// Ranks closing at the end of a job rely on it.
+func testOwedAck(t *testing.T, env Env) {
+	a, b := Pair(t, env, PairConfig{Connect: verbs.ConnectConfig{Timeout: 10 * time.Millisecond, RetryCount: verbs.NoRetry}})
+	copy(a.Buf, "owed")
+	a.Post(t, verbs.SendWR{ID: 1, Opcode: verbs.OpWrite, SGL: []verbs.SGE{a.MR.SGE(0, 4)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()})
+	require.Eventually(t, func() bool { return string(b.Buf[:4]) == "owed" }, 5*time.Second, 10*time.Microsecond)
+	require.NoError(t, b.QP.Destroy())
+	a.NoCompletion(t, 100*time.Millisecond)
+	require.Equal(t, verbs.StateReadyToSend, a.QP.State())
 }
 
 // testRandomModel runs random mixed operations and checks both memories
