@@ -184,6 +184,49 @@ func TestPeersHalo3d(t *testing.T) {
 	}
 }
 
+// TestPeersHalo3dLockPerNeighbour runs the peers' halo3d lock variant on 4
+// ranks with its one wait made per neighbour (a copy edited here, as
+// scripts/halo3d-lock-race.sh does): without the program's own race its
+// checksum must equal sendrecv's on every run.
+func TestPeersHalo3dLockPerNeighbour(t *testing.T) {
+	peers := peersDir(t)
+	dir := built(t)
+	src, err := os.ReadFile(filepath.Join(peers, "mpi_halo3d.c"))
+	require.NoError(t, err)
+	edits := []struct{ old, new string }{
+		{"MPI_Accumulate(&one, 1, MPI_INT64_T, nbr[d][s], 2 * V, 1, MPI_INT64_T, MPI_SUM, win);",
+			"{ MPI_Accumulate(&one, 1, MPI_INT64_T, nbr[d][s], 2 * V, 1, MPI_INT64_T, MPI_SUM, win); " +
+				"MPI_Accumulate(&one, 1, MPI_INT64_T, nbr[d][s], 2 * V + 1 + 2 * d + (1 - s), 1, MPI_INT64_T, MPI_SUM, win); }"},
+		{"} while (got < want);", "} while (got < want);\n" +
+			"for (int k = 0; k < 6; k++) { if (nbr[k / 2][k % 2] == MPI_PROC_NULL) continue; " +
+			"do { MPI_Fetch_and_op(NULL, &got, MPI_INT64_T, rank, 2 * V + 1 + k, MPI_NO_OP, win); MPI_Win_flush(rank, win); } while (got < iter); }"},
+		{"*(int64_t *)(base + 2 * V) = 0;", "for (int k = 0; k < 7; k++) *(int64_t *)(base + 2 * V + k) = 0;"},
+		{"(MPI_Aint)(2 * V + 1) * sizeof(double)", "(MPI_Aint)(2 * V + 7) * sizeof(double)"},
+	}
+	code := string(src)
+	for _, e := range edits {
+		if strings.Count(code, e.old) != 1 {
+			t.Skipf("the peers' mpi_halo3d.c changed: %q is not in it once", e.old)
+		}
+		code = strings.Replace(code, e.old, e.new, 1)
+	}
+	fixed := filepath.Join(dir, "halo3d_per_neighbour.c")
+	require.NoError(t, os.WriteFile(fixed, []byte(code), 0o644))
+	prog := filepath.Join(dir, "halo3d_per_neighbour")
+	cmd := exec.Command("./rvmacc", "-O2", "-o", prog, fixed, "-lm")
+	cmd.Env = append(os.Environ(), "RVMA_LIBDIR="+filepath.Join(dir, "lib"), "RVMA_INCDIR="+filepath.Join(dir, "include"),
+		"RVMA_CC="+testutil.CC())
+	b, err := cmd.CombinedOutput()
+	require.NoError(t, err, "rvmacc:\n%s", b)
+	for i := range 3 {
+		out := run(t, filepath.Join(dir, "rvmarun"), "-n", "4", "--tag-output=false", prog,
+			"-s", "sendrecv,lock", "-n", "12", "-i", "20", "-w", "2")
+		rs := parsePeerHalo(t, out)
+		require.True(t, rs["lock"].ok, "run %d: lock not ok:\n%s", i, out)
+		require.Equal(t, rs["sendrecv"].checksum, rs["lock"].checksum, "run %d", i)
+	}
+}
+
 // TestPeersRMA builds the peers' mpi_rma.c with rvmacc and runs each of
 // its tests on 2 ranks, briefly (0.01 s a point): every test reports every
 // size (8 B, then 16 B to 4 MiB by 4) with a positive figure.
