@@ -103,39 +103,49 @@ func (w *Win) creditWord(o int, qp *verbs.QP) *uint64 {
 	return (*uint64)(unsafe.Pointer(&m.Bytes()[0]))
 }
 
-// directPut copies origin (through ol) into target's window at byte off
-// (through tl), if the window is mapped here; false if it is not.
-func (w *Win) directPut(ctx context.Context, origin []byte, ol Layout, target, off int, tl Layout) bool {
-	m := w.mapped(ctx, target)
-	if m == nil {
-		return false
-	}
-	dst := m.Bytes()[off:]
-	if ol.Contiguous() && tl.Contiguous() {
-		copy(dst[:tl.Size()], origin)
-	} else {
-		segments(ol, tl, func(s seg) { copy(dst[s.t:s.t+s.n], origin[s.o:s.o+s.n]) })
-	}
-	if d := &w.direct[target]; !d.dirty.Load() {
-		d.dirty.Store(true)
-	}
-	return true
+// directCarrier reaches a peer whose window is mapped here: a put or a
+// get is a copy, and the window is there for CPU atomics. While the
+// mapping may not be used (the peer is gone, faults are injected on the
+// port), the peer is reached through rc.
+type directCarrier struct {
+	rc *rcCarrier
+	d  *directPeer
 }
 
-// directGet copies target's window at byte off (through tl) into origin
-// (through ol), if the window is mapped here; false if it is not.
-func (w *Win) directGet(ctx context.Context, origin []byte, ol Layout, target, off int, tl Layout) bool {
-	m := w.mapped(ctx, target)
-	if m == nil {
-		return false
+func (c *directCarrier) put(ctx context.Context, x xfer) (*Request, error) {
+	if !c.d.m.Usable() {
+		return c.rc.put(ctx, x)
 	}
-	src := m.Bytes()[off:]
-	if ol.Contiguous() && tl.Contiguous() {
-		copy(origin[:tl.Size()], src)
+	dst := c.d.m.Bytes()[x.off:]
+	if x.ol.Contiguous() && x.tl.Contiguous() {
+		copy(dst[:x.tl.Size()], x.origin)
 	} else {
-		segments(ol, tl, func(s seg) { copy(origin[s.o:s.o+s.n], src[s.t:s.t+s.n]) })
+		segments(x.ol, x.tl, func(s seg) { copy(dst[s.t:s.t+s.n], x.origin[s.o:s.o+s.n]) })
 	}
-	return true
+	if !c.d.dirty.Load() {
+		c.d.dirty.Store(true)
+	}
+	return nil, nil
+}
+
+func (c *directCarrier) get(ctx context.Context, x xfer) (*Request, error) {
+	if !c.d.m.Usable() {
+		return c.rc.get(ctx, x)
+	}
+	src := c.d.m.Bytes()[x.off:]
+	if x.ol.Contiguous() && x.tl.Contiguous() {
+		copy(x.origin[:x.tl.Size()], src)
+	} else {
+		segments(x.ol, x.tl, func(s seg) { copy(x.origin[s.o:s.o+s.n], src[s.t:s.t+s.n]) })
+	}
+	return nil, nil
+}
+
+func (c *directCarrier) mem() []byte {
+	if !c.d.m.Usable() {
+		return nil
+	}
+	return c.d.m.Bytes()
 }
 
 // directAtomic returns the n bytes at byte off of target's window, mapped
@@ -147,11 +157,11 @@ func (w *Win) directAtomic(ctx context.Context, target, off, n, sz int) []byte {
 	if w.amOut[target].Load() != 0 || w.nicOut[target].Load() != 0 {
 		return nil
 	}
-	m := w.mapped(ctx, target)
-	if m == nil {
+	mem := w.carrier(ctx, target).mem()
+	if mem == nil {
 		return nil
 	}
-	b := m.Bytes()[off : off+n]
+	b := mem[off : off+n]
 	if uintptr(unsafe.Pointer(&b[0]))%uintptr(sz) != 0 {
 		return nil
 	}

@@ -200,6 +200,26 @@ func (c counter) of(wr *verbs.SendWR) int {
 // units is how target counts a work request.
 func (w *Win) units(target int) counter { return counter(w.remote[target].countOps) }
 
+// putNotified is the epoch layer's put into target's notified window,
+// above whatever carries the bytes. Into a per-origin window, see
+// putPerOrigin. Into an aggregate window this origin cannot know where
+// epochs end, so its puts keep RC's order, behind any split over the
+// paths; towards a long-haul peer they take the reliability layer, so
+// that the peer assigns them to epochs in the order they start
+// (putPerOrigin's too).
+func (w *Win) putNotified(ctx context.Context, target int, x xfer) (*Request, error) {
+	switch {
+	case w.remote[target].notify == notifyPerOrigin:
+		return w.putPerOrigin(ctx, x.origin, x.ol, target, x.off, x.tl, x.signal)
+	case w.c.longHaul(target):
+		return w.haulPut(ctx, "put", x.origin, x.ol, target, x.off, x.tl)
+	}
+	if err := w.waitBridged(ctx, target); err != nil {
+		return nil, opErr("put", target, err)
+	}
+	return w.postPut(ctx, target, x)
+}
+
 // putPerOrigin sends a put into target's per-origin notified window, now
 // if its epochs' buffers are posted, else queued until they are: over the
 // paths when it may be split, over the reliability layer to a long-haul

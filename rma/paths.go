@@ -149,7 +149,13 @@ func peerErr(err error) error {
 // windows are decided further by putPerOrigin (which keeps each piece in
 // its epoch).
 func (w *Win) spreads(target, n int, ol, tl Layout) bool {
-	return w.c.cfg.Paths > 1 && target != w.c.rank && n >= w.c.splitFrom() && ol.Contiguous() && tl.Contiguous()
+	return w.c.cfg.Paths > 1 && target != w.c.rank && w.c.splittable(n, ol, tl)
+}
+
+// splittable reports whether a transfer of n bytes is one the paths
+// split: large enough, and contiguous on both sides.
+func (c *Comm) splittable(n int, ol, tl Layout) bool {
+	return n >= c.splitFrom() && ol.Contiguous() && tl.Contiguous()
 }
 
 // splitFrom is the smallest transfer split over the paths.

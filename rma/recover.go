@@ -716,6 +716,7 @@ func (w *Win) quiet(ctx context.Context, changed []bool) {
 			w.takeFailed(r)
 		}
 	})
+	w.forgetCarriers(changed)
 	for r, ch := range changed {
 		if ch && w.direct != nil {
 			w.direct[r] = directPeer{}
@@ -745,6 +746,7 @@ func (w *Win) rejoin(ctx context.Context, changed []bool) error {
 	if w.remote == nil {
 		w.remote = remote
 		w.direct = make([]directPeer, c.size)
+		w.carriers = make([]atomic.Pointer[carrier], c.size)
 		if w.notify != nil {
 			w.credMap = make([]directPeer, c.size)
 		}

@@ -179,18 +179,22 @@ type Win struct {
 	// c.wins (under winMu), so those are set before it; remote and tx
 	// are set after, and read only by the application's calls and what
 	// they start (a credit request's answer, in the poller).
-	c       *Comm
-	id      uint32
-	mem     []byte
-	mr      *verbs.MR
-	unit    int
-	remote  []remoteWin
-	direct  []directPeer // per target: its window mapped here (shm; direct.go)
-	packs   []putPack    // plain windows, per target: small puts waiting to travel together (pack.go)
-	credMap []directPeer // notified windows, per origin: its credit words mapped here (shm)
-	lockMem []uint64     // this rank's lock word, then one result slot per target (atomics)
-	lockMR  *verbs.MR
-	credits words // notified windows: a credit word per target, written by peers, read with atomic loads (notifytx.go)
+	c      *Comm
+	id     uint32
+	mem    []byte
+	mr     *verbs.MR
+	unit   int
+	remote []remoteWin
+	direct []directPeer // per target: its window mapped here (shm; direct.go)
+	// carriers holds, per target, how data reaches it (carrier.go),
+	// chosen at the first access under carrierMu.
+	carriers  []atomic.Pointer[carrier]
+	carrierMu sync.Mutex
+	packs     []putPack    // plain windows, per target: small puts waiting to travel together (pack.go)
+	credMap   []directPeer // notified windows, per origin: its credit words mapped here (shm)
+	lockMem   []uint64     // this rank's lock word, then one result slot per target (atomics)
+	lockMR    *verbs.MR
+	credits   words // notified windows: a credit word per target, written by peers, read with atomic loads (notifytx.go)
 	// Per-origin notified windows: where this rank's puts stand in each
 	// target's epochs, and the puts waiting for the target to post a
 	// buffer; each txState has its own lock.
@@ -333,6 +337,7 @@ func (c *Comm) create(ctx context.Context, mem []byte, mr *verbs.MR, cfg *WinCon
 	}
 	w.remote = make([]remoteWin, c.size)
 	w.direct = make([]directPeer, c.size)
+	w.carriers = make([]atomic.Pointer[carrier], c.size)
 	if w.notify != nil {
 		w.credMap = make([]directPeer, c.size)
 	}
@@ -721,63 +726,11 @@ func (w *Win) put(ctx context.Context, origin []byte, ol Layout, target, disp in
 	if tl.Size() == 0 {
 		return nil, nil
 	}
-	rw := &w.remote[target]
-	// Into a window of this host mapped here, the put is a copy (see
-	// direct.go). Puts are not ordered with each other before a
-	// synchronisation (MPI), so it may overtake earlier ones still in
-	// the QP.
-	if rw.notify == 0 && !w.spreads(target, tl.Size(), ol, tl) && w.directPut(ctx, origin, ol, target, off, tl) {
-		return nil, nil
+	x := xfer{origin: origin, ol: ol, tl: tl, off: off, signal: signal}
+	if w.remote[target].notify != 0 {
+		return w.putNotified(ctx, target, x)
 	}
-	if !signal && rw.notify == 0 && tl.Size() <= packMax && ol.Contiguous() && tl.Contiguous() && target != w.c.rank {
-		packed, err := w.packPut(ctx, target, off, origin[:tl.Size()])
-		if err != nil {
-			return nil, opErr(name, target, err)
-		}
-		if packed {
-			return nil, nil
-		}
-	}
-	switch {
-	case rw.notify == notifyAggregate && w.c.longHaul(target):
-		// Every notified put towards a long-haul peer takes the
-		// reliability layer, so that the peer assigns them to epochs in
-		// the order they start (per-origin windows too, from
-		// putPerOrigin).
-		return w.haulPut(ctx, name, origin, ol, target, off, tl)
-	case rw.notify == notifyPerOrigin:
-		return w.putPerOrigin(ctx, origin, ol, target, off, tl, signal)
-	case rw.notify != 0:
-		// An aggregate window: this origin cannot know where epochs end,
-		// so its puts keep RC's order, behind any split over the paths.
-		if err := w.waitBridged(ctx, target); err != nil {
-			return nil, opErr(name, target, err)
-		}
-	case !tl.Contiguous() && tl.Block < smallBlock:
-		return w.putPacked(ctx, origin, ol, target, off, tl)
-	case w.spreads(target, tl.Size(), ol, tl):
-		return w.spread(ctx, name, target, origin[:ol.Size()], off, false)
-	}
-	qp, err := w.c.conn(ctx, target)
-	if err != nil {
-		return nil, err
-	}
-	var one [1]verbs.SendWR // a contiguous put's only request, on the stack
-	wrs, err := w.putWRs(one[:0], origin, ol, target, off, tl)
-	if err != nil {
-		return nil, opErr(name, target, err)
-	}
-	if !signal {
-		if rw.notify == 0 {
-			// Nothing happens at the target before a synchronisation
-			// (fence, complete, unlock, flush) whose marker follows: the
-			// put may wait for it, so a run of small puts leaves in one
-			// batch. A notified window's puts are their own signal.
-			wrs[len(wrs)-1].Flags |= verbs.FlagDefer
-		}
-		return nil, w.postUnsignalled(qp, target, wrs)
-	}
-	return w.postOps(name, qp, target, wrs, nil)
+	return w.carrier(ctx, target).put(ctx, x)
 }
 
 // putWRs makes the work requests of a put: one per run of consecutive
@@ -958,41 +911,10 @@ func (w *Win) get(ctx context.Context, origin []byte, ol Layout, target, disp in
 	if err != nil {
 		return nil, err
 	}
-	if tl.Size() > 0 && w.remote[target].notify == 0 && !w.spreads(target, tl.Size(), ol, tl) && w.directGet(ctx, origin, ol, target, off, tl) {
+	if tl.Size() == 0 {
 		return nil, nil
 	}
-	if w.spreads(target, tl.Size(), ol, tl) {
-		return w.spread(ctx, name, target, origin[:ol.Size()], off, true)
-	}
-	qp, err := w.c.conn(ctx, target)
-	if err != nil {
-		return nil, err
-	}
-	rw := &w.remote[target]
-	var wrs []verbs.SendWR
-	var last int = -1
-	var perr error
-	segments(ol, tl, func(s seg) {
-		sge, err := w.c.reg.sge(origin[s.o : s.o+s.n])
-		if err != nil {
-			perr = err
-			return
-		}
-		if n := len(wrs); n > 0 && len(wrs[n-1].SGL) < maxSGE && last == s.t {
-			wrs[n-1].SGL = append(wrs[n-1].SGL, sge)
-		} else {
-			wrs = append(wrs, verbs.SendWR{Opcode: verbs.OpRead, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{sge},
-				RemoteAddr: rw.addr + uint64(off+s.t), RKey: rw.rkey})
-		}
-		last = s.t + s.n
-	})
-	if perr != nil {
-		return nil, opErr(name, target, perr)
-	}
-	if len(wrs) == 0 {
-		return nil, nil
-	}
-	return w.postOps(name, qp, target, wrs, w.reads)
+	return w.carrier(ctx, target).get(ctx, xfer{origin: origin, ol: ol, tl: tl, off: off})
 }
 
 // mailboxAddr is the mailbox this rank puts into at target's notified
