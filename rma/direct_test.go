@@ -165,3 +165,78 @@ func TestAtomicsAgree(t *testing.T) {
 		})
 	}
 }
+
+// TestCarrierChoice: each window reaches each peer through the carrier
+// that how the peer is reached calls for, chosen once: a window of this
+// host from Allocate is mapped (shm), caller memory and a rank's own
+// window take the RC connection, and with several paths large transfers
+// go over them in front of either. Puts and gets through every carrier
+// move the right bytes, and Recover's forgetting makes the next access
+// choose again.
+func TestCarrierChoice(t *testing.T) {
+	type kind = string
+	name := func(c carrier) kind {
+		switch c := c.(type) {
+		case *directCarrier:
+			return "direct"
+		case *rcCarrier:
+			return "rc"
+		case *pathsCarrier:
+			return "paths(" + fmt.Sprintf("%T", c.near)[len("*rma."):] + ")"
+		}
+		return fmt.Sprintf("%T", c)
+	}
+	for _, tc := range []struct {
+		provider string
+		paths    int
+		create   bool
+		want     [2]kind // towards rank 0 (itself) and rank 1, from rank 0
+	}{
+		{"shm", 1, false, [2]kind{"rc", "direct"}},
+		{"shm", 1, true, [2]kind{"rc", "rc"}},
+		{"udp", 1, false, [2]kind{"rc", "rc"}},
+		{"loop", 2, false, [2]kind{"rc", "paths(rcCarrier)"}},
+	} {
+		t.Run(fmt.Sprintf("%s/paths%d/create%v", tc.provider, tc.paths, tc.create), func(t *testing.T) {
+			cfg := &Config{Provider: tc.provider, Paths: tc.paths}
+			if tc.paths > 1 {
+				cfg.Multipath.Small = 4096
+			}
+			comms := newWorld(t, 2, cfg)
+			wins := make([]*Win, 2)
+			const size = 1 << 16
+			each(t, comms, func(ctx context.Context, c *Comm) (err error) {
+				if tc.create {
+					wins[c.Rank()], err = c.Create(ctx, make([]byte, size), nil)
+				} else {
+					wins[c.Rank()], err = c.Allocate(ctx, size, nil)
+				}
+				return err
+			})
+			ctx := context.Background()
+			w := wins[0]
+			require.NoError(t, w.LockAll(ctx))
+			for target := range 2 {
+				for _, n := range []int{8, 300, 8192} {
+					data := make([]byte, n)
+					for i := range data {
+						data[i] = byte(i*7 + n + target)
+					}
+					require.NoError(t, w.Put(ctx, data, target, 100))
+					require.NoError(t, w.Flush(ctx, target))
+					got := make([]byte, n)
+					require.NoError(t, w.Get(ctx, got, target, 100))
+					require.NoError(t, w.Flush(ctx, target))
+					require.Equal(t, data, got, "target %d, %d bytes", target, n)
+				}
+				c := w.carrier(ctx, target)
+				require.Equal(t, tc.want[target], name(c), "target %d", target)
+				require.Same(t, c, w.carrier(ctx, target), "chosen once")
+			}
+			require.NoError(t, w.UnlockAll(ctx))
+			w.forgetCarriers([]bool{false, true})
+			require.Nil(t, w.carriers[1].Load())
+			require.NotNil(t, w.carriers[0].Load())
+		})
+	}
+}
