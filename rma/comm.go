@@ -386,6 +386,10 @@ type peer struct {
 	// (Config.LongHaul), dialed on first use with haulMu held.
 	haulMu sync.Mutex
 	haul   *haulPeer
+
+	// pathsDone and haulDone finish the operations that complete on mp
+	// and on haul, in the order they started (completer.go).
+	pathsDone, haulDone completer
 }
 
 // peerLocks is the lock class of peers' mu (see internal/lockcheck).

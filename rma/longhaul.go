@@ -341,14 +341,10 @@ func (w *Win) haulStart(target int, wrs []verbs.SendWR, op func(i int) *progress
 			return i, peerErr(err)
 		}
 		o, id := op(i), wrs[i].ID
-		w.c.eng.Locked(func() { w.bridged[target].Add(1) })
-		w.c.bridges.Add(1)
-		go func() {
-			defer w.c.bridges.Done()
+		w.bridgeOp(target, &w.c.peers[target].haulDone, func() error {
 			_, err := p.Wait(w.c.bg)
-			w.c.eng.Locked(func() { w.bridged[target].Add(-1) })
-			w.c.eng.Posted(o, id, 1, 0, opErr("put", target, peerErr(err)))
-		}()
+			return err
+		}, func(err error) { w.c.eng.Posted(o, id, 1, 0, opErr("put", target, peerErr(err))) })
 	}
 	return len(wrs), nil
 }

@@ -192,5 +192,5 @@ func (w *Win) spread(ctx context.Context, name string, target int, b []byte, off
 		return nil, opErr(name, target, peerErr(err))
 	}
 	// The waiter polls the paths' CQ.
-	return w.bridge(name, target, func(ctx context.Context) error { return peerErr(req.Wait(ctx)) }), nil
+	return w.bridge(name, target, &w.c.peers[target].pathsDone, func(ctx context.Context) error { return peerErr(req.Wait(ctx)) }), nil
 }

@@ -1053,22 +1053,27 @@ func (c *Comm) errOf(wc *verbs.WorkCompletion) error {
 }
 
 // bridge tracks an operation that completes outside the Comm's CQ (on
-// the paths, or over the reliability layer): wait runs in a goroutine
-// and its result finishes an ordinary Op, so that flushes wait for it
-// and report its failure. While it runs, Complete does not rely on the
-// RC connection's ordering towards target (see bridging).
-func (w *Win) bridge(name string, target int, wait func(ctx context.Context) error) *Request {
+// the paths, or over the reliability layer): q, that carrier's
+// completer, runs wait and its result finishes an ordinary Op, so that
+// flushes wait for it and report its failure. Until then, Complete does
+// not rely on the RC connection's ordering towards target (see
+// bridging).
+func (w *Win) bridge(name string, target int, q *completer, wait func(ctx context.Context) error) *Request {
 	o, _ := w.track(0, target)
 	req := o.request(name)
-	w.c.eng.Locked(func() { w.bridged[target].Add(1) })
-	w.c.bridges.Add(1)
-	go func() {
-		defer w.c.bridges.Done()
-		err := wait(w.c.bg)
-		w.c.eng.Locked(func() { w.bridged[target].Add(-1) })
-		w.c.eng.Finish(&o.op, err)
-	}()
+	w.bridgeOp(target, q, func() error { return wait(w.c.bg) }, func(err error) { w.c.eng.Finish(&o.op, err) })
 	return req
+}
+
+// bridgeOp counts an operation towards target as bridged until wait,
+// which q runs, has returned; finish then finishes its Op.
+func (w *Win) bridgeOp(target int, q *completer, wait func() error, finish func(error)) {
+	w.c.eng.Locked(func() { w.bridged[target].Add(1) })
+	q.add(&w.c.bridges, func() {
+		err := wait()
+		w.c.eng.Locked(func() { w.bridged[target].Add(-1) })
+		finish(err)
+	})
 }
 
 // bridging reports whether bridged operations towards target are in
