@@ -151,7 +151,7 @@ func (t *Target) newWindow(addr uint64, cfg Config) (*Window, error) {
 		return nil, fmt.Errorf("%w: %+v", ErrBadConfig, cfg)
 	}
 	w := &Window{t: t, addr: addr, cfg: cfg, history: epoch.New(cfg.History),
-		notify: make(chan struct{}, 1), pins: map[peer]*pin{}, bySlot: make([]*buffer, boxSlots)}
+		notify: make(chan struct{}, 1), pins: map[peer]pin{}, bySlot: make([]*buffer, boxSlots)}
 	// The window's counters live in a box (package shmbox). On a device
 	// with shm ports the box is shared with the host's processes, whose
 	// puts are then placed and counted by their initiators; the catch-all
@@ -239,10 +239,11 @@ type Window struct {
 	lastBuf  *byte         // locate's cache
 	lastLoc  shmbox.Location
 	posted   []*buffer // head first; the first ones are in the box
+	spare    []*buffer // retired buffer records, for the next posts
 	nextID   int
 	epoch    uint64
 	closed   bool
-	pins     map[peer]*pin
+	pins     map[peer]pin
 	pending  []epoch.Record // completions, those from pendHead on not yet taken by Wait/Poll
 	pendHd   int
 	npend    atomic.Int32 // records not taken, read without the lock by spinning waiters
@@ -258,12 +259,17 @@ type buffer struct {
 	slot    int // in the box; -1 while waiting for a slot
 	byPeer  map[peer]int
 	retired bool
-	gen     int // abandons so far: reservations of an earlier generation are void
+	// gen counts the record's abandons and reuses: a reservation or a
+	// pin of an earlier generation is void.
+	gen int
 }
 
+// pin is a put of several packets under way: its buffer, of generation
+// gen, and where its first byte goes (Appended windows).
 type pin struct {
 	buf  *buffer
-	base int // Appended: where the put's first byte goes
+	gen  int
+	base int
 }
 
 // Addr returns the window's mailbox address (0 for the catch-all).
@@ -280,7 +286,18 @@ func (w *Window) Post(buf []byte) (int, error) {
 		return 0, fmt.Errorf("%w: %d buffers posted", ErrLimit, len(w.posted))
 	}
 	w.nextID++
-	w.posted = append(w.posted, &buffer{id: w.nextID, data: buf, slot: -1})
+	// A retired record is reused (no allocation per epoch): its new
+	// generation voids what still points at it.
+	var b *buffer
+	if n := len(w.spare); n > 0 {
+		b, w.spare = w.spare[n-1], w.spare[:n-1]
+		*b = buffer{gen: b.gen + 1, byPeer: b.byPeer}
+		clear(b.byPeer)
+	} else {
+		b = new(buffer)
+	}
+	b.id, b.data, b.slot = w.nextID, buf, -1
+	w.posted = append(w.posted, b)
 	w.box.Lock()
 	w.fill()
 	w.box.Unlock()
@@ -355,18 +372,18 @@ func (w *Window) place(m *verbs.MailboxWrite) verbs.MailboxResult {
 		}
 		b, base = w.bySlot[slot], bs
 		if !m.Last {
-			w.pins[key] = &pin{buf: b, base: base}
+			w.pins[key] = pin{buf: b, gen: b.gen, base: base}
 			w.box.Opened(b.slot)
 		}
 	} else {
-		p := w.pins[key]
-		if p == nil {
+		p, ok := w.pins[key]
+		if !ok {
 			return codeEpochCrossed // its epoch was abandoned or handed off
 		}
 		if m.Last {
 			delete(w.pins, key)
 		}
-		if p.buf.retired {
+		if p.buf.retired || p.buf.gen != p.gen {
 			return codeEpochCrossed
 		}
 		if m.Last {
@@ -496,7 +513,16 @@ func (r *Reservation) end(n int, count bool) error {
 // complete retires the head buffer; w.mu and the box lock are held.
 func (w *Window) complete(partial bool) epoch.Record {
 	b := w.posted[0]
-	w.posted = w.posted[1:]
+	if n := len(w.posted); n <= 64 {
+		// Few posted (the usual): move them down, so that the next
+		// posts reuse the array instead of growing a new one.
+		copy(w.posted, w.posted[1:])
+		w.posted[n-1] = nil
+		w.posted = w.posted[:n-1]
+	} else {
+		w.posted[0] = nil
+		w.posted = w.posted[1:]
+	}
 	b.retired = true
 	bytes, ops := w.box.Counts(b.slot)
 	w.box.Retire()
@@ -507,6 +533,7 @@ func (w *Window) complete(partial bool) epoch.Record {
 	w.pending = append(w.pending, r)
 	w.npend.Add(1)
 	w.t.release(b.byPeer)
+	w.spare = append(w.spare, b)
 	w.fill()
 	w.wake()
 	return r

@@ -95,10 +95,10 @@ func BenchmarkFetchAndOp(b *testing.B) {
 		b.Run(prov, func(b *testing.B) {
 			w := lockedWin(b, prov)
 			ctx := context.Background()
-			res := make([]byte, 8)
+			res, one := make([]byte, 8), u64(1)
 			b.ReportAllocs()
 			for b.Loop() {
-				if err := w.FetchAndOp(ctx, u64(1), res, Int64, Sum, 1, 0); err != nil {
+				if err := w.FetchAndOp(ctx, one, res, Int64, Sum, 1, 0); err != nil {
 					b.Fatal(err)
 				}
 			}

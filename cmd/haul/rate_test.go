@@ -77,6 +77,19 @@ func requireGoodput(t *testing.T, rep report, link, frac float64) {
 	require.Greater(t, rep.Gbps*1e3, frac*link, "goodput")
 }
 
+// requireRate asserts that an estimate reached low Mbit/s. An estimate
+// is what the link delivered; under the race detector the receiver, not
+// the link, sets that (as it sets goodput, see requireGoodput), so there
+// the level is only logged.
+func requireRate(t *testing.T, mbps, low float64, what string) {
+	t.Helper()
+	if raceEnabled {
+		t.Logf("race detector: %s: %.1f Mbit/s (%.0f wanted) not asserted", what, mbps, low)
+		return
+	}
+	require.Greater(t, mbps, low, what)
+}
+
 // With no --rate, haul finds a link's rate: the transfer is intact, its
 // goodput a fair share of the link (a bound a loaded machine meets: the
 // time is not asserted tightly), the estimate on average not above what
@@ -102,7 +115,10 @@ func TestAutoRate(t *testing.T) {
 func TestAutoRateLoss(t *testing.T) {
 	const link = 100
 	rep := autoRun(t, linkem.Config{Rate: link * mbitps, Faults: fabric.Faults{Delay: 5 * time.Millisecond, Drop: 0.01, Seed: 5}}, 16<<20, nil)
-	require.Greater(t, rep.Rate.IdealMbps, 0.5*link, "the mean estimate did not collapse")
+	requireRate(t, rep.Rate.IdealMbps, 0.5*link, "the mean estimate did not collapse")
+	for _, e := range rep.Rate.Events {
+		require.NotContains(t, e.Why, "loss", "the controller moved on a loss: %+v", e)
+	}
 	requireGoodput(t, rep, link, 0.3)
 	require.Positive(t, rep.Repaired)
 }
@@ -127,8 +143,8 @@ func TestAutoRateChanges(t *testing.T) {
 				waitRegions(t, out, 4, ps...)
 				l.SetRate(200 * mbitps)
 			})
-		require.Greater(t, rep.Rate.HighMbps, 60.0, "followed the rate up")
 		require.True(t, hasEvent(rep, "probing found more"))
+		requireRate(t, rep.Rate.HighMbps, 60, "followed the rate up")
 	})
 }
 
@@ -147,7 +163,7 @@ func TestAutoRateBlackout(t *testing.T) {
 	require.GreaterOrEqual(t, rep.Rate.Stalls, 1)
 	require.InDelta(t, 5, rep.Rate.LongestStall, 1.5, "the report says how long delivery stopped")
 	require.True(t, hasEvent(rep, "delivery resumed"))
-	require.Greater(t, rep.Rate.FinalMbps, 0.3*link, "the estimate survived the blackout")
+	requireRate(t, rep.Rate.FinalMbps, 0.3*link, "the estimate survived the blackout")
 }
 
 // The same blackout under a fixed --rate, which has no controller to

@@ -239,7 +239,7 @@ func TestPMI2Hangup(t *testing.T) {
 // too.
 func TestPMI2Cancel(t *testing.T) {
 	defer func(g time.Duration) { Grace = g }(Grace)
-	Grace = 200 * time.Millisecond
+	Grace = time.Second // long enough that a loaded machine returns the cancelled fence first
 	for _, raw := range []bool{false, true} {
 		t.Run(fmt.Sprintf("raw=%v", raw), func(t *testing.T) {
 			srv := pmitest.New(2)
@@ -269,7 +269,7 @@ func TestPMI2Cancel(t *testing.T) {
 			require.Less(t, time.Since(t0), Grace)
 			err = s.Put(ctx, "k", "v") // waits for the fence's cut
 			require.ErrorIs(t, err, ErrBroken)
-			require.ErrorContains(t, err, "no reply to kvs-fence within 200ms of its cancellation")
+			require.ErrorContains(t, err, "no reply to kvs-fence within 1s of its cancellation")
 			require.GreaterOrEqual(t, time.Since(t0), Grace)
 			require.NoError(t, s.Close())
 		})
