@@ -129,11 +129,18 @@ func (w *Win) amCall(ctx context.Context, name string, target int, h amHdr, call
 	if msg == 0 {
 		msg = kindAM
 	}
-	_, err := c.sendMsg(ctx, target, msg, 0, h.encode(data...), func(err error) {
+	onSent := func(err error) {
 		if err != nil {
 			fail(err)
 		}
-	})
+	}
+	var err error
+	if call.free {
+		// A credit request, which may be sent from the poller (txDrain).
+		_, err = c.sendMsgNoWait(target, msg, 0, h.encode(data...), onSent)
+	} else {
+		_, err = c.sendMsg(ctx, target, msg, 0, h.encode(data...), onSent)
+	}
 	if err != nil {
 		c.eng.Locked(func() { fail(err) })
 		return nil, opErr(name, target, err)
@@ -175,7 +182,7 @@ func (c *Comm) replyAM(dst int, id uint64, status byte, result []byte) {
 	binary.LittleEndian.PutUint64(reply, id)
 	reply[8] = status
 	reply = append(reply, result...)
-	c.sendMsg(context.Background(), dst, kindAMReply, 0, reply, nil)
+	c.sendMsgNoWait(dst, kindAMReply, 0, reply, nil)
 }
 
 // apply executes an active message from rank src on the local window

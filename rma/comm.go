@@ -354,6 +354,7 @@ type Comm struct {
 	mpWG      sync.WaitGroup // the multipath accept loop
 	haulWG    sync.WaitGroup // the long-haul serving goroutines
 	bridges   sync.WaitGroup // goroutines finishing operations bridged from other CQs
+	backlogs  atomic.Bool    // some peer may have a backlog (msg.go: flushBacklogs)
 	acceptWG  sync.WaitGroup // the connection accept loop
 	closeOnce sync.Once
 }
@@ -373,8 +374,14 @@ type peer struct {
 	accepting bool
 
 	// sendMu is held while one message's fragments are posted, so they
-	// follow each other on the QP. It guards no field.
+	// follow each other on the QP, and while the backlog is posted. It
+	// guards no field.
 	sendMu sync.Mutex
+	// backlog holds, in order, messages the poller could not post for
+	// want of room (msg.go: sendMsgNoWait); backlogMu guards it and is
+	// held only briefly.
+	backlogMu sync.Mutex
+	backlog   []backlogged
 
 	// mpMu guards mp, this rank's multipath connection to the peer, for
 	// large puts and gets (Config.Paths > 1), dialed on first use with
@@ -768,7 +775,7 @@ func newComm(ctx context.Context, b boot, dev *verbs.Device, cfg Config) (_ *Com
 	}
 	c.reg.pd = c.pd
 	c.msg.init()
-	c.eng = progress.New(c.cq, progress.Config{OnRecv: c.onRecv, Background: true, Err: c.errOf})
+	c.eng = progress.New(c.cq, progress.Config{OnRecv: c.onRecv, AfterPoll: c.flushBacklogs, Background: true, Err: c.errOf})
 	c.doneReq = &Request{op: c.eng.Done(), name: "rma", rank: -1}
 	go c.wakeProbes()
 	c.target = mailbox.NewTarget(dev, nil)

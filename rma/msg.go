@@ -174,6 +174,21 @@ func (c *Comm) post(qp *verbs.QP, wrs []verbs.SendWR) (int, error) {
 // onSent, if not nil, runs under the engine's lock when the message has
 // been acknowledged or has failed.
 func (c *Comm) sendMsg(ctx context.Context, dst int, kind byte, tag uint32, data []byte, onSent func(error)) (*progress.Op, error) {
+	return c.sendMsgMode(ctx, dst, kind, tag, data, onSent, false)
+}
+
+// sendMsgNoWait is sendMsg for the poller, and for what may run in it:
+// where the send queue has no room, the message waits in the peer's
+// backlog instead of the caller waiting for room. The poller must not
+// wait: the room comes from the peer's acknowledgements, which need
+// receive buffers that the peer's poller reposts, and the peer's poller
+// may itself be sending to this rank (two ranks answering each other's
+// active messages). The Op reports a failure to post later, as a send's.
+func (c *Comm) sendMsgNoWait(dst int, kind byte, tag uint32, data []byte, onSent func(error)) (*progress.Op, error) {
+	return c.sendMsgMode(context.Background(), dst, kind, tag, data, onSent, true)
+}
+
+func (c *Comm) sendMsgMode(ctx context.Context, dst int, kind byte, tag uint32, data []byte, onSent func(error), noWait bool) (*progress.Op, error) {
 	qp, err := c.conn(ctx, dst)
 	if err != nil {
 		return nil, err
@@ -207,7 +222,12 @@ func (c *Comm) sendMsg(ctx context.Context, dst int, kind byte, tag uint32, data
 			SGL: []verbs.SGE{mr.SGE(0, hdrLen+n)}}
 	}
 	p := c.peers[dst]
+	if noWait {
+		c.postNoWait(p, backlogged{qp: qp, op: op, wrs: wrs})
+		return op, nil
+	}
 	p.sendMu.Lock()
+	c.flushBacklog(p, true) // the messages before this one go first
 	k, err := c.post(qp, wrs)
 	p.sendMu.Unlock()
 	if err != nil {
@@ -217,6 +237,115 @@ func (c *Comm) sendMsg(ctx context.Context, dst int, kind byte, tag uint32, data
 		}
 	}
 	return op, nil
+}
+
+// backlogged is a message whose work requests (their IDs consecutive,
+// from wrs[0].ID) are not posted yet, and its Op.
+type backlogged struct {
+	qp  *verbs.QP
+	op  *progress.Op
+	wrs []verbs.SendWR
+}
+
+// postNoWait posts m behind p's backlog as far as the send queue has
+// room, and leaves the rest in the backlog; it never waits, for room nor
+// for p.sendMu (held by a goroutine that waits for room, it sends this
+// message behind its own).
+func (c *Comm) postNoWait(p *peer, m backlogged) {
+	if !p.sendMu.TryLock() {
+		p.queue(m)
+		c.backlogs.Store(true)
+		return
+	}
+	defer p.sendMu.Unlock()
+	if !c.flushBacklog(p, false) {
+		p.queue(m)
+		c.backlogs.Store(true)
+		return
+	}
+	if rest, ok := c.postSome(m); !ok {
+		p.queue(rest)
+		c.backlogs.Store(true)
+	}
+}
+
+// queue appends m to p's backlog.
+func (p *peer) queue(m backlogged) {
+	p.backlogMu.Lock()
+	p.backlog = append(p.backlog, m)
+	p.backlogMu.Unlock()
+}
+
+// postSome posts what the send queue has room for of m's work requests;
+// if not all, it returns the rest and false. A failure other than a full
+// queue fails the rest of m's Op.
+func (c *Comm) postSome(m backlogged) (backlogged, bool) {
+	k, err := m.qp.PostSend(m.wrs)
+	switch {
+	case err == nil && k == len(m.wrs):
+		return m, true
+	case err == nil || isQueueFull(err):
+		m.wrs = m.wrs[k:]
+		return m, false
+	}
+	c.eng.Posted(m.op, m.wrs[0].ID, len(m.wrs), k, err)
+	return m, true
+}
+
+// flushBacklog posts p's backlog in order, waiting for room if wait, else
+// as far as there is room; it reports whether the backlog is empty.
+// p.sendMu is held.
+func (c *Comm) flushBacklog(p *peer, wait bool) bool {
+	for {
+		p.backlogMu.Lock()
+		if len(p.backlog) == 0 {
+			p.backlogMu.Unlock()
+			return true
+		}
+		m := p.backlog[0]
+		p.backlogMu.Unlock()
+		done := true
+		if wait {
+			if k, err := c.post(m.qp, m.wrs); err != nil {
+				c.eng.Posted(m.op, m.wrs[0].ID, len(m.wrs), k, err)
+			}
+		} else if m, done = c.postSome(m); !done {
+			p.backlogMu.Lock()
+			p.backlog[0] = m
+			p.backlogMu.Unlock()
+			return false
+		}
+		p.backlogMu.Lock()
+		p.backlog[0] = backlogged{}
+		p.backlog = p.backlog[1:]
+		p.backlogMu.Unlock()
+	}
+}
+
+// flushBacklogs posts what the peers' backlogs have room for (in the
+// poller after completions freed send queue slots, and at each probe
+// tick); it never waits.
+func (c *Comm) flushBacklogs() {
+	if !c.backlogs.Load() {
+		return
+	}
+	c.backlogs.Store(false)
+	for _, p := range c.peers {
+		p.backlogMu.Lock()
+		n := len(p.backlog)
+		p.backlogMu.Unlock()
+		if n == 0 {
+			continue
+		}
+		if !p.sendMu.TryLock() {
+			c.backlogs.Store(true) // its holder posts the backlog first
+			continue
+		}
+		if !c.flushBacklog(p, false) {
+			c.backlogs.Store(true)
+		}
+		p.sendMu.Unlock()
+	}
 }
 
 // onRecv handles one receive completion (in the engine's poller).
@@ -306,6 +435,7 @@ func (c *Comm) wakeProbes() {
 		select {
 		case <-t.C:
 			c.ticks.Add(1)
+			c.flushBacklogs() // room freed by unsignalled requests completes nothing
 			c.eng.Wake()
 		case <-c.done:
 			return

@@ -40,6 +40,10 @@ type Config struct {
 	// the engine's lock: it may start and finish Ops and post work, but must
 	// not wait for an Op.
 	OnRecv func(wc *verbs.WorkCompletion)
+	// AfterPoll runs in the poller after each poll that took completions,
+	// after OnRecv, under the same rules: completions free send queue
+	// slots, so work that could not be posted before may go now.
+	AfterPoll func()
 	// Background starts a goroutine that polls the CQ while no waiter does.
 	Background bool
 	// Spin is how long a waiter polls before it sleeps, in Background mode.
@@ -301,11 +305,14 @@ func (e *Engine) poll() (int, error) {
 		}
 	}
 	e.mu.Unlock()
-	if recv && e.cfg.OnRecv != nil {
+	recv = recv && e.cfg.OnRecv != nil
+	if recv || e.cfg.AfterPoll != nil {
 		if lockcheck.Enabled {
 			lockcheck.Enter[inOnRecv]()
 			defer lockcheck.Exit[inOnRecv]() // also when OnRecv panics
 		}
+	}
+	if recv {
 		for i := range e.wcs[:n] {
 			if e.wcs[i].Opcode >= verbs.WCRecv {
 				e.cfg.OnRecv(&e.wcs[i])
@@ -314,6 +321,9 @@ func (e *Engine) poll() (int, error) {
 		// The handler changed state that waiters' conditions read.
 		// (Finished Ops have advanced the round already.)
 		e.Wake()
+	}
+	if e.cfg.AfterPoll != nil {
+		e.cfg.AfterPoll()
 	}
 	return n, err
 }
