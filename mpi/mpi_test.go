@@ -276,6 +276,14 @@ func cTest(t *testing.T, prog string, withProvider bool) {
 	}
 }
 
+// TestManyOps runs test/manyops.c: more accumulates in one epoch than a
+// queue holds, both ways between neighbours, and a transpose made of
+// 90000 one-element READs before a fence, on windows over the program's
+// memory; values checked.
+func TestManyOps(t *testing.T) {
+	cTest(t, "manyops", false)
+}
+
 // TestNarrow runs test/narrow.c: accumulates and atomics on 1- and 2-byte
 // integers (what osu_acc_latency uses), values checked byte by byte.
 func TestNarrow(t *testing.T) {

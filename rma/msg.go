@@ -152,11 +152,16 @@ func (c *Comm) post(qp *verbs.QP, wrs []verbs.SendWR) (int, error) {
 		n, err := qp.PostSend(wrs[done:])
 		done += n
 		if err == nil {
-			if c.cq.Len() > cqDrainAt {
-				// Completions pile up when nothing waits (a stream of
-				// FetchAndOps with no flush, as MPI allows): take them
-				// before the CQ overruns.
-				c.eng.Progress()
+			// Completions pile up when nothing waits (a stream of
+			// FetchAndOps with no flush, as MPI allows, or gets of a
+			// thousand blocks each): take them before the CQ overruns.
+			// A poll takes a batch, and a post may have added hundreds:
+			// poll until they are below the mark, unless another
+			// goroutine is polling (it takes them).
+			for c.cq.Len() > cqDrainAt {
+				if took, _ := c.eng.Progress(); !took {
+					break
+				}
 			}
 			continue
 		}
