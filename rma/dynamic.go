@@ -279,14 +279,57 @@ func (d *DynWin) apply(src int, h *amHdr, data []byte) (byte, []byte) {
 		// applyAtomic).
 		d.mu.Lock()
 		defer d.mu.Unlock()
-		i := slices.IndexFunc(d.regions, func(r dynRegion) bool { return r.holds(h.off, uint64(n)) })
-		if i < 0 {
+		pieces := d.cover(h.off, uint64(n))
+		switch {
+		case pieces == nil:
 			return amBounds, nil
+		case len(pieces) == 1:
+			return applyElems(h, pieces[0], data)
 		}
-		r := &d.regions[i]
-		return applyElems(h, r.mem[h.off-r.base:h.off-r.base+uint64(n)], data)
+		// The elements span regions attached next to each other, which
+		// MPI allows: each piece holds whole elements, or nothing is
+		// applied (an element split between two registrations could not
+		// be updated atomically).
+		sz := h.dt.Size()
+		for _, p := range pieces {
+			if h.kind == amCAS || len(p)%sz != 0 {
+				return amBounds, nil
+			}
+		}
+		var old []byte
+		if h.fetch {
+			old = make([]byte, n)
+		}
+		o := 0
+		for _, p := range pieces {
+			var po []byte
+			if old != nil {
+				po = old[o : o+len(p)]
+			}
+			applyAtomic(h.op, h.dt, p, data[o:o+len(p)], po)
+			o += len(p)
+		}
+		return amOK, old
 	}
 	return amBadType, nil
+}
+
+// cover returns the attached memory of [addr, addr+n), a piece per region
+// it spans in order, or nil if some byte of it is not attached (d.mu
+// held).
+func (d *DynWin) cover(addr, n uint64) [][]byte {
+	var pieces [][]byte
+	for n > 0 {
+		i := slices.IndexFunc(d.regions, func(r dynRegion) bool { return r.holds(addr, 1) })
+		if i < 0 {
+			return nil
+		}
+		r := &d.regions[i]
+		m := min(n, r.base+r.size-addr)
+		pieces = append(pieces, r.mem[addr-r.base:addr-r.base+m])
+		addr, n = addr+m, n-m
+	}
+	return pieces
 }
 
 // check validates a put or get as Win.check does, but for an address:
@@ -341,6 +384,32 @@ func (d *DynWin) wrs(opc verbs.Opcode, origin []byte, ol Layout, r dynRegion, ad
 	return wrs, perr
 }
 
+// spanningWRs is wrs for a transfer that no one region of target holds:
+// each contiguous piece is split where target's regions meet, every byte
+// must be attached.
+func (d *DynWin) spanningWRs(ctx context.Context, name string, opc verbs.Opcode, origin []byte, ol Layout, target, addr int, tl Layout) ([]verbs.SendWR, error) {
+	var wrs []verbs.SendWR
+	var perr error
+	segments(ol, tl, func(s seg) {
+		at, o, left := uint64(addr+s.t), s.o, s.n
+		for perr == nil && left > 0 {
+			var r dynRegion
+			if r, perr = d.resolve(ctx, name, target, at, 1); perr != nil {
+				return
+			}
+			n := int(min(uint64(left), r.base+r.size-at))
+			whole := Layout{Count: 1, Block: n, Stride: n}
+			var piece []verbs.SendWR
+			if piece, perr = d.wrs(opc, origin[o:o+n], whole, r, int(at), whole); perr != nil {
+				return
+			}
+			wrs = append(wrs, piece...)
+			at, o, left = at+uint64(n), o+n, left-n
+		}
+	})
+	return wrs, perr
+}
+
 // transfer implements the puts and gets: without signal, a put posts
 // unsignalled work requests and returns no request (a flush's marker
 // completes it, as Win's puts).
@@ -353,17 +422,22 @@ func (d *DynWin) transfer(ctx context.Context, get bool, origin []byte, ol Layou
 	if err != nil || tl.Size() == 0 {
 		return nil, err
 	}
+	var wrs []verbs.SendWR
 	r, err := d.resolve(ctx, name, target, uint64(addr), uint64(tl.Extent()))
+	switch {
+	case err == nil:
+		wrs, err = d.wrs(opc, origin, ol, r, addr, tl)
+	case errors.Is(err, ErrOutOfBounds):
+		// No one region holds it all: regions attached next to each
+		// other may (MPI allows an access across them).
+		wrs, err = d.spanningWRs(ctx, name, opc, origin, ol, target, addr, tl)
+	}
 	if err != nil {
-		return nil, err
+		return nil, opErr(name, target, err)
 	}
 	qp, err := d.w.c.conn(ctx, target)
 	if err != nil {
 		return nil, err
-	}
-	wrs, err := d.wrs(opc, origin, ol, r, addr, tl)
-	if err != nil {
-		return nil, opErr(name, target, err)
 	}
 	if get {
 		kind = d.w.reads // a flush orders READs before a later message (see Complete)

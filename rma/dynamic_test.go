@@ -1,11 +1,14 @@
 package rma
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // TestDynamic: ranks attach memory to a dynamic window after creating it,
@@ -155,4 +158,127 @@ func dynamicRank(ctx context.Context, c *Comm, n int) error {
 		return fmt.Errorf("put into new memory: %q", cm[:5])
 	}
 	return d.Free(ctx)
+}
+
+// TestDynamicAcrossRegions: an access may span regions attached next to
+// each other (MPI's window is the attached memory, not one region): puts,
+// gets (contiguous and strided), accumulates and get-accumulates across
+// the boundary move and apply every element once. An element split by
+// the boundary, or a byte that is not attached, fails the whole access
+// with ErrOutOfBounds and changes nothing.
+func TestDynamicAcrossRegions(t *testing.T) {
+	for _, provider := range []string{"loop", "shm", "udp"} {
+		t.Run(provider, func(t *testing.T) {
+			comms := newWorld(t, 2, &Config{Provider: provider})
+			const half = 4096
+			mem := make([]byte, 2*half+64) // [0,half) and [half,2*half) attached; the rest not
+			each(t, comms, func(ctx context.Context, c *Comm) error {
+				d, err := c.CreateDynamic(ctx)
+				if err != nil {
+					return err
+				}
+				if c.Rank() == 1 {
+					if err := d.Attach(mem[:half]); err != nil {
+						return err
+					}
+					if err := d.Attach(mem[half : 2*half]); err != nil {
+						return err
+					}
+				}
+				base, err := addrs(ctx, c, mem)
+				if err != nil {
+					return err
+				}
+				w := d.Win()
+				if err := w.Fence(ctx, 0); err != nil {
+					return err
+				}
+				if c.Rank() == 0 {
+					at := base[1] + half - 1000
+					data := make([]byte, 3000)
+					for i := range data {
+						data[i] = byte(i%251 + 1)
+					}
+					if err := d.Put(ctx, data, 1, at); err != nil {
+						return fmt.Errorf("put across: %w", err)
+					}
+					if err := w.Flush(ctx, 1); err != nil {
+						return err
+					}
+					got := make([]byte, 3000)
+					if err := d.Get(ctx, got, 1, at); err != nil {
+						return fmt.Errorf("get across: %w", err)
+					}
+					// Every 10th byte of the same span, strided.
+					strided := make([]byte, 300)
+					if _, err := d.RgetLayout(ctx, strided, Layout{}, 1, at, Layout{Count: 300, Block: 1, Stride: 10}); err != nil {
+						return fmt.Errorf("strided get across: %w", err)
+					}
+					if err := w.Flush(ctx, 1); err != nil {
+						return err
+					}
+					if !bytes.Equal(data, got) {
+						return fmt.Errorf("get across: wrong bytes")
+					}
+					for i := range strided {
+						if strided[i] != data[10*i] {
+							return fmt.Errorf("strided get across: byte %d is %d, want %d", i, strided[i], data[10*i])
+						}
+					}
+					// 8-byte elements: the boundary falls between two.
+					ones := make([]byte, 8*64)
+					for i := range 64 {
+						binary.LittleEndian.PutUint64(ones[8*i:], uint64(i+1))
+					}
+					acc := base[1] + half - 8*32
+					if err := d.Accumulate(ctx, ones, Int64, Sum, 1, acc); err != nil {
+						return fmt.Errorf("accumulate across: %w", err)
+					}
+					old := make([]byte, len(ones))
+					if err := d.GetAccumulate(ctx, ones, old, Int64, Sum, 1, acc); err != nil {
+						return fmt.Errorf("get-accumulate across: %w", err)
+					}
+					if err := w.Flush(ctx, 1); err != nil {
+						return err
+					}
+					for i := range 64 {
+						want := binary.LittleEndian.Uint64(data[1000-8*32+8*i:]) + uint64(i+1)
+						if v := binary.LittleEndian.Uint64(old[8*i:]); v != want {
+							return fmt.Errorf("get-accumulate across: element %d was %d, want %d", i, v, want)
+						}
+					}
+					// The boundary inside an element, and a byte past
+					// what is attached.
+					if err := d.Accumulate(ctx, ones[:16], Int64, Sum, 1, base[1]+half-4); !errors.Is(err, ErrOutOfBounds) {
+						if err == nil {
+							err = w.Flush(ctx, 1)
+						}
+						if !errors.Is(err, ErrOutOfBounds) {
+							return fmt.Errorf("accumulate splitting an element: %v", err)
+						}
+					}
+					if err := d.Put(ctx, data[:100], 1, base[1]+2*half-50); !errors.Is(err, ErrOutOfBounds) {
+						return fmt.Errorf("put past the attached memory: %v", err)
+					}
+				}
+				return w.Fence(ctx, 0)
+			})
+			at := half - 1000
+			for i := range 3000 {
+				if i >= 1000-8*32 && i < 1000+8*32 {
+					continue // the accumulated elements, below
+				}
+				require.Equal(t, byte(i%251+1), mem[at+i], "byte %d", i)
+			}
+			for i := range 64 {
+				off := half - 8*32 + 8*i
+				b := make([]byte, 8)
+				for j := range b {
+					b[j] = byte((off-at+j)%251 + 1)
+				}
+				require.Equal(t, binary.LittleEndian.Uint64(b)+2*uint64(i+1), binary.LittleEndian.Uint64(mem[off:]), "element %d", i)
+			}
+			require.Equal(t, make([]byte, 64), mem[2*half:], "nothing written past the attached memory")
+		})
+	}
 }
