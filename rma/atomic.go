@@ -24,6 +24,7 @@ const (
 	amCAS    = 2 // compare-and-swap of one element
 	amPacked = 3 // a packed strided put, unpacked at the target
 	amCredit = 4 // when is the buffer of epoch off posted (per-origin notified windows)?
+	amGather = 5 // a strided get of small blocks: the target packs them into its reply
 
 	amHdrLen = 40
 
@@ -203,6 +204,18 @@ func (w *Win) apply(src int, h *amHdr, data []byte) (byte, []byte) {
 			copy(mem[o:o+l.Block], data[i*l.Block:])
 		}
 		return amOK, nil
+	case amGather:
+		l := h.layout
+		ext, ok := l.checkedExtent()
+		if !ok || len(data) != 0 || !fits(h.off, ext, len(mem)) {
+			return amBounds, nil
+		}
+		out := make([]byte, 0, l.Size())
+		for i := range l.Count {
+			o := int(h.off) + i*l.Stride
+			out = append(out, mem[o:o+l.Block]...)
+		}
+		return amOK, out
 	case amAcc, amCAS:
 		n, refused := elemSpan(h, data)
 		if refused != amOK || n == 0 {
@@ -325,6 +338,18 @@ func (w *Win) putPacked(ctx context.Context, origin []byte, ol Layout, target, o
 		packed = append(packed, origin[i*ol.Stride:i*ol.Stride+ol.Block]...)
 	}
 	return w.am(ctx, "put", target, amHdr{kind: amPacked, off: uint64(off), layout: tl}, nil, packed)
+}
+
+// gatherMax is the largest get that travels gathered (see getGathered):
+// its reply is one message, held whole at both ends.
+const gatherMax = 1 << 20
+
+// getGathered gets a strided target layout of small blocks into a
+// contiguous origin as one message the target answers with the blocks
+// packed, rather than a READ per block (a column of a matrix is a
+// thousand READs of 4 bytes). The reply lands in origin directly.
+func (w *Win) getGathered(ctx context.Context, origin []byte, target, off int, tl Layout) (*Request, error) {
+	return w.am(ctx, "get", target, amHdr{kind: amGather, off: uint64(off), layout: tl}, origin[:tl.Size()])
 }
 
 // Raccumulate starts an accumulate: target[disp...] = op(target, origin),

@@ -81,8 +81,9 @@ func (w *Win) forgetCarriers(changed []bool) {
 }
 
 // rcCarrier moves data over the RC connection to the peer: small puts
-// packed into write lists (pack.go), strided puts of tiny blocks as one
-// message the target unpacks, the rest as WRITEs and READs.
+// packed into write lists (pack.go), strided puts and gets of tiny blocks
+// as one message the target unpacks or packs, the rest as WRITEs and
+// READs.
 type rcCarrier struct {
 	w      *Win
 	target int
@@ -106,6 +107,9 @@ func (r *rcCarrier) put(ctx context.Context, x xfer) (*Request, error) {
 }
 
 func (r *rcCarrier) get(ctx context.Context, x xfer) (*Request, error) {
+	if !x.tl.Contiguous() && x.tl.Block < smallBlock && x.ol.Contiguous() && x.tl.Size() <= gatherMax {
+		return r.w.getGathered(ctx, x.origin, r.target, x.off, x.tl)
+	}
 	return r.w.postGet(ctx, r.target, x)
 }
 

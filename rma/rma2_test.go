@@ -531,6 +531,10 @@ func FuzzDecodeAM(f *testing.F) {
 	f.Add(h.encode(make([]byte, 8)))
 	h = amHdr{id: 3, win: 1, kind: amCAS, dt: Int32, off: 4}
 	f.Add(h.encode(make([]byte, 8)))
+	h = amHdr{id: 4, win: 1, kind: amGather, off: 4, layout: Layout{Count: 3, Block: 4, Stride: 8}}
+	f.Add(h.encode())
+	h = amHdr{id: 5, win: 1, kind: amGather, off: 0, layout: Layout{Count: 3, Block: 4, Stride: 16}} // past the window
+	f.Add(h.encode())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		words := make([]uint64, 8)
 		mem := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), 64)
