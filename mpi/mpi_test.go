@@ -316,3 +316,19 @@ func TestShared(t *testing.T) {
 func TestDynamic(t *testing.T) {
 	cTest(t, "dynamic", false)
 }
+
+// TestDtypes runs test/dtypes.c: indexed, hindexed, indexed_block, struct
+// and resized datatypes and their bounds in puts, gets, accumulates,
+// get_accumulates (all three sides non-contiguous) and messages, with
+// blocks that go backwards and copies that interleave; MPI_BOTTOM
+// buffers; accumulates and atomics on MPI_BYTE; accumulates of no data.
+func TestDtypes(t *testing.T) {
+	cTest(t, "dtypes", false)
+}
+
+// TestSplit runs test/split.c: MPI_Comm_split where every rank keeps the
+// world's ranks or none, MPI_ERR_UNSUPPORTED_OPERATION for other splits,
+// and MPI_Alloc_mem.
+func TestSplit(t *testing.T) {
+	cTest(t, "split", false)
+}

@@ -2,8 +2,9 @@
  * mpi.h: rvma's MPI compatibility library (libmpi, over librvma).
  *
  * A subset of MPI-3/4 for one-sided programs: the world communicator and
- * its duplicates, groups, the basic collectives, point-to-point messages,
- * the basic datatypes with contiguous/vector/hvector, and the RMA
+ * its duplicates (and splits that keep every rank), groups, the basic
+ * collectives, point-to-point messages, the basic datatypes with
+ * contiguous, vector, indexed, struct, subarray and resized, and the RMA
  * interface (windows, put/get/accumulate/atomics, fence, PSCW, locks,
  * flushes). Build with rvmacc (like mpicc); run under rvmarun -n N or
  * MPICH's mpiexec (PMI-1).
@@ -263,6 +264,10 @@ int MPI_Comm_dup(MPI_Comm comm, MPI_Comm *newcomm);
  * on every rank. */
 #define MPI_COMM_TYPE_SHARED 1
 int MPI_Comm_split_type(MPI_Comm comm, int split_type, int key, MPI_Info info, MPI_Comm *newcomm);
+/* Only splits that keep every rank (one colour, keys in rank order: a
+ * duplicate) or none (every rank MPI_UNDEFINED: MPI_COMM_NULL); others
+ * return MPI_ERR_UNSUPPORTED_OPERATION on every rank. */
+int MPI_Comm_split(MPI_Comm comm, int color, int key, MPI_Comm *newcomm);
 int MPI_Comm_free(MPI_Comm *comm);
 int MPI_Comm_compare(MPI_Comm comm1, MPI_Comm comm2, int *result);
 int MPI_Comm_group(MPI_Comm comm, MPI_Group *group);
@@ -280,6 +285,10 @@ int MPI_Info_create(MPI_Info *info);
 int MPI_Info_set(MPI_Info info, const char *key, const char *value);
 int MPI_Info_free(MPI_Info *info);
 
+/* ---- Memory (MPI_Alloc_mem: 64-byte aligned; info ignored) ---- */
+int MPI_Alloc_mem(MPI_Aint size, MPI_Info info, void *baseptr);
+int MPI_Free_mem(void *base);
+
 /* ---- Datatypes ---- */
 int MPI_Type_contiguous(int count, MPI_Datatype oldtype, MPI_Datatype *newtype);
 int MPI_Type_vector(int count, int blocklength, int stride, MPI_Datatype oldtype, MPI_Datatype *newtype);
@@ -288,6 +297,19 @@ int MPI_Type_create_hvector(int count, int blocklength, MPI_Aint stride, MPI_Dat
 /* order: MPI_ORDER_C or MPI_ORDER_FORTRAN */
 int MPI_Type_create_subarray(int ndims, const int sizes[], const int subsizes[], const int starts[], int order,
                              MPI_Datatype oldtype, MPI_Datatype *newtype);
+int MPI_Type_indexed(int count, const int blocklengths[], const int displacements[], MPI_Datatype oldtype,
+                     MPI_Datatype *newtype);
+int MPI_Type_create_hindexed(int count, const int blocklengths[], const MPI_Aint displacements[],
+                             MPI_Datatype oldtype, MPI_Datatype *newtype);
+int MPI_Type_create_indexed_block(int count, int blocklength, const int displacements[], MPI_Datatype oldtype,
+                                  MPI_Datatype *newtype);
+int MPI_Type_create_hindexed_block(int count, int blocklength, const MPI_Aint displacements[],
+                                   MPI_Datatype oldtype, MPI_Datatype *newtype);
+/* Mixed element types move (put, get, messages) but do not accumulate. */
+int MPI_Type_create_struct(int count, const int blocklengths[], const MPI_Aint displacements[],
+                           const MPI_Datatype types[], MPI_Datatype *newtype);
+int MPI_Type_create_resized(MPI_Datatype oldtype, MPI_Aint lb, MPI_Aint extent, MPI_Datatype *newtype);
+int MPI_Type_get_true_extent(MPI_Datatype datatype, MPI_Aint *true_lb, MPI_Aint *true_extent);
 int MPI_Type_commit(MPI_Datatype *datatype);
 int MPI_Type_free(MPI_Datatype *datatype);
 int MPI_Type_size(MPI_Datatype datatype, int *size);

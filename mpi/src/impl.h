@@ -61,7 +61,8 @@ struct dtype {
 	int predefined, committed;
 	int basic;        /* the predefined type it is made of, 0 if none */
 	int64_t size;     /* bytes of data */
-	int64_t extent;   /* lb is 0 */
+	int64_t extent;   /* ub - lb */
+	int64_t tlb;      /* the lower bound (MPI_Type_get_extent's lb) */
 	int64_t nblk;
 	struct blk *blk;
 	int uniform;      /* blk[] is one strided layout: */
@@ -70,8 +71,10 @@ struct dtype {
 struct dtype *type_get(MPI_Datatype t); /* NULL if invalid */
 /* rvma's element type of a predefined type, 0 if none. */
 int type_rvma(MPI_Datatype basic);
-/* Whether a predefined type is a 1- or 2-byte integer (valid in MPI's
- * accumulates, absent from rvma's). */
+/* The unsigned rvma type of a predefined type's size for the types
+ * without arithmetic that accumulates may still replace, fetch or combine
+ * bit by bit (MPI_BYTE, MPI_PACKED, MPI_C_BOOL, MPI_WCHAR), 0 if none. */
+int type_rvma_bits(MPI_Datatype basic);
 /* Checks a datatype and count for a communication call: 0 or a class
  * (message recorded by the caller through fail_*; *why says). */
 int type_check(MPI_Datatype t, int count, struct dtype **out, const char **why);

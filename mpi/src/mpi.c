@@ -527,6 +527,63 @@ int MPI_Comm_free(MPI_Comm *c) {
 	return MPI_SUCCESS;
 }
 
+/* Every communicator here has every rank, so a split can only keep them
+ * all (one colour, keys in rank order: a duplicate) or none (every rank
+ * MPI_UNDEFINED: MPI_COMM_NULL); any other split would need a smaller
+ * communicator, which this library has not: MPI_ERR_UNSUPPORTED_OPERATION
+ * on every rank (they agree on what they asked first). */
+int MPI_Comm_split(MPI_Comm c, int color, int key, MPI_Comm *out) {
+	CHECK_COMM(c, __func__);
+	if (!out) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL newcomm");
+	if (color < 0 && color != MPI_UNDEFINED) return fail_comm(c, MPI_ERR_ARG, __func__, "colour %d", color);
+	int mine[2] = {color, key}, *all = malloc(sizeof mine * (size_t)rv_size);
+	if (!all) return fail_comm(c, MPI_ERR_NO_MEM, __func__, "out of memory");
+	int rc = rvma_allgather(rv_world, mine, sizeof mine, all);
+	if (rc) {
+		free(all);
+		return rvfail_comm(c, rc, __func__);
+	}
+	int undefined = 0, why = 0; /* why: 1 several colours or some undefined, 2 keys out of rank order */
+	for (int r = 0; r < rv_size; r++) {
+		if (all[2 * r] == MPI_UNDEFINED) undefined++;
+		if (r > 0 && all[2 * r] != all[0]) why = 1;
+		if (r > 0 && all[2 * r + 1] < all[2 * r - 1]) why = why ? why : 2;
+	}
+	free(all);
+	*out = MPI_COMM_NULL;
+	if (undefined == rv_size) return MPI_SUCCESS;
+	if (why)
+		return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, __func__, "%s",
+		                 why == 1 ? "the ranks give different colours (or some MPI_UNDEFINED): the communicators "
+		                            "would be smaller, and this library has only communicators of every rank"
+		                          : "keys out of rank order: this library cannot reorder ranks");
+	int cls = MPI_Comm_dup(c, out);
+	if (!cls) {
+		pthread_mutex_lock(&rv_mu);
+		comms[*out].ndims = 0; /* a split has no topology */
+		pthread_mutex_unlock(&rv_mu);
+	}
+	return cls;
+}
+
+/* ---- Memory ------------------------------------------------------------- */
+
+int MPI_Alloc_mem(MPI_Aint size, MPI_Info info, void *baseptr) {
+	(void)info;
+	if (size < 0) return fail_comm(MPI_COMM_WORLD, MPI_ERR_SIZE, __func__, "size %lld", (long long)size);
+	if (!baseptr) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL baseptr");
+	void *p = NULL;
+	if (posix_memalign(&p, 64, (size_t)(size ? size : 1)))
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, __func__, "%lld bytes: out of memory", (long long)size);
+	*(void **)baseptr = p;
+	return MPI_SUCCESS;
+}
+
+int MPI_Free_mem(void *base) {
+	free(base);
+	return MPI_SUCCESS;
+}
+
 /* ---- Cartesian topologies ---------------------------------------------------
  * Every communicator has the world's ranks, so a grid must hold them all
  * (reorder is ignored: rank r of the grid is world rank r, row-major). */
@@ -917,6 +974,22 @@ int type_rvma(MPI_Datatype basic) {
 }
 
 
+int type_rvma_bits(MPI_Datatype basic) {
+	if (basic <= 0 || basic >= NBASIC) return 0;
+	switch (basics[basic].kind) {
+	case K_BYTE:
+	case K_BOOL:
+	case K_NONE:
+		switch (basics[basic].size) {
+		case 1: return RVMA_UINT8;
+		case 2: return RVMA_UINT16;
+		case 4: return RVMA_UINT32;
+		case 8: return RVMA_UINT64;
+		}
+	}
+	return 0;
+}
+
 int type_check(MPI_Datatype t, int count, struct dtype **out, const char **why) {
 	struct dtype *d = type_get(t);
 	if (!d) {
@@ -953,6 +1026,10 @@ int layout_of(const struct dtype *t, int64_t count, rvma_layout *l, int64_t *off
 		return 0;
 	}
 	if (c <= 1 || b == s) b = c * b, c = 1, s = b;
+	/* Blocks that go backwards or overlap (an indexed type's
+	 * decreasing displacements, a resized type's short extent) are no
+	 * layout of rvma's: the callers walk them block by block. */
+	if (c > 1 && s < b) return 0;
 	*l = (rvma_layout){c, b, s};
 	return 1;
 }
@@ -1027,6 +1104,7 @@ static int type_finish(const char *fn, struct blk *blk, int64_t n, int basic, in
 		t->off0 = blk[0].off, t->lc = n, t->lb = blk[0].len, t->ls = n > 1 ? blk[1].off - blk[0].off : blk[0].len;
 		for (int64_t i = 1; i < n; i++)
 			if (blk[i].len != t->lb || blk[i].off - blk[i - 1].off != t->ls) t->uniform = 0;
+		if (n > 1 && t->ls < t->lb) t->uniform = 0; /* backwards, or overlapping */
 	}
 	int h = tbl_add(&types, t);
 	if (h < 0) {
@@ -1070,8 +1148,14 @@ static int type_make(const char *fn, int64_t count, int64_t blocklen, int64_t st
 	int64_t n = 0;
 	for (int64_t i = 0; i < count; i++)
 		for (int64_t k = 0; k < blocklen; k++) blk_append(blk, &n, old, i * stride + k * old->extent);
-	return type_finish(fn, blk, n, old->basic, count * blocklen * old->size,
-	                   count ? (count - 1) * stride + blocklen * old->extent : 0, out);
+	int64_t tlb = old->tlb;
+	MPI_Datatype h;
+	int cls = type_finish(fn, blk, n, old->basic, count * blocklen * old->size,
+	                      count ? (count - 1) * stride + blocklen * old->extent : 0, &h);
+	if (cls) return cls;
+	type_get(h)->tlb = count && blocklen ? tlb : 0;
+	*out = h;
+	return MPI_SUCCESS;
 }
 
 enum { MAX_DIMS = 16 };
@@ -1121,6 +1205,161 @@ int MPI_Type_create_subarray(int ndims, const int sizes[], const int subsizes[],
 	return type_finish(fn, blk, n, old->basic, elems * old->size, total * old->extent, out);
 }
 
+/* A type of n blocks: block i is len[i] copies of types[i] (all old when
+ * types is NULL) at byte displacement disp[i], in this order (the type
+ * map's order, which accumulates follow). Bounds as MPI says: lb the
+ * lowest, ub the highest of the blocks' bounds (none: 0 and 0); struct
+ * pads the extent to the alignment of its most aligned element. */
+static int type_blocks(const char *fn, int64_t n, const int64_t *len, const int64_t *disp, const MPI_Datatype *types,
+                       MPI_Datatype old, int is_struct, MPI_Datatype *out) {
+	if (NOT_INIT(fn)) return MPI_ERR_OTHER;
+	if (n < 0) return fail_comm(MPI_COMM_WORLD, MPI_ERR_COUNT, fn, "count %lld", (long long)n);
+	if (!out || (n > 0 && (!len || !disp))) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, fn, "NULL argument");
+	int64_t nmax = 0, size = 0, lb = 0, ub = 0, align = 1;
+	int basic = -1, any = 0;
+	for (int64_t i = 0; i < n; i++) {
+		MPI_Datatype th = types ? types[i] : old;
+		struct dtype *o = type_get(th);
+		if (!o) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, fn, "invalid datatype %d (block %lld)", th, (long long)i);
+		if (len[i] < 0)
+			return fail_comm(MPI_COMM_WORLD, MPI_ERR_COUNT, fn, "block %lld: length %lld", (long long)i, (long long)len[i]);
+		if (len[i] && o->nblk > (MAX_BLOCKS - nmax) / len[i])
+			return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, fn, "more than %d blocks", MAX_BLOCKS);
+		nmax += len[i] * o->nblk;
+		size += len[i] * o->size;
+		if (basic == -1)
+			basic = o->basic;
+		else if (basic != o->basic)
+			basic = 0;
+		if (o->basic) {
+			int64_t a = type_get(o->basic)->size;
+			if (a > 16) a = 16;
+			if (a > align) align = a;
+		}
+		if (len[i] == 0) continue;
+		int64_t l = disp[i] + o->tlb, u = disp[i] + o->tlb + len[i] * o->extent;
+		if (!any || l < lb) lb = l;
+		if (!any || u > ub) ub = u;
+		any = 1;
+	}
+	if (basic < 0) basic = 0;
+	struct blk *blk = malloc(sizeof *blk * (size_t)(nmax ? nmax : 1));
+	if (!blk) return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, fn, "out of memory");
+	int64_t k = 0;
+	for (int64_t i = 0; i < n; i++) {
+		struct dtype *o = type_get(types ? types[i] : old);
+		for (int64_t j = 0; j < len[i]; j++) blk_append(blk, &k, o, disp[i] + j * o->extent);
+	}
+	int64_t extent = ub - lb;
+	if (is_struct && extent % align) extent += align - extent % align;
+	MPI_Datatype h;
+	int cls = type_finish(fn, blk, k, basic, size, extent, &h);
+	if (cls) return cls;
+	type_get(h)->tlb = lb;
+	*out = h;
+	return MPI_SUCCESS;
+}
+
+/* The int arrays of the indexed constructors as int64_t, displacements
+ * scaled by unit bytes (NULL len: every block blocklen long). */
+static int blocks_of(const char *fn, int n, const int *len, int blocklen, const void *disp, int aint, int64_t unit,
+                     int64_t **l, int64_t **d) {
+	*l = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+	*d = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+	if (!*l || !*d) {
+		free(*l), free(*d);
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, fn, "out of memory");
+	}
+	for (int i = 0; i < n; i++) {
+		(*l)[i] = len ? len[i] : blocklen;
+		(*d)[i] = (aint ? (int64_t)((const MPI_Aint *)disp)[i] : (int64_t)((const int *)disp)[i]) * unit;
+	}
+	return 0;
+}
+
+static int indexed(const char *fn, int n, const int *len, int blocklen, const void *disp, int aint, int bytes,
+                   MPI_Datatype old, MPI_Datatype *out) {
+	if (NOT_INIT(fn)) return MPI_ERR_OTHER;
+	struct dtype *o = type_get(old);
+	if (!o) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, fn, "invalid old datatype %d", old);
+	if (n < 0 || blocklen < 0) return fail_comm(MPI_COMM_WORLD, MPI_ERR_COUNT, fn, "count %d, blocklength %d", n, blocklen);
+	if (n > 0 && !disp) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, fn, "NULL displacements");
+	int64_t *l, *d;
+	int cls = blocks_of(fn, n, len, blocklen, disp, aint, bytes ? 1 : o->extent, &l, &d);
+	if (cls) return cls;
+	cls = type_blocks(fn, n, l, d, NULL, old, 0, out);
+	free(l), free(d);
+	return cls;
+}
+
+int MPI_Type_indexed(int count, const int blocklengths[], const int displacements[], MPI_Datatype old,
+                     MPI_Datatype *out) {
+	if (count > 0 && !blocklengths) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL blocklengths");
+	return indexed(__func__, count, blocklengths, 0, displacements, 0, 0, old, out);
+}
+
+int MPI_Type_create_hindexed(int count, const int blocklengths[], const MPI_Aint displacements[], MPI_Datatype old,
+                             MPI_Datatype *out) {
+	if (count > 0 && !blocklengths) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL blocklengths");
+	return indexed(__func__, count, blocklengths, 0, displacements, 1, 1, old, out);
+}
+
+int MPI_Type_create_indexed_block(int count, int blocklength, const int displacements[], MPI_Datatype old,
+                                  MPI_Datatype *out) {
+	return indexed(__func__, count, NULL, blocklength, displacements, 0, 0, old, out);
+}
+
+int MPI_Type_create_hindexed_block(int count, int blocklength, const MPI_Aint displacements[], MPI_Datatype old,
+                                   MPI_Datatype *out) {
+	return indexed(__func__, count, NULL, blocklength, displacements, 1, 1, old, out);
+}
+
+int MPI_Type_create_struct(int count, const int blocklengths[], const MPI_Aint displacements[],
+                           const MPI_Datatype types[], MPI_Datatype *out) {
+	if (count > 0 && (!blocklengths || !displacements || !types))
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL array");
+	int64_t *l, *d;
+	int cls = blocks_of(__func__, count, blocklengths, 0, displacements, 1, 1, &l, &d);
+	if (cls) return cls;
+	cls = type_blocks(__func__, count, l, d, types, MPI_DATATYPE_NULL, 1, out);
+	free(l), free(d);
+	return cls;
+}
+
+/* The same blocks with new bounds. */
+int MPI_Type_create_resized(MPI_Datatype old, MPI_Aint lb, MPI_Aint extent, MPI_Datatype *out) {
+	if (NOT_INIT(__func__)) return MPI_ERR_OTHER;
+	struct dtype *o = type_get(old);
+	if (!o) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, __func__, "invalid old datatype %d", old);
+	if (!out) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL newtype");
+	if (extent < 0)
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_UNSUPPORTED_OPERATION, __func__, "negative extent %lld",
+		                 (long long)extent);
+	struct blk *blk = malloc(sizeof *blk * (size_t)(o->nblk ? o->nblk : 1));
+	if (!blk) return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, __func__, "out of memory");
+	int64_t n = 0;
+	blk_append(blk, &n, o, 0);
+	MPI_Datatype h;
+	int cls = type_finish(__func__, blk, n, o->basic, o->size, extent, &h);
+	if (cls) return cls;
+	type_get(h)->tlb = lb;
+	*out = h;
+	return MPI_SUCCESS;
+}
+
+int MPI_Type_get_true_extent(MPI_Datatype t, MPI_Aint *lb, MPI_Aint *extent) {
+	struct dtype *d = type_get(t);
+	if (!d) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, __func__, "invalid datatype %d", t);
+	if (!lb || !extent) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL argument");
+	int64_t l = 0, u = 0;
+	for (int64_t i = 0; i < d->nblk; i++) {
+		if (i == 0 || d->blk[i].off < l) l = d->blk[i].off;
+		if (i == 0 || d->blk[i].off + d->blk[i].len > u) u = d->blk[i].off + d->blk[i].len;
+	}
+	*lb = (MPI_Aint)l, *extent = (MPI_Aint)(u - l);
+	return MPI_SUCCESS;
+}
+
 int MPI_Type_contiguous(int count, MPI_Datatype old, MPI_Datatype *out) {
 	return type_make(__func__, 1, count, 0, old, out);
 }
@@ -1164,7 +1403,7 @@ int MPI_Type_get_extent(MPI_Datatype t, MPI_Aint *lb, MPI_Aint *extent) {
 	struct dtype *d = type_get(t);
 	if (!d) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, __func__, "invalid datatype %d", t);
 	if (!lb || !extent) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL argument");
-	*lb = 0, *extent = (MPI_Aint)d->extent;
+	*lb = (MPI_Aint)d->tlb, *extent = (MPI_Aint)d->extent;
 	return MPI_SUCCESS;
 }
 
@@ -1367,7 +1606,7 @@ static int send_msg(const char *fn, const void *buf, int count, MPI_Datatype t, 
 	if (cls) return cls;
 	if (dest == MPI_PROC_NULL) return MPI_SUCCESS;
 	int64_t bytes = d->size * count;
-	if (!buf && bytes > 0) return fail_comm(c, MPI_ERR_BUFFER, fn, "NULL buffer");
+	if (!buf && bytes > 0 && d->predefined) return fail_comm(c, MPI_ERR_BUFFER, fn, "NULL buffer");
 	const void *from = buf;
 	void *tmp = NULL;
 	if (!dense(d, count)) {
@@ -1405,7 +1644,7 @@ int MPI_Irecv(void *buf, int count, MPI_Datatype t, int src, int tag, MPI_Comm c
 	int rtag, cls = p2p_args(__func__, c, count, t, src, tag, 1, &d, &rtag);
 	if (cls) return cls;
 	if (!request) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL request");
-	if (!buf && count > 0 && d->size > 0) return fail_comm(c, MPI_ERR_BUFFER, __func__, "NULL buffer");
+	if (!buf && count > 0 && d->size > 0 && d->predefined) return fail_comm(c, MPI_ERR_BUFFER, __func__, "NULL buffer");
 	struct req *q = req_new(src == MPI_PROC_NULL ? REQ_DONE : REQ_RECV, request);
 	if (!q) return fail_comm(c, MPI_ERR_NO_MEM, __func__, "out of request handles");
 	q->src = src == MPI_ANY_SOURCE ? RVMA_ANY_SOURCE : src;

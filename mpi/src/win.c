@@ -319,7 +319,7 @@ static int move(const char *fn, int put, void *origin, int oc, MPI_Datatype ot, 
 	if ((cls = target_bytes(fn, h, w, target, disp, &tb))) return cls;
 	int64_t bytes = od->size * oc;
 	if (bytes == 0) return MPI_SUCCESS;
-	if (!origin) return fail_win(h, MPI_ERR_BUFFER, fn, "NULL origin buffer");
+	if (!origin && od->predefined) return fail_win(h, MPI_ERR_BUFFER, fn, "NULL origin buffer");
 	rvma_layout ol, tl;
 	int64_t oo, to;
 	int rc = 0;
@@ -436,12 +436,34 @@ static int acc_kind(const char *fn, MPI_Win h, const struct dtype *d, MPI_Dataty
 		return fail_win(h, MPI_ERR_OP, fn, "invalid operation %d", op);
 	}
 	*rt = type_rvma(d->basic);
+	/* Types without arithmetic (MPI_BYTE, MPI_C_BOOL, ...) are replaced,
+	 * fetched and combined bit by bit as unsigned integers of their
+	 * size, one element each. */
+	if (!*rt && (op == MPI_REPLACE || op == MPI_NO_OP || op == MPI_BAND || op == MPI_BOR || op == MPI_BXOR))
+		*rt = type_rvma_bits(d->basic);
+	/* long double arithmetic is MPI's, not rvma's; arithmetic on
+	 * MPI_BYTE and the like, or on mixed elements, is no one's. */
+	if (!*rt && d->basic == MPI_LONG_DOUBLE)
+		return fail_win(h, MPI_ERR_UNSUPPORTED_OPERATION, fn,
+		                "datatype %d (long double) with operation %d: rvma's accumulates and atomics take 1-, 2-, "
+		                "4- and 8-byte integers, float and double", (int)t, op);
 	if (!*rt)
-		return fail_win(h, MPI_ERR_TYPE, fn, "datatype %d: rvma's accumulates and atomics take 1-, 2-, 4- and 8-byte integers, "
-		                "float and double", (int)t);
+		return fail_win(h, MPI_ERR_TYPE, fn,
+		                "datatype %d with operation %d: accumulates take one predefined element type with "
+		                "arithmetic (MPI_BYTE and the like: MPI_REPLACE, MPI_NO_OP and the bitwise operations)",
+		                (int)t, op);
 	struct dtype *b = type_get(d->basic);
 	*esz = b->size;
 	return 0;
+}
+
+/* An accumulate of no data: nothing to do, whatever its datatypes (MPI),
+ * once its operation, rank and displacement are valid. */
+static int zero_bytes(const char *fn, MPI_Win h, struct win *w, MPI_Op op, int target, MPI_Aint disp) {
+	if (!rvma_op_of(op) && !(op >= MPI_LAND && op <= MPI_MAXLOC))
+		return fail_win(h, MPI_ERR_OP, fn, "invalid operation %d", op);
+	int64_t tb;
+	return target == MPI_PROC_NULL ? MPI_SUCCESS : target_bytes(fn, h, w, target, disp, &tb);
 }
 
 static int accumulate(const char *fn, const void *origin, int oc, MPI_Datatype ot, int target, MPI_Aint disp, int tc,
@@ -450,6 +472,8 @@ static int accumulate(const char *fn, const void *origin, int oc, MPI_Datatype o
 	struct dtype *od, *td;
 	int cls = check_types(fn, h, ot, oc, &od, tt, tc, &td);
 	if (cls) return cls;
+	int64_t left = od->size * oc;
+	if (left == 0) return zero_bytes(fn, h, w, op, target, disp);
 	int rt, rop, rt2, rop2;
 	int64_t esz, esz2;
 	if ((cls = acc_kind(fn, h, od, ot, op, &rt, &rop, &esz)) || (cls = acc_kind(fn, h, td, tt, op, &rt2, &rop2, &esz2)))
@@ -458,8 +482,7 @@ static int accumulate(const char *fn, const void *origin, int oc, MPI_Datatype o
 	if (target == MPI_PROC_NULL) return MPI_SUCCESS;
 	int64_t tb;
 	if ((cls = target_bytes(fn, h, w, target, disp, &tb))) return cls;
-	int64_t left = od->size * oc;
-	if (left && !origin) return fail_win(h, MPI_ERR_BUFFER, fn, "NULL origin buffer");
+	if (!origin && od->predefined) return fail_win(h, MPI_ERR_BUFFER, fn, "NULL origin buffer");
 	struct walk wo, wt;
 	walk_init(&wo, od, oc);
 	walk_init(&wt, td, tc);
@@ -493,7 +516,9 @@ int MPI_Raccumulate(const void *origin, int oc, MPI_Datatype ot, int target, MPI
 	return end_request(accumulate(__func__, origin, oc, ot, target, disp, tc, tt, op, h, q), q, request);
 }
 
-/* Get_accumulate takes contiguous data on all three sides. */
+/* Get_accumulate walks its three sides together: one rvma call per run
+ * that is contiguous in the origin, the result and the target alike (a
+ * single call when all three are contiguous). */
 static int get_accumulate(const char *fn, const void *origin, int oc, MPI_Datatype ot, void *result, int rc_,
                           MPI_Datatype rtype, int target, MPI_Aint disp, int tc, MPI_Datatype tt, MPI_Op op, MPI_Win h,
                           struct req *q) {
@@ -506,24 +531,41 @@ static int get_accumulate(const char *fn, const void *origin, int oc, MPI_Dataty
 		if ((cls = type_check(ot, oc, &od, &why))) return fail_win(h, cls, fn, "origin: %s (%d)", why, (int)ot);
 		if (od->size * oc != td->size * tc) return fail_win(h, MPI_ERR_TYPE, fn, "origin and target sizes differ");
 	}
+	int64_t left = td->size * tc;
+	if (left == 0) return zero_bytes(fn, h, w, op, target, disp);
 	int rt, rop, rt2, rop2;
 	int64_t esz, esz2;
 	if ((cls = acc_kind(fn, h, td, tt, op, &rt, &rop, &esz)) || (cls = acc_kind(fn, h, rd, rtype, op, &rt2, &rop2, &esz2)))
 		return cls;
+	if (rt2 != rt) return fail_win(h, MPI_ERR_TYPE, fn, "the datatypes have different elements");
 	if (od && (cls = acc_kind(fn, h, od, ot, op, &rt2, &rop2, &esz2))) return cls;
 	if (rt2 != rt) return fail_win(h, MPI_ERR_TYPE, fn, "the datatypes have different elements");
-	if (!dense(td, tc) || !dense(rd, rc_) || (od && !dense(od, oc)))
-		return fail_win(h, MPI_ERR_TYPE, fn, "rvma's get_accumulate takes contiguous data only");
 	if (target == MPI_PROC_NULL) return MPI_SUCCESS;
 	int64_t tb;
 	if ((cls = target_bytes(fn, h, w, target, disp, &tb))) return cls;
-	size_t n = (size_t)(td->size * tc / esz);
-	if (n == 0) return MPI_SUCCESS;
-	rvma_request r = RVMA_REQUEST_NULL;
-	const void *o = op == MPI_NO_OP ? NULL : origin;
-	int rc = q ? rvma_rget_accumulate(w->w, o, result, n, rt, rop, target, tb, &r)
-	           : rvma_get_accumulate(w->w, o, result, n, rt, rop, target, tb);
-	if (!rc && q && req_push(q, r)) return fail_win(h, MPI_ERR_NO_MEM, fn, "out of memory");
+	if (!result && rd->predefined) return fail_win(h, MPI_ERR_BUFFER, fn, "NULL result buffer");
+	if (od && !origin && od->predefined) return fail_win(h, MPI_ERR_BUFFER, fn, "NULL origin buffer");
+	struct walk wo, wr, wt;
+	if (od) walk_init(&wo, od, oc);
+	walk_init(&wr, rd, rc_);
+	walk_init(&wt, td, tc);
+	int64_t toff = 0, tlen = 0, roff = 0, rlen = 0, ooff = 0, olen = 0;
+	int rc = 0;
+	while (left > 0 && !rc) {
+		if (tlen == 0) walk_next(&wt, INT64_MAX, &toff, &tlen);
+		if (rlen == 0) walk_next(&wr, INT64_MAX, &roff, &rlen);
+		if (od && olen == 0) walk_next(&wo, INT64_MAX, &ooff, &olen);
+		int64_t len = tlen < rlen ? tlen : rlen;
+		if (od && olen < len) len = olen;
+		const void *o = od ? (const char *)origin + ooff : NULL;
+		rvma_request r = RVMA_REQUEST_NULL;
+		size_t n = (size_t)(len / esz);
+		rc = q ? rvma_rget_accumulate(w->w, o, (char *)result + roff, n, rt, rop, target, tb + toff, &r)
+		       : rvma_get_accumulate(w->w, o, (char *)result + roff, n, rt, rop, target, tb + toff);
+		if (!rc && q && req_push(q, r)) return fail_win(h, MPI_ERR_NO_MEM, fn, "out of memory");
+		toff += len, tlen -= len, roff += len, rlen -= len, left -= len;
+		if (od) ooff += len, olen -= len;
+	}
 	return rc ? rvfail_win(h, rc, fn) : MPI_SUCCESS;
 }
 
