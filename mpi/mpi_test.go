@@ -328,7 +328,10 @@ func TestDtypes(t *testing.T) {
 
 // TestSplit runs test/split.c: MPI_Comm_split where every rank keeps the
 // world's ranks or none, MPI_ERR_UNSUPPORTED_OPERATION for other splits,
-// and MPI_Alloc_mem.
+// MPI_Alloc_mem, and on one rank a window over MPI_COMM_SELF.
 func TestSplit(t *testing.T) {
 	cTest(t, "split", false)
+	// one rank: MPI_COMM_SELF is a communicator with windows
+	dir := built(t)
+	require.Contains(t, job(t, dir, 1, "split"), "split: ok on 1 ranks")
 }

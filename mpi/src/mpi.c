@@ -277,6 +277,14 @@ int MPI_Init_thread(int *argc, char ***argv, int required, int *provided) {
 	            : required > MPI_THREAD_MULTIPLE ? MPI_THREAD_MULTIPLE
 	                                             : required;
 	if (provided) *provided = rv_thread;
+	/* Alone, this rank's world is MPI_COMM_SELF: it becomes a
+	 * communicator like the others (its own context), with windows,
+	 * collectives and messages. */
+	if (rv_size == 1) {
+		pthread_mutex_lock(&rv_mu);
+		comms[MPI_COMM_SELF].ctx = NCTX - 1;
+		pthread_mutex_unlock(&rv_mu);
+	}
 	rv_up = 1;
 	return MPI_SUCCESS;
 }

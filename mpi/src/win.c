@@ -147,7 +147,7 @@ int MPI_Win_shared_query(MPI_Win h, int rank, MPI_Aint *size, int *disp_unit, vo
 	}
 	*size = (MPI_Aint)n;
 	*disp_unit = w->units[rank];
-	*(void **)baseptr = p;
+	*(void **)baseptr = n ? p : NULL; /* an empty part has no address (as MPICH's) */
 	return MPI_SUCCESS;
 }
 

@@ -44,6 +44,22 @@ int main(int argc, char **argv) {
 		EXPECT(MPI_Comm_split(MPI_COMM_WORLD, 0, -me, &c) == MPI_ERR_UNSUPPORTED_OPERATION && c == MPI_COMM_NULL,
 		       "reversed keys");
 	}
+	if (np == 1) {
+		/* Alone, MPI_COMM_SELF is a communicator like the world. */
+		int b[4] = {0, 0, 0, 0}, x = 42, y = -1;
+		MPI_Win w;
+		OK(MPI_Win_create(b, sizeof b, sizeof(int), MPI_INFO_NULL, MPI_COMM_SELF, &w));
+		OK(MPI_Win_fence(0, w));
+		OK(MPI_Put(&x, 1, MPI_INT, 0, 2, 1, MPI_INT, w));
+		OK(MPI_Win_fence(0, w));
+		OK(MPI_Get(&y, 1, MPI_INT, 0, 2, 1, MPI_INT, w));
+		OK(MPI_Win_fence(0, w));
+		EXPECT(b[2] == 42 && y == 42, "window over MPI_COMM_SELF: %d %d", b[2], y);
+		OK(MPI_Win_free(&w));
+		OK(MPI_Barrier(MPI_COMM_SELF));
+		OK(MPI_Comm_dup(MPI_COMM_SELF, &c));
+		OK(MPI_Comm_free(&c));
+	}
 	/* MPI_Alloc_mem: aligned, usable, freed */
 	double *p = NULL;
 	OK(MPI_Alloc_mem(1000 * sizeof(double), MPI_INFO_NULL, &p));
