@@ -73,8 +73,11 @@ struct dtype *type_get(MPI_Datatype t); /* NULL if invalid */
 int type_rvma(MPI_Datatype basic);
 /* The unsigned rvma type of a predefined type's size for the types
  * without arithmetic that accumulates may still replace, fetch or combine
- * bit by bit (MPI_BYTE, MPI_PACKED, MPI_C_BOOL, MPI_WCHAR), 0 if none. */
-int type_rvma_bits(MPI_Datatype basic);
+ * bit by bit (MPI_BYTE, MPI_PACKED, MPI_C_BOOL, MPI_WCHAR; MPI_2INT and
+ * MPI_FLOAT_INT replaced and fetched whole, not bitwise), 0 if none. */
+int type_rvma_bits(MPI_Datatype basic, int bitwise);
+/* The alignment of a predefined type (1..16). */
+int64_t type_align(MPI_Datatype basic);
 /* Checks a datatype and count for a communication call: 0 or a class
  * (message recorded by the caller through fail_*; *why says). */
 int type_check(MPI_Datatype t, int count, struct dtype **out, const char **why);

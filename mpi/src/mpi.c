@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <sched.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -911,11 +912,23 @@ int MPI_Info_free(MPI_Info *info) {
 
 /* ---- Datatypes ---------------------------------------------------------- */
 
-enum { K_NONE, K_I8, K_I16, K_I32, K_I64, K_U8, K_U16, K_U32, K_U64, K_F32, K_F64, K_LD, K_BOOL, K_BYTE };
+enum { K_NONE, K_I8, K_I16, K_I32, K_I64, K_U8, K_U16, K_U32, K_U64, K_F32, K_F64, K_LD, K_BOOL, K_BYTE, K_PAIR, K_PAIR8 };
 
+/* The value-and-index pairs of MINLOC and MAXLOC, as C lays them out. */
+struct pair_fi { float v; int i; };
+struct pair_di { double v; int i; };
+struct pair_li { long v; int i; };
+struct pair_2i { int v; int i; };
+struct pair_si { short v; int i; };
+struct pair_ldi { long double v; int i; };
+#define PAIR(T, V, K) {sizeof(V) + sizeof(int), K, sizeof(T), sizeof(V), offsetof(T, i), _Alignof(T)}
+
+/* size: bytes of data; pairs: their extent, value size, index offset and
+ * alignment (0 for the others: the size). */
 static const struct {
 	int64_t size;
 	int kind;
+	int64_t ext, vsize, ioff, align;
 } basics[] = {
     [1] = {1, K_I8},                         /* CHAR */
     [2] = {1, K_I8},                         /* SIGNED_CHAR */
@@ -940,19 +953,40 @@ static const struct {
     [27] = {sizeof(_Bool), K_BOOL},          /* C_BOOL */
     [28] = {sizeof(wchar_t), K_NONE},        /* WCHAR */
     [29] = {1, K_BYTE},                      /* PACKED */
+    /* 2INT and FLOAT_INT are 8 bytes without a gap: their accumulates
+     * (MPI_REPLACE and MPI_NO_OP; MINLOC and MAXLOC are not rvma's) move
+     * each pair as one 8-byte element, as MPI's atomicity needs. */
+    [30] = PAIR(struct pair_fi, float, K_PAIR8),   /* FLOAT_INT */
+    [31] = PAIR(struct pair_di, double, K_PAIR),   /* DOUBLE_INT */
+    [32] = PAIR(struct pair_li, long, K_PAIR),     /* LONG_INT */
+    [33] = PAIR(struct pair_2i, int, K_PAIR8),     /* 2INT */
+    [34] = PAIR(struct pair_si, short, K_PAIR),    /* SHORT_INT */
+    [35] = PAIR(struct pair_ldi, long double, K_PAIR), /* LONG_DOUBLE_INT */
 };
-enum { NBASIC = 30 };
+enum { NBASIC = 36 };
+
+/* A predefined type's alignment (a struct's extent is padded to it). */
+int64_t type_align(MPI_Datatype basic) {
+	if (basic <= 0 || basic >= NBASIC) return 1;
+	int64_t a = basics[basic].align ? basics[basic].align : basics[basic].size;
+	return a > 16 ? 16 : a < 1 ? 1 : a;
+}
 
 static struct dtype predef[NBASIC];
-static struct blk predef_blk[NBASIC];
+static struct blk predef_blk[NBASIC][2];
 static struct table types = {.first = NBASIC};
 
 static void init_predef(void) {
 	for (int i = 1; i < NBASIC; i++) {
-		int64_t s = basics[i].size;
-		predef_blk[i] = (struct blk){0, s};
-		predef[i] = (struct dtype){.predefined = 1, .committed = 1, .basic = i, .size = s, .extent = s, .nblk = 1,
-		                           .blk = &predef_blk[i], .uniform = 1, .off0 = 0, .lc = 1, .lb = s, .ls = s};
+		int64_t s = basics[i].size, e = basics[i].ext ? basics[i].ext : s;
+		predef_blk[i][0] = (struct blk){0, s};
+		predef[i] = (struct dtype){.predefined = 1, .committed = 1, .basic = i, .size = s, .extent = e, .nblk = 1,
+		                           .blk = predef_blk[i], .uniform = 1, .off0 = 0, .lc = 1, .lb = s, .ls = s};
+		if (basics[i].ext && basics[i].ioff != basics[i].vsize) { /* a gap between value and index */
+			predef_blk[i][0] = (struct blk){0, basics[i].vsize};
+			predef_blk[i][1] = (struct blk){basics[i].ioff, (int64_t)sizeof(int)};
+			predef[i].nblk = 2, predef[i].uniform = 0;
+		}
 	}
 }
 
@@ -982,9 +1016,11 @@ int type_rvma(MPI_Datatype basic) {
 }
 
 
-int type_rvma_bits(MPI_Datatype basic) {
+int type_rvma_bits(MPI_Datatype basic, int bitwise) {
 	if (basic <= 0 || basic >= NBASIC) return 0;
 	switch (basics[basic].kind) {
+	case K_PAIR8:
+		return bitwise ? 0 : RVMA_UINT64;
 	case K_BYTE:
 	case K_BOOL:
 	case K_NONE:
@@ -1239,11 +1275,7 @@ static int type_blocks(const char *fn, int64_t n, const int64_t *len, const int6
 			basic = o->basic;
 		else if (basic != o->basic)
 			basic = 0;
-		if (o->basic) {
-			int64_t a = type_get(o->basic)->size;
-			if (a > 16) a = 16;
-			if (a > align) align = a;
-		}
+		if (o->basic && type_align(o->basic) > align) align = type_align(o->basic);
 		if (len[i] == 0) continue;
 		int64_t l = disp[i] + o->tlb, u = disp[i] + o->tlb + len[i] * o->extent;
 		if (!any || l < lb) lb = l;
@@ -2146,6 +2178,8 @@ static int allreduce(const char *fn, MPI_Comm c, const void *in, void *out, int 
 	if (!d->predefined)
 		return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, fn, "reductions take predefined datatypes only");
 	if (count < 0) return fail_comm(c, MPI_ERR_COUNT, fn, "count %d", count);
+	if (op == MPI_MINLOC || op == MPI_MAXLOC)
+		return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, fn, "MPI_MINLOC and MPI_MAXLOC are not this library's");
 	if (op < MPI_MAX || op > MPI_BXOR) return fail_comm(c, MPI_ERR_OP, fn, "operation %d: not a reduction this library has", op);
 	size_t bytes = (size_t)d->size * (size_t)count;
 	if (in != out && bytes) memmove(out, in, bytes);

@@ -440,13 +440,14 @@ static int acc_kind(const char *fn, MPI_Win h, const struct dtype *d, MPI_Dataty
 	 * fetched and combined bit by bit as unsigned integers of their
 	 * size, one element each. */
 	if (!*rt && (op == MPI_REPLACE || op == MPI_NO_OP || op == MPI_BAND || op == MPI_BOR || op == MPI_BXOR))
-		*rt = type_rvma_bits(d->basic);
+		*rt = type_rvma_bits(d->basic, op != MPI_REPLACE && op != MPI_NO_OP);
 	/* long double arithmetic is MPI's, not rvma's; arithmetic on
 	 * MPI_BYTE and the like, or on mixed elements, is no one's. */
-	if (!*rt && d->basic == MPI_LONG_DOUBLE)
+	if (!*rt && (d->basic == MPI_LONG_DOUBLE || (d->basic >= MPI_FLOAT_INT && d->basic <= MPI_LONG_DOUBLE_INT)))
 		return fail_win(h, MPI_ERR_UNSUPPORTED_OPERATION, fn,
-		                "datatype %d (long double) with operation %d: rvma's accumulates and atomics take 1-, 2-, "
-		                "4- and 8-byte integers, float and double", (int)t, op);
+		                "datatype %d (long double, or a value-and-index pair) with operation %d: rvma's "
+		                "accumulates and atomics take 1-, 2-, 4- and 8-byte integers, float and double (and "
+		                "replace and fetch MPI_2INT and MPI_FLOAT_INT whole)", (int)t, op);
 	if (!*rt)
 		return fail_win(h, MPI_ERR_TYPE, fn,
 		                "datatype %d with operation %d: accumulates take one predefined element type with "

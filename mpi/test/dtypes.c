@@ -198,6 +198,43 @@ int main(int argc, char **argv) {
 	EXPECT(MPI_Fetch_and_op(&ld, &ldr, MPI_LONG_DOUBLE, next, 0, MPI_SUM, win) == MPI_ERR_UNSUPPORTED_OPERATION,
 	       "long double fetch_and_op");
 
+	/* Value-and-index pairs: their bounds, moved with their gaps kept;
+	 * MPI_2INT replaced and fetched whole; MINLOC is not rvma's. */
+	struct {
+		short v;
+		int i;
+	} si[2] = {{(short)(10 + me), 100 + me}, {(short)(20 + me), 200 + me}}, sr[2];
+	bounds(MPI_SHORT_INT, 0, sizeof si[0], sizeof(short) + sizeof(int), "MPI_SHORT_INT");
+	bounds(MPI_2INT, 0, 2 * sizeof(int), 2 * sizeof(int), "MPI_2INT");
+	bounds(MPI_DOUBLE_INT, 0, sizeof(struct {
+		       double v;
+		       int i;
+	       }),
+	       sizeof(double) + sizeof(int), "MPI_DOUBLE_INT");
+	memset(sr, 0x7f, sizeof sr);
+	OK(MPI_Sendrecv(si, 2, MPI_SHORT_INT, next, 7, sr, 2, MPI_SHORT_INT, prev, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+	EXPECT(sr[0].v == 10 + prev && sr[0].i == 100 + prev && sr[1].v == 20 + prev && sr[1].i == 200 + prev,
+	       "MPI_SHORT_INT sendrecv");
+	reset(0);
+	int pr2[4] = {-1, -1, -1, -1}, mine2[2] = {300 + me, 400 + me};
+	OK(MPI_Win_fence(0, win));
+	OK(MPI_Accumulate(mine2, 1, MPI_2INT, next, 8, 1, MPI_2INT, MPI_REPLACE, win));
+	OK(MPI_Win_fence(0, win));
+	OK(MPI_Get_accumulate(NULL, 0, MPI_2INT, pr2, 2, MPI_2INT, next, 8, 2, MPI_2INT, MPI_NO_OP, win));
+	OK(MPI_Win_fence(0, win));
+	EXPECT(win_buf[8] == 300 + prev && win_buf[9] == 400 + prev && win_buf[10] == 10, "MPI_2INT replace: %d %d %d",
+	       win_buf[8], win_buf[9], win_buf[10]);
+	EXPECT(pr2[0] == 300 + me && pr2[1] == 400 + me && pr2[2] == 10 && pr2[3] == 11, "MPI_2INT fetch: %d %d %d %d",
+	       pr2[0], pr2[1], pr2[2], pr2[3]);
+	EXPECT(MPI_Accumulate(mine2, 1, MPI_2INT, next, 8, 1, MPI_2INT, MPI_MINLOC, win) == MPI_ERR_UNSUPPORTED_OPERATION,
+	       "MINLOC");
+	EXPECT(MPI_Accumulate(si, 1, MPI_SHORT_INT, next, 8, 1, MPI_SHORT_INT, MPI_REPLACE, win) ==
+	           MPI_ERR_UNSUPPORTED_OPERATION,
+	       "MPI_SHORT_INT replace (not one element of rvma's)");
+	EXPECT(MPI_Allreduce(mine2, pr2, 1, MPI_2INT, MPI_MINLOC, MPI_COMM_WORLD) == MPI_ERR_UNSUPPORTED_OPERATION,
+	       "allreduce MINLOC");
+	OK(MPI_Win_fence(0, win));
+
 	/* Accumulates of no data are no-ops, whatever their datatypes. */
 	MPI_Datatype empty;
 	OK(MPI_Type_contiguous(0, MPI_INT, &empty));
