@@ -335,3 +335,9 @@ func TestSplit(t *testing.T) {
 	dir := built(t)
 	require.Contains(t, job(t, dir, 1, "split"), "split: ok on 1 ranks")
 }
+
+// TestWinattr runs test/winattr.c: window names, and attributes of the
+// program's keyvals set, replaced, deleted and deleted with the window.
+func TestWinattr(t *testing.T) {
+	cTest(t, "winattr", false)
+}

@@ -26,7 +26,40 @@ struct win {
 	int lock_all, nlocked;
 	unsigned char *locked; /* per rank */
 	int notified;          /* an MPIX notified window: puts and flushes need no epoch */
+	char name[MPI_MAX_OBJECT_NAME];
+	struct attr *attrs; /* the program's attributes, newest first */
 };
+
+/* Keyvals of window attributes: handles KEYVAL_BASE + index; one lives
+ * while its handle or an attribute holds it. */
+struct keyval {
+	MPI_Win_copy_attr_function *copy;
+	MPI_Win_delete_attr_function *del;
+	void *extra;
+	int refs, freed;
+};
+struct attr {
+	int key;
+	void *val;
+	struct attr *next;
+};
+enum { KEYVAL_BASE = 0x67000000, NKEYVAL = 1024 };
+static struct keyval *keyvals[NKEYVAL];
+
+static struct keyval *keyval_get(int key) {
+	if (key < KEYVAL_BASE || key >= KEYVAL_BASE + NKEYVAL) return NULL;
+	pthread_mutex_lock(&rv_mu);
+	struct keyval *k = keyvals[key - KEYVAL_BASE];
+	pthread_mutex_unlock(&rv_mu);
+	return k;
+}
+
+static void keyval_unref(int key) {
+	pthread_mutex_lock(&rv_mu);
+	struct keyval *k = keyvals[key - KEYVAL_BASE];
+	if (k && --k->refs == 0) keyvals[key - KEYVAL_BASE] = NULL, free(k);
+	pthread_mutex_unlock(&rv_mu);
+}
 
 static struct table wins = {.first = 1};
 
@@ -189,9 +222,32 @@ MPI_Aint MPI_Aint_add(MPI_Aint base, MPI_Aint disp) { return (MPI_Aint)((uintptr
 
 MPI_Aint MPI_Aint_diff(MPI_Aint addr1, MPI_Aint addr2) { return (MPI_Aint)((uintptr_t)addr1 - (uintptr_t)addr2); }
 
+/* Removes attribute key of w, calling its delete function: 0 or its
+ * class (then the attribute stays). */
+static int attr_delete(MPI_Win h, struct win *w, int key, const char *fn) {
+	for (struct attr **p = &w->attrs; *p; p = &(*p)->next) {
+		if ((*p)->key != key) continue;
+		struct keyval *k = keyval_get(key);
+		if (k && k->del) {
+			int rc = k->del(h, key, (*p)->val, k->extra);
+			if (rc) return fail_win(h, MPI_ERR_OTHER, fn, "the delete function of keyval %#x returned %d", key, rc);
+		}
+		struct attr *a = *p;
+		*p = a->next;
+		free(a);
+		keyval_unref(key);
+		return 0;
+	}
+	return -1;
+}
+
 int MPI_Win_free(MPI_Win *h) {
 	if (!h) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL win");
 	GET_WIN(w, *h, __func__);
+	while (w->attrs) {
+		int cls = attr_delete(*h, w, w->attrs->key, __func__);
+		if (cls) return cls;
+	}
 	MPI_Errhandler eh = w->eh;
 	tbl_del(&wins, *h);
 	int rc = rvma_win_free(&w->w);
@@ -216,8 +272,78 @@ int MPI_Win_get_attr(MPI_Win h, int key, void *val, int *flag) {
 	case MPI_WIN_DISP_UNIT: *(int **)val = &w->disp_unit; break;
 	case MPI_WIN_CREATE_FLAVOR: *(int **)val = &w->flavor; break;
 	case MPI_WIN_MODEL: *(int **)val = &w->model; break;
-	default: *flag = 0;
+	default:
+		*flag = 0;
+		for (struct attr *a = w->attrs; a; a = a->next)
+			if (a->key == key) *(void **)val = a->val, *flag = 1;
 	}
+	return MPI_SUCCESS;
+}
+
+int MPI_Win_create_keyval(MPI_Win_copy_attr_function *copy, MPI_Win_delete_attr_function *del, int *key,
+                          void *extra) {
+	if (!key) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL keyval");
+	struct keyval *k = calloc(1, sizeof *k);
+	if (!k) return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, __func__, "out of memory");
+	*k = (struct keyval){copy, del, extra, 1, 0};
+	int i;
+	pthread_mutex_lock(&rv_mu);
+	for (i = 0; i < NKEYVAL && keyvals[i]; i++) {}
+	if (i < NKEYVAL) keyvals[i] = k;
+	pthread_mutex_unlock(&rv_mu);
+	if (i == NKEYVAL) {
+		free(k);
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, __func__, "all %d keyvals in use", NKEYVAL);
+	}
+	*key = KEYVAL_BASE + i;
+	return MPI_SUCCESS;
+}
+
+int MPI_Win_free_keyval(int *key) {
+	struct keyval *k = key ? keyval_get(*key) : NULL;
+	if (!k || k->freed) return fail_comm(MPI_COMM_WORLD, MPI_ERR_KEYVAL, __func__, "invalid keyval");
+	k->freed = 1;
+	keyval_unref(*key);
+	*key = MPI_KEYVAL_INVALID;
+	return MPI_SUCCESS;
+}
+
+int MPI_Win_set_attr(MPI_Win h, int key, void *val) {
+	GET_WIN(w, h, __func__);
+	struct keyval *k = keyval_get(key);
+	if (!k || k->freed) return fail_win(h, MPI_ERR_KEYVAL, __func__, "invalid keyval %#x", key);
+	int cls = attr_delete(h, w, key, __func__);
+	if (cls > 0) return cls;
+	struct attr *a = malloc(sizeof *a);
+	if (!a) return fail_win(h, MPI_ERR_NO_MEM, __func__, "out of memory");
+	pthread_mutex_lock(&rv_mu);
+	k->refs++;
+	pthread_mutex_unlock(&rv_mu);
+	*a = (struct attr){key, val, w->attrs};
+	w->attrs = a;
+	return MPI_SUCCESS;
+}
+
+int MPI_Win_delete_attr(MPI_Win h, int key) {
+	GET_WIN(w, h, __func__);
+	if (!keyval_get(key)) return fail_win(h, MPI_ERR_KEYVAL, __func__, "invalid keyval %#x", key);
+	int cls = attr_delete(h, w, key, __func__);
+	if (cls < 0) return fail_win(h, MPI_ERR_KEYVAL, __func__, "no attribute of keyval %#x", key);
+	return cls;
+}
+
+int MPI_Win_set_name(MPI_Win h, const char *name) {
+	GET_WIN(w, h, __func__);
+	if (!name) return fail_win(h, MPI_ERR_ARG, __func__, "NULL name");
+	snprintf(w->name, sizeof w->name, "%s", name);
+	return MPI_SUCCESS;
+}
+
+int MPI_Win_get_name(MPI_Win h, char *name, int *len) {
+	GET_WIN(w, h, __func__);
+	if (!name || !len) return fail_win(h, MPI_ERR_ARG, __func__, "NULL name or resultlen");
+	snprintf(name, MPI_MAX_OBJECT_NAME, "%s", w->name);
+	*len = (int)strlen(name);
 	return MPI_SUCCESS;
 }
 
