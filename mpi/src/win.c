@@ -593,6 +593,62 @@ static int zero_bytes(const char *fn, MPI_Win h, struct win *w, MPI_Op op, int t
 	return target == MPI_PROC_NULL ? MPI_SUCCESS : target_bytes(fn, h, w, target, disp, &tb);
 }
 
+/* MPI_MAXLOC and MPI_MINLOC of pair cur (at the target) and mine, both
+ * 8-byte pairs of basic (MPI_2INT or MPI_FLOAT_INT): the value wins, the
+ * lower index on a tie. */
+static uint64_t loc_pick(MPI_Datatype basic, MPI_Op op, uint64_t cur, uint64_t mine) {
+	const char *c = (const char *)&cur, *m = (const char *)&mine;
+	int better, equal, ci, mi;
+	if (basic == MPI_2INT) {
+		int a, b;
+		memcpy(&a, c, 4), memcpy(&b, m, 4);
+		better = op == MPI_MAXLOC ? b > a : b < a, equal = a == b;
+	} else {
+		float a, b;
+		memcpy(&a, c, 4), memcpy(&b, m, 4);
+		better = op == MPI_MAXLOC ? b > a : b < a, equal = a == b;
+	}
+	memcpy(&ci, c + 4, 4), memcpy(&mi, m + 4, 4);
+	if (better) return mine;
+	if (equal && mi < ci) memcpy((char *)&cur + 4, &mi, 4);
+	return cur;
+}
+
+/* MPI_MAXLOC and MPI_MINLOC, which rvma has not, on the 8-byte pairs: each
+ * pair read and replaced by compare-and-swap until no other rank's update
+ * came between (atomic like rvma's accumulates on 8-byte elements, with
+ * which they mix). Done when the call returns. */
+static int loc_accumulate(const char *fn, struct win *w, MPI_Win h, const void *origin, const struct dtype *od,
+                          int oc, const struct dtype *td, int tc, MPI_Op op, int target, int64_t tb) {
+	struct walk wo, wt;
+	walk_init(&wo, od, oc);
+	walk_init(&wt, td, tc);
+	int64_t left = od->size * oc, toff = 0, tlen = 0;
+	int rc = 0;
+	while (left > 0 && !rc) {
+		if (tlen == 0) walk_next(&wt, INT64_MAX, &toff, &tlen);
+		int64_t off, len;
+		walk_next(&wo, tlen, &off, &len);
+		for (int64_t k = 0; k < len && !rc; k += 8) {
+			uint64_t mine, cur, next, old;
+			memcpy(&mine, (const char *)origin + off + k, 8);
+			int64_t at = tb + toff + k;
+			rc = rvma_fetch_and_op(w->w, NULL, &cur, RVMA_UINT64, RVMA_NO_OP, target, at);
+			if (!rc) rc = rvma_win_flush(w->w, target);
+			while (!rc) {
+				next = loc_pick(od->basic, op, cur, mine);
+				if (next == cur) break;
+				rc = rvma_compare_and_swap(w->w, &next, &cur, &old, RVMA_UINT64, target, at);
+				if (!rc) rc = rvma_win_flush(w->w, target);
+				if (rc || old == cur) break;
+				cur = old;
+			}
+		}
+		toff += len, tlen -= len, left -= len;
+	}
+	return rc ? rvfail_win(h, rc, fn) : MPI_SUCCESS;
+}
+
 static int accumulate(const char *fn, const void *origin, int oc, MPI_Datatype ot, int target, MPI_Aint disp, int tc,
                       MPI_Datatype tt, MPI_Op op, MPI_Win h, struct req *q) {
 	GET_WIN(w, h, fn);
@@ -601,6 +657,14 @@ static int accumulate(const char *fn, const void *origin, int oc, MPI_Datatype o
 	if (cls) return cls;
 	int64_t left = od->size * oc;
 	if (left == 0) return zero_bytes(fn, h, w, op, target, disp);
+	if ((op == MPI_MAXLOC || op == MPI_MINLOC) && od->basic == td->basic &&
+	    (od->basic == MPI_2INT || od->basic == MPI_FLOAT_INT)) {
+		if (target == MPI_PROC_NULL) return MPI_SUCCESS;
+		int64_t tb;
+		if ((cls = target_bytes(fn, h, w, target, disp, &tb))) return cls;
+		if (!origin && od->predefined) return fail_win(h, MPI_ERR_BUFFER, fn, "NULL origin buffer");
+		return loc_accumulate(fn, w, h, origin, od, oc, td, tc, op, target, tb);
+	}
 	int rt, rop, rt2, rop2;
 	int64_t esz, esz2;
 	if ((cls = acc_kind(fn, h, od, ot, op, &rt, &rop, &esz)) || (cls = acc_kind(fn, h, td, tt, op, &rt2, &rop2, &esz2)))

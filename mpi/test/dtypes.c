@@ -226,8 +226,29 @@ int main(int argc, char **argv) {
 	       win_buf[8], win_buf[9], win_buf[10]);
 	EXPECT(pr2[0] == 300 + me && pr2[1] == 400 + me && pr2[2] == 10 && pr2[3] == 11, "MPI_2INT fetch: %d %d %d %d",
 	       pr2[0], pr2[1], pr2[2], pr2[3]);
-	EXPECT(MPI_Accumulate(mine2, 1, MPI_2INT, next, 8, 1, MPI_2INT, MPI_MINLOC, win) == MPI_ERR_UNSUPPORTED_OPERATION,
-	       "MINLOC");
+	/* MAXLOC and MINLOC of every rank into rank 0's pairs at ints 12 and
+	 * 14 (a tie: the lowest index wins), under fence and under a lock. */
+	OK(MPI_Win_fence(0, win));
+	if (me == 0) win_buf[12] = -1, win_buf[13] = 99, win_buf[14] = 0, win_buf[15] = 99;
+	OK(MPI_Win_fence(0, win));
+	int mx[2] = {me, me}, mn[2] = {0, me};
+	OK(MPI_Accumulate(mx, 1, MPI_2INT, 0, 12, 1, MPI_2INT, MPI_MAXLOC, win));
+	OK(MPI_Win_fence(0, win));
+	OK(MPI_Win_fence(MPI_MODE_NOSUCCEED, win));
+	OK(MPI_Win_lock(MPI_LOCK_SHARED, 0, 0, win));
+	OK(MPI_Accumulate(mn, 1, MPI_2INT, 0, 14, 1, MPI_2INT, MPI_MINLOC, win));
+	OK(MPI_Win_unlock(0, win));
+	OK(MPI_Barrier(MPI_COMM_WORLD));
+	if (me == 0)
+		EXPECT(win_buf[12] == np - 1 && win_buf[13] == np - 1 && win_buf[14] == 0 && win_buf[15] == 0,
+		       "MAXLOC (%d, %d), MINLOC (%d, %d)", win_buf[12], win_buf[13], win_buf[14], win_buf[15]);
+	OK(MPI_Win_fence(MPI_MODE_NOPRECEDE, win));
+	EXPECT(MPI_Get_accumulate(mine2, 1, MPI_2INT, pr2, 1, MPI_2INT, next, 8, 1, MPI_2INT, MPI_MINLOC, win) ==
+	           MPI_ERR_UNSUPPORTED_OPERATION,
+	       "get_accumulate MINLOC");
+	EXPECT(MPI_Accumulate(si, 1, MPI_SHORT_INT, next, 8, 1, MPI_SHORT_INT, MPI_MINLOC, win) ==
+	           MPI_ERR_UNSUPPORTED_OPERATION,
+	       "MINLOC of MPI_SHORT_INT");
 	EXPECT(MPI_Accumulate(si, 1, MPI_SHORT_INT, next, 8, 1, MPI_SHORT_INT, MPI_REPLACE, win) ==
 	           MPI_ERR_UNSUPPORTED_OPERATION,
 	       "MPI_SHORT_INT replace (not one element of rvma's)");
