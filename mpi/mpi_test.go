@@ -336,8 +336,9 @@ func TestSplit(t *testing.T) {
 	require.Contains(t, job(t, dir, 1, "split"), "split: ok on 1 ranks")
 }
 
-// TestWinattr runs test/winattr.c: window names, and attributes of the
-// program's keyvals set, replaced, deleted and deleted with the window.
+// TestWinattr runs test/winattr.c: window names; attributes of the
+// program's keyvals set, replaced, deleted and deleted with the window;
+// the program's window error handlers, called with the window and class.
 func TestWinattr(t *testing.T) {
 	cTest(t, "winattr", false)
 }

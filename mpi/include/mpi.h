@@ -264,6 +264,10 @@ int MPI_Comm_get_errhandler(MPI_Comm comm, MPI_Errhandler *errhandler);
 int MPI_Win_set_errhandler(MPI_Win win, MPI_Errhandler errhandler);
 int MPI_Win_get_errhandler(MPI_Win win, MPI_Errhandler *errhandler);
 int MPI_Errhandler_free(MPI_Errhandler *errhandler);
+/* The program's error handlers, for windows only. */
+typedef void MPI_Win_errhandler_function(MPI_Win *win, int *error_code, ...);
+int MPI_Win_create_errhandler(MPI_Win_errhandler_function *win_errhandler_fn, MPI_Errhandler *errhandler);
+int MPI_Win_call_errhandler(MPI_Win win, int errorcode);
 
 /* ---- Communicators and groups ---- */
 int MPI_Comm_rank(MPI_Comm comm, int *rank);

@@ -38,6 +38,11 @@ int rv_class(int rc, int handle_class);
 int rvfail_comm(MPI_Comm comm, int rc, const char *fn);
 int rvfail_win(MPI_Win win, int rc, const char *fn);
 
+/* The program's window error handlers: the function of a handle (NULL if
+ * it is none), and a reference more (d 1) or less (d -1). */
+MPI_Win_errhandler_function *eh_user(MPI_Errhandler e);
+void eh_ref(MPI_Errhandler e, int d);
+
 #define NOT_INIT(fn) (!rv_up ? fail_comm(MPI_COMM_WORLD, MPI_ERR_OTHER, fn, "MPI is not initialized (or finalized)") : 0)
 
 /* Communicators: their tag context (tags are shifted into the upper bits

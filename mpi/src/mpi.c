@@ -177,13 +177,74 @@ int fail_comm(MPI_Comm comm, int cls, const char *fn, const char *fmt, ...) {
 /* win.c's windows keep their handler; this finds it. */
 MPI_Errhandler win_eh(MPI_Win w);
 
+/* The program's window error handlers (MPI_Win_create_errhandler):
+ * handles EH_BASE + index; one lives while its handle or a window holds
+ * it. */
+enum { EH_BASE = 16, NEH = 256 };
+static struct {
+	MPI_Win_errhandler_function *fn;
+	int refs;
+} wehs[NEH];
+
+MPI_Win_errhandler_function *eh_user(MPI_Errhandler e) {
+	pthread_mutex_lock(&rv_mu);
+	MPI_Win_errhandler_function *f = e >= EH_BASE && e < EH_BASE + NEH ? wehs[e - EH_BASE].fn : NULL;
+	pthread_mutex_unlock(&rv_mu);
+	return f;
+}
+
+void eh_ref(MPI_Errhandler e, int d) {
+	pthread_mutex_lock(&rv_mu);
+	if (e >= EH_BASE && e < EH_BASE + NEH && wehs[e - EH_BASE].fn && (wehs[e - EH_BASE].refs += d) <= 0)
+		wehs[e - EH_BASE].fn = NULL, wehs[e - EH_BASE].refs = 0;
+	pthread_mutex_unlock(&rv_mu);
+}
+
+int MPI_Win_create_errhandler(MPI_Win_errhandler_function *fn, MPI_Errhandler *e) {
+	if (!fn || !e) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL function or errhandler");
+	int i;
+	pthread_mutex_lock(&rv_mu);
+	for (i = 0; i < NEH && wehs[i].fn; i++) {}
+	if (i < NEH) wehs[i].fn = fn, wehs[i].refs = 1;
+	pthread_mutex_unlock(&rv_mu);
+	if (i == NEH) return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, __func__, "all %d error handlers in use", NEH);
+	*e = EH_BASE + i;
+	return MPI_SUCCESS;
+}
+
+/* A failure on window win: its handler decides; a program's handler is
+ * called with the window and the class, and the call returns the class
+ * (its message recorded for MPI_Error_string first). */
+static int win_raise(MPI_Win win, MPI_Errhandler e, int cls, const char *fn, const char *fmt, va_list ap) {
+	MPI_Win_errhandler_function *f = eh_user(e);
+	if (!f) return raise_err(e ? e : comm_eh(MPI_COMM_WORLD), cls, fn, fmt, ap);
+	raise_err(MPI_ERRORS_RETURN, cls, fn, fmt, ap);
+	int code = cls;
+	f(&win, &code);
+	return cls;
+}
+
 int fail_win(MPI_Win win, int cls, const char *fn, const char *fmt, ...) {
 	va_list ap;
 	va_start(ap, fmt);
-	MPI_Errhandler e = win_eh(win);
-	int r = raise_err(e ? e : comm_eh(MPI_COMM_WORLD), cls, fn, fmt, ap);
+	int r = win_raise(win, win_eh(win), cls, fn, fmt, ap);
 	va_end(ap);
 	return r;
+}
+
+static int call_win(MPI_Win win, MPI_Errhandler e, int code, ...) {
+	va_list ap;
+	va_start(ap, code);
+	int r = win_raise(win, e, code, "MPI_Win_call_errhandler", "error code %d", ap);
+	va_end(ap);
+	return r;
+}
+
+int MPI_Win_call_errhandler(MPI_Win win, int code) {
+	MPI_Errhandler e = win_eh(win);
+	if (!e) return fail_comm(MPI_COMM_WORLD, MPI_ERR_WIN, __func__, "invalid window %d", win);
+	call_win(win, e, code, code);
+	return MPI_SUCCESS; /* the handler returned (or was MPI_ERRORS_RETURN) */
 }
 
 int rv_class(int rc, int handle_class) {
@@ -254,6 +315,11 @@ int MPI_Comm_get_errhandler(MPI_Comm c, MPI_Errhandler *e) {
 }
 
 int MPI_Errhandler_free(MPI_Errhandler *e) {
+	if (e && eh_user(*e)) {
+		eh_ref(*e, -1);
+		*e = MPI_ERRHANDLER_NULL;
+		return MPI_SUCCESS;
+	}
 	if (!e || !valid_handler(*e)) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "invalid error handler");
 	*e = MPI_ERRHANDLER_NULL;
 	return MPI_SUCCESS;

@@ -250,6 +250,7 @@ int MPI_Win_free(MPI_Win *h) {
 	}
 	MPI_Errhandler eh = w->eh;
 	tbl_del(&wins, *h);
+	if (eh_user(eh)) eh_ref(eh, -1), eh = MPI_ERRORS_RETURN; /* a failure of the free is returned */
 	int rc = rvma_win_free(&w->w);
 	free(w->units), free(w->locked), free(w);
 	MPI_Win old = *h;
@@ -354,9 +355,10 @@ int MPI_Win_get_group(MPI_Win h, MPI_Group *g) {
 
 int MPI_Win_set_errhandler(MPI_Win h, MPI_Errhandler e) {
 	GET_WIN(w, h, __func__);
-	if (e != MPI_ERRORS_RETURN && e != MPI_ERRORS_ARE_FATAL && e != MPI_ERRORS_ABORT)
-		return fail_win(h, e > 3 ? MPI_ERR_UNSUPPORTED_OPERATION : MPI_ERR_ARG, __func__,
-		                "error handler %d: only MPI_ERRORS_RETURN, MPI_ERRORS_ARE_FATAL and MPI_ERRORS_ABORT", e);
+	if (e != MPI_ERRORS_RETURN && e != MPI_ERRORS_ARE_FATAL && e != MPI_ERRORS_ABORT && !eh_user(e))
+		return fail_win(h, MPI_ERR_ARG, __func__, "error handler %d: not a window's", e);
+	eh_ref(e, 1);
+	eh_ref(w->eh, -1);
 	w->eh = e;
 	return MPI_SUCCESS;
 }
@@ -365,6 +367,7 @@ int MPI_Win_get_errhandler(MPI_Win h, MPI_Errhandler *e) {
 	GET_WIN(w, h, __func__);
 	if (!e) return fail_win(h, MPI_ERR_ARG, __func__, "NULL errhandler");
 	*e = w->eh;
+	eh_ref(*e, 1); /* the program frees what it got (MPI_Errhandler_free) */
 	return MPI_SUCCESS;
 }
 

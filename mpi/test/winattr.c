@@ -1,12 +1,23 @@
-/* Window names and attributes: MPI_Win_set_name/get_name; keyvals whose
- * attributes are set, replaced, found, deleted and deleted with the
- * window, each delete function called once with its value, also after
- * the keyval is freed. Prints "winattr: ok on N ranks". */
+/* Window names, attributes and error handlers: MPI_Win_set_name/get_name;
+ * keyvals whose attributes are set, replaced, found, deleted and deleted
+ * with the window, each delete function called once with its value, also
+ * after the keyval is freed; a program's error handler called by
+ * MPI_Win_call_errhandler and by a failing call, with the window and the
+ * class, also after its handle is freed. Prints "winattr: ok on N
+ * ranks". */
 #include <mpi.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "check.h"
+
+static int calls, last_code;
+static MPI_Win last_win;
+
+static void handler(MPI_Win *w, int *code, ...) {
+	calls++;
+	last_win = *w, last_code = *code;
+}
 
 static int deleted[4], last_key;
 static void *last_val;
@@ -63,6 +74,29 @@ int main(int argc, char **argv) {
 	EXPECT(k1 == MPI_KEYVAL_INVALID, "freed keyval %d", k1);
 	OK(MPI_Win_free(&win));
 	EXPECT(deleted[1] == 2 && last_val == &c && deleted[0] == 1, "at MPI_Win_free: %d %d", deleted[0], deleted[1]);
+	/* error handlers */
+	for (int round = 0; round < 300; round++) { /* handles are reused */
+		MPI_Errhandler eh, got;
+		OK(MPI_Win_create(buf, sizeof buf, sizeof(int), MPI_INFO_NULL, MPI_COMM_WORLD, &win));
+		OK(MPI_Win_create_errhandler(handler, &eh));
+		OK(MPI_Win_set_errhandler(win, eh));
+		OK(MPI_Errhandler_free(&eh));
+		EXPECT(eh == MPI_ERRHANDLER_NULL, "freed handle");
+		calls = 0;
+		OK(MPI_Win_call_errhandler(win, MPI_ERR_OTHER));
+		EXPECT(calls == 1 && last_win == win && last_code == MPI_ERR_OTHER, "call_errhandler: %d calls, code %d",
+		       calls, last_code);
+		int cls = MPI_Put(buf, 1, MPI_INT, np + 3, 0, 1, MPI_INT, win);
+		EXPECT(cls == MPI_ERR_RANK && calls == 2 && last_code == MPI_ERR_RANK && last_win == win,
+		       "a failing put: class %d, %d calls, code %d", cls, calls, last_code);
+		OK(MPI_Win_get_errhandler(win, &got));
+		OK(MPI_Win_set_errhandler(win, MPI_ERRORS_RETURN));
+		OK(MPI_Win_set_errhandler(win, got)); /* still alive: got holds it */
+		OK(MPI_Errhandler_free(&got));
+		OK(MPI_Win_call_errhandler(win, MPI_ERR_ARG));
+		EXPECT(calls == 3 && last_code == MPI_ERR_ARG, "after set again: %d calls", calls);
+		OK(MPI_Win_free(&win));
+	}
 	OK(MPI_Win_free_keyval(&k0));
 	OK(MPI_Win_free_keyval(&k2));
 	EXPECT(MPI_Win_free_keyval(&k2) == MPI_ERR_KEYVAL, "freeing an invalid keyval");
