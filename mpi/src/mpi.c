@@ -1159,12 +1159,13 @@ void walk_init(struct walk *w, const struct dtype *t, int64_t count) {
  * type is one run, not one per element). */
 int walk_next(struct walk *w, int64_t max, int64_t *off, int64_t *len) {
 	if (w->i >= w->count) return 0;
-	int64_t start = -1, total = 0;
+	int64_t start = 0, total = 0;
+	int any = 0; /* offsets may be negative: no sentinel */
 	while (w->i < w->count && total < max) {
 		const struct blk *b = &w->t->blk[w->j];
 		int64_t o = w->i * w->t->extent + b->off + w->used;
-		if (start >= 0 && o != start + total) break;
-		if (start < 0) start = o;
+		if (any && o != start + total) break;
+		if (!any) start = o, any = 1;
 		int64_t n = b->len - w->used;
 		if (n > max - total) n = max - total;
 		total += n;
@@ -1247,9 +1248,6 @@ static int type_make(const char *fn, int64_t count, int64_t blocklen, int64_t st
 		return fail_comm(MPI_COMM_WORLD, MPI_ERR_COUNT, fn, "count %lld, blocklength %lld", (long long)count,
 		                 (long long)blocklen);
 	if (!out) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, fn, "NULL newtype");
-	if (stride < 0 && count > 1)
-		return fail_comm(MPI_COMM_WORLD, MPI_ERR_UNSUPPORTED_OPERATION, fn,
-		                 "negative stride %lld: rvma's layouts go forward only", (long long)stride);
 	if (count && blocklen && old->nblk > MAX_BLOCKS / count / blocklen)
 		return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, fn, "more than %d blocks", MAX_BLOCKS);
 	int64_t nmax = count * blocklen * old->nblk;
@@ -1258,12 +1256,18 @@ static int type_make(const char *fn, int64_t count, int64_t blocklen, int64_t st
 	int64_t n = 0;
 	for (int64_t i = 0; i < count; i++)
 		for (int64_t k = 0; k < blocklen; k++) blk_append(blk, &n, old, i * stride + k * old->extent);
-	int64_t tlb = old->tlb;
+	/* MPI's bounds: of the first and the last block (a negative stride
+	 * puts the last first; such blocks are walked, not a layout). */
+	int64_t lb = 0, ub = 0;
+	if (count && blocklen) {
+		int64_t l0 = old->tlb, ln = (count - 1) * stride + old->tlb, len = blocklen * old->extent;
+		lb = l0 < ln ? l0 : ln;
+		ub = (l0 > ln ? l0 : ln) + len;
+	}
 	MPI_Datatype h;
-	int cls = type_finish(fn, blk, n, old->basic, count * blocklen * old->size,
-	                      count ? (count - 1) * stride + blocklen * old->extent : 0, &h);
+	int cls = type_finish(fn, blk, n, old->basic, count * blocklen * old->size, ub - lb, &h);
 	if (cls) return cls;
-	type_get(h)->tlb = count && blocklen ? tlb : 0;
+	type_get(h)->tlb = lb;
 	*out = h;
 	return MPI_SUCCESS;
 }
@@ -1449,6 +1453,24 @@ int MPI_Type_create_resized(MPI_Datatype old, MPI_Aint lb, MPI_Aint extent, MPI_
 	int cls = type_finish(__func__, blk, n, o->basic, o->size, extent, &h);
 	if (cls) return cls;
 	type_get(h)->tlb = lb;
+	*out = h;
+	return MPI_SUCCESS;
+}
+
+/* A copy of the same blocks and bounds, committed if old is. */
+int MPI_Type_dup(MPI_Datatype old, MPI_Datatype *out) {
+	if (NOT_INIT(__func__)) return MPI_ERR_OTHER;
+	struct dtype *o = type_get(old);
+	if (!o) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, __func__, "invalid datatype %d", old);
+	if (!out) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL newtype");
+	struct blk *blk = malloc(sizeof *blk * (size_t)(o->nblk ? o->nblk : 1));
+	if (!blk) return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, __func__, "out of memory");
+	memcpy(blk, o->blk, sizeof *blk * (size_t)o->nblk);
+	MPI_Datatype h;
+	int cls = type_finish(__func__, blk, o->nblk, o->basic, o->size, o->extent, &h);
+	if (cls) return cls;
+	struct dtype *d = type_get(h);
+	d->tlb = o->tlb, d->committed = o->committed;
 	*out = h;
 	return MPI_SUCCESS;
 }

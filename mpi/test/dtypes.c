@@ -134,6 +134,42 @@ int main(int argc, char **argv) {
 	       "get_accumulate target %d %d %d %d %d %d", win_buf[30], win_buf[31], win_buf[32], win_buf[33], win_buf[34],
 	       win_buf[35]);
 
+	/* Negative strides and displacements: blocks below the buffer's
+	 * start, several separate runs (none merged with its neighbour). */
+	MPI_Datatype down, downs;
+	int negd[3] = {0, -2, -4};
+	OK(MPI_Type_vector(5, 1, -2, MPI_INT, &down)); /* ints 0, -2, -4, -6, -8 */
+	int ones[3] = {1, 1, 1};
+	OK(MPI_Type_indexed(3, ones, negd, MPI_INT, &downs)); /* ints 0, -2, -4 */
+	OK(MPI_Type_commit(&down));
+	OK(MPI_Type_commit(&downs));
+	bounds(down, -32, 36, 20, "vector of stride -2");
+	bounds(downs, -16, 20, 12, "indexed, negative displacements");
+	int nb[12];
+	for (int i = 0; i < 12; i++) nb[i] = 1000 * me + i;
+	reset(0);
+	OK(MPI_Win_fence(0, win));
+	OK(MPI_Put(nb + 8, 1, down, next, 50, 5, MPI_INT, win)); /* nb 8, 6, 4, 2, 0 -> 50..54 */
+	OK(MPI_Accumulate(nb + 4, 2, downs, next, 40, 6, MPI_INT, MPI_SUM, win)); /* nb 4 2 0, then 9 7 5 */
+	OK(MPI_Win_fence(0, win));
+	for (int k = 0; k < 5; k++)
+		EXPECT(win_buf[50 + k] == 1000 * prev + 8 - 2 * k, "negative stride put: [%d] = %d", 50 + k, win_buf[50 + k]);
+	for (int k = 0; k < 6; k++) { /* the second copy starts an extent (5 ints) above the first */
+		int src_i = 4 + (k / 3) * 5 - 2 * (k % 3), want = 40 + k + 1000 * prev + src_i;
+		EXPECT(win_buf[40 + k] == want, "negative indexed accumulate: [%d] = %d, want %d", 40 + k, win_buf[40 + k], want);
+	}
+	int gn[12];
+	for (int i = 0; i < 12; i++) gn[i] = -1;
+	OK(MPI_Get(gn + 8, 1, down, next, 50, 5, MPI_INT, win));
+	OK(MPI_Win_fence(0, win));
+	for (int k = 0; k < 5; k++) EXPECT(gn[8 - 2 * k] == 1000 * me + 8 - 2 * k, "negative stride get: [%d] = %d", 8 - 2 * k, gn[8 - 2 * k]);
+	EXPECT(gn[1] == -1 && gn[3] == -1 && gn[5] == -1 && gn[7] == -1, "negative stride get: gaps written");
+	for (int i = 0; i < 12; i++) gn[i] = -1;
+	OK(MPI_Sendrecv(nb + 8, 1, down, next, 8, gn + 8, 1, down, prev, 8, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+	for (int k = 0; k < 5; k++) EXPECT(gn[8 - 2 * k] == 1000 * prev + 8 - 2 * k, "negative stride sendrecv: [%d] = %d", 8 - 2 * k, gn[8 - 2 * k]);
+	OK(MPI_Type_free(&down));
+	OK(MPI_Type_free(&downs));
+
 	/* MPI_BOTTOM: a type of absolute addresses of two variables. */
 	reset(0);
 	int x = 7000 + me, y = 8000 + me, gx = -1, gy = -1;
