@@ -324,3 +324,29 @@ func TestShared(t *testing.T) {
 func TestDynamic(t *testing.T) {
 	cTest(t, "dynamic", false)
 }
+
+// TestDtypes runs test/dtypes.c: indexed, hindexed, indexed_block, struct
+// and resized datatypes and their bounds in puts, gets, accumulates,
+// get_accumulates (all three sides non-contiguous) and messages, with
+// blocks that go backwards and copies that interleave; MPI_BOTTOM
+// buffers; accumulates and atomics on MPI_BYTE; accumulates of no data.
+func TestDtypes(t *testing.T) {
+	cTest(t, "dtypes", false)
+}
+
+// TestSplit runs test/split.c: MPI_Comm_split where every rank keeps the
+// world's ranks or none, MPI_ERR_UNSUPPORTED_OPERATION for other splits,
+// MPI_Alloc_mem, and on one rank a window over MPI_COMM_SELF.
+func TestSplit(t *testing.T) {
+	cTest(t, "split", false)
+	// one rank: MPI_COMM_SELF is a communicator with windows
+	dir := built(t)
+	require.Contains(t, job(t, dir, 1, "split"), "split: ok on 1 ranks")
+}
+
+// TestWinattr runs test/winattr.c: window names; attributes of the
+// program's keyvals set, replaced, deleted and deleted with the window;
+// the program's window error handlers, called with the window and class.
+func TestWinattr(t *testing.T) {
+	cTest(t, "winattr", false)
+}

@@ -2,8 +2,9 @@
  * mpi.h: rvma's MPI compatibility library (libmpi, over librvma).
  *
  * A subset of MPI-3/4 for one-sided programs: the world communicator and
- * its duplicates, groups, the basic collectives, point-to-point messages,
- * the basic datatypes with contiguous/vector/hvector, and the RMA
+ * its duplicates (and splits that keep every rank), groups, the basic
+ * collectives, point-to-point messages, the basic datatypes with
+ * contiguous, vector, indexed, struct, subarray and resized, and the RMA
  * interface (windows, put/get/accumulate/atomics, fence, PSCW, locks,
  * flushes). Build with rvmacc (like mpicc); run under rvmarun -n N or
  * MPICH's mpiexec (PMI-1).
@@ -56,7 +57,8 @@ typedef struct MPI_Status {
 #define MPI_BOTTOM ((void *)0)
 #define MPI_IN_PLACE ((void *)-1)
 
-/* Communicators (MPI_COMM_SELF: rank and size only). */
+/* Communicators (MPI_COMM_SELF: rank and size only, unless the job has
+ * one rank: then it is a communicator like the world). */
 #define MPI_COMM_NULL ((MPI_Comm)0)
 #define MPI_COMM_WORLD ((MPI_Comm)1)
 #define MPI_COMM_SELF ((MPI_Comm)2)
@@ -131,6 +133,17 @@ enum { MPI_THREAD_SINGLE = 0, MPI_THREAD_FUNNELED = 1, MPI_THREAD_SERIALIZED = 2
 #define MPI_C_BOOL ((MPI_Datatype)27)
 #define MPI_WCHAR ((MPI_Datatype)28)
 #define MPI_PACKED ((MPI_Datatype)29)
+/* Value-and-index pairs (MINLOC, MAXLOC): they move; MPI_2INT and
+ * MPI_FLOAT_INT accumulate with MPI_REPLACE and MPI_NO_OP, and in
+ * MPI_Accumulate with MPI_MINLOC and MPI_MAXLOC (read and compare-and-swap
+ * each pair: done at return). Other pairs' accumulates, MINLOC and MAXLOC
+ * in get_accumulates and reductions: MPI_ERR_UNSUPPORTED_OPERATION. */
+#define MPI_FLOAT_INT ((MPI_Datatype)30)
+#define MPI_DOUBLE_INT ((MPI_Datatype)31)
+#define MPI_LONG_INT ((MPI_Datatype)32)
+#define MPI_2INT ((MPI_Datatype)33)
+#define MPI_SHORT_INT ((MPI_Datatype)34)
+#define MPI_LONG_DOUBLE_INT ((MPI_Datatype)35)
 
 /* Reduction and accumulate operations. */
 #define MPI_OP_NULL ((MPI_Op)0)
@@ -251,6 +264,10 @@ int MPI_Comm_get_errhandler(MPI_Comm comm, MPI_Errhandler *errhandler);
 int MPI_Win_set_errhandler(MPI_Win win, MPI_Errhandler errhandler);
 int MPI_Win_get_errhandler(MPI_Win win, MPI_Errhandler *errhandler);
 int MPI_Errhandler_free(MPI_Errhandler *errhandler);
+/* The program's error handlers, for windows only. */
+typedef void MPI_Win_errhandler_function(MPI_Win *win, int *error_code, ...);
+int MPI_Win_create_errhandler(MPI_Win_errhandler_function *win_errhandler_fn, MPI_Errhandler *errhandler);
+int MPI_Win_call_errhandler(MPI_Win win, int errorcode);
 
 /* ---- Communicators and groups ---- */
 int MPI_Comm_rank(MPI_Comm comm, int *rank);
@@ -263,6 +280,10 @@ int MPI_Comm_dup(MPI_Comm comm, MPI_Comm *newcomm);
  * on every rank. */
 #define MPI_COMM_TYPE_SHARED 1
 int MPI_Comm_split_type(MPI_Comm comm, int split_type, int key, MPI_Info info, MPI_Comm *newcomm);
+/* Only splits that keep every rank (one colour, keys in rank order: a
+ * duplicate) or none (every rank MPI_UNDEFINED: MPI_COMM_NULL); others
+ * return MPI_ERR_UNSUPPORTED_OPERATION on every rank. */
+int MPI_Comm_split(MPI_Comm comm, int color, int key, MPI_Comm *newcomm);
 int MPI_Comm_free(MPI_Comm *comm);
 int MPI_Comm_compare(MPI_Comm comm1, MPI_Comm comm2, int *result);
 int MPI_Comm_group(MPI_Comm comm, MPI_Group *group);
@@ -280,6 +301,10 @@ int MPI_Info_create(MPI_Info *info);
 int MPI_Info_set(MPI_Info info, const char *key, const char *value);
 int MPI_Info_free(MPI_Info *info);
 
+/* ---- Memory (MPI_Alloc_mem: 64-byte aligned; info ignored) ---- */
+int MPI_Alloc_mem(MPI_Aint size, MPI_Info info, void *baseptr);
+int MPI_Free_mem(void *base);
+
 /* ---- Datatypes ---- */
 int MPI_Type_contiguous(int count, MPI_Datatype oldtype, MPI_Datatype *newtype);
 int MPI_Type_vector(int count, int blocklength, int stride, MPI_Datatype oldtype, MPI_Datatype *newtype);
@@ -288,6 +313,20 @@ int MPI_Type_create_hvector(int count, int blocklength, MPI_Aint stride, MPI_Dat
 /* order: MPI_ORDER_C or MPI_ORDER_FORTRAN */
 int MPI_Type_create_subarray(int ndims, const int sizes[], const int subsizes[], const int starts[], int order,
                              MPI_Datatype oldtype, MPI_Datatype *newtype);
+int MPI_Type_indexed(int count, const int blocklengths[], const int displacements[], MPI_Datatype oldtype,
+                     MPI_Datatype *newtype);
+int MPI_Type_create_hindexed(int count, const int blocklengths[], const MPI_Aint displacements[],
+                             MPI_Datatype oldtype, MPI_Datatype *newtype);
+int MPI_Type_create_indexed_block(int count, int blocklength, const int displacements[], MPI_Datatype oldtype,
+                                  MPI_Datatype *newtype);
+int MPI_Type_create_hindexed_block(int count, int blocklength, const MPI_Aint displacements[],
+                                   MPI_Datatype oldtype, MPI_Datatype *newtype);
+/* Mixed element types move (put, get, messages) but do not accumulate. */
+int MPI_Type_create_struct(int count, const int blocklengths[], const MPI_Aint displacements[],
+                           const MPI_Datatype types[], MPI_Datatype *newtype);
+int MPI_Type_create_resized(MPI_Datatype oldtype, MPI_Aint lb, MPI_Aint extent, MPI_Datatype *newtype);
+int MPI_Type_dup(MPI_Datatype oldtype, MPI_Datatype *newtype);
+int MPI_Type_get_true_extent(MPI_Datatype datatype, MPI_Aint *true_lb, MPI_Aint *true_extent);
 int MPI_Type_commit(MPI_Datatype *datatype);
 int MPI_Type_free(MPI_Datatype *datatype);
 int MPI_Type_size(MPI_Datatype datatype, int *size);
@@ -379,6 +418,21 @@ int MPI_Win_detach(MPI_Win win, const void *base);
 int MPI_Win_free(MPI_Win *win);
 int MPI_Win_get_attr(MPI_Win win, int win_keyval, void *attribute_val, int *flag);
 int MPI_Win_get_group(MPI_Win win, MPI_Group *group);
+int MPI_Win_set_name(MPI_Win win, const char *win_name);
+int MPI_Win_get_name(MPI_Win win, char *win_name, int *resultlen);
+/* Attributes of windows (MPI_Win_get_attr finds them too); windows are
+ * never copied, so the copy function is never called. */
+typedef int MPI_Win_copy_attr_function(MPI_Win oldwin, int win_keyval, void *extra_state, void *attribute_val_in,
+                                       void *attribute_val_out, int *flag);
+typedef int MPI_Win_delete_attr_function(MPI_Win win, int win_keyval, void *attribute_val, void *extra_state);
+#define MPI_WIN_NULL_COPY_FN ((MPI_Win_copy_attr_function *)0)
+#define MPI_WIN_NULL_DELETE_FN ((MPI_Win_delete_attr_function *)0)
+#define MPI_KEYVAL_INVALID 0x24000000
+int MPI_Win_create_keyval(MPI_Win_copy_attr_function *win_copy_attr_fn,
+                          MPI_Win_delete_attr_function *win_delete_attr_fn, int *win_keyval, void *extra_state);
+int MPI_Win_free_keyval(int *win_keyval);
+int MPI_Win_set_attr(MPI_Win win, int win_keyval, void *attribute_val);
+int MPI_Win_delete_attr(MPI_Win win, int win_keyval);
 
 int MPI_Put(const void *origin_addr, int origin_count, MPI_Datatype origin_datatype, int target_rank,
             MPI_Aint target_disp, int target_count, MPI_Datatype target_datatype, MPI_Win win);

@@ -38,6 +38,11 @@ int rv_class(int rc, int handle_class);
 int rvfail_comm(MPI_Comm comm, int rc, const char *fn);
 int rvfail_win(MPI_Win win, int rc, const char *fn);
 
+/* The program's window error handlers: the function of a handle (NULL if
+ * it is none), and a reference more (d 1) or less (d -1). */
+MPI_Win_errhandler_function *eh_user(MPI_Errhandler e);
+void eh_ref(MPI_Errhandler e, int d);
+
 #define NOT_INIT(fn) (!rv_up ? fail_comm(MPI_COMM_WORLD, MPI_ERR_OTHER, fn, "MPI is not initialized (or finalized)") : 0)
 
 /* Communicators: their tag context (tags are shifted into the upper bits
@@ -61,7 +66,8 @@ struct dtype {
 	int predefined, committed;
 	int basic;        /* the predefined type it is made of, 0 if none */
 	int64_t size;     /* bytes of data */
-	int64_t extent;   /* lb is 0 */
+	int64_t extent;   /* ub - lb */
+	int64_t tlb;      /* the lower bound (MPI_Type_get_extent's lb) */
 	int64_t nblk;
 	struct blk *blk;
 	int uniform;      /* blk[] is one strided layout: */
@@ -70,8 +76,13 @@ struct dtype {
 struct dtype *type_get(MPI_Datatype t); /* NULL if invalid */
 /* rvma's element type of a predefined type, 0 if none. */
 int type_rvma(MPI_Datatype basic);
-/* Whether a predefined type is a 1- or 2-byte integer (valid in MPI's
- * accumulates, absent from rvma's). */
+/* The unsigned rvma type of a predefined type's size for the types
+ * without arithmetic that accumulates may still replace, fetch or combine
+ * bit by bit (MPI_BYTE, MPI_PACKED, MPI_C_BOOL, MPI_WCHAR; MPI_2INT and
+ * MPI_FLOAT_INT replaced and fetched whole, not bitwise), 0 if none. */
+int type_rvma_bits(MPI_Datatype basic, int bitwise);
+/* The alignment of a predefined type (1..16). */
+int64_t type_align(MPI_Datatype basic);
 /* Checks a datatype and count for a communication call: 0 or a class
  * (message recorded by the caller through fail_*; *why says). */
 int type_check(MPI_Datatype t, int count, struct dtype **out, const char **why);

@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <sched.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,13 +177,74 @@ int fail_comm(MPI_Comm comm, int cls, const char *fn, const char *fmt, ...) {
 /* win.c's windows keep their handler; this finds it. */
 MPI_Errhandler win_eh(MPI_Win w);
 
+/* The program's window error handlers (MPI_Win_create_errhandler):
+ * handles EH_BASE + index; one lives while its handle or a window holds
+ * it. */
+enum { EH_BASE = 16, NEH = 256 };
+static struct {
+	MPI_Win_errhandler_function *fn;
+	int refs;
+} wehs[NEH];
+
+MPI_Win_errhandler_function *eh_user(MPI_Errhandler e) {
+	pthread_mutex_lock(&rv_mu);
+	MPI_Win_errhandler_function *f = e >= EH_BASE && e < EH_BASE + NEH ? wehs[e - EH_BASE].fn : NULL;
+	pthread_mutex_unlock(&rv_mu);
+	return f;
+}
+
+void eh_ref(MPI_Errhandler e, int d) {
+	pthread_mutex_lock(&rv_mu);
+	if (e >= EH_BASE && e < EH_BASE + NEH && wehs[e - EH_BASE].fn && (wehs[e - EH_BASE].refs += d) <= 0)
+		wehs[e - EH_BASE].fn = NULL, wehs[e - EH_BASE].refs = 0;
+	pthread_mutex_unlock(&rv_mu);
+}
+
+int MPI_Win_create_errhandler(MPI_Win_errhandler_function *fn, MPI_Errhandler *e) {
+	if (!fn || !e) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL function or errhandler");
+	int i;
+	pthread_mutex_lock(&rv_mu);
+	for (i = 0; i < NEH && wehs[i].fn; i++) {}
+	if (i < NEH) wehs[i].fn = fn, wehs[i].refs = 1;
+	pthread_mutex_unlock(&rv_mu);
+	if (i == NEH) return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, __func__, "all %d error handlers in use", NEH);
+	*e = EH_BASE + i;
+	return MPI_SUCCESS;
+}
+
+/* A failure on window win: its handler decides; a program's handler is
+ * called with the window and the class, and the call returns the class
+ * (its message recorded for MPI_Error_string first). */
+static int win_raise(MPI_Win win, MPI_Errhandler e, int cls, const char *fn, const char *fmt, va_list ap) {
+	MPI_Win_errhandler_function *f = eh_user(e);
+	if (!f) return raise_err(e ? e : comm_eh(MPI_COMM_WORLD), cls, fn, fmt, ap);
+	raise_err(MPI_ERRORS_RETURN, cls, fn, fmt, ap);
+	int code = cls;
+	f(&win, &code);
+	return cls;
+}
+
 int fail_win(MPI_Win win, int cls, const char *fn, const char *fmt, ...) {
 	va_list ap;
 	va_start(ap, fmt);
-	MPI_Errhandler e = win_eh(win);
-	int r = raise_err(e ? e : comm_eh(MPI_COMM_WORLD), cls, fn, fmt, ap);
+	int r = win_raise(win, win_eh(win), cls, fn, fmt, ap);
 	va_end(ap);
 	return r;
+}
+
+static int call_win(MPI_Win win, MPI_Errhandler e, int code, ...) {
+	va_list ap;
+	va_start(ap, code);
+	int r = win_raise(win, e, code, "MPI_Win_call_errhandler", "error code %d", ap);
+	va_end(ap);
+	return r;
+}
+
+int MPI_Win_call_errhandler(MPI_Win win, int code) {
+	MPI_Errhandler e = win_eh(win);
+	if (!e) return fail_comm(MPI_COMM_WORLD, MPI_ERR_WIN, __func__, "invalid window %d", win);
+	call_win(win, e, code, code);
+	return MPI_SUCCESS; /* the handler returned (or was MPI_ERRORS_RETURN) */
 }
 
 int rv_class(int rc, int handle_class) {
@@ -253,6 +315,11 @@ int MPI_Comm_get_errhandler(MPI_Comm c, MPI_Errhandler *e) {
 }
 
 int MPI_Errhandler_free(MPI_Errhandler *e) {
+	if (e && eh_user(*e)) {
+		eh_ref(*e, -1);
+		*e = MPI_ERRHANDLER_NULL;
+		return MPI_SUCCESS;
+	}
 	if (!e || !valid_handler(*e)) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "invalid error handler");
 	*e = MPI_ERRHANDLER_NULL;
 	return MPI_SUCCESS;
@@ -277,6 +344,14 @@ int MPI_Init_thread(int *argc, char ***argv, int required, int *provided) {
 	            : required > MPI_THREAD_MULTIPLE ? MPI_THREAD_MULTIPLE
 	                                             : required;
 	if (provided) *provided = rv_thread;
+	/* Alone, this rank's world is MPI_COMM_SELF: it becomes a
+	 * communicator like the others (its own context), with windows,
+	 * collectives and messages. */
+	if (rv_size == 1) {
+		pthread_mutex_lock(&rv_mu);
+		comms[MPI_COMM_SELF].ctx = NCTX - 1;
+		pthread_mutex_unlock(&rv_mu);
+	}
 	rv_up = 1;
 	return MPI_SUCCESS;
 }
@@ -524,6 +599,63 @@ int MPI_Comm_free(MPI_Comm *c) {
 	comms[*c].ndims = 0;
 	pthread_mutex_unlock(&rv_mu);
 	*c = MPI_COMM_NULL;
+	return MPI_SUCCESS;
+}
+
+/* Every communicator here has every rank, so a split can only keep them
+ * all (one colour, keys in rank order: a duplicate) or none (every rank
+ * MPI_UNDEFINED: MPI_COMM_NULL); any other split would need a smaller
+ * communicator, which this library has not: MPI_ERR_UNSUPPORTED_OPERATION
+ * on every rank (they agree on what they asked first). */
+int MPI_Comm_split(MPI_Comm c, int color, int key, MPI_Comm *out) {
+	CHECK_COMM(c, __func__);
+	if (!out) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL newcomm");
+	if (color < 0 && color != MPI_UNDEFINED) return fail_comm(c, MPI_ERR_ARG, __func__, "colour %d", color);
+	int mine[2] = {color, key}, *all = malloc(sizeof mine * (size_t)rv_size);
+	if (!all) return fail_comm(c, MPI_ERR_NO_MEM, __func__, "out of memory");
+	int rc = rvma_allgather(rv_world, mine, sizeof mine, all);
+	if (rc) {
+		free(all);
+		return rvfail_comm(c, rc, __func__);
+	}
+	int undefined = 0, why = 0; /* why: 1 several colours or some undefined, 2 keys out of rank order */
+	for (int r = 0; r < rv_size; r++) {
+		if (all[2 * r] == MPI_UNDEFINED) undefined++;
+		if (r > 0 && all[2 * r] != all[0]) why = 1;
+		if (r > 0 && all[2 * r + 1] < all[2 * r - 1]) why = why ? why : 2;
+	}
+	free(all);
+	*out = MPI_COMM_NULL;
+	if (undefined == rv_size) return MPI_SUCCESS;
+	if (why)
+		return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, __func__, "%s",
+		                 why == 1 ? "the ranks give different colours (or some MPI_UNDEFINED): the communicators "
+		                            "would be smaller, and this library has only communicators of every rank"
+		                          : "keys out of rank order: this library cannot reorder ranks");
+	int cls = MPI_Comm_dup(c, out);
+	if (!cls) {
+		pthread_mutex_lock(&rv_mu);
+		comms[*out].ndims = 0; /* a split has no topology */
+		pthread_mutex_unlock(&rv_mu);
+	}
+	return cls;
+}
+
+/* ---- Memory ------------------------------------------------------------- */
+
+int MPI_Alloc_mem(MPI_Aint size, MPI_Info info, void *baseptr) {
+	(void)info;
+	if (size < 0) return fail_comm(MPI_COMM_WORLD, MPI_ERR_SIZE, __func__, "size %lld", (long long)size);
+	if (!baseptr) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL baseptr");
+	void *p = NULL;
+	if (posix_memalign(&p, 64, (size_t)(size ? size : 1)))
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, __func__, "%lld bytes: out of memory", (long long)size);
+	*(void **)baseptr = p;
+	return MPI_SUCCESS;
+}
+
+int MPI_Free_mem(void *base) {
+	free(base);
 	return MPI_SUCCESS;
 }
 
@@ -846,11 +978,23 @@ int MPI_Info_free(MPI_Info *info) {
 
 /* ---- Datatypes ---------------------------------------------------------- */
 
-enum { K_NONE, K_I8, K_I16, K_I32, K_I64, K_U8, K_U16, K_U32, K_U64, K_F32, K_F64, K_LD, K_BOOL, K_BYTE };
+enum { K_NONE, K_I8, K_I16, K_I32, K_I64, K_U8, K_U16, K_U32, K_U64, K_F32, K_F64, K_LD, K_BOOL, K_BYTE, K_PAIR, K_PAIR8 };
 
+/* The value-and-index pairs of MINLOC and MAXLOC, as C lays them out. */
+struct pair_fi { float v; int i; };
+struct pair_di { double v; int i; };
+struct pair_li { long v; int i; };
+struct pair_2i { int v; int i; };
+struct pair_si { short v; int i; };
+struct pair_ldi { long double v; int i; };
+#define PAIR(T, V, K) {sizeof(V) + sizeof(int), K, sizeof(T), sizeof(V), offsetof(T, i), _Alignof(T)}
+
+/* size: bytes of data; pairs: their extent, value size, index offset and
+ * alignment (0 for the others: the size). */
 static const struct {
 	int64_t size;
 	int kind;
+	int64_t ext, vsize, ioff, align;
 } basics[] = {
     [1] = {1, K_I8},                         /* CHAR */
     [2] = {1, K_I8},                         /* SIGNED_CHAR */
@@ -875,19 +1019,40 @@ static const struct {
     [27] = {sizeof(_Bool), K_BOOL},          /* C_BOOL */
     [28] = {sizeof(wchar_t), K_NONE},        /* WCHAR */
     [29] = {1, K_BYTE},                      /* PACKED */
+    /* 2INT and FLOAT_INT are 8 bytes without a gap: their accumulates
+     * (MPI_REPLACE and MPI_NO_OP; MINLOC and MAXLOC are not rvma's) move
+     * each pair as one 8-byte element, as MPI's atomicity needs. */
+    [30] = PAIR(struct pair_fi, float, K_PAIR8),   /* FLOAT_INT */
+    [31] = PAIR(struct pair_di, double, K_PAIR),   /* DOUBLE_INT */
+    [32] = PAIR(struct pair_li, long, K_PAIR),     /* LONG_INT */
+    [33] = PAIR(struct pair_2i, int, K_PAIR8),     /* 2INT */
+    [34] = PAIR(struct pair_si, short, K_PAIR),    /* SHORT_INT */
+    [35] = PAIR(struct pair_ldi, long double, K_PAIR), /* LONG_DOUBLE_INT */
 };
-enum { NBASIC = 30 };
+enum { NBASIC = 36 };
+
+/* A predefined type's alignment (a struct's extent is padded to it). */
+int64_t type_align(MPI_Datatype basic) {
+	if (basic <= 0 || basic >= NBASIC) return 1;
+	int64_t a = basics[basic].align ? basics[basic].align : basics[basic].size;
+	return a > 16 ? 16 : a < 1 ? 1 : a;
+}
 
 static struct dtype predef[NBASIC];
-static struct blk predef_blk[NBASIC];
+static struct blk predef_blk[NBASIC][2];
 static struct table types = {.first = NBASIC};
 
 static void init_predef(void) {
 	for (int i = 1; i < NBASIC; i++) {
-		int64_t s = basics[i].size;
-		predef_blk[i] = (struct blk){0, s};
-		predef[i] = (struct dtype){.predefined = 1, .committed = 1, .basic = i, .size = s, .extent = s, .nblk = 1,
-		                           .blk = &predef_blk[i], .uniform = 1, .off0 = 0, .lc = 1, .lb = s, .ls = s};
+		int64_t s = basics[i].size, e = basics[i].ext ? basics[i].ext : s;
+		predef_blk[i][0] = (struct blk){0, s};
+		predef[i] = (struct dtype){.predefined = 1, .committed = 1, .basic = i, .size = s, .extent = e, .nblk = 1,
+		                           .blk = predef_blk[i], .uniform = 1, .off0 = 0, .lc = 1, .lb = s, .ls = s};
+		if (basics[i].ext && basics[i].ioff != basics[i].vsize) { /* a gap between value and index */
+			predef_blk[i][0] = (struct blk){0, basics[i].vsize};
+			predef_blk[i][1] = (struct blk){basics[i].ioff, (int64_t)sizeof(int)};
+			predef[i].nblk = 2, predef[i].uniform = 0;
+		}
 	}
 }
 
@@ -916,6 +1081,24 @@ int type_rvma(MPI_Datatype basic) {
 	}
 }
 
+
+int type_rvma_bits(MPI_Datatype basic, int bitwise) {
+	if (basic <= 0 || basic >= NBASIC) return 0;
+	switch (basics[basic].kind) {
+	case K_PAIR8:
+		return bitwise ? 0 : RVMA_UINT64;
+	case K_BYTE:
+	case K_BOOL:
+	case K_NONE:
+		switch (basics[basic].size) {
+		case 1: return RVMA_UINT8;
+		case 2: return RVMA_UINT16;
+		case 4: return RVMA_UINT32;
+		case 8: return RVMA_UINT64;
+		}
+	}
+	return 0;
+}
 
 int type_check(MPI_Datatype t, int count, struct dtype **out, const char **why) {
 	struct dtype *d = type_get(t);
@@ -953,6 +1136,10 @@ int layout_of(const struct dtype *t, int64_t count, rvma_layout *l, int64_t *off
 		return 0;
 	}
 	if (c <= 1 || b == s) b = c * b, c = 1, s = b;
+	/* Blocks that go backwards or overlap (an indexed type's
+	 * decreasing displacements, a resized type's short extent) are no
+	 * layout of rvma's: the callers walk them block by block. */
+	if (c > 1 && s < b) return 0;
 	*l = (rvma_layout){c, b, s};
 	return 1;
 }
@@ -972,12 +1159,13 @@ void walk_init(struct walk *w, const struct dtype *t, int64_t count) {
  * type is one run, not one per element). */
 int walk_next(struct walk *w, int64_t max, int64_t *off, int64_t *len) {
 	if (w->i >= w->count) return 0;
-	int64_t start = -1, total = 0;
+	int64_t start = 0, total = 0;
+	int any = 0; /* offsets may be negative: no sentinel */
 	while (w->i < w->count && total < max) {
 		const struct blk *b = &w->t->blk[w->j];
 		int64_t o = w->i * w->t->extent + b->off + w->used;
-		if (start >= 0 && o != start + total) break;
-		if (start < 0) start = o;
+		if (any && o != start + total) break;
+		if (!any) start = o, any = 1;
 		int64_t n = b->len - w->used;
 		if (n > max - total) n = max - total;
 		total += n;
@@ -1027,6 +1215,7 @@ static int type_finish(const char *fn, struct blk *blk, int64_t n, int basic, in
 		t->off0 = blk[0].off, t->lc = n, t->lb = blk[0].len, t->ls = n > 1 ? blk[1].off - blk[0].off : blk[0].len;
 		for (int64_t i = 1; i < n; i++)
 			if (blk[i].len != t->lb || blk[i].off - blk[i - 1].off != t->ls) t->uniform = 0;
+		if (n > 1 && t->ls < t->lb) t->uniform = 0; /* backwards, or overlapping */
 	}
 	int h = tbl_add(&types, t);
 	if (h < 0) {
@@ -1059,9 +1248,6 @@ static int type_make(const char *fn, int64_t count, int64_t blocklen, int64_t st
 		return fail_comm(MPI_COMM_WORLD, MPI_ERR_COUNT, fn, "count %lld, blocklength %lld", (long long)count,
 		                 (long long)blocklen);
 	if (!out) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, fn, "NULL newtype");
-	if (stride < 0 && count > 1)
-		return fail_comm(MPI_COMM_WORLD, MPI_ERR_UNSUPPORTED_OPERATION, fn,
-		                 "negative stride %lld: rvma's layouts go forward only", (long long)stride);
 	if (count && blocklen && old->nblk > MAX_BLOCKS / count / blocklen)
 		return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, fn, "more than %d blocks", MAX_BLOCKS);
 	int64_t nmax = count * blocklen * old->nblk;
@@ -1070,8 +1256,20 @@ static int type_make(const char *fn, int64_t count, int64_t blocklen, int64_t st
 	int64_t n = 0;
 	for (int64_t i = 0; i < count; i++)
 		for (int64_t k = 0; k < blocklen; k++) blk_append(blk, &n, old, i * stride + k * old->extent);
-	return type_finish(fn, blk, n, old->basic, count * blocklen * old->size,
-	                   count ? (count - 1) * stride + blocklen * old->extent : 0, out);
+	/* MPI's bounds: of the first and the last block (a negative stride
+	 * puts the last first; such blocks are walked, not a layout). */
+	int64_t lb = 0, ub = 0;
+	if (count && blocklen) {
+		int64_t l0 = old->tlb, ln = (count - 1) * stride + old->tlb, len = blocklen * old->extent;
+		lb = l0 < ln ? l0 : ln;
+		ub = (l0 > ln ? l0 : ln) + len;
+	}
+	MPI_Datatype h;
+	int cls = type_finish(fn, blk, n, old->basic, count * blocklen * old->size, ub - lb, &h);
+	if (cls) return cls;
+	type_get(h)->tlb = lb;
+	*out = h;
+	return MPI_SUCCESS;
 }
 
 enum { MAX_DIMS = 16 };
@@ -1121,6 +1319,175 @@ int MPI_Type_create_subarray(int ndims, const int sizes[], const int subsizes[],
 	return type_finish(fn, blk, n, old->basic, elems * old->size, total * old->extent, out);
 }
 
+/* A type of n blocks: block i is len[i] copies of types[i] (all old when
+ * types is NULL) at byte displacement disp[i], in this order (the type
+ * map's order, which accumulates follow). Bounds as MPI says: lb the
+ * lowest, ub the highest of the blocks' bounds (none: 0 and 0); struct
+ * pads the extent to the alignment of its most aligned element. */
+static int type_blocks(const char *fn, int64_t n, const int64_t *len, const int64_t *disp, const MPI_Datatype *types,
+                       MPI_Datatype old, int is_struct, MPI_Datatype *out) {
+	if (NOT_INIT(fn)) return MPI_ERR_OTHER;
+	if (n < 0) return fail_comm(MPI_COMM_WORLD, MPI_ERR_COUNT, fn, "count %lld", (long long)n);
+	if (!out || (n > 0 && (!len || !disp))) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, fn, "NULL argument");
+	int64_t nmax = 0, size = 0, lb = 0, ub = 0, align = 1;
+	int basic = -1, any = 0;
+	for (int64_t i = 0; i < n; i++) {
+		MPI_Datatype th = types ? types[i] : old;
+		struct dtype *o = type_get(th);
+		if (!o) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, fn, "invalid datatype %d (block %lld)", th, (long long)i);
+		if (len[i] < 0)
+			return fail_comm(MPI_COMM_WORLD, MPI_ERR_COUNT, fn, "block %lld: length %lld", (long long)i, (long long)len[i]);
+		if (len[i] && o->nblk > (MAX_BLOCKS - nmax) / len[i])
+			return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, fn, "more than %d blocks", MAX_BLOCKS);
+		nmax += len[i] * o->nblk;
+		size += len[i] * o->size;
+		if (basic == -1)
+			basic = o->basic;
+		else if (basic != o->basic)
+			basic = 0;
+		if (o->basic && type_align(o->basic) > align) align = type_align(o->basic);
+		if (len[i] == 0) continue;
+		int64_t l = disp[i] + o->tlb, u = disp[i] + o->tlb + len[i] * o->extent;
+		if (!any || l < lb) lb = l;
+		if (!any || u > ub) ub = u;
+		any = 1;
+	}
+	if (basic < 0) basic = 0;
+	struct blk *blk = malloc(sizeof *blk * (size_t)(nmax ? nmax : 1));
+	if (!blk) return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, fn, "out of memory");
+	int64_t k = 0;
+	for (int64_t i = 0; i < n; i++) {
+		struct dtype *o = type_get(types ? types[i] : old);
+		for (int64_t j = 0; j < len[i]; j++) blk_append(blk, &k, o, disp[i] + j * o->extent);
+	}
+	int64_t extent = ub - lb;
+	if (is_struct && extent % align) extent += align - extent % align;
+	MPI_Datatype h;
+	int cls = type_finish(fn, blk, k, basic, size, extent, &h);
+	if (cls) return cls;
+	type_get(h)->tlb = lb;
+	*out = h;
+	return MPI_SUCCESS;
+}
+
+/* The int arrays of the indexed constructors as int64_t, displacements
+ * scaled by unit bytes (NULL len: every block blocklen long). */
+static int blocks_of(const char *fn, int n, const int *len, int blocklen, const void *disp, int aint, int64_t unit,
+                     int64_t **l, int64_t **d) {
+	*l = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+	*d = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+	if (!*l || !*d) {
+		free(*l), free(*d);
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, fn, "out of memory");
+	}
+	for (int i = 0; i < n; i++) {
+		(*l)[i] = len ? len[i] : blocklen;
+		(*d)[i] = (aint ? (int64_t)((const MPI_Aint *)disp)[i] : (int64_t)((const int *)disp)[i]) * unit;
+	}
+	return 0;
+}
+
+static int indexed(const char *fn, int n, const int *len, int blocklen, const void *disp, int aint, int bytes,
+                   MPI_Datatype old, MPI_Datatype *out) {
+	if (NOT_INIT(fn)) return MPI_ERR_OTHER;
+	struct dtype *o = type_get(old);
+	if (!o) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, fn, "invalid old datatype %d", old);
+	if (n < 0 || blocklen < 0) return fail_comm(MPI_COMM_WORLD, MPI_ERR_COUNT, fn, "count %d, blocklength %d", n, blocklen);
+	if (n > 0 && !disp) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, fn, "NULL displacements");
+	int64_t *l, *d;
+	int cls = blocks_of(fn, n, len, blocklen, disp, aint, bytes ? 1 : o->extent, &l, &d);
+	if (cls) return cls;
+	cls = type_blocks(fn, n, l, d, NULL, old, 0, out);
+	free(l), free(d);
+	return cls;
+}
+
+int MPI_Type_indexed(int count, const int blocklengths[], const int displacements[], MPI_Datatype old,
+                     MPI_Datatype *out) {
+	if (count > 0 && !blocklengths) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL blocklengths");
+	return indexed(__func__, count, blocklengths, 0, displacements, 0, 0, old, out);
+}
+
+int MPI_Type_create_hindexed(int count, const int blocklengths[], const MPI_Aint displacements[], MPI_Datatype old,
+                             MPI_Datatype *out) {
+	if (count > 0 && !blocklengths) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL blocklengths");
+	return indexed(__func__, count, blocklengths, 0, displacements, 1, 1, old, out);
+}
+
+int MPI_Type_create_indexed_block(int count, int blocklength, const int displacements[], MPI_Datatype old,
+                                  MPI_Datatype *out) {
+	return indexed(__func__, count, NULL, blocklength, displacements, 0, 0, old, out);
+}
+
+int MPI_Type_create_hindexed_block(int count, int blocklength, const MPI_Aint displacements[], MPI_Datatype old,
+                                   MPI_Datatype *out) {
+	return indexed(__func__, count, NULL, blocklength, displacements, 1, 1, old, out);
+}
+
+int MPI_Type_create_struct(int count, const int blocklengths[], const MPI_Aint displacements[],
+                           const MPI_Datatype types[], MPI_Datatype *out) {
+	if (count > 0 && (!blocklengths || !displacements || !types))
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL array");
+	int64_t *l, *d;
+	int cls = blocks_of(__func__, count, blocklengths, 0, displacements, 1, 1, &l, &d);
+	if (cls) return cls;
+	cls = type_blocks(__func__, count, l, d, types, MPI_DATATYPE_NULL, 1, out);
+	free(l), free(d);
+	return cls;
+}
+
+/* The same blocks with new bounds. */
+int MPI_Type_create_resized(MPI_Datatype old, MPI_Aint lb, MPI_Aint extent, MPI_Datatype *out) {
+	if (NOT_INIT(__func__)) return MPI_ERR_OTHER;
+	struct dtype *o = type_get(old);
+	if (!o) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, __func__, "invalid old datatype %d", old);
+	if (!out) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL newtype");
+	if (extent < 0)
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_UNSUPPORTED_OPERATION, __func__, "negative extent %lld",
+		                 (long long)extent);
+	struct blk *blk = malloc(sizeof *blk * (size_t)(o->nblk ? o->nblk : 1));
+	if (!blk) return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, __func__, "out of memory");
+	int64_t n = 0;
+	blk_append(blk, &n, o, 0);
+	MPI_Datatype h;
+	int cls = type_finish(__func__, blk, n, o->basic, o->size, extent, &h);
+	if (cls) return cls;
+	type_get(h)->tlb = lb;
+	*out = h;
+	return MPI_SUCCESS;
+}
+
+/* A copy of the same blocks and bounds, committed if old is. */
+int MPI_Type_dup(MPI_Datatype old, MPI_Datatype *out) {
+	if (NOT_INIT(__func__)) return MPI_ERR_OTHER;
+	struct dtype *o = type_get(old);
+	if (!o) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, __func__, "invalid datatype %d", old);
+	if (!out) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL newtype");
+	struct blk *blk = malloc(sizeof *blk * (size_t)(o->nblk ? o->nblk : 1));
+	if (!blk) return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, __func__, "out of memory");
+	memcpy(blk, o->blk, sizeof *blk * (size_t)o->nblk);
+	MPI_Datatype h;
+	int cls = type_finish(__func__, blk, o->nblk, o->basic, o->size, o->extent, &h);
+	if (cls) return cls;
+	struct dtype *d = type_get(h);
+	d->tlb = o->tlb, d->committed = o->committed;
+	*out = h;
+	return MPI_SUCCESS;
+}
+
+int MPI_Type_get_true_extent(MPI_Datatype t, MPI_Aint *lb, MPI_Aint *extent) {
+	struct dtype *d = type_get(t);
+	if (!d) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, __func__, "invalid datatype %d", t);
+	if (!lb || !extent) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL argument");
+	int64_t l = 0, u = 0;
+	for (int64_t i = 0; i < d->nblk; i++) {
+		if (i == 0 || d->blk[i].off < l) l = d->blk[i].off;
+		if (i == 0 || d->blk[i].off + d->blk[i].len > u) u = d->blk[i].off + d->blk[i].len;
+	}
+	*lb = (MPI_Aint)l, *extent = (MPI_Aint)(u - l);
+	return MPI_SUCCESS;
+}
+
 int MPI_Type_contiguous(int count, MPI_Datatype old, MPI_Datatype *out) {
 	return type_make(__func__, 1, count, 0, old, out);
 }
@@ -1164,7 +1531,7 @@ int MPI_Type_get_extent(MPI_Datatype t, MPI_Aint *lb, MPI_Aint *extent) {
 	struct dtype *d = type_get(t);
 	if (!d) return fail_comm(MPI_COMM_WORLD, MPI_ERR_TYPE, __func__, "invalid datatype %d", t);
 	if (!lb || !extent) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL argument");
-	*lb = 0, *extent = (MPI_Aint)d->extent;
+	*lb = (MPI_Aint)d->tlb, *extent = (MPI_Aint)d->extent;
 	return MPI_SUCCESS;
 }
 
@@ -1367,7 +1734,7 @@ static int send_msg(const char *fn, const void *buf, int count, MPI_Datatype t, 
 	if (cls) return cls;
 	if (dest == MPI_PROC_NULL) return MPI_SUCCESS;
 	int64_t bytes = d->size * count;
-	if (!buf && bytes > 0) return fail_comm(c, MPI_ERR_BUFFER, fn, "NULL buffer");
+	if (!buf && bytes > 0 && d->predefined) return fail_comm(c, MPI_ERR_BUFFER, fn, "NULL buffer");
 	const void *from = buf;
 	void *tmp = NULL;
 	if (!dense(d, count)) {
@@ -1405,7 +1772,7 @@ int MPI_Irecv(void *buf, int count, MPI_Datatype t, int src, int tag, MPI_Comm c
 	int rtag, cls = p2p_args(__func__, c, count, t, src, tag, 1, &d, &rtag);
 	if (cls) return cls;
 	if (!request) return fail_comm(c, MPI_ERR_ARG, __func__, "NULL request");
-	if (!buf && count > 0 && d->size > 0) return fail_comm(c, MPI_ERR_BUFFER, __func__, "NULL buffer");
+	if (!buf && count > 0 && d->size > 0 && d->predefined) return fail_comm(c, MPI_ERR_BUFFER, __func__, "NULL buffer");
 	struct req *q = req_new(src == MPI_PROC_NULL ? REQ_DONE : REQ_RECV, request);
 	if (!q) return fail_comm(c, MPI_ERR_NO_MEM, __func__, "out of request handles");
 	q->src = src == MPI_ANY_SOURCE ? RVMA_ANY_SOURCE : src;
@@ -1899,6 +2266,8 @@ static int allreduce(const char *fn, MPI_Comm c, const void *in, void *out, int 
 	if (!d->predefined)
 		return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, fn, "reductions take predefined datatypes only");
 	if (count < 0) return fail_comm(c, MPI_ERR_COUNT, fn, "count %d", count);
+	if (op == MPI_MINLOC || op == MPI_MAXLOC)
+		return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, fn, "MPI_MINLOC and MPI_MAXLOC are not this library's");
 	if (op < MPI_MAX || op > MPI_BXOR) return fail_comm(c, MPI_ERR_OP, fn, "operation %d: not a reduction this library has", op);
 	size_t bytes = (size_t)d->size * (size_t)count;
 	if (in != out && bytes) memmove(out, in, bytes);

@@ -26,7 +26,40 @@ struct win {
 	int lock_all, nlocked;
 	unsigned char *locked; /* per rank */
 	int notified;          /* an MPIX notified window: puts and flushes need no epoch */
+	char name[MPI_MAX_OBJECT_NAME];
+	struct attr *attrs; /* the program's attributes, newest first */
 };
+
+/* Keyvals of window attributes: handles KEYVAL_BASE + index; one lives
+ * while its handle or an attribute holds it. */
+struct keyval {
+	MPI_Win_copy_attr_function *copy;
+	MPI_Win_delete_attr_function *del;
+	void *extra;
+	int refs, freed;
+};
+struct attr {
+	int key;
+	void *val;
+	struct attr *next;
+};
+enum { KEYVAL_BASE = 0x67000000, NKEYVAL = 1024 };
+static struct keyval *keyvals[NKEYVAL];
+
+static struct keyval *keyval_get(int key) {
+	if (key < KEYVAL_BASE || key >= KEYVAL_BASE + NKEYVAL) return NULL;
+	pthread_mutex_lock(&rv_mu);
+	struct keyval *k = keyvals[key - KEYVAL_BASE];
+	pthread_mutex_unlock(&rv_mu);
+	return k;
+}
+
+static void keyval_unref(int key) {
+	pthread_mutex_lock(&rv_mu);
+	struct keyval *k = keyvals[key - KEYVAL_BASE];
+	if (k && --k->refs == 0) keyvals[key - KEYVAL_BASE] = NULL, free(k);
+	pthread_mutex_unlock(&rv_mu);
+}
 
 static struct table wins = {.first = 1};
 
@@ -147,7 +180,7 @@ int MPI_Win_shared_query(MPI_Win h, int rank, MPI_Aint *size, int *disp_unit, vo
 	}
 	*size = (MPI_Aint)n;
 	*disp_unit = w->units[rank];
-	*(void **)baseptr = p;
+	*(void **)baseptr = n ? p : NULL; /* an empty part has no address (as MPICH's) */
 	return MPI_SUCCESS;
 }
 
@@ -189,11 +222,35 @@ MPI_Aint MPI_Aint_add(MPI_Aint base, MPI_Aint disp) { return (MPI_Aint)((uintptr
 
 MPI_Aint MPI_Aint_diff(MPI_Aint addr1, MPI_Aint addr2) { return (MPI_Aint)((uintptr_t)addr1 - (uintptr_t)addr2); }
 
+/* Removes attribute key of w, calling its delete function: 0 or its
+ * class (then the attribute stays). */
+static int attr_delete(MPI_Win h, struct win *w, int key, const char *fn) {
+	for (struct attr **p = &w->attrs; *p; p = &(*p)->next) {
+		if ((*p)->key != key) continue;
+		struct keyval *k = keyval_get(key);
+		if (k && k->del) {
+			int rc = k->del(h, key, (*p)->val, k->extra);
+			if (rc) return fail_win(h, MPI_ERR_OTHER, fn, "the delete function of keyval %#x returned %d", key, rc);
+		}
+		struct attr *a = *p;
+		*p = a->next;
+		free(a);
+		keyval_unref(key);
+		return 0;
+	}
+	return -1;
+}
+
 int MPI_Win_free(MPI_Win *h) {
 	if (!h) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL win");
 	GET_WIN(w, *h, __func__);
+	while (w->attrs) {
+		int cls = attr_delete(*h, w, w->attrs->key, __func__);
+		if (cls) return cls;
+	}
 	MPI_Errhandler eh = w->eh;
 	tbl_del(&wins, *h);
+	if (eh_user(eh)) eh_ref(eh, -1), eh = MPI_ERRORS_RETURN; /* a failure of the free is returned */
 	int rc = rvma_win_free(&w->w);
 	free(w->units), free(w->locked), free(w);
 	MPI_Win old = *h;
@@ -216,8 +273,78 @@ int MPI_Win_get_attr(MPI_Win h, int key, void *val, int *flag) {
 	case MPI_WIN_DISP_UNIT: *(int **)val = &w->disp_unit; break;
 	case MPI_WIN_CREATE_FLAVOR: *(int **)val = &w->flavor; break;
 	case MPI_WIN_MODEL: *(int **)val = &w->model; break;
-	default: *flag = 0;
+	default:
+		*flag = 0;
+		for (struct attr *a = w->attrs; a; a = a->next)
+			if (a->key == key) *(void **)val = a->val, *flag = 1;
 	}
+	return MPI_SUCCESS;
+}
+
+int MPI_Win_create_keyval(MPI_Win_copy_attr_function *copy, MPI_Win_delete_attr_function *del, int *key,
+                          void *extra) {
+	if (!key) return fail_comm(MPI_COMM_WORLD, MPI_ERR_ARG, __func__, "NULL keyval");
+	struct keyval *k = calloc(1, sizeof *k);
+	if (!k) return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, __func__, "out of memory");
+	*k = (struct keyval){copy, del, extra, 1, 0};
+	int i;
+	pthread_mutex_lock(&rv_mu);
+	for (i = 0; i < NKEYVAL && keyvals[i]; i++) {}
+	if (i < NKEYVAL) keyvals[i] = k;
+	pthread_mutex_unlock(&rv_mu);
+	if (i == NKEYVAL) {
+		free(k);
+		return fail_comm(MPI_COMM_WORLD, MPI_ERR_NO_MEM, __func__, "all %d keyvals in use", NKEYVAL);
+	}
+	*key = KEYVAL_BASE + i;
+	return MPI_SUCCESS;
+}
+
+int MPI_Win_free_keyval(int *key) {
+	struct keyval *k = key ? keyval_get(*key) : NULL;
+	if (!k || k->freed) return fail_comm(MPI_COMM_WORLD, MPI_ERR_KEYVAL, __func__, "invalid keyval");
+	k->freed = 1;
+	keyval_unref(*key);
+	*key = MPI_KEYVAL_INVALID;
+	return MPI_SUCCESS;
+}
+
+int MPI_Win_set_attr(MPI_Win h, int key, void *val) {
+	GET_WIN(w, h, __func__);
+	struct keyval *k = keyval_get(key);
+	if (!k || k->freed) return fail_win(h, MPI_ERR_KEYVAL, __func__, "invalid keyval %#x", key);
+	int cls = attr_delete(h, w, key, __func__);
+	if (cls > 0) return cls;
+	struct attr *a = malloc(sizeof *a);
+	if (!a) return fail_win(h, MPI_ERR_NO_MEM, __func__, "out of memory");
+	pthread_mutex_lock(&rv_mu);
+	k->refs++;
+	pthread_mutex_unlock(&rv_mu);
+	*a = (struct attr){key, val, w->attrs};
+	w->attrs = a;
+	return MPI_SUCCESS;
+}
+
+int MPI_Win_delete_attr(MPI_Win h, int key) {
+	GET_WIN(w, h, __func__);
+	if (!keyval_get(key)) return fail_win(h, MPI_ERR_KEYVAL, __func__, "invalid keyval %#x", key);
+	int cls = attr_delete(h, w, key, __func__);
+	if (cls < 0) return fail_win(h, MPI_ERR_KEYVAL, __func__, "no attribute of keyval %#x", key);
+	return cls;
+}
+
+int MPI_Win_set_name(MPI_Win h, const char *name) {
+	GET_WIN(w, h, __func__);
+	if (!name) return fail_win(h, MPI_ERR_ARG, __func__, "NULL name");
+	snprintf(w->name, sizeof w->name, "%s", name);
+	return MPI_SUCCESS;
+}
+
+int MPI_Win_get_name(MPI_Win h, char *name, int *len) {
+	GET_WIN(w, h, __func__);
+	if (!name || !len) return fail_win(h, MPI_ERR_ARG, __func__, "NULL name or resultlen");
+	snprintf(name, MPI_MAX_OBJECT_NAME, "%s", w->name);
+	*len = (int)strlen(name);
 	return MPI_SUCCESS;
 }
 
@@ -228,9 +355,10 @@ int MPI_Win_get_group(MPI_Win h, MPI_Group *g) {
 
 int MPI_Win_set_errhandler(MPI_Win h, MPI_Errhandler e) {
 	GET_WIN(w, h, __func__);
-	if (e != MPI_ERRORS_RETURN && e != MPI_ERRORS_ARE_FATAL && e != MPI_ERRORS_ABORT)
-		return fail_win(h, e > 3 ? MPI_ERR_UNSUPPORTED_OPERATION : MPI_ERR_ARG, __func__,
-		                "error handler %d: only MPI_ERRORS_RETURN, MPI_ERRORS_ARE_FATAL and MPI_ERRORS_ABORT", e);
+	if (e != MPI_ERRORS_RETURN && e != MPI_ERRORS_ARE_FATAL && e != MPI_ERRORS_ABORT && !eh_user(e))
+		return fail_win(h, MPI_ERR_ARG, __func__, "error handler %d: not a window's", e);
+	eh_ref(e, 1);
+	eh_ref(w->eh, -1);
 	w->eh = e;
 	return MPI_SUCCESS;
 }
@@ -239,6 +367,7 @@ int MPI_Win_get_errhandler(MPI_Win h, MPI_Errhandler *e) {
 	GET_WIN(w, h, __func__);
 	if (!e) return fail_win(h, MPI_ERR_ARG, __func__, "NULL errhandler");
 	*e = w->eh;
+	eh_ref(*e, 1); /* the program frees what it got (MPI_Errhandler_free) */
 	return MPI_SUCCESS;
 }
 
@@ -319,7 +448,7 @@ static int move(const char *fn, int put, void *origin, int oc, MPI_Datatype ot, 
 	if ((cls = target_bytes(fn, h, w, target, disp, &tb))) return cls;
 	int64_t bytes = od->size * oc;
 	if (bytes == 0) return MPI_SUCCESS;
-	if (!origin) return fail_win(h, MPI_ERR_BUFFER, fn, "NULL origin buffer");
+	if (!origin && od->predefined) return fail_win(h, MPI_ERR_BUFFER, fn, "NULL origin buffer");
 	rvma_layout ol, tl;
 	int64_t oo, to;
 	int rc = 0;
@@ -436,12 +565,91 @@ static int acc_kind(const char *fn, MPI_Win h, const struct dtype *d, MPI_Dataty
 		return fail_win(h, MPI_ERR_OP, fn, "invalid operation %d", op);
 	}
 	*rt = type_rvma(d->basic);
+	/* Types without arithmetic (MPI_BYTE, MPI_C_BOOL, ...) are replaced,
+	 * fetched and combined bit by bit as unsigned integers of their
+	 * size, one element each. */
+	if (!*rt && (op == MPI_REPLACE || op == MPI_NO_OP || op == MPI_BAND || op == MPI_BOR || op == MPI_BXOR))
+		*rt = type_rvma_bits(d->basic, op != MPI_REPLACE && op != MPI_NO_OP);
+	/* long double arithmetic is MPI's, not rvma's; arithmetic on
+	 * MPI_BYTE and the like, or on mixed elements, is no one's. */
+	if (!*rt && (d->basic == MPI_LONG_DOUBLE || (d->basic >= MPI_FLOAT_INT && d->basic <= MPI_LONG_DOUBLE_INT)))
+		return fail_win(h, MPI_ERR_UNSUPPORTED_OPERATION, fn,
+		                "datatype %d (long double, or a value-and-index pair) with operation %d: rvma's "
+		                "accumulates and atomics take 1-, 2-, 4- and 8-byte integers, float and double (and "
+		                "replace and fetch MPI_2INT and MPI_FLOAT_INT whole)", (int)t, op);
 	if (!*rt)
-		return fail_win(h, MPI_ERR_TYPE, fn, "datatype %d: rvma's accumulates and atomics take 1-, 2-, 4- and 8-byte integers, "
-		                "float and double", (int)t);
+		return fail_win(h, MPI_ERR_TYPE, fn,
+		                "datatype %d with operation %d: accumulates take one predefined element type with "
+		                "arithmetic (MPI_BYTE and the like: MPI_REPLACE, MPI_NO_OP and the bitwise operations)",
+		                (int)t, op);
 	struct dtype *b = type_get(d->basic);
 	*esz = b->size;
 	return 0;
+}
+
+/* An accumulate of no data: nothing to do, whatever its datatypes (MPI),
+ * once its operation, rank and displacement are valid. */
+static int zero_bytes(const char *fn, MPI_Win h, struct win *w, MPI_Op op, int target, MPI_Aint disp) {
+	if (!rvma_op_of(op) && !(op >= MPI_LAND && op <= MPI_MAXLOC))
+		return fail_win(h, MPI_ERR_OP, fn, "invalid operation %d", op);
+	int64_t tb;
+	return target == MPI_PROC_NULL ? MPI_SUCCESS : target_bytes(fn, h, w, target, disp, &tb);
+}
+
+/* MPI_MAXLOC and MPI_MINLOC of pair cur (at the target) and mine, both
+ * 8-byte pairs of basic (MPI_2INT or MPI_FLOAT_INT): the value wins, the
+ * lower index on a tie. */
+static uint64_t loc_pick(MPI_Datatype basic, MPI_Op op, uint64_t cur, uint64_t mine) {
+	const char *c = (const char *)&cur, *m = (const char *)&mine;
+	int better, equal, ci, mi;
+	if (basic == MPI_2INT) {
+		int a, b;
+		memcpy(&a, c, 4), memcpy(&b, m, 4);
+		better = op == MPI_MAXLOC ? b > a : b < a, equal = a == b;
+	} else {
+		float a, b;
+		memcpy(&a, c, 4), memcpy(&b, m, 4);
+		better = op == MPI_MAXLOC ? b > a : b < a, equal = a == b;
+	}
+	memcpy(&ci, c + 4, 4), memcpy(&mi, m + 4, 4);
+	if (better) return mine;
+	if (equal && mi < ci) memcpy((char *)&cur + 4, &mi, 4);
+	return cur;
+}
+
+/* MPI_MAXLOC and MPI_MINLOC, which rvma has not, on the 8-byte pairs: each
+ * pair read and replaced by compare-and-swap until no other rank's update
+ * came between (atomic like rvma's accumulates on 8-byte elements, with
+ * which they mix). Done when the call returns. */
+static int loc_accumulate(const char *fn, struct win *w, MPI_Win h, const void *origin, const struct dtype *od,
+                          int oc, const struct dtype *td, int tc, MPI_Op op, int target, int64_t tb) {
+	struct walk wo, wt;
+	walk_init(&wo, od, oc);
+	walk_init(&wt, td, tc);
+	int64_t left = od->size * oc, toff = 0, tlen = 0;
+	int rc = 0;
+	while (left > 0 && !rc) {
+		if (tlen == 0) walk_next(&wt, INT64_MAX, &toff, &tlen);
+		int64_t off, len;
+		walk_next(&wo, tlen, &off, &len);
+		for (int64_t k = 0; k < len && !rc; k += 8) {
+			uint64_t mine, cur, next, old;
+			memcpy(&mine, (const char *)origin + off + k, 8);
+			int64_t at = tb + toff + k;
+			rc = rvma_fetch_and_op(w->w, NULL, &cur, RVMA_UINT64, RVMA_NO_OP, target, at);
+			if (!rc) rc = rvma_win_flush(w->w, target);
+			while (!rc) {
+				next = loc_pick(od->basic, op, cur, mine);
+				if (next == cur) break;
+				rc = rvma_compare_and_swap(w->w, &next, &cur, &old, RVMA_UINT64, target, at);
+				if (!rc) rc = rvma_win_flush(w->w, target);
+				if (rc || old == cur) break;
+				cur = old;
+			}
+		}
+		toff += len, tlen -= len, left -= len;
+	}
+	return rc ? rvfail_win(h, rc, fn) : MPI_SUCCESS;
 }
 
 static int accumulate(const char *fn, const void *origin, int oc, MPI_Datatype ot, int target, MPI_Aint disp, int tc,
@@ -450,6 +658,16 @@ static int accumulate(const char *fn, const void *origin, int oc, MPI_Datatype o
 	struct dtype *od, *td;
 	int cls = check_types(fn, h, ot, oc, &od, tt, tc, &td);
 	if (cls) return cls;
+	int64_t left = od->size * oc;
+	if (left == 0) return zero_bytes(fn, h, w, op, target, disp);
+	if ((op == MPI_MAXLOC || op == MPI_MINLOC) && od->basic == td->basic &&
+	    (od->basic == MPI_2INT || od->basic == MPI_FLOAT_INT)) {
+		if (target == MPI_PROC_NULL) return MPI_SUCCESS;
+		int64_t tb;
+		if ((cls = target_bytes(fn, h, w, target, disp, &tb))) return cls;
+		if (!origin && od->predefined) return fail_win(h, MPI_ERR_BUFFER, fn, "NULL origin buffer");
+		return loc_accumulate(fn, w, h, origin, od, oc, td, tc, op, target, tb);
+	}
 	int rt, rop, rt2, rop2;
 	int64_t esz, esz2;
 	if ((cls = acc_kind(fn, h, od, ot, op, &rt, &rop, &esz)) || (cls = acc_kind(fn, h, td, tt, op, &rt2, &rop2, &esz2)))
@@ -458,8 +676,7 @@ static int accumulate(const char *fn, const void *origin, int oc, MPI_Datatype o
 	if (target == MPI_PROC_NULL) return MPI_SUCCESS;
 	int64_t tb;
 	if ((cls = target_bytes(fn, h, w, target, disp, &tb))) return cls;
-	int64_t left = od->size * oc;
-	if (left && !origin) return fail_win(h, MPI_ERR_BUFFER, fn, "NULL origin buffer");
+	if (!origin && od->predefined) return fail_win(h, MPI_ERR_BUFFER, fn, "NULL origin buffer");
 	struct walk wo, wt;
 	walk_init(&wo, od, oc);
 	walk_init(&wt, td, tc);
@@ -493,7 +710,9 @@ int MPI_Raccumulate(const void *origin, int oc, MPI_Datatype ot, int target, MPI
 	return end_request(accumulate(__func__, origin, oc, ot, target, disp, tc, tt, op, h, q), q, request);
 }
 
-/* Get_accumulate takes contiguous data on all three sides. */
+/* Get_accumulate walks its three sides together: one rvma call per run
+ * that is contiguous in the origin, the result and the target alike (a
+ * single call when all three are contiguous). */
 static int get_accumulate(const char *fn, const void *origin, int oc, MPI_Datatype ot, void *result, int rc_,
                           MPI_Datatype rtype, int target, MPI_Aint disp, int tc, MPI_Datatype tt, MPI_Op op, MPI_Win h,
                           struct req *q) {
@@ -506,24 +725,41 @@ static int get_accumulate(const char *fn, const void *origin, int oc, MPI_Dataty
 		if ((cls = type_check(ot, oc, &od, &why))) return fail_win(h, cls, fn, "origin: %s (%d)", why, (int)ot);
 		if (od->size * oc != td->size * tc) return fail_win(h, MPI_ERR_TYPE, fn, "origin and target sizes differ");
 	}
+	int64_t left = td->size * tc;
+	if (left == 0) return zero_bytes(fn, h, w, op, target, disp);
 	int rt, rop, rt2, rop2;
 	int64_t esz, esz2;
 	if ((cls = acc_kind(fn, h, td, tt, op, &rt, &rop, &esz)) || (cls = acc_kind(fn, h, rd, rtype, op, &rt2, &rop2, &esz2)))
 		return cls;
+	if (rt2 != rt) return fail_win(h, MPI_ERR_TYPE, fn, "the datatypes have different elements");
 	if (od && (cls = acc_kind(fn, h, od, ot, op, &rt2, &rop2, &esz2))) return cls;
 	if (rt2 != rt) return fail_win(h, MPI_ERR_TYPE, fn, "the datatypes have different elements");
-	if (!dense(td, tc) || !dense(rd, rc_) || (od && !dense(od, oc)))
-		return fail_win(h, MPI_ERR_TYPE, fn, "rvma's get_accumulate takes contiguous data only");
 	if (target == MPI_PROC_NULL) return MPI_SUCCESS;
 	int64_t tb;
 	if ((cls = target_bytes(fn, h, w, target, disp, &tb))) return cls;
-	size_t n = (size_t)(td->size * tc / esz);
-	if (n == 0) return MPI_SUCCESS;
-	rvma_request r = RVMA_REQUEST_NULL;
-	const void *o = op == MPI_NO_OP ? NULL : origin;
-	int rc = q ? rvma_rget_accumulate(w->w, o, result, n, rt, rop, target, tb, &r)
-	           : rvma_get_accumulate(w->w, o, result, n, rt, rop, target, tb);
-	if (!rc && q && req_push(q, r)) return fail_win(h, MPI_ERR_NO_MEM, fn, "out of memory");
+	if (!result && rd->predefined) return fail_win(h, MPI_ERR_BUFFER, fn, "NULL result buffer");
+	if (od && !origin && od->predefined) return fail_win(h, MPI_ERR_BUFFER, fn, "NULL origin buffer");
+	struct walk wo, wr, wt;
+	if (od) walk_init(&wo, od, oc);
+	walk_init(&wr, rd, rc_);
+	walk_init(&wt, td, tc);
+	int64_t toff = 0, tlen = 0, roff = 0, rlen = 0, ooff = 0, olen = 0;
+	int rc = 0;
+	while (left > 0 && !rc) {
+		if (tlen == 0) walk_next(&wt, INT64_MAX, &toff, &tlen);
+		if (rlen == 0) walk_next(&wr, INT64_MAX, &roff, &rlen);
+		if (od && olen == 0) walk_next(&wo, INT64_MAX, &ooff, &olen);
+		int64_t len = tlen < rlen ? tlen : rlen;
+		if (od && olen < len) len = olen;
+		const void *o = od ? (const char *)origin + ooff : NULL;
+		rvma_request r = RVMA_REQUEST_NULL;
+		size_t n = (size_t)(len / esz);
+		rc = q ? rvma_rget_accumulate(w->w, o, (char *)result + roff, n, rt, rop, target, tb + toff, &r)
+		       : rvma_get_accumulate(w->w, o, (char *)result + roff, n, rt, rop, target, tb + toff);
+		if (!rc && q && req_push(q, r)) return fail_win(h, MPI_ERR_NO_MEM, fn, "out of memory");
+		toff += len, tlen -= len, roff += len, rlen -= len, left -= len;
+		if (od) ooff += len, olen -= len;
+	}
 	return rc ? rvfail_win(h, rc, fn) : MPI_SUCCESS;
 }
 

@@ -115,6 +115,19 @@ int main(int argc, char **argv) {
 		CLASS(MPI_ERR_RANK, MPI_Win_shared_query(win, np, &size, &unit, &theirs));
 		CLASS(MPI_ERR_ARG, MPI_Win_shared_query(win, 0, NULL, &unit, &theirs));
 		OK(MPI_Win_free(&win));
+
+		/* Odd ranks' parts are empty: size 0 and no address (MPICH's
+		 * answer, which its tests assert), the others' contiguous. */
+		OK(MPI_Win_allocate_shared(me % 2 ? 0 : 4 * sizeof(int), sizeof(int), MPI_INFO_NULL, node, &mine, &win));
+		for (int r = 0; r < np; r++) {
+			int *p = (int *)&size;
+			OK(MPI_Win_shared_query(win, r, &size, &unit, &p));
+			if (r % 2)
+				EXPECT(size == 0 && p == NULL, "rank %d's empty part: %ld bytes at %p", r, (long)size, (void *)p);
+			else
+				EXPECT(size == 4 * sizeof(int) && p, "rank %d's part: %ld bytes at %p", r, (long)size, (void *)p);
+		}
+		OK(MPI_Win_free(&win));
 	}
 
 	/* MPI_Win_allocate's window: a peer's part where it is mapped here,
