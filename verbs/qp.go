@@ -637,13 +637,16 @@ func (qp *QP) postSendLocked(wrs []SendWR, ob *outbox) (int, error) {
 		return 0, fmt.Errorf("verbs: QP %d: post send in %v: %w", qp.num, qp.state, ErrQPState)
 	}
 	r := &qp.req
+	n, err := len(wrs), error(nil)
 	for i := range wrs {
 		wr := &wrs[i]
-		if err := qp.validateSend(wr); err != nil {
-			return i, err
+		if err = qp.validateSend(wr); err != nil {
+			n = i
+			break
 		}
 		if r.full() {
-			return i, fmt.Errorf("verbs: QP %d: post send: %w", qp.num, ErrQueueFull)
+			n, err = i, fmt.Errorf("verbs: QP %d: post send: %w", qp.num, ErrQueueFull)
+			break
 		}
 		w := r.push()
 		qp.fillWQE(w, wr)
@@ -655,7 +658,9 @@ func (qp *QP) postSendLocked(wrs []SendWR, ob *outbox) (int, error) {
 			qp.completeSend(w, StatusFlushed, 0, true)
 		}
 	}
-	if qp.state == StateReadyToSend {
+	// What was accepted goes out even when a later request was refused
+	// (a full queue): the caller waits for room that only these make.
+	if n > 0 && qp.state == StateReadyToSend {
 		for r.txSeq < r.tailSeq && r.at(r.txSeq).local {
 			r.txSeq++ // executed directly: nothing to send
 		}
@@ -664,7 +669,7 @@ func (qp *QP) postSendLocked(wrs []SendWR, ob *outbox) (int, error) {
 		}
 		qp.completeDone() // requests executed directly
 	}
-	return len(wrs), nil
+	return n, err
 }
 
 func (qp *QP) validateSend(wr *SendWR) error {

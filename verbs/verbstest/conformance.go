@@ -44,6 +44,7 @@ func Run(t *testing.T, env Env) {
 		{"RCFaults", testRCFaults},
 		{"PeerGone", testPeerGone},
 		{"OwedAck", testOwedAck},
+		{"QueueFull", testQueueFull},
 		{"RandomModel", testRandomModel},
 		{"Concurrent", testConcurrent},
 	}
@@ -973,6 +974,39 @@ func testOwedAck(t *testing.T, env Env) {
 	require.NoError(t, b.QP.Destroy())
 	a.NoCompletion(t, 100*time.Millisecond)
 	require.Equal(t, verbs.StateReadyToSend, a.QP.State())
+}
+
+// testQueueFull: a post of more requests than the send queue holds
+// accepts what fits, reports ErrQueueFull, and the accepted ones go out
+// and complete without another post (the poster waits for the room they
+// make); then the rest fits.
+func testQueueFull(t *testing.T, env Env) {
+	a, b := Pair(t, env, PairConfig{QP: verbs.QPConfig{MaxSendWR: 8}})
+	wrs := make([]verbs.SendWR, 20)
+	for i := range wrs {
+		a.Buf[i] = byte(i + 1)
+		wrs[i] = verbs.SendWR{ID: uint64(i), Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{a.MR.SGE(i, 1)},
+			RemoteAddr: b.MR.Addr() + uint64(i), RKey: b.MR.RKey()}
+	}
+	n, err := a.QP.PostSend(wrs)
+	require.ErrorIs(t, err, verbs.ErrQueueFull)
+	require.Equal(t, 8, n)
+	for i, wc := range a.WaitN(t, n) {
+		require.Equal(t, verbs.StatusSuccess, wc.Status)
+		require.Equal(t, uint64(i), wc.WRID)
+	}
+	m, err := a.QP.PostSend(wrs[n:16])
+	require.NoError(t, err)
+	require.Equal(t, 8, m)
+	a.WaitN(t, m)
+	// Reads of what was written show every accepted request placed.
+	got := make([]byte, 16)
+	copy(a.Buf[100:], make([]byte, 16))
+	a.Post(t, verbs.SendWR{ID: 99, Opcode: verbs.OpRead, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{a.MR.SGE(100, 16)},
+		RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()})
+	require.Equal(t, verbs.StatusSuccess, a.Wait(t).Status)
+	copy(got, a.Buf[100:116])
+	require.Equal(t, a.Buf[:16], got)
 }
 
 // testRandomModel runs random mixed operations and checks both memories
