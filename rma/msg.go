@@ -234,7 +234,7 @@ func (c *Comm) sendMsgMode(ctx context.Context, dst int, kind byte, tag uint32, 
 	p.sendMu.Lock()
 	c.flushBacklog(p, true) // the messages before this one go first
 	k, err := c.post(qp, wrs)
-	p.sendMu.Unlock()
+	c.unlockSend(p)
 	if err != nil {
 		c.eng.Posted(op, base, nfrag, k, err)
 		if k == 0 {
@@ -254,24 +254,42 @@ type backlogged struct {
 
 // postNoWait posts m behind p's backlog as far as the send queue has
 // room, and leaves the rest in the backlog; it never waits, for room nor
-// for p.sendMu (held by a goroutine that waits for room, it sends this
-// message behind its own).
+// for p.sendMu. m joins the backlog before p.sendMu is tried, so that a
+// holder of p.sendMu, which looks at the backlog after it lets go
+// (unlockSend), sends m if this goroutine cannot; otherwise m could wait
+// for the next probe tick.
 func (c *Comm) postNoWait(p *peer, m backlogged) {
-	if !p.sendMu.TryLock() {
-		p.queue(m)
-		c.backlogs.Store(true)
-		return
+	p.queue(m)
+	if p.sendMu.TryLock() {
+		if !c.flushBacklog(p, false) {
+			c.backlogs.Store(true) // no room: completions make it (flushBacklogs)
+		}
+		c.unlockSend(p)
 	}
-	defer p.sendMu.Unlock()
-	if !c.flushBacklog(p, false) {
-		p.queue(m)
-		c.backlogs.Store(true)
-		return
+}
+
+// unlockSend lets go of p.sendMu, then posts what joined p's backlog
+// meanwhile, if no one else holds the lock (who then will). What the send
+// queue has no room for waits for completions (flushBacklogs).
+func (c *Comm) unlockSend(p *peer) {
+	for {
+		p.sendMu.Unlock()
+		if !p.backlogged() || !p.sendMu.TryLock() {
+			return
+		}
+		if !c.flushBacklog(p, false) {
+			p.sendMu.Unlock()
+			c.backlogs.Store(true)
+			return
+		}
 	}
-	if rest, ok := c.postSome(m); !ok {
-		p.queue(rest)
-		c.backlogs.Store(true)
-	}
+}
+
+// backlogged reports whether p's backlog holds messages.
+func (p *peer) backlogged() bool {
+	p.backlogMu.Lock()
+	defer p.backlogMu.Unlock()
+	return len(p.backlog) > 0
 }
 
 // queue appends m to p's backlog.
@@ -336,20 +354,13 @@ func (c *Comm) flushBacklogs() {
 	}
 	c.backlogs.Store(false)
 	for _, p := range c.peers {
-		p.backlogMu.Lock()
-		n := len(p.backlog)
-		p.backlogMu.Unlock()
-		if n == 0 {
-			continue
-		}
-		if !p.sendMu.TryLock() {
-			c.backlogs.Store(true) // its holder posts the backlog first
-			continue
+		if !p.backlogged() || !p.sendMu.TryLock() {
+			continue // its holder posts the backlog when it lets go
 		}
 		if !c.flushBacklog(p, false) {
 			c.backlogs.Store(true)
 		}
-		p.sendMu.Unlock()
+		c.unlockSend(p)
 	}
 }
 
