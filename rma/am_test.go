@@ -43,6 +43,16 @@ func TestManyActiveMessagesBothWays(t *testing.T) {
 				}
 				return w.Free(ctx)
 			})
+			// Small answers take small buffers, registered by the slab: a
+			// staging chunk each held hundreds of megabytes for 16-byte
+			// answers and registered a region per message.
+			for r, c := range comms {
+				s := &c.msg.send
+				s.mu.Lock()
+				held := s.held
+				s.mu.Unlock()
+				require.LessOrEqual(t, held, 4<<20, "rank %d: send buffers", r)
+			}
 			for r, mem := range mems {
 				for i := range n {
 					require.Equal(t, uint32(rounds), binary.LittleEndian.Uint32(mem[4*i:]), "rank %d element %d", r, i)

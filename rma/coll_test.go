@@ -73,7 +73,7 @@ func sendsInFlight(c *Comm) int {
 	s := &c.msg.send
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.mrs) - len(s.free)
+	return s.made - len(s.free[0]) - len(s.free[1])
 }
 
 // requireFewPeers checks the connections of a world whose first

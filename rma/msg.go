@@ -66,36 +66,68 @@ func (p *recvPool) repost(i uint64) {
 	p.srq.PostRecv([]verbs.RecvWR{{ID: i, SGL: []verbs.SGE{p.mr.SGE(int(i)*chunk, chunk)}}})
 }
 
-// sendPool holds registered staging chunks for outgoing messages.
-type sendPool struct {
-	mu   sync.Mutex // guards free and mrs; innermost (see Comm)
-	free [][]byte
-	mrs  map[*byte]*verbs.MR
+// sendBuf is a registered staging buffer for one outgoing fragment: b,
+// which lies at off in mr.
+type sendBuf struct {
+	b   []byte
+	mr  *verbs.MR
+	off int
 }
 
-func (s *sendPool) get(pd *verbs.PD) ([]byte, *verbs.MR, error) {
+func (s sendBuf) sge(n int) verbs.SGE { return s.mr.SGE(s.off, n) }
+
+// Send buffers come in two sizes, carved from slabs registered at once:
+// a flood of small messages (an accumulate or a get's answer each) may
+// wait in a backlog by the thousand, and a 64 KiB chunk each, registered
+// one by one, cost a RegisterMR per message (which copies the device's
+// key map) and megabytes held for 16 bytes each.
+const (
+	smallBuf  = 256            // header included
+	smallSlab = 256 * smallBuf // 64 KiB: 256 small buffers
+	chunkSlab = 4 * chunk      // 256 KiB: 4 chunks
+)
+
+// sendPool holds registered staging buffers for outgoing messages.
+type sendPool struct {
+	mu   sync.Mutex // guards free and made; innermost (see Comm)
+	free [2][]sendBuf
+	made int // buffers carved, free or not
+	held int // bytes registered
+}
+
+// get returns a buffer of at least n bytes (n <= chunk).
+func (s *sendPool) get(pd *verbs.PD, n int) (sendBuf, error) {
+	class, size, slab := 1, chunk, chunkSlab
+	if n <= smallBuf {
+		class, size, slab = 0, smallBuf, smallSlab
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.mrs == nil {
-		s.mrs = map[*byte]*verbs.MR{}
+	if k := len(s.free[class]); k > 0 {
+		b := s.free[class][k-1]
+		s.free[class] = s.free[class][:k-1]
+		return b, nil
 	}
-	if n := len(s.free); n > 0 {
-		b := s.free[n-1]
-		s.free = s.free[:n-1]
-		return b, s.mrs[&b[0]], nil
-	}
-	b := make([]byte, chunk)
-	mr, err := pd.RegisterMR(b, verbs.AccessLocalWrite)
+	mem := make([]byte, slab)
+	mr, err := pd.RegisterMR(mem, verbs.AccessLocalWrite)
 	if err != nil {
-		return nil, nil, err
+		return sendBuf{}, err
 	}
-	s.mrs[&b[0]] = mr
-	return b, mr, nil
+	s.made += slab / size
+	s.held += slab
+	for off := slab - size; off > 0; off -= size {
+		s.free[class] = append(s.free[class], sendBuf{b: mem[off : off+size : off+size], mr: mr, off: off})
+	}
+	return sendBuf{b: mem[:size:size], mr: mr}, nil
 }
 
-func (s *sendPool) put(b []byte) {
+func (s *sendPool) put(b sendBuf) {
 	s.mu.Lock()
-	s.free = append(s.free, b)
+	class := 1
+	if len(b.b) == smallBuf {
+		class = 0
+	}
+	s.free[class] = append(s.free[class], b)
 	s.mu.Unlock()
 }
 
@@ -199,7 +231,7 @@ func (c *Comm) sendMsgMode(ctx context.Context, dst int, kind byte, tag uint32, 
 		return nil, err
 	}
 	nfrag := max(1, (len(data)+fragMax-1)/fragMax)
-	bufs := make([][]byte, 0, nfrag)
+	bufs := make([]sendBuf, 0, nfrag)
 	op, base := c.eng.Start(nfrag, func(err error) {
 		for _, b := range bufs {
 			c.msg.send.put(b)
@@ -212,19 +244,20 @@ func (c *Comm) sendMsgMode(ctx context.Context, dst int, kind byte, tag uint32, 
 	for i := range nfrag {
 		off := i * fragMax
 		n := min(fragMax, len(data)-off)
-		b, mr, err := c.msg.send.get(c.pd)
+		sb, err := c.msg.send.get(c.pd, hdrLen+n)
 		if err != nil {
 			c.eng.Posted(op, base, nfrag, 0, err)
 			return nil, err
 		}
-		bufs = append(bufs, b)
+		bufs = append(bufs, sb)
+		b := sb.b
 		b[0] = kind
 		binary.LittleEndian.PutUint32(b[4:], tag)
 		binary.LittleEndian.PutUint32(b[8:], uint32(len(data)))
 		binary.LittleEndian.PutUint32(b[12:], uint32(off))
 		copy(b[hdrLen:], data[off:off+n])
 		wrs[i] = verbs.SendWR{ID: base + uint64(i), Opcode: verbs.OpSend, Flags: verbs.FlagSignaled,
-			SGL: []verbs.SGE{mr.SGE(0, hdrLen+n)}}
+			SGL: []verbs.SGE{sb.sge(hdrLen + n)}}
 	}
 	p := c.peers[dst]
 	if noWait {

@@ -105,6 +105,7 @@ type QP struct {
 	pd     *PD
 	typ    QPType
 	num    uint32
+	full   error // the send queue's ErrQueueFull, made once: posters meet it in loops
 	gid    int
 	port   *fabric.FaultPort
 	sendCQ *CQ
@@ -246,6 +247,7 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	}
 	cow(d, &d.qps, func(m map[uint32]*QP) { m[qp.num] = qp })
 	d.mu.Unlock()
+	qp.full = fmt.Errorf("verbs: QP %d: post send: %w", qp.num, ErrQueueFull)
 	pd.mu.Lock()
 	pd.qps++
 	pd.mu.Unlock()
@@ -645,7 +647,7 @@ func (qp *QP) postSendLocked(wrs []SendWR, ob *outbox) (int, error) {
 			break
 		}
 		if r.full() {
-			n, err = i, fmt.Errorf("verbs: QP %d: post send: %w", qp.num, ErrQueueFull)
+			n, err = i, qp.full
 			break
 		}
 		w := r.push()
