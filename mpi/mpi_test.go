@@ -334,6 +334,15 @@ func TestDtypes(t *testing.T) {
 	cTest(t, "dtypes", false)
 }
 
+// TestAccops runs test/accops.c: accumulates rvma has no single atomic
+// for (long double, the pairs with a gap, MINLOC and MAXLOC, the logical
+// operations) from every rank at once, with sums that show a lost update;
+// get_accumulate and fetch_and_op return what was there; the gaps of
+// pairs untouched; the reductions of the same operations; the errors.
+func TestAccops(t *testing.T) {
+	cTest(t, "accops", false)
+}
+
 // TestSplit runs test/split.c: MPI_Comm_split where every rank keeps the
 // world's ranks or none, MPI_ERR_UNSUPPORTED_OPERATION for other splits,
 // MPI_Alloc_mem, and on one rank a window over MPI_COMM_SELF.

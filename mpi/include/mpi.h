@@ -133,11 +133,12 @@ enum { MPI_THREAD_SINGLE = 0, MPI_THREAD_FUNNELED = 1, MPI_THREAD_SERIALIZED = 2
 #define MPI_C_BOOL ((MPI_Datatype)27)
 #define MPI_WCHAR ((MPI_Datatype)28)
 #define MPI_PACKED ((MPI_Datatype)29)
-/* Value-and-index pairs (MINLOC, MAXLOC): they move; MPI_2INT and
- * MPI_FLOAT_INT accumulate with MPI_REPLACE and MPI_NO_OP, and in
- * MPI_Accumulate with MPI_MINLOC and MPI_MAXLOC (read and compare-and-swap
- * each pair: done at return). Other pairs' accumulates, MINLOC and MAXLOC
- * in get_accumulates and reductions: MPI_ERR_UNSUPPORTED_OPERATION. */
+/* Value-and-index pairs (MINLOC, MAXLOC), in every call. In accumulates,
+ * MPI_2INT and MPI_FLOAT_INT are replaced and fetched as one 8-byte
+ * element, and MINLOC and MAXLOC read and compare-and-swap each pair;
+ * the others (a gap, or over 8 bytes), like long double, are read,
+ * combined and written back under a mutex word at the target. Emulated
+ * accumulates are done at the target when the call returns. */
 #define MPI_FLOAT_INT ((MPI_Datatype)30)
 #define MPI_DOUBLE_INT ((MPI_Datatype)31)
 #define MPI_LONG_INT ((MPI_Datatype)32)

@@ -93,6 +93,22 @@ int dense(const struct dtype *t, int64_t count);
 void pack(const struct dtype *t, int64_t count, const void *from, void *to);
 void unpack(const struct dtype *t, int64_t count, const void *from, void *to);
 
+/* inout[i] = inout[i] op in[i] for n elements of the predefined type
+ * basic, packed (a pair's value then its index, without the gap C puts
+ * between them): MPI's arithmetic, logical and bitwise operations, and
+ * MINLOC and MAXLOC on pairs. 0, MPI_ERR_OP or MPI_ERR_TYPE. */
+int reduce_packed(void *inout, const void *in, int64_t n, MPI_Datatype basic, MPI_Op op);
+/* How an accumulate of elements of basic with op is applied: by rvma
+ * (ACC_NATIVE); read and compare-and-swapped element by element, for
+ * operations rvma lacks on elements of 8 bytes or less, so that they
+ * stay atomic with rvma's own (ACC_CAS); or read, combined and written
+ * back under a per-target mutex, for every accumulate of long double and
+ * the gapped pairs, which no rvma atomic covers (ACC_LOCKED). */
+enum { ACC_NATIVE, ACC_CAS, ACC_LOCKED };
+int acc_path(MPI_Datatype basic, MPI_Op op);
+/* Frees what windows share (MPI_Finalize). */
+void win_finalize(void);
+
 /* A walk over the blocks of count copies of a type. */
 struct walk {
 	const struct dtype *t;

@@ -371,6 +371,7 @@ int MPI_Finalized(int *flag) {
 int MPI_Finalize(void) {
 	if (NOT_INIT(__func__)) return MPI_ERR_OTHER;
 	fflush(stdout);
+	win_finalize();
 	int rc = rvma_finalize();
 	rv_up = 0, rv_done = 1;
 	if (rc) return rvfail_comm(MPI_COMM_WORLD, rc, __func__);
@@ -2222,6 +2223,50 @@ static int reduce_local(void *inout, const void *in, int64_t n, int kind, MPI_Op
 	return MPI_SUCCESS;
 }
 
+/* MINLOC and MAXLOC of the packed pair a (value, then index) and b into
+ * a: the better value wins, the lower index on a tie. */
+#define LOC(T)                                                                                     \
+	do {                                                                                       \
+		T x, y;                                                                            \
+		memcpy(&x, a, sizeof x), memcpy(&y, b, sizeof y);                                  \
+		better = op == MPI_MAXLOC ? y > x : y < x, equal = x == y;                         \
+	} while (0)
+
+static void loc_pick(char *a, const char *b, MPI_Datatype basic, MPI_Op op) {
+	int better = 0, equal = 0, ia, ib;
+	switch (basic) {
+	case MPI_FLOAT_INT: LOC(float); break;
+	case MPI_DOUBLE_INT: LOC(double); break;
+	case MPI_LONG_INT: LOC(long); break;
+	case MPI_2INT: LOC(int); break;
+	case MPI_SHORT_INT: LOC(short); break;
+	case MPI_LONG_DOUBLE_INT: LOC(long double); break;
+	}
+	int64_t vs = basics[basic].vsize;
+	memcpy(&ia, a + vs, sizeof ia), memcpy(&ib, b + vs, sizeof ib);
+	if (better)
+		memcpy(a, b, (size_t)basics[basic].size);
+	else if (equal && ib < ia)
+		memcpy(a + vs, &ib, sizeof ib);
+}
+
+int reduce_packed(void *inout, const void *in, int64_t n, MPI_Datatype basic, MPI_Op op) {
+	if (basic <= 0 || basic >= NBASIC) return MPI_ERR_TYPE;
+	int kind = basics[basic].kind;
+	if (kind != K_PAIR && kind != K_PAIR8) return reduce_local(inout, in, n, kind, op);
+	if (op != MPI_MINLOC && op != MPI_MAXLOC) return MPI_ERR_OP;
+	int64_t sz = basics[basic].size;
+	for (int64_t i = 0; i < n; i++) loc_pick((char *)inout + i * sz, (const char *)in + i * sz, basic, op);
+	return MPI_SUCCESS;
+}
+
+int acc_path(MPI_Datatype basic, MPI_Op op) {
+	int kind = basic > 0 && basic < NBASIC ? basics[basic].kind : K_NONE;
+	if (kind == K_LD || kind == K_PAIR) return ACC_LOCKED;
+	if (op == MPI_MINLOC || op == MPI_MAXLOC || op == MPI_LAND || op == MPI_LOR || op == MPI_LXOR) return ACC_CAS;
+	return ACC_NATIVE;
+}
+
 /* Reduces the n contributions of bytes each in all (rank order) in the
  * order of MPICH's and Open MPI's recursive doubling, so that a floating
  * sum has the same bits as theirs: with pof2 the largest power of two up
@@ -2229,18 +2274,18 @@ static int reduce_local(void *inout, const void *in, int64_t n, int kind, MPI_Op
  * first, then the pof2 partial results pairwise, neighbours first. The
  * operations are commutative (a+b and b+a are the same bits), so only the
  * grouping matters. Returns the index of the slot holding the result. */
-static int reduce_tree(char *all, size_t bytes, int n, int count, int kind, MPI_Op op) {
+static int reduce_tree(char *all, size_t bytes, int n, int count, MPI_Datatype basic, MPI_Op op) {
 	int pof2 = 1;
 	while (pof2 * 2 <= n) pof2 *= 2;
 	int rem = n - pof2;
 	int *idx = malloc(sizeof(int) * (size_t)pof2);
 	if (!idx) { /* rank order, still one result everywhere */
-		for (int r = 1; r < n; r++) reduce_local(all, all + (size_t)r * bytes, count, kind, op);
+		for (int r = 1; r < n; r++) reduce_packed(all, all + (size_t)r * bytes, count, basic, op);
 		return 0;
 	}
 	for (int i = 0; i < pof2; i++) {
 		if (i < rem) {
-			reduce_local(all + (size_t)(2 * i + 1) * bytes, all + (size_t)(2 * i) * bytes, count, kind, op);
+			reduce_packed(all + (size_t)(2 * i + 1) * bytes, all + (size_t)(2 * i) * bytes, count, basic, op);
 			idx[i] = 2 * i + 1;
 		} else {
 			idx[i] = i + rem;
@@ -2248,7 +2293,7 @@ static int reduce_tree(char *all, size_t bytes, int n, int count, int kind, MPI_
 	}
 	for (int mask = 1; mask < pof2; mask <<= 1)
 		for (int i = 0; i < pof2; i += 2 * mask)
-			reduce_local(all + (size_t)idx[i] * bytes, all + (size_t)idx[i + mask] * bytes, count, kind, op);
+			reduce_packed(all + (size_t)idx[i] * bytes, all + (size_t)idx[i + mask] * bytes, count, basic, op);
 	int root = idx[0];
 	free(idx);
 	return root;
@@ -2259,6 +2304,38 @@ static int reduce_tree(char *all, size_t bytes, int n, int count, int kind, MPI_
  * doubles with MIN and MAX (where the order of the ranks cannot change a
  * bit); otherwise every rank's contribution gathered and reduced here in
  * MPICH's order (reduce_tree). */
+/* The reduction of count packed elements of the predefined t in buf over
+ * the ranks, in place. */
+static int reduce_all(const char *fn, MPI_Comm c, void *buf, int count, MPI_Datatype t, MPI_Op op) {
+	size_t bytes = (size_t)type_get(t)->size * (size_t)count;
+	int kind = basics[t].kind;
+	int rc;
+	if ((kind == K_I64 && (op == MPI_SUM || op == MPI_MIN || op == MPI_MAX)) ||
+	    (kind == K_F64 && (op == MPI_MIN || op == MPI_MAX))) {
+		rvma_op rop = op == MPI_SUM ? RVMA_SUM : op == MPI_MIN ? RVMA_MIN : RVMA_MAX;
+		rc = kind == K_I64 ? rvma_allreduce_int64(rv_world, rop, buf, (size_t)count)
+		                   : rvma_allreduce_double(rv_world, rop, buf, (size_t)count);
+		return rc ? rvfail_comm(c, rc, fn) : MPI_SUCCESS;
+	}
+	char *all = malloc(bytes * (size_t)rv_size + 1);
+	if (!all) return fail_comm(c, MPI_ERR_NO_MEM, fn, "out of memory");
+	rc = rvma_allgather(rv_world, buf, bytes, all);
+	if (rc) {
+		free(all);
+		return rvfail_comm(c, rc, fn);
+	}
+	int root = reduce_tree(all, bytes, rv_size, count, t, op);
+	if (bytes) memcpy(buf, all + (size_t)root * bytes, bytes);
+	free(all);
+	return MPI_SUCCESS;
+}
+
+/* The reduction of count elements of t over the ranks into out (in may be
+ * out): rvma's allreduce for 8-byte integers with SUM, MIN and MAX and
+ * doubles with MIN and MAX (where the order of the ranks cannot change a
+ * bit); otherwise every rank's contribution gathered and reduced here in
+ * MPICH's order (reduce_tree). Pairs whose C layout has a gap
+ * (MPI_DOUBLE_INT and the like) are reduced packed. */
 static int allreduce(const char *fn, MPI_Comm c, const void *in, void *out, int count, MPI_Datatype t, MPI_Op op) {
 	CHECK_COMM(c, fn);
 	struct dtype *d = type_get(t);
@@ -2266,36 +2343,23 @@ static int allreduce(const char *fn, MPI_Comm c, const void *in, void *out, int 
 	if (!d->predefined)
 		return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, fn, "reductions take predefined datatypes only");
 	if (count < 0) return fail_comm(c, MPI_ERR_COUNT, fn, "count %d", count);
-	if (op == MPI_MINLOC || op == MPI_MAXLOC)
-		return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, fn, "MPI_MINLOC and MPI_MAXLOC are not this library's");
-	if (op < MPI_MAX || op > MPI_BXOR) return fail_comm(c, MPI_ERR_OP, fn, "operation %d: not a reduction this library has", op);
-	size_t bytes = (size_t)d->size * (size_t)count;
-	if (in != out && bytes) memmove(out, in, bytes);
-	int kind = basics[t].kind;
-	int rc;
-	if ((kind == K_I64 && (op == MPI_SUM || op == MPI_MIN || op == MPI_MAX)) ||
-	    (kind == K_F64 && (op == MPI_MIN || op == MPI_MAX))) {
-		rvma_op rop = op == MPI_SUM ? RVMA_SUM : op == MPI_MIN ? RVMA_MIN : RVMA_MAX;
-		rc = kind == K_I64 ? rvma_allreduce_int64(rv_world, rop, out, (size_t)count)
-		                   : rvma_allreduce_double(rv_world, rop, out, (size_t)count);
-		return rc ? rvfail_comm(c, rc, fn) : MPI_SUCCESS;
-	}
+	if (op < MPI_MAX || op > MPI_MAXLOC) return fail_comm(c, MPI_ERR_OP, fn, "operation %d: not a reduction this library has", op);
 	/* Check the operation on this rank before the others wait. */
-	char probe[16] = {0};
-	int cls = reduce_local(probe, probe, 1, kind, op);
+	char probe[32] = {0};
+	int cls = reduce_packed(probe, probe, 1, t, op);
 	if (cls == MPI_ERR_TYPE) return fail_comm(c, cls, fn, "datatype %d has no arithmetic", t);
 	if (cls) return fail_comm(c, cls, fn, "operation %d does not apply to datatype %d", op, t);
-	char *all = malloc(bytes * (size_t)rv_size + 1);
-	if (!all) return fail_comm(c, MPI_ERR_NO_MEM, fn, "out of memory");
-	rc = rvma_allgather(rv_world, out, bytes, all);
-	if (rc) {
-		free(all);
-		return rvfail_comm(c, rc, fn);
+	if (d->size == d->extent) {
+		if (in != out && count) memmove(out, in, (size_t)d->size * (size_t)count);
+		return reduce_all(fn, c, out, count, t, op);
 	}
-	int root = reduce_tree(all, bytes, rv_size, count, kind, op);
-	if (bytes) memcpy(out, all + (size_t)root * bytes, bytes);
-	free(all);
-	return MPI_SUCCESS;
+	char *tmp = malloc((size_t)d->size * (size_t)count + 1);
+	if (!tmp) return fail_comm(c, MPI_ERR_NO_MEM, fn, "out of memory");
+	pack(d, count, in, tmp);
+	cls = reduce_all(fn, c, tmp, count, t, op);
+	if (!cls) unpack(d, count, tmp, out);
+	free(tmp);
+	return cls;
 }
 
 int MPI_Allreduce(const void *in, void *out, int count, MPI_Datatype t, MPI_Op op, MPI_Comm c) {
@@ -2311,7 +2375,7 @@ int MPI_Reduce(const void *in, void *out, int count, MPI_Datatype t, MPI_Op op, 
 		if (!out && count > 0) return fail_comm(c, MPI_ERR_BUFFER, __func__, "NULL recvbuf at the root");
 		return allreduce(__func__, c, in == MPI_IN_PLACE ? out : in, out, count, t, op);
 	}
-	size_t bytes = (size_t)d->size * (size_t)(count > 0 ? count : 0);
+	size_t bytes = (size_t)d->extent * (size_t)(count > 0 ? count : 0);
 	void *tmp = malloc(bytes + 1);
 	if (!tmp) return fail_comm(c, MPI_ERR_NO_MEM, __func__, "out of memory");
 	int cls = allreduce(__func__, c, in, tmp, count, t, op);

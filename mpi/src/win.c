@@ -7,6 +7,7 @@
  * layouts: one strided layout per side when both sides have one (a
  * vector, or a contiguous run), else the sides are walked run by run.
  */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +75,43 @@ MPI_Errhandler win_eh(MPI_Win h) {
 	struct win *w = tbl_get(&wins, h);                                                     \
 	if (!w) return fail_win(h, MPI_ERR_WIN, fn, "invalid window %d", (int)h)
 
+/* The mutex words of ACC_LOCKED accumulates: a window of one 8-byte word
+ * per rank, made with the first window (collective like it) and under
+ * lock_all until MPI_Finalize. One word per target serves every window:
+ * such accumulates are rare and short. */
+static rvma_win mutex_win;
+
+static int mutex_init(void) {
+	if (mutex_win) return 0;
+	void *base;
+	int rc = rvma_win_allocate(rv_world, 8, 1, &base, &mutex_win);
+	if (!rc) rc = rvma_win_lock_all(mutex_win);
+	return rc;
+}
+
+void win_finalize(void) {
+	if (!mutex_win) return;
+	rvma_win_unlock_all(mutex_win);
+	rvma_win_free(&mutex_win);
+	mutex_win = 0;
+}
+
+static int mutex_lock(int target) {
+	uint64_t mine = (uint64_t)rv_rank + 1, zero = 0, old;
+	for (int i = 0;; i++) {
+		int rc = rvma_compare_and_swap(mutex_win, &mine, &zero, &old, RVMA_UINT64, target, 0);
+		if (!rc) rc = rvma_win_flush(mutex_win, target);
+		if (rc || old == 0) return rc;
+		if (i > 16) sched_yield();
+	}
+}
+
+static int mutex_unlock(int target) {
+	uint64_t zero = 0, old;
+	int rc = rvma_fetch_and_op(mutex_win, &zero, &old, RVMA_UINT64, RVMA_REPLACE, target, 0);
+	return rc ? rc : rvma_win_flush(mutex_win, target);
+}
+
 /* How create makes the window: over the caller's memory, allocated,
  * allocated shared, or dynamic (memory attached later). */
 enum { WIN_CREATE, WIN_ALLOC, WIN_SHARED, WIN_DYNAMIC };
@@ -96,8 +134,10 @@ static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp
 		free(w), free(units), free(locked);
 		return fail_comm(c, MPI_ERR_NO_MEM, fn, "out of memory");
 	}
-	int rc;
-	if (nc)
+	int rc = mutex_init();
+	if (rc)
+		w->w = 0;
+	else if (nc)
 		rc = alloc ? rvma_win_allocate_notified(rv_world, (size_t)size, 1, nc, &w->base, &w->w)
 		           : rvma_win_create_notified(rv_world, base, (size_t)size, 1, nc, &w->w);
 	else if (alloc == WIN_DYNAMIC)
@@ -558,25 +598,15 @@ static int rvma_op_of(MPI_Op op) {
 static int acc_kind(const char *fn, MPI_Win h, const struct dtype *d, MPI_Datatype t, MPI_Op op, int *rt, int *rop,
                     int64_t *esz) {
 	*rop = rvma_op_of(op);
-	if (!*rop) {
-		if (op >= MPI_LAND && op <= MPI_MAXLOC)
-			return fail_win(h, MPI_ERR_UNSUPPORTED_OPERATION, fn, "operation %d: rvma's accumulates have SUM, PROD, "
-			                "MIN, MAX, BAND, BOR, BXOR, REPLACE and NO_OP", op);
-		return fail_win(h, MPI_ERR_OP, fn, "invalid operation %d", op);
-	}
+	if (!*rop) return fail_win(h, MPI_ERR_OP, fn, "invalid operation %d", op);
 	*rt = type_rvma(d->basic);
 	/* Types without arithmetic (MPI_BYTE, MPI_C_BOOL, ...) are replaced,
 	 * fetched and combined bit by bit as unsigned integers of their
 	 * size, one element each. */
 	if (!*rt && (op == MPI_REPLACE || op == MPI_NO_OP || op == MPI_BAND || op == MPI_BOR || op == MPI_BXOR))
 		*rt = type_rvma_bits(d->basic, op != MPI_REPLACE && op != MPI_NO_OP);
-	/* long double arithmetic is MPI's, not rvma's; arithmetic on
-	 * MPI_BYTE and the like, or on mixed elements, is no one's. */
-	if (!*rt && (d->basic == MPI_LONG_DOUBLE || (d->basic >= MPI_FLOAT_INT && d->basic <= MPI_LONG_DOUBLE_INT)))
-		return fail_win(h, MPI_ERR_UNSUPPORTED_OPERATION, fn,
-		                "datatype %d (long double, or a value-and-index pair) with operation %d: rvma's "
-		                "accumulates and atomics take 1-, 2-, 4- and 8-byte integers, float and double (and "
-		                "replace and fetch MPI_2INT and MPI_FLOAT_INT whole)", (int)t, op);
+	/* Arithmetic on MPI_BYTE and the like, or on mixed elements, is no
+	 * one's. */
 	if (!*rt)
 		return fail_win(h, MPI_ERR_TYPE, fn,
 		                "datatype %d with operation %d: accumulates take one predefined element type with "
@@ -596,59 +626,82 @@ static int zero_bytes(const char *fn, MPI_Win h, struct win *w, MPI_Op op, int t
 	return target == MPI_PROC_NULL ? MPI_SUCCESS : target_bytes(fn, h, w, target, disp, &tb);
 }
 
-/* MPI_MAXLOC and MPI_MINLOC of pair cur (at the target) and mine, both
- * 8-byte pairs of basic (MPI_2INT or MPI_FLOAT_INT): the value wins, the
- * lower index on a tie. */
-static uint64_t loc_pick(MPI_Datatype basic, MPI_Op op, uint64_t cur, uint64_t mine) {
-	const char *c = (const char *)&cur, *m = (const char *)&mine;
-	int better, equal, ci, mi;
-	if (basic == MPI_2INT) {
-		int a, b;
-		memcpy(&a, c, 4), memcpy(&b, m, 4);
-		better = op == MPI_MAXLOC ? b > a : b < a, equal = a == b;
-	} else {
-		float a, b;
-		memcpy(&a, c, 4), memcpy(&b, m, 4);
-		better = op == MPI_MAXLOC ? b > a : b < a, equal = a == b;
-	}
-	memcpy(&ci, c + 4, 4), memcpy(&mi, m + 4, 4);
-	if (better) return mine;
-	if (equal && mi < ci) memcpy((char *)&cur + 4, &mi, 4);
-	return cur;
+/* The unsigned rvma type of an element of n bytes (1, 2, 4 or 8). */
+static int uint_of(int64_t n) {
+	return n == 1 ? RVMA_UINT8 : n == 2 ? RVMA_UINT16 : n == 4 ? RVMA_UINT32 : RVMA_UINT64;
 }
 
-/* MPI_MAXLOC and MPI_MINLOC, which rvma has not, on the 8-byte pairs: each
- * pair read and replaced by compare-and-swap until no other rank's update
- * came between (atomic like rvma's accumulates on 8-byte elements, with
- * which they mix). Done when the call returns. */
-static int loc_accumulate(const char *fn, struct win *w, MPI_Win h, const void *origin, const struct dtype *od,
-                          int oc, const struct dtype *td, int tc, MPI_Op op, int target, int64_t tb) {
-	struct walk wo, wt;
-	walk_init(&wo, od, oc);
-	walk_init(&wt, td, tc);
-	int64_t left = od->size * oc, toff = 0, tlen = 0;
-	int rc = 0;
-	while (left > 0 && !rc) {
-		if (tlen == 0) walk_next(&wt, INT64_MAX, &toff, &tlen);
-		int64_t off, len;
-		walk_next(&wo, tlen, &off, &len);
-		for (int64_t k = 0; k < len && !rc; k += 8) {
-			uint64_t mine, cur, next, old;
-			memcpy(&mine, (const char *)origin + off + k, 8);
-			int64_t at = tb + toff + k;
-			rc = rvma_fetch_and_op(w->w, NULL, &cur, RVMA_UINT64, RVMA_NO_OP, target, at);
-			if (!rc) rc = rvma_win_flush(w->w, target);
-			while (!rc) {
-				next = loc_pick(od->basic, op, cur, mine);
-				if (next == cur) break;
-				rc = rvma_compare_and_swap(w->w, &next, &cur, &old, RVMA_UINT64, target, at);
-				if (!rc) rc = rvma_win_flush(w->w, target);
-				if (rc || old == cur) break;
-				cur = old;
-			}
-		}
-		toff += len, tlen -= len, left -= len;
+/* An accumulate, get_accumulate or fetch_and_op that rvma cannot apply as
+ * one operation (acc_path: ACC_CAS or ACC_LOCKED): the origin's elements
+ * packed (od, oc; none for MPI_NO_OP), the target's (td, tc at byte tb)
+ * read, combined here by reduce_packed and written back, the target's
+ * previous elements unpacked into result (rd, rcount) if any. Done, and
+ * visible at the target, when it returns. */
+static int emulate(const char *fn, MPI_Win h, struct win *w, int path, const void *origin, const struct dtype *od,
+                   int oc, void *result, const struct dtype *rd, int rcount, const struct dtype *td, int tc,
+                   MPI_Op op, int target, int64_t tb) {
+	MPI_Datatype basic = td->basic;
+	int64_t esz = type_get(basic)->size, bytes = td->size * tc;
+	if (op != MPI_REPLACE && op != MPI_NO_OP) {
+		char probe[32] = {0};
+		if (reduce_packed(probe, probe, 1, basic, op))
+			return fail_win(h, MPI_ERR_OP, fn, "operation %d does not apply to datatype %d", op, (int)basic);
 	}
+	char *t = malloc((size_t)bytes + 1), *o = op == MPI_NO_OP ? NULL : malloc((size_t)bytes + 1);
+	if (!t || (op != MPI_NO_OP && !o)) {
+		free(t), free(o);
+		return fail_win(h, MPI_ERR_NO_MEM, fn, "out of memory");
+	}
+	if (o) pack(od, oc, origin, o);
+	struct walk wt;
+	int64_t off, len, at;
+	int rc = 0;
+	if (path == ACC_CAS) {
+		/* Element by element: read, combine, compare-and-swap until no
+		 * other update came between. */
+		int ut = uint_of(esz);
+		walk_init(&wt, td, tc);
+		for (at = 0; !rc && walk_next(&wt, INT64_MAX, &off, &len);)
+			for (int64_t k = 0; k < len && !rc; k += esz, at += esz) {
+				uint64_t cur = 0, next, old = 0;
+				rc = rvma_fetch_and_op(w->w, NULL, &cur, ut, RVMA_NO_OP, target, tb + off + k);
+				if (!rc) rc = rvma_win_flush(w->w, target);
+				while (!rc && o) {
+					next = cur;
+					reduce_packed(&next, o + at, 1, basic, op);
+					if (next == cur) break;
+					rc = rvma_compare_and_swap(w->w, &next, &cur, &old, ut, target, tb + off + k);
+					if (!rc) rc = rvma_win_flush(w->w, target);
+					if (rc || old == cur) break;
+					cur = old;
+				}
+				memcpy(t + at, &cur, (size_t)esz);
+			}
+	} else {
+		/* Under the target's mutex: read, combine, write back. */
+		rc = mutex_lock(target);
+		if (rc) goto out;
+		walk_init(&wt, td, tc);
+		for (at = 0; !rc && walk_next(&wt, INT64_MAX, &off, &len); at += len)
+			rc = rvma_get(w->w, t + at, (size_t)len, target, tb + off);
+		if (!rc) rc = rvma_win_flush(w->w, target);
+		if (!rc && result) unpack(rd, rcount, t, result), result = NULL;
+		if (!rc && o) {
+			if (op == MPI_REPLACE)
+				memcpy(t, o, (size_t)bytes);
+			else
+				reduce_packed(t, o, bytes / esz, basic, op);
+			walk_init(&wt, td, tc);
+			for (at = 0; !rc && walk_next(&wt, INT64_MAX, &off, &len); at += len)
+				rc = rvma_put(w->w, t + at, (size_t)len, target, tb + off);
+			if (!rc) rc = rvma_win_flush(w->w, target);
+		}
+		int rc2 = mutex_unlock(target);
+		if (!rc) rc = rc2;
+	}
+	if (!rc && result) unpack(rd, rcount, t, result);
+out:
+	free(t), free(o);
 	return rc ? rvfail_win(h, rc, fn) : MPI_SUCCESS;
 }
 
@@ -660,13 +713,14 @@ static int accumulate(const char *fn, const void *origin, int oc, MPI_Datatype o
 	if (cls) return cls;
 	int64_t left = od->size * oc;
 	if (left == 0) return zero_bytes(fn, h, w, op, target, disp);
-	if ((op == MPI_MAXLOC || op == MPI_MINLOC) && od->basic == td->basic &&
-	    (od->basic == MPI_2INT || od->basic == MPI_FLOAT_INT)) {
+	int path = acc_path(td->basic, op);
+	if (path != ACC_NATIVE) {
+		if (od->basic != td->basic) return fail_win(h, MPI_ERR_TYPE, fn, "origin and target datatypes have different elements");
 		if (target == MPI_PROC_NULL) return MPI_SUCCESS;
 		int64_t tb;
 		if ((cls = target_bytes(fn, h, w, target, disp, &tb))) return cls;
 		if (!origin && od->predefined) return fail_win(h, MPI_ERR_BUFFER, fn, "NULL origin buffer");
-		return loc_accumulate(fn, w, h, origin, od, oc, td, tc, op, target, tb);
+		return emulate(fn, h, w, path, origin, od, oc, NULL, NULL, 0, td, tc, op, target, tb);
 	}
 	int rt, rop, rt2, rop2;
 	int64_t esz, esz2;
@@ -727,6 +781,17 @@ static int get_accumulate(const char *fn, const void *origin, int oc, MPI_Dataty
 	}
 	int64_t left = td->size * tc;
 	if (left == 0) return zero_bytes(fn, h, w, op, target, disp);
+	int path = acc_path(td->basic, op);
+	if (path != ACC_NATIVE) {
+		if (rd->basic != td->basic || (od && od->basic != td->basic))
+			return fail_win(h, MPI_ERR_TYPE, fn, "the datatypes have different elements");
+		if (target == MPI_PROC_NULL) return MPI_SUCCESS;
+		int64_t tb;
+		if ((cls = target_bytes(fn, h, w, target, disp, &tb))) return cls;
+		if (!result && rd->predefined) return fail_win(h, MPI_ERR_BUFFER, fn, "NULL result buffer");
+		if (od && !origin && od->predefined) return fail_win(h, MPI_ERR_BUFFER, fn, "NULL origin buffer");
+		return emulate(fn, h, w, path, origin, od, oc, result, rd, rc_, td, tc, op, target, tb);
+	}
 	int rt, rop, rt2, rop2;
 	int64_t esz, esz2;
 	if ((cls = acc_kind(fn, h, td, tt, op, &rt, &rop, &esz)) || (cls = acc_kind(fn, h, rd, rtype, op, &rt2, &rop2, &esz2)))
@@ -783,6 +848,14 @@ int MPI_Fetch_and_op(const void *origin, void *result, MPI_Datatype t, int targe
 	if (!d || !d->predefined) return fail_win(h, MPI_ERR_TYPE, __func__, "datatype %d: a predefined one is needed", t);
 	int rt, rop, cls;
 	int64_t esz;
+	int path = acc_path(t, op);
+	if (path != ACC_NATIVE) {
+		if (op < MPI_MAX || op > MPI_NO_OP) return fail_win(h, MPI_ERR_OP, __func__, "invalid operation %d", op);
+		if (target == MPI_PROC_NULL) return MPI_SUCCESS;
+		int64_t tb;
+		if ((cls = target_bytes(__func__, h, w, target, disp, &tb))) return cls;
+		return emulate(__func__, h, w, path, origin, d, 1, result, d, 1, d, 1, op, target, tb);
+	}
 	if ((cls = acc_kind(__func__, h, d, t, op, &rt, &rop, &esz))) return cls;
 	if (target == MPI_PROC_NULL) return MPI_SUCCESS;
 	int64_t tb;
@@ -798,6 +871,9 @@ int MPI_Compare_and_swap(const void *origin, const void *compare, void *result, 
 	if (!d || !d->predefined) return fail_win(h, MPI_ERR_TYPE, __func__, "datatype %d: a predefined one is needed", t);
 	int rt, rop, cls;
 	int64_t esz;
+	if (acc_path(t, MPI_REPLACE) != ACC_NATIVE)
+		return fail_win(h, MPI_ERR_TYPE, __func__, "datatype %d: compare-and-swap takes integer, logical, byte "
+		                "and floating elements of 8 bytes or less", (int)t);
 	if ((cls = acc_kind(__func__, h, d, t, MPI_REPLACE, &rt, &rop, &esz))) return cls;
 	if (target == MPI_PROC_NULL) return MPI_SUCCESS;
 	int64_t tb;

@@ -124,7 +124,8 @@ int main(int argc, char **argv) {
 	EXPECT_CLASS(MPI_ERR_TYPE, MPI_Type_free(&(MPI_Datatype){MPI_INT}));
 	EXPECT_CLASS(MPI_ERR_TYPE, MPI_Put(buf, 2, MPI_INT, next, 0, 1, MPI_INT, win));
 	EXPECT_CLASS(MPI_ERR_TYPE, MPI_Accumulate(buf, 1, MPI_BYTE, next, 0, 1, MPI_BYTE, MPI_SUM, win));
-	EXPECT_CLASS(MPI_ERR_UNSUPPORTED_OPERATION, MPI_Accumulate(buf, 1, MPI_INT64_T, next, 0, 1, MPI_INT64_T, MPI_LAND, win));
+	EXPECT_CLASS(MPI_ERR_OP, MPI_Accumulate(buf, 1, MPI_INT64_T, next, 0, 1, MPI_INT64_T, MPI_MAXLOC, win));
+	EXPECT_CLASS(MPI_ERR_OP, MPI_Accumulate(buf, 1, MPI_INT64_T, next, 0, 1, MPI_INT64_T, (MPI_Op)99, win));
 	EXPECT_CLASS(MPI_ERR_COUNT, MPI_Put(buf, -1, MPI_INT64_T, next, 0, -1, MPI_INT64_T, win));
 	MPI_Datatype vec;
 	OK(MPI_Type_vector(4, 1, 2, MPI_INT64_T, &vec));
