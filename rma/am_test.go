@@ -61,3 +61,28 @@ func TestManyActiveMessagesBothWays(t *testing.T) {
 		})
 	}
 }
+
+// A message given in pieces is copied into its fragments as their join
+// would be, from any offset, whatever the pieces' sizes (empty ones too).
+func TestGatherCopyAt(t *testing.T) {
+	for _, sizes := range [][]int{{}, {0}, {5}, {3, 0, 7}, {1, 1, 1, 1}, {0, 0, 9, 0}, {16, 200, 3}} {
+		var g gather
+		joined := []byte{}
+		for i, n := range sizes {
+			p := make([]byte, n)
+			for j := range p {
+				p[j] = byte(31*i + j + 1)
+			}
+			g = append(g, p)
+			joined = append(joined, p...)
+		}
+		require.Equal(t, len(joined), g.len(), "%v", sizes)
+		for off := 0; off <= len(joined); off++ {
+			for n := 0; off+n <= len(joined); n++ {
+				dst := make([]byte, n)
+				g.copyAt(dst, off)
+				require.Equal(t, joined[off:off+n], dst, "%v at %d, %d bytes", sizes, off, n)
+			}
+		}
+	}
+}

@@ -51,6 +51,15 @@ func (h *amHdr) encode(data ...[]byte) []byte {
 		n += len(d)
 	}
 	b := make([]byte, amHdrLen, n)
+	h.put(b)
+	for _, d := range data {
+		b = append(b, d...)
+	}
+	return b
+}
+
+// put writes the header into b (amHdrLen bytes).
+func (h *amHdr) put(b []byte) {
 	binary.LittleEndian.PutUint64(b[0:], h.id)
 	binary.LittleEndian.PutUint32(b[8:], h.win)
 	b[12], b[13], b[14] = h.kind, byte(h.op), byte(h.dt)
@@ -61,10 +70,6 @@ func (h *amHdr) encode(data ...[]byte) []byte {
 	binary.LittleEndian.PutUint32(b[24:], uint32(h.layout.Count))
 	binary.LittleEndian.PutUint32(b[28:], uint32(h.layout.Block))
 	binary.LittleEndian.PutUint32(b[32:], uint32(h.layout.Stride))
-	for _, d := range data {
-		b = append(b, d...)
-	}
-	return b
 }
 
 func decodeAM(b []byte) (amHdr, []byte, bool) {
@@ -135,13 +140,16 @@ func (w *Win) amCall(ctx context.Context, name string, target int, h amHdr, call
 			fail(err)
 		}
 	}
-	var err error
+	// The header and the caller's data go into the send buffers as they
+	// are (a 2 MiB accumulate was joined into a new slice first).
+	var hdr [amHdrLen]byte
+	h.put(hdr[:])
+	var pieces [4][]byte
+	g := append(append(gather(pieces[:0]), hdr[:]), data...)
 	if call.free {
-		// A credit request, which may be sent from the poller (txDrain).
-		_, err = c.sendMsgNoWait(target, msg, 0, h.encode(data...), onSent)
-	} else {
-		_, err = c.sendMsg(ctx, target, msg, 0, h.encode(data...), onSent)
+		ctx = context.Background() // a credit request, which may be sent from the poller (txDrain)
 	}
+	_, err := c.sendMsgMode(ctx, target, msg, 0, g, onSent, call.free)
 	if err != nil {
 		c.eng.Locked(func() { fail(err) })
 		return nil, opErr(name, target, err)

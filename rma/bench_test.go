@@ -2,9 +2,11 @@ package rma
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 )
@@ -262,6 +264,27 @@ func BenchmarkSendRecv(b *testing.B) {
 			b.StopTimer()
 			require.NoError(b, <-errs)
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(2*n), "ns/way")
+		})
+	}
+}
+
+// BenchmarkApplyAtomic: accumulating 1 MiB into shared memory, as a
+// direct accumulate or the target's engine does, element by element
+// atomically (narrow elements a word at a time where the CPU allows).
+func BenchmarkApplyAtomic(b *testing.B) {
+	for _, c := range []struct {
+		op Op
+		dt Datatype
+	}{{Sum, Int8}, {Bxor, Int32}, {Sum, Int32}, {Sum, Float64}, {Max, Int16}} {
+		b.Run(fmt.Sprintf("%v-%v", c.op, c.dt), func(b *testing.B) {
+			buf := make([]uint64, 1<<17)
+			mem := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), 1<<20)
+			origin := make([]byte, 1<<20)
+			b.SetBytes(1 << 20)
+			b.ReportAllocs()
+			for b.Loop() {
+				applyAtomic(c.op, c.dt, mem, origin, nil)
+			}
 		})
 	}
 }

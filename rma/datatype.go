@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"runtime"
 	"sync/atomic"
 	"unsafe"
 )
@@ -159,6 +160,95 @@ func arith[T number](op Op, a, b T) T {
 // previous values. Memory not aligned to the element size is updated with
 // plain loads and stores: the caller makes that atomic (a lock).
 func applyAtomic(op Op, dt Datatype, mem, origin, old []byte) {
+	sz := dt.Size()
+	if wideAtomics && sz < 8 && len(origin) >= 32 && aligned(mem, sz) {
+		// The 8-byte words inside mem take one compare-and-swap for all
+		// their elements; the elements before and after them, one each.
+		head := int(-uintptr(unsafe.Pointer(&mem[0])) & 7)
+		end := head + (len(origin)-head)&^7
+		applyEach(op, dt, mem[:head], origin[:head], sub(old, 0, head))
+		applyWords(op, dt, mem[head:end], origin[head:end], sub(old, head, end))
+		applyEach(op, dt, mem[end:], origin[end:], sub(old, end, len(origin)))
+		return
+	}
+	applyEach(op, dt, mem, origin, old)
+}
+
+// wideAtomics: the CPU keeps an 8-byte atomic and narrower atomics on
+// the bytes inside it coherent with each other (x86 does; the Arm
+// architecture promises it only for accesses of one size), so elements
+// narrower than 8 bytes may be updated 8 bytes at a time.
+const wideAtomics = runtime.GOARCH == "amd64"
+
+// sub is old[i:j], or nil if old is.
+func sub(old []byte, i, j int) []byte {
+	if old == nil {
+		return nil
+	}
+	return old[i:j]
+}
+
+// applyWords is applyAtomic on whole 8-byte words (mem 8-aligned, its
+// length a multiple of 8) of elements narrower than 8 bytes: each word's
+// elements are combined together and the word swapped at once, so each
+// element still changes atomically.
+func applyWords(op Op, dt Datatype, mem, origin, old []byte) {
+	sz := dt.Size()
+	for i := 0; i < len(mem); i += 8 {
+		w := (*uint64)(unsafe.Pointer(&mem[i]))
+		x := binary.LittleEndian.Uint64(origin[i:])
+		var o uint64
+		switch op {
+		case NoOp:
+			o = atomic.LoadUint64(w)
+		case Replace:
+			o = atomic.SwapUint64(w, x)
+		case Band:
+			o = atomic.AndUint64(w, x)
+		case Bor:
+			o = atomic.OrUint64(w, x)
+		default:
+			for {
+				o = atomic.LoadUint64(w)
+				if atomic.CompareAndSwapUint64(w, o, combineLanes(op, dt, sz, o, x)) {
+					break
+				}
+			}
+		}
+		if old != nil {
+			binary.LittleEndian.PutUint64(old[i:], o)
+		}
+	}
+}
+
+// laneHigh is the top bit of each sz-byte lane of a word.
+var laneHigh = [5]uint64{1: 0x8080808080808080, 2: 0x8000800080008000, 4: 0x8000000080000000}
+
+// combineLanes combines the sz-byte elements packed in the words o and x.
+func combineLanes(op Op, dt Datatype, sz int, o, x uint64) uint64 {
+	switch {
+	case op == Bxor:
+		return o ^ x
+	case op == Sum && dt != Float32:
+		// Lanes added without a carry crossing into the next (two's
+		// complement: signed and unsigned alike).
+		h := laneHigh[sz]
+		return ((o &^ h) + (x &^ h)) ^ ((o ^ x) & h)
+	}
+	bits := uint(8 * sz)
+	mask := uint64(1)<<bits - 1
+	var n uint64
+	for s := uint(0); s < 64; s += bits {
+		n |= combine(op, dt, o>>s&mask, x>>s&mask) & mask << s
+	}
+	return n
+}
+
+// applyEach is applyAtomic element by element.
+func applyEach(op Op, dt Datatype, mem, origin, old []byte) {
+	if len(origin) == 0 {
+		return
+	}
 	sz := dt.Size()
 	if !aligned(mem, sz) {
 		for i := 0; i+sz <= len(origin); i += sz {

@@ -211,7 +211,7 @@ func (c *Comm) post(qp *verbs.QP, wrs []verbs.SendWR) (int, error) {
 // onSent, if not nil, runs under the engine's lock when the message has
 // been acknowledged or has failed.
 func (c *Comm) sendMsg(ctx context.Context, dst int, kind byte, tag uint32, data []byte, onSent func(error)) (*progress.Op, error) {
-	return c.sendMsgMode(ctx, dst, kind, tag, data, onSent, false)
+	return c.sendMsgMode(ctx, dst, kind, tag, gather{data}, onSent, false)
 }
 
 // sendMsgNoWait is sendMsg for the poller, and for what may run in it:
@@ -222,15 +222,44 @@ func (c *Comm) sendMsg(ctx context.Context, dst int, kind byte, tag uint32, data
 // may itself be sending to this rank (two ranks answering each other's
 // active messages). The Op reports a failure to post later, as a send's.
 func (c *Comm) sendMsgNoWait(dst int, kind byte, tag uint32, data []byte, onSent func(error)) (*progress.Op, error) {
-	return c.sendMsgMode(context.Background(), dst, kind, tag, data, onSent, true)
+	return c.sendMsgMode(context.Background(), dst, kind, tag, gather{data}, onSent, true)
 }
 
-func (c *Comm) sendMsgMode(ctx context.Context, dst int, kind byte, tag uint32, data []byte, onSent func(error), noWait bool) (*progress.Op, error) {
+// gather is a message's bytes in pieces (a header and the caller's data),
+// copied straight into the send buffers rather than joined first.
+type gather [][]byte
+
+func (g gather) len() int {
+	n := 0
+	for _, p := range g {
+		n += len(p)
+	}
+	return n
+}
+
+// copyAt fills dst with g's bytes from offset off.
+func (g gather) copyAt(dst []byte, off int) {
+	for _, p := range g {
+		if off >= len(p) {
+			off -= len(p)
+			continue
+		}
+		n := copy(dst, p[off:])
+		dst, off = dst[n:], 0
+		if len(dst) == 0 {
+			return
+		}
+	}
+}
+
+// sendMsgMode sends data as one message; it copies data before it returns.
+func (c *Comm) sendMsgMode(ctx context.Context, dst int, kind byte, tag uint32, data gather, onSent func(error), noWait bool) (*progress.Op, error) {
 	qp, err := c.conn(ctx, dst)
 	if err != nil {
 		return nil, err
 	}
-	nfrag := max(1, (len(data)+fragMax-1)/fragMax)
+	size := data.len()
+	nfrag := max(1, (size+fragMax-1)/fragMax)
 	bufs := make([]sendBuf, 0, nfrag)
 	op, base := c.eng.Start(nfrag, func(err error) {
 		for _, b := range bufs {
@@ -243,7 +272,7 @@ func (c *Comm) sendMsgMode(ctx context.Context, dst int, kind byte, tag uint32, 
 	wrs := make([]verbs.SendWR, nfrag)
 	for i := range nfrag {
 		off := i * fragMax
-		n := min(fragMax, len(data)-off)
+		n := min(fragMax, size-off)
 		sb, err := c.msg.send.get(c.pd, hdrLen+n)
 		if err != nil {
 			c.eng.Posted(op, base, nfrag, 0, err)
@@ -253,9 +282,9 @@ func (c *Comm) sendMsgMode(ctx context.Context, dst int, kind byte, tag uint32, 
 		b := sb.b
 		b[0] = kind
 		binary.LittleEndian.PutUint32(b[4:], tag)
-		binary.LittleEndian.PutUint32(b[8:], uint32(len(data)))
+		binary.LittleEndian.PutUint32(b[8:], uint32(size))
 		binary.LittleEndian.PutUint32(b[12:], uint32(off))
-		copy(b[hdrLen:], data[off:off+n])
+		data.copyAt(b[hdrLen:hdrLen+n], off)
 		wrs[i] = verbs.SendWR{ID: base + uint64(i), Opcode: verbs.OpSend, Flags: verbs.FlagSignaled,
 			SGL: []verbs.SGE{sb.sge(hdrLen + n)}}
 	}

@@ -1160,6 +1160,17 @@ void walk_init(struct walk *w, const struct dtype *t, int64_t count) {
  * type is one run, not one per element). */
 int walk_next(struct walk *w, int64_t max, int64_t *off, int64_t *len) {
 	if (w->i >= w->count) return 0;
+	const struct dtype *t = w->t;
+	if (t->nblk == 1 && t->extent > 0 && t->blk[0].off == 0 && t->blk[0].len == t->extent) {
+		/* Copies of one gapless block: the rest is one run, taken
+		 * whole rather than copy by copy. */
+		int64_t at = w->i * t->extent + w->used, left = w->count * t->extent - at;
+		int64_t n = left < max ? left : max;
+		*off = at, *len = n;
+		at += n;
+		w->i = at / t->extent, w->used = at % t->extent;
+		return 1;
+	}
 	int64_t start = 0, total = 0;
 	int any = 0; /* offsets may be negative: no sentinel */
 	while (w->i < w->count && total < max) {
