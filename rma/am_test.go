@@ -86,3 +86,47 @@ func TestGatherCopyAt(t *testing.T) {
 		}
 	}
 }
+
+// TestActiveMessagesBounded: an epoch of more accumulates than amMax to
+// one target (on a window of the caller's memory: active messages) never
+// has more than amMax of them waiting for their replies, whose records
+// (and the answers queued at the target) would otherwise grow with the
+// epoch: a million took half a gigabyte. Every accumulate is applied.
+func TestActiveMessagesBounded(t *testing.T) {
+	for _, prov := range []string{"loop", "udp"} {
+		t.Run(prov, func(t *testing.T) {
+			comms := newWorld(t, 2, &Config{Provider: prov})
+			const n = 5 * amMax
+			mems := make([][]byte, 2)
+			most := 0
+			each(t, comms, func(ctx context.Context, c *Comm) error {
+				mems[c.Rank()] = make([]byte, 4*1024)
+				w, err := c.Create(ctx, mems[c.Rank()], nil)
+				if err != nil {
+					return err
+				}
+				if err := w.Fence(ctx, 0); err != nil {
+					return err
+				}
+				if c.Rank() == 0 {
+					one := binary.LittleEndian.AppendUint32(nil, 1)
+					for i := range n {
+						if err := w.Accumulate(ctx, one, Int32, Sum, 1, 4*(i%1024)); err != nil {
+							return fmt.Errorf("accumulate %d: %w", i, err)
+						}
+						c.eng.Locked(func() { most = max(most, len(c.msg.am)) })
+					}
+				}
+				if err := w.Fence(ctx, 0); err != nil {
+					return err
+				}
+				return w.Free(ctx)
+			})
+			t.Logf("at most %d active messages waiting", most)
+			require.LessOrEqual(t, most, amMax)
+			for i := range 1024 {
+				require.Equal(t, uint32(n/1024), binary.LittleEndian.Uint32(mems[1][4*i:]), "element %d", i)
+			}
+		})
+	}
+}

@@ -92,6 +92,28 @@ type amCall struct {
 	kind   byte        // the message's kind: kindAM, or kindDynAM for a dynamic window's (0: kindAM)
 }
 
+// amMax bounds the window operations' active messages to one target that
+// wait for their replies.
+const amMax = 4096
+
+// addAM records call, numbered, as waiting for its reply (engine's lock).
+func (m *msgState) addAM(call *amCall) {
+	m.nextAM++
+	call.id = m.nextAM
+	m.am[call.id] = call
+	if !call.free {
+		m.amOut[call.req.rank]++
+	}
+}
+
+// dropAM forgets call, answered or failed (engine's lock).
+func (m *msgState) dropAM(call *amCall) {
+	delete(m.am, call.id)
+	if !call.free {
+		m.amOut[call.req.rank]--
+	}
+}
+
 // am sends an active message to target and returns the request its reply
 // completes.
 func (w *Win) am(ctx context.Context, name string, target int, h amHdr, result []byte, data ...[]byte) (*Request, error) {
@@ -102,6 +124,17 @@ func (w *Win) am(ctx context.Context, name string, target int, h amHdr, result [
 // compare-and-swap sent this way) count in w.amOut until their reply.
 func (w *Win) amCall(ctx context.Context, name string, target int, h amHdr, call *amCall, data ...[]byte) (*Request, error) {
 	c := w.c
+	if !call.free {
+		// Each active message waiting for its reply holds its request,
+		// its record here and, at the target, its answer: a program
+		// may issue millions in one epoch (an accumulate per graph edge),
+		// so past amMax to one target the caller makes progress until
+		// replies come back. Free ones (credit requests, lookups) may be
+		// sent from the poller, which must not wait; they are few.
+		if err := c.eng.Wait(ctx, func() bool { return c.msg.amOut[target] < amMax }); err != nil {
+			return nil, opErr(name, target, err)
+		}
+	}
 	var kind []atomic.Int32
 	if h.kind == amAcc || h.kind == amCAS {
 		kind = w.amOut
@@ -114,17 +147,13 @@ func (w *Win) amCall(ctx context.Context, name string, target int, h amHdr, call
 		o, _ := w.trackAs(0, target, kind)
 		op, call.req = &o.op, o.request(name)
 	}
-	c.eng.Locked(func() {
-		c.msg.nextAM++
-		call.id = c.msg.nextAM
-		c.msg.am[call.id] = call
-	})
+	c.eng.Locked(func() { c.msg.addAM(call) })
 	h.id, h.win = call.id, w.id
 	// fail runs under the engine's lock; call.after must not.
 	fail := func(err error) {
 		c.eng.AssertLocked("rma: an active message fails")
 		if c.msg.am[call.id] == call {
-			delete(c.msg.am, call.id)
+			c.msg.dropAM(call)
 			c.eng.FinishLocked(op, err)
 			if call.after != nil {
 				go call.after(err)
@@ -320,7 +349,7 @@ func (c *Comm) handleAMReply(b []byte) {
 		if call = c.msg.am[id]; call == nil {
 			return
 		}
-		delete(c.msg.am, id)
+		c.msg.dropAM(call)
 		switch status {
 		case amOK:
 			copy(call.result, result)

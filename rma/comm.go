@@ -774,7 +774,7 @@ func newComm(ctx context.Context, b boot, dev *verbs.Device, cfg Config) (_ *Com
 		return nil, err
 	}
 	c.reg.pd = c.pd
-	c.msg.init()
+	c.msg.init(c.size)
 	c.eng = progress.New(c.cq, progress.Config{OnRecv: c.onRecv, AfterPoll: c.flushBacklogs, Background: true, Err: c.errOf})
 	c.doneReq = &Request{op: c.eng.Done(), name: "rma", rank: -1}
 	go c.wakeProbes()

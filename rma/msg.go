@@ -148,6 +148,9 @@ type msgState struct {
 	seqs    map[inboxKey][]uint64
 	arrived uint64
 	am      map[uint64]*amCall // outstanding active messages by request id
+	// amOut counts, per target, the window operations' active messages
+	// in am (not the free ones): amCall keeps it below amMax.
+	amOut []int
 	nextAM  uint64
 
 	// partial is owned by OnRecv, which the poller role runs one
@@ -164,7 +167,8 @@ type partialMsg struct {
 	got  int
 }
 
-func (m *msgState) init() {
+func (m *msgState) init(size int) {
+	m.amOut = make([]int, size)
 	m.inbox = map[inboxKey][][]byte{}
 	m.seqs = map[inboxKey][]uint64{}
 	m.partial = map[int]*partialMsg{}

@@ -475,7 +475,7 @@ func (w *Win) resetTx() {
 			tx.ask = nil
 			w.c.eng.Locked(func() {
 				if w.c.msg.am[call.id] == call {
-					delete(w.c.msg.am, call.id)
+					w.c.msg.dropAM(call)
 					w.c.eng.FinishLocked(call.req.op, nil)
 				}
 			})

@@ -306,9 +306,9 @@ func (c *Comm) failAMs(r int) {
 	var after []*amCall
 	err := opErr("active message", r, fmt.Errorf("%w: the connection was given up", ErrPeer))
 	c.eng.Locked(func() {
-		for id, call := range c.msg.am {
+		for _, call := range c.msg.am {
 			if call.req != nil && call.req.rank == r {
-				delete(c.msg.am, id)
+				c.msg.dropAM(call)
 				c.eng.FinishLocked(call.req.op, err)
 				if call.after != nil {
 					after = append(after, call)
