@@ -8,6 +8,7 @@ package main
 import "C"
 
 import (
+	"errors"
 	"sync"
 	"unsafe"
 
@@ -18,6 +19,8 @@ var (
 	comms    = table[*rma.Comm]{kind: kindComm}
 	stateMu  sync.Mutex // serialises init and finalize
 	world    *rma.Comm
+	self     *rma.Comm // rvma_comm_self's, once made
+	selfH    C.rvma_comm
 	finished bool
 )
 
@@ -65,6 +68,10 @@ func rvma_finalize() C.int {
 	ws := wins.drain()
 	comms.drain()
 	err := world.Close(bg)
+	if self != nil {
+		err = errors.Join(err, self.Close(bg))
+		self, selfH = nil, 0
+	}
 	// Memory this library allocated for windows outlives the device's
 	// accesses to it: Close has torn the device down.
 	for _, w := range ws {
@@ -72,6 +79,39 @@ func rvma_finalize() C.int {
 	}
 	world, finished = nil, true
 	return result(err)
+}
+
+//export rvma_comm_self
+func rvma_comm_self(out *C.rvma_comm) C.int {
+	if out == nil {
+		return fail(errorf(codeArg, "rvma_comm_self: self is NULL"))
+	}
+	stateMu.Lock()
+	defer stateMu.Unlock()
+	if world == nil {
+		return fail(errorf(codeState, "rvma_comm_self: not initialized"))
+	}
+	if self == nil {
+		// A world of one in this process: nothing to bootstrap, and every
+		// window call works on it as on the world. Over shm where there
+		// is one, so that its windows' memory may be C's (sharedAlloc)
+		// and shared windows can be made.
+		cs, err := rma.NewWorld(bg, 1, &rma.Config{Provider: "shm"})
+		if err != nil {
+			cs, err = rma.NewWorld(bg, 1, nil)
+		}
+		if err != nil {
+			return fail(err)
+		}
+		h, ok := comms.add(cs[0])
+		if !ok {
+			cs[0].Close(bg)
+			return fail(errorf(codeResource, "rvma_comm_self: no communicator handle left"))
+		}
+		self, selfH = cs[0], C.rvma_comm(h)
+	}
+	*out = selfH
+	return codeOK
 }
 
 //export rvma_initialized

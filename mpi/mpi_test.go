@@ -343,6 +343,14 @@ func TestAccops(t *testing.T) {
 	cTest(t, "accops", false)
 }
 
+// TestSelfWin runs test/selfwin.c: windows over MPI_COMM_SELF in a world
+// of several ranks, made and freed by each rank alone, with every kind of
+// synchronisation, emulated accumulates and a shared window; values
+// checked; then a window of the world.
+func TestSelfWin(t *testing.T) {
+	cTest(t, "selfwin", false)
+}
+
 // TestSplit runs test/split.c: MPI_Comm_split where every rank keeps the
 // world's ranks or none, MPI_ERR_UNSUPPORTED_OPERATION for other splits,
 // MPI_Alloc_mem, and on one rank a window over MPI_COMM_SELF.

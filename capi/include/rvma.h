@@ -205,6 +205,13 @@ int rvma_init(rvma_comm *world);
  * becomes invalid. Call it when no other thread is inside the library. */
 int rvma_finalize(void);
 
+/* This process alone as a communicator of one rank (MPI_COMM_SELF), made
+ * at the first call and the same handle after; not collective. Windows
+ * over it are this process's memory, with every operation and
+ * synchronisation of a window (rank 0 is this process). Ended by
+ * rvma_finalize. RVMA_ERR_STATE before rvma_init. */
+int rvma_comm_self(rvma_comm *self);
+
 /* Whether rvma_init, resp. rvma_finalize, has succeeded (callable any
  * time, from any thread). */
 int rvma_initialized(int *flag);

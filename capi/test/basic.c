@@ -15,6 +15,31 @@ int main(void) {
 	EXPECT(np >= 2 && me >= 0 && me < np, "rank %d of %d", me, np);
 	CHECK(rvma_barrier(world));
 
+	/* This process alone: one rank, the same handle each time, windows
+	 * that only this rank makes and frees. */
+	rvma_comm self, self2;
+	int sr = -1, sn = -1;
+	EXPECT_ERR(RVMA_ERR_ARG, rvma_comm_self(NULL));
+	CHECK(rvma_comm_self(&self));
+	CHECK(rvma_comm_self(&self2));
+	CHECK(rvma_comm_rank(self, &sr));
+	CHECK(rvma_comm_size(self, &sn));
+	EXPECT(self == self2 && self != world && sr == 0 && sn == 1, "self: handles %d %d, rank %d of %d", (int)self,
+	       (int)self2, sr, sn);
+	if (me == 0) {
+		int64_t *sb, one = 5, old = -1;
+		rvma_win sw;
+		CHECK(rvma_win_allocate(self, 16, 1, (void **)&sb, &sw));
+		sb[0] = 1;
+		CHECK(rvma_win_lock_all(sw));
+		CHECK(rvma_fetch_and_op(sw, &one, &old, RVMA_INT64, RVMA_SUM, 0, 0));
+		CHECK(rvma_win_flush(sw, 0));
+		CHECK(rvma_win_unlock_all(sw));
+		EXPECT(old == 1 && sb[0] == 6, "self window: fetched %" PRId64 ", now %" PRId64, old, sb[0]);
+		CHECK(rvma_win_free(&sw));
+	}
+	CHECK(rvma_barrier(world));
+
 	/* Allreduce: sum, min and max of int64 and double. */
 	int64_t iv[3] = {me + 1, -(int64_t)me * 1000000007LL, me};
 	CHECK(rvma_allreduce_int64(world, RVMA_SUM, iv, 1));
@@ -91,7 +116,7 @@ int main(void) {
 
 	/* Handles of the wrong kind or made up. */
 	int x;
-	EXPECT_ERR(RVMA_ERR_HANDLE, rvma_comm_rank(world + 1, &x));
+	EXPECT_ERR(RVMA_ERR_HANDLE, rvma_comm_rank(self + 1000, &x));
 	EXPECT_ERR(RVMA_ERR_HANDLE, rvma_comm_rank(RVMA_COMM_NULL, &x));
 	EXPECT_ERR(RVMA_ERR_HANDLE, rvma_barrier(~(rvma_comm)0));
 	EXPECT_ERR(RVMA_ERR_ARG, rvma_comm_rank(world, NULL));

@@ -57,8 +57,9 @@ typedef struct MPI_Status {
 #define MPI_BOTTOM ((void *)0)
 #define MPI_IN_PLACE ((void *)-1)
 
-/* Communicators (MPI_COMM_SELF: rank and size only, unless the job has
- * one rank: then it is a communicator like the world). */
+/* Communicators (MPI_COMM_SELF: rank, size and windows, whose rank 0 is
+ * this process; its collectives and messages only if the job has one
+ * rank: then it is a communicator like the world). */
 #define MPI_COMM_NULL ((MPI_Comm)0)
 #define MPI_COMM_WORLD ((MPI_Comm)1)
 #define MPI_COMM_SELF ((MPI_Comm)2)

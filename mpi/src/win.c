@@ -18,6 +18,9 @@
 struct win {
 	rvma_win w;
 	MPI_Comm comm;
+	rvma_comm rc;  /* rvma's communicator of the window: the world, or this process alone */
+	int nranks;    /* its size */
+	int self;      /* over MPI_COMM_SELF in a world of more than one rank */
 	void *base;
 	MPI_Aint size;
 	int disp_unit, flavor, model;
@@ -76,41 +79,54 @@ MPI_Errhandler win_eh(MPI_Win h) {
 	if (!w) return fail_win(h, MPI_ERR_WIN, fn, "invalid window %d", (int)h)
 
 /* The mutex words of ACC_LOCKED accumulates: a window of one 8-byte word
- * per rank, made with the first window (collective like it) and under
- * lock_all until MPI_Finalize. One word per target serves every window:
- * such accumulates are rare and short. */
-static rvma_win mutex_win;
+ * per rank of a communicator, made with its first window (collective like
+ * it) and under lock_all until MPI_Finalize. One word per target serves
+ * every window of the communicator: such accumulates are rare and short.
+ * The world's serves windows over the world; the windows over
+ * MPI_COMM_SELF have their own. */
+struct mutex {
+	rvma_win w;
+};
+static struct mutex mx_world, mx_self;
 
-static int mutex_init(void) {
-	if (mutex_win) return 0;
+static int mutex_init(struct mutex *m, rvma_comm c) {
+	if (m->w) return 0;
 	void *base;
-	int rc = rvma_win_allocate(rv_world, 8, 1, &base, &mutex_win);
-	if (!rc) rc = rvma_win_lock_all(mutex_win);
+	int rc = rvma_win_allocate(c, 8, 1, &base, &m->w);
+	if (!rc) rc = rvma_win_lock_all(m->w);
 	return rc;
 }
 
-void win_finalize(void) {
-	if (!mutex_win) return;
-	rvma_win_unlock_all(mutex_win);
-	rvma_win_free(&mutex_win);
-	mutex_win = 0;
+static void mutex_free(struct mutex *m) {
+	if (!m->w) return;
+	rvma_win_unlock_all(m->w);
+	rvma_win_free(&m->w);
+	m->w = 0;
 }
 
-static int mutex_lock(int target) {
+void win_finalize(void) {
+	mutex_free(&mx_world);
+	mutex_free(&mx_self);
+}
+
+static int mutex_lock(struct mutex *m, int target) {
 	uint64_t mine = (uint64_t)rv_rank + 1, zero = 0, old;
 	for (int i = 0;; i++) {
-		int rc = rvma_compare_and_swap(mutex_win, &mine, &zero, &old, RVMA_UINT64, target, 0);
-		if (!rc) rc = rvma_win_flush(mutex_win, target);
+		int rc = rvma_compare_and_swap(m->w, &mine, &zero, &old, RVMA_UINT64, target, 0);
+		if (!rc) rc = rvma_win_flush(m->w, target);
 		if (rc || old == 0) return rc;
 		if (i > 16) sched_yield();
 	}
 }
 
-static int mutex_unlock(int target) {
+static int mutex_unlock(struct mutex *m, int target) {
 	uint64_t zero = 0, old;
-	int rc = rvma_fetch_and_op(mutex_win, &zero, &old, RVMA_UINT64, RVMA_REPLACE, target, 0);
-	return rc ? rc : rvma_win_flush(mutex_win, target);
+	int rc = rvma_fetch_and_op(m->w, &zero, &old, RVMA_UINT64, RVMA_REPLACE, target, 0);
+	return rc ? rc : rvma_win_flush(m->w, target);
 }
+
+/* The number of ranks of c's windows: 1 for MPI_COMM_SELF. */
+static int comm_nranks(MPI_Comm c) { return comm_ctx(c) == -2 ? 1 : rv_size; }
 
 /* How create makes the window: over the caller's memory, allocated,
  * allocated shared, or dynamic (memory attached later). */
@@ -121,33 +137,41 @@ static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp
 	if (NOT_INIT(fn)) return MPI_ERR_OTHER;
 	int x = comm_ctx(c);
 	if (x == -1) return fail_comm(c, MPI_ERR_COMM, fn, "invalid communicator %d", c);
-	if (x == -2) return fail_comm(c, MPI_ERR_UNSUPPORTED_OPERATION, fn, "windows over MPI_COMM_SELF");
+	/* MPI_COMM_SELF in a world of more than one: rvma's communicator of
+	 * this process alone, where rank 0 is this process, as in MPI's. */
+	rvma_comm rc_comm = rv_world;
+	int nranks = rv_size;
+	if (x == -2) {
+		int rc = rvma_comm_self(&rc_comm);
+		if (rc) return rvfail_comm(c, rc, fn);
+		nranks = 1;
+	}
 	if (size < 0) return fail_comm(c, MPI_ERR_SIZE, fn, "size %lld", (long long)size);
 	if (disp_unit <= 0) return fail_comm(c, MPI_ERR_DISP, fn, "disp_unit %d", disp_unit);
 	if (!out || ((alloc == WIN_ALLOC || alloc == WIN_SHARED) && !baseptr))
 		return fail_comm(c, MPI_ERR_ARG, fn, "NULL win or baseptr");
 	if (!alloc && !base && size > 0) return fail_comm(c, MPI_ERR_BASE, fn, "NULL base with size %lld", (long long)size);
 	struct win *w = calloc(1, sizeof *w);
-	int *units = malloc(sizeof(int) * (size_t)rv_size);
-	unsigned char *locked = calloc((size_t)rv_size, 1);
+	int *units = malloc(sizeof(int) * (size_t)nranks);
+	unsigned char *locked = calloc((size_t)nranks, 1);
 	if (!w || !units || !locked) {
 		free(w), free(units), free(locked);
 		return fail_comm(c, MPI_ERR_NO_MEM, fn, "out of memory");
 	}
-	int rc = mutex_init();
+	int rc = mutex_init(x == -2 ? &mx_self : &mx_world, rc_comm);
 	if (rc)
 		w->w = 0;
 	else if (nc)
-		rc = alloc ? rvma_win_allocate_notified(rv_world, (size_t)size, 1, nc, &w->base, &w->w)
-		           : rvma_win_create_notified(rv_world, base, (size_t)size, 1, nc, &w->w);
+		rc = alloc ? rvma_win_allocate_notified(rc_comm, (size_t)size, 1, nc, &w->base, &w->w)
+		           : rvma_win_create_notified(rc_comm, base, (size_t)size, 1, nc, &w->w);
 	else if (alloc == WIN_DYNAMIC)
-		rc = rvma_win_create_dynamic(rv_world, &w->w);
+		rc = rvma_win_create_dynamic(rc_comm, &w->w);
 	else if (alloc == WIN_SHARED)
-		rc = rvma_win_allocate_shared(rv_world, (size_t)size, 1, &w->base, &w->w);
+		rc = rvma_win_allocate_shared(rc_comm, (size_t)size, 1, &w->base, &w->w);
 	else
-		rc = alloc ? rvma_win_allocate(rv_world, (size_t)size, 1, &w->base, &w->w)
-		           : rvma_win_create(rv_world, base, (size_t)size, 1, &w->w);
-	if (!rc) rc = rvma_allgather(rv_world, &disp_unit, sizeof disp_unit, units);
+		rc = alloc ? rvma_win_allocate(rc_comm, (size_t)size, 1, &w->base, &w->w)
+		           : rvma_win_create(rc_comm, base, (size_t)size, 1, &w->w);
+	if (!rc) rc = rvma_allgather(rc_comm, &disp_unit, sizeof disp_unit, units);
 	if (rc) {
 		if (w->w) rvma_win_free(&w->w);
 		free(w), free(units), free(locked);
@@ -157,6 +181,7 @@ static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp
 	}
 	if (!alloc) w->base = base;
 	w->comm = c, w->size = size, w->disp_unit = disp_unit, w->units = units, w->locked = locked;
+	w->rc = rc_comm, w->nranks = nranks, w->self = x == -2;
 	w->notified = nc != NULL;
 	w->flavor = alloc == WIN_SHARED    ? MPI_WIN_FLAVOR_SHARED
 	            : alloc == WIN_DYNAMIC ? MPI_WIN_FLAVOR_DYNAMIC
@@ -193,8 +218,8 @@ int MPI_Win_allocate_shared(MPI_Aint size, int disp_unit, MPI_Info info, MPI_Com
 int MPI_Win_shared_query(MPI_Win h, int rank, MPI_Aint *size, int *disp_unit, void *baseptr) {
 	GET_WIN(w, h, __func__);
 	if (!size || !disp_unit || !baseptr) return fail_win(h, MPI_ERR_ARG, __func__, "NULL size, disp_unit or baseptr");
-	if (rank != MPI_PROC_NULL && (rank < 0 || rank >= rv_size))
-		return fail_win(h, MPI_ERR_RANK, __func__, "rank %d not in the window's group of %d", rank, rv_size);
+	if (rank != MPI_PROC_NULL && (rank < 0 || rank >= w->nranks))
+		return fail_win(h, MPI_ERR_RANK, __func__, "rank %d not in the window's group of %d", rank, w->nranks);
 	size_t n = 0;
 	void *p = NULL;
 	if (rank == MPI_PROC_NULL) {
@@ -202,7 +227,7 @@ int MPI_Win_shared_query(MPI_Win h, int rank, MPI_Aint *size, int *disp_unit, vo
 		 * the start of the block) */
 		if (w->flavor != MPI_WIN_FLAVOR_SHARED)
 			return fail_win(h, MPI_ERR_RANK, __func__, "MPI_PROC_NULL on a window that is not shared");
-		for (int r = 0; r < rv_size; r++) {
+		for (int r = 0; r < w->nranks; r++) {
 			int rc = rvma_win_shared_query(w->w, r, &n, &p);
 			if (rc) return rvfail_win(h, rc, __func__);
 			if (n > 0) {
@@ -415,8 +440,8 @@ int MPI_Win_get_errhandler(MPI_Win h, MPI_Errhandler *e) {
 
 /* The target's displacement in bytes: 0, or a class (message recorded). */
 static int target_bytes(const char *fn, MPI_Win h, struct win *w, int target, MPI_Aint disp, int64_t *out) {
-	if (target < 0 || target >= rv_size)
-		return fail_win(h, MPI_ERR_RANK, fn, "target rank %d not in the window's group of %d", target, rv_size);
+	if (target < 0 || target >= w->nranks)
+		return fail_win(h, MPI_ERR_RANK, fn, "target rank %d not in the window's group of %d", target, w->nranks);
 	if (disp < 0) return fail_win(h, MPI_ERR_DISP, fn, "negative target displacement %lld", (long long)disp);
 	int64_t b;
 	if (__builtin_mul_overflow((int64_t)disp, (int64_t)w->units[target], &b))
@@ -679,7 +704,8 @@ static int emulate(const char *fn, MPI_Win h, struct win *w, int path, const voi
 			}
 	} else {
 		/* Under the target's mutex: read, combine, write back. */
-		rc = mutex_lock(target);
+		struct mutex *m = w->self ? &mx_self : &mx_world;
+		rc = mutex_lock(m, target);
 		if (rc) goto out;
 		walk_init(&wt, td, tc);
 		for (at = 0; !rc && walk_next(&wt, INT64_MAX, &off, &len); at += len)
@@ -696,7 +722,7 @@ static int emulate(const char *fn, MPI_Win h, struct win *w, int path, const voi
 				rc = rvma_put(w->w, t + at, (size_t)len, target, tb + off);
 			if (!rc) rc = rvma_win_flush(w->w, target);
 		}
-		int rc2 = mutex_unlock(target);
+		int rc2 = mutex_unlock(m, target);
 		if (!rc) rc = rc2;
 	}
 	if (!rc && result) unpack(rd, rcount, t, result);
@@ -945,8 +971,8 @@ int MPI_Win_unlock(int rank, MPI_Win h) {
 	int name(int rank, MPI_Win h) {                                                                            \
 		GET_WIN(w, h, __func__);                                                                           \
 		if (rank == MPI_PROC_NULL) return MPI_SUCCESS;                                                     \
-		if (rank < 0 || rank >= rv_size)                                                                   \
-			return fail_win(h, MPI_ERR_RANK, __func__, "rank %d not in the window's group of %d", rank, rv_size); \
+		if (rank < 0 || rank >= w->nranks)                                                                 \
+			return fail_win(h, MPI_ERR_RANK, __func__, "rank %d not in the window's group of %d", rank, w->nranks); \
 		int cls = passive(__func__, h, w, rank);                                                           \
 		if (cls) return cls;                                                                               \
 		int rc = call;                                                                                     \
@@ -966,7 +992,15 @@ static int pscw(const char *fn, int post, MPI_Group gh, int a, MPI_Win h) {
 	GET_WIN(w, h, fn);
 	struct group *g = group_get(gh);
 	if (!g) return fail_win(h, MPI_ERR_GROUP, fn, "invalid group %d", gh);
-	int rc = post ? rvma_win_post(w->w, g->ranks, g->n, rv_assert(a)) : rvma_win_start(w->w, g->ranks, g->n, rv_assert(a));
+	const int *ranks = g->ranks;
+	int zero = 0;
+	if (w->self && g->n > 0) {
+		/* groups hold world ranks; the window's only rank is 0 */
+		if (g->n > 1 || g->ranks[0] != rv_rank)
+			return fail_win(h, MPI_ERR_GROUP, fn, "a window over MPI_COMM_SELF has this process only");
+		ranks = &zero;
+	}
+	int rc = post ? rvma_win_post(w->w, ranks, g->n, rv_assert(a)) : rvma_win_start(w->w, ranks, g->n, rv_assert(a));
 	return rc ? rvfail_win(h, rc, fn) : MPI_SUCCESS;
 }
 
@@ -989,7 +1023,7 @@ int MPI_Win_lock(int type, int rank, int a, MPI_Win h) {
 	if (rank == MPI_PROC_NULL) return MPI_SUCCESS;
 	int rc = rvma_win_lock(w->w, type == MPI_LOCK_SHARED ? RVMA_LOCK_SHARED : RVMA_LOCK_EXCLUSIVE, rank);
 	if (rc) return rvfail_win(h, rc, __func__);
-	if (rank >= 0 && rank < rv_size && !w->locked[rank]) w->locked[rank] = 1, w->nlocked++;
+	if (rank >= 0 && rank < w->nranks && !w->locked[rank]) w->locked[rank] = 1, w->nlocked++;
 	return MPI_SUCCESS;
 }
 
@@ -1009,13 +1043,14 @@ int MPI_Win_lock_all(int a, MPI_Win h) {
 static int notify_config(const char *fn, MPI_Comm c, const MPIX_Notify *cfg, rvma_notify_config *nc, int64_t **counts) {
 	*counts = NULL;
 	if (!cfg) return fail_comm(c, MPI_ERR_ARG, fn, "NULL MPIX_Notify");
-	if (cfg->nfrom < 0 || cfg->nfrom > rv_size || (cfg->nfrom > 0 && (!cfg->from_ranks || !cfg->from_counts)))
-		return fail_comm(c, MPI_ERR_ARG, fn, "nfrom %d (0..%d) or NULL from_ranks/from_counts", cfg->nfrom, rv_size);
+	int n = comm_nranks(c);
+	if (cfg->nfrom < 0 || cfg->nfrom > n || (cfg->nfrom > 0 && (!cfg->from_ranks || !cfg->from_counts)))
+		return fail_comm(c, MPI_ERR_ARG, fn, "nfrom %d (0..%d) or NULL from_ranks/from_counts", cfg->nfrom, n);
 	if (cfg->count != MPIX_NOTIFY_BYTES && cfg->count != MPIX_NOTIFY_PUTS)
 		return fail_comm(c, MPI_ERR_ARG, fn, "count %d: MPIX_NOTIFY_BYTES or MPIX_NOTIFY_PUTS", cfg->count);
 	for (int i = 0; i < cfg->nfrom; i++)
-		if (cfg->from_ranks[i] < 0 || cfg->from_ranks[i] >= rv_size)
-			return fail_comm(c, MPI_ERR_RANK, fn, "from_ranks[%d] = %d of %d ranks", i, cfg->from_ranks[i], rv_size);
+		if (cfg->from_ranks[i] < 0 || cfg->from_ranks[i] >= n)
+			return fail_comm(c, MPI_ERR_RANK, fn, "from_ranks[%d] = %d of %d ranks", i, cfg->from_ranks[i], n);
 	*nc = (rvma_notify_config){.expect = cfg->expect, .nexpect_from = cfg->nfrom, .count = cfg->count,
 	                           .depth = cfg->depth, .history = cfg->history};
 	if (cfg->nfrom > 0) {
