@@ -666,10 +666,15 @@ func (qp *QP) postSendLocked(wrs []SendWR, ob *outbox) (int, error) {
 		for r.txSeq < r.tailSeq && r.at(r.txSeq).local {
 			r.txSeq++ // executed directly: nothing to send
 		}
+		// Requests executed directly complete first: a request that
+		// failed at post time behind them is then at the head, where
+		// progressSend fails the QP with its status. The other way
+		// round it waited behind them, and nothing came back to look
+		// again: the QP stalled with its queue full of requests.
+		qp.completeDone()
 		if r.txSeq < r.tailSeq {
 			qp.progressSend(time.Now(), ob)
 		}
-		qp.completeDone() // requests executed directly
 	}
 	return n, err
 }

@@ -32,6 +32,7 @@ func Run(t *testing.T, env Env) {
 		{"Deferred", testDeferred},
 		{"RemoteAccessViolations", testRemoteAccessViolations},
 		{"LocalErrors", testLocalErrors},
+		{"LocalErrorBehind", testLocalErrorBehind},
 		{"ReceiveErrors", testReceiveErrors},
 		{"RNR", testRNR},
 		{"StateMachine", testStateMachine},
@@ -489,6 +490,42 @@ func testLocalErrors(t *testing.T, env Env) {
 			require.Equal(t, verbs.StatusFlushed, a.Wait(t).Status, "the request behind it is flushed")
 			require.Equal(t, verbs.StateError, a.QP.State())
 			require.Equal(t, before, b.Buf)
+		})
+	}
+}
+
+// testLocalErrorBehind: a request whose local buffer is refused at post
+// time, posted in one batch behind requests that complete at once (on shm,
+// READs and WRITEs the port executes directly), fails the QP when it
+// reaches the head of the queue, and the requests behind it are flushed.
+// It once waited behind them and nothing looked again: the QP stalled with
+// its queue full, and every wait on it hung.
+func testLocalErrorBehind(t *testing.T, env Env) {
+	for _, op := range []verbs.Opcode{verbs.OpRead, verbs.OpWrite} {
+		t.Run(op.String(), func(t *testing.T) {
+			a, b := Pair(t, env, PairConfig{})
+			fill(b.Buf[:64], 3)
+			bad := a.MR.SGE(0, 8)
+			bad.LKey ^= 0x77
+			wrs := make([]verbs.SendWR, 0, 6)
+			for i := range 6 {
+				sge := a.MR.SGE(100+8*i, 8)
+				if i == 3 {
+					sge = bad
+				}
+				wrs = append(wrs, verbs.SendWR{ID: uint64(i), Opcode: op, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{sge},
+					RemoteAddr: b.MR.Addr() + uint64(8*i), RKey: b.MR.RKey()})
+			}
+			n, err := a.QP.PostSend(wrs)
+			require.NoError(t, err)
+			require.Equal(t, len(wrs), n)
+			want := []verbs.Status{verbs.StatusSuccess, verbs.StatusSuccess, verbs.StatusSuccess,
+				verbs.StatusLocalProtectionError, verbs.StatusFlushed, verbs.StatusFlushed}
+			for i, wc := range a.WaitN(t, len(wrs)) {
+				require.Equal(t, uint64(i), wc.WRID)
+				require.Equal(t, want[i], wc.Status, "request %d", i)
+			}
+			require.Equal(t, verbs.StateError, a.QP.State())
 		})
 	}
 }
