@@ -560,6 +560,8 @@ func (w *Win) nicAtomic(ctx context.Context, name string, target int, opc verbs.
 	if err != nil {
 		return nil, err
 	}
+	w.c.reg.hold()
+	defer w.c.reg.release() // after the post
 	sge, err := w.c.reg.sge(result)
 	if err != nil {
 		return nil, opErr(name, target, err)

@@ -153,6 +153,8 @@ func (w *Win) postPut(ctx context.Context, target int, x xfer) (*Request, error)
 		return nil, err
 	}
 	var one [1]verbs.SendWR // a contiguous put's only request, on the stack
+	w.c.reg.hold()
+	defer w.c.reg.release() // after the post
 	wrs, err := w.putWRs(one[:0], x.origin, x.ol, target, x.off, x.tl)
 	if err != nil {
 		return nil, opErr("put", target, err)
@@ -180,6 +182,8 @@ func (w *Win) postGet(ctx context.Context, target int, x xfer) (*Request, error)
 	var wrs []verbs.SendWR
 	last := -1
 	var perr error
+	w.c.reg.hold()
+	defer w.c.reg.release() // after the post
 	segments(x.ol, x.tl, func(s seg) {
 		sge, err := w.c.reg.sge(x.origin[s.o : s.o+s.n])
 		if err != nil {

@@ -423,6 +423,8 @@ func (d *DynWin) transfer(ctx context.Context, get bool, origin []byte, ol Layou
 		return nil, err
 	}
 	var wrs []verbs.SendWR
+	d.w.c.reg.hold()
+	defer d.w.c.reg.release() // after the post
 	r, err := d.resolve(ctx, name, target, uint64(addr), uint64(tl.Extent()))
 	switch {
 	case err == nil:

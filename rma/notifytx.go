@@ -248,6 +248,8 @@ func (w *Win) putPerOrigin(ctx context.Context, origin []byte, ol Layout, target
 	// they must wait in the queue.
 	var one [1]verbs.SendWR
 	var wrs []verbs.SendWR
+	w.c.reg.hold()
+	defer w.c.reg.release() // after the post; a queued request holds on its own
 	if haul {
 		wrs = w.haulWRs(one[:0], origin, ol, target, off, tl)
 	} else if wrs, err = w.putWRs(one[:0], origin, ol, target, off, tl); err != nil {
@@ -344,6 +346,7 @@ func (w *Win) txSubmit(tx *txState, qp *verbs.QP, target int, wrs []verbs.SendWR
 		// origin buffer, which verbs would have copied at post.
 		wrs[i].Inline = bytes.Clone(wrs[i].Inline)
 		tx.queue = append(tx.queue, txWR{wr: wrs[i], units: units.of(&wrs[i]), op: op})
+		w.c.reg.hold() // released when it leaves the queue
 	}
 	w.txDrain(tx, target)
 	return req, nil
@@ -400,6 +403,7 @@ func (w *Win) txDrain(tx *txState, target int) {
 		}
 		tx.epoch, tx.acc = e, a
 		tx.queue = append(tx.queue[:0:0], tx.queue[n:]...)
+		w.c.reg.releaseN(n)
 	}
 	if len(tx.queue) > 0 {
 		want, _ := step(tx.epoch, tx.acc, tx.queue[0].units, expect)
@@ -452,6 +456,7 @@ func (w *Win) txFail(tx *txState, target int, err error) {
 	for _, q := range tx.queue {
 		w.c.eng.Posted(q.op, q.wr.ID, 1, 0, opErr("put", target, err))
 	}
+	w.c.reg.releaseN(len(tx.queue))
 	tx.queue = nil
 }
 
@@ -470,6 +475,7 @@ func (w *Win) resetTx() {
 		for _, q := range tx.queue {
 			w.c.eng.Posted(q.op, q.wr.ID, 1, 0, errDropped)
 		}
+		w.c.reg.releaseN(len(tx.queue))
 		tx.queue = nil
 		if call := tx.ask; call != nil {
 			tx.ask = nil

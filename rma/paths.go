@@ -174,6 +174,14 @@ func (w *Win) spread(ctx context.Context, name string, target int, b []byte, off
 	if err != nil {
 		return nil, err
 	}
+	// The region stays registered while the paths move the data.
+	w.c.reg.hold()
+	held := true
+	defer func() {
+		if held {
+			w.c.reg.release()
+		}
+	}()
 	mr, moff, err := w.c.reg.region(b)
 	if err != nil {
 		return nil, opErr(name, target, err)
@@ -192,5 +200,9 @@ func (w *Win) spread(ctx context.Context, name string, target int, b []byte, off
 		return nil, opErr(name, target, peerErr(err))
 	}
 	// The waiter polls the paths' CQ.
-	return w.bridge(name, target, &w.c.peers[target].pathsDone, func(ctx context.Context) error { return peerErr(req.Wait(ctx)) }), nil
+	held = false
+	return w.bridge(name, target, &w.c.peers[target].pathsDone, func(ctx context.Context) error {
+		defer w.c.reg.release()
+		return peerErr(req.Wait(ctx))
+	}), nil
 }

@@ -1,6 +1,7 @@
 package rma
 
 import (
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/rvma/rvma/internal/lockcheck"
@@ -22,6 +23,19 @@ type regCache struct {
 	mu   lockcheck.Mutex[regLocks]
 	mrs  []*verbs.MR // oldest first
 	wins []*verbs.MR // window regions, searched first, never evicted
+
+	// busy counts what may hold SGEs of cached regions that are not
+	// posted yet: operations between their first sge and their post
+	// (hold, release), requests waiting in a notified window's queue,
+	// multipath transfers in flight. A region evicted while it is not
+	// zero is retired rather than deregistered, since a request built on
+	// it may still be posted (a strided get of 65530 blocks registered
+	// new regions as it went and evicted the one its first blocks used:
+	// their READs failed at post). Retired regions (under mu) are
+	// deregistered when busy drops to zero: nothing can hold them then,
+	// since nothing finds them any more.
+	busy    atomic.Int64
+	retired []*verbs.MR
 }
 
 // regLocks is the lock class of registration caches' mu (see
@@ -78,12 +92,38 @@ func (r *regCache) region(b []byte) (*verbs.MR, int, error) {
 			return nil, 0, err
 		}
 		if len(r.mrs) == regCacheCap {
-			r.mrs[0].Deregister()
+			if r.busy.Load() > 0 {
+				r.retired = append(r.retired, r.mrs[0])
+			} else {
+				r.mrs[0].Deregister()
+			}
 			r.mrs = r.mrs[1:]
 		}
 		r.mrs = append(r.mrs, mr)
 	}
 	return mr, int(base(b) - base(mr.Bytes())), nil
+}
+
+// hold marks the start of something that takes SGEs from r and posts
+// them later; release marks its end (its requests posted or dropped).
+func (r *regCache) hold() { r.busy.Add(1) }
+
+func (r *regCache) release() { r.releaseN(1) }
+
+func (r *regCache) releaseN(n int) {
+	if n == 0 || r.busy.Add(-int64(n)) > 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.busy.Load() > 0 {
+		return // a newer holder, which cannot have found these
+	}
+	for _, mr := range r.retired {
+		mr.Deregister()
+	}
+	clear(r.retired)
+	r.retired = r.retired[:0]
 }
 
 func (r *regCache) addWin(mr *verbs.MR) {
