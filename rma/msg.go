@@ -150,8 +150,8 @@ type msgState struct {
 	am      map[uint64]*amCall // outstanding active messages by request id
 	// amOut counts, per target, the window operations' active messages
 	// in am (not the free ones): amCall keeps it below amMax.
-	amOut []int
-	nextAM  uint64
+	amOut  []int
+	nextAM uint64
 
 	// partial is owned by OnRecv, which the poller role runs one
 	// completion at a time: no lock.
