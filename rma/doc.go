@@ -176,7 +176,9 @@
 // change, and result buffers of gets and fetching operations must not be
 // read, until the operation has completed. Buffers used as origins are
 // registered with the NIC on first use and stay registered (a cache of
-// 1024 regions); window memory is registered for the window's life.
+// 1024 regions, the oldest evicted; a region is deregistered only once no
+// request built on it waits to be posted); window memory is registered
+// for the window's life.
 //
 // Progress: a background goroutine per Comm handles incoming messages
 // (accumulates, replies, synchronisation) while the application computes;
