@@ -5,8 +5,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/verbs"
 )
 
 // TestManyActiveMessagesBothWays: two ranks send each other more active
@@ -129,4 +132,40 @@ func TestActiveMessagesBounded(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestActiveMessagesToDeadPeer: an origin past amMax waits for replies
+// that a dead rank never sends; the connection's failure ends the wait,
+// and the accumulates and the flush fail with ErrPeer in bounded time.
+func TestActiveMessagesToDeadPeer(t *testing.T) {
+	comms := newWorld(t, 2, &Config{Provider: "loop", Connect: verbs.ConnectConfig{Timeout: time.Millisecond, RetryCount: 2}})
+	wins := make([]*Win, 2)
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		var err error
+		if wins[c.Rank()], err = c.Create(ctx, make([]byte, 4096), nil); err != nil {
+			return err
+		}
+		return wins[c.Rank()].LockAll(ctx)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	one := binary.LittleEndian.AppendUint32(nil, 1)
+	require.NoError(t, wins[0].Accumulate(ctx, one, Int32, Sum, 1, 0)) // connected
+	require.NoError(t, wins[0].Flush(ctx, 1))
+	comms[1].teardown() // rank 1 dies
+	t0 := time.Now()
+	var last error
+	sent := 0
+	for i := range 2 * amMax {
+		if last = wins[0].Accumulate(ctx, one, Int32, Sum, 1, 4*(i%1024)); last != nil {
+			break
+		}
+		sent++
+	}
+	if last == nil {
+		last = wins[0].Flush(ctx, 1)
+	}
+	require.ErrorIs(t, last, ErrPeer)
+	require.NoError(t, ctx.Err(), "waited out the context")
+	t.Logf("failed %v after the peer died, after %d accumulates", time.Since(t0), sent)
 }
