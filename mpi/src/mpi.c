@@ -2260,6 +2260,7 @@ static void loc_pick(char *a, const char *b, MPI_Datatype basic, MPI_Op op) {
 	else if (equal && ib < ia)
 		memcpy(a + vs, &ib, sizeof ib);
 }
+#undef LOC
 
 int reduce_packed(void *inout, const void *in, int64_t n, MPI_Datatype basic, MPI_Op op) {
 	if (basic <= 0 || basic >= NBASIC) return MPI_ERR_TYPE;
@@ -2310,13 +2311,11 @@ static int reduce_tree(char *all, size_t bytes, int n, int count, MPI_Datatype b
 	return root;
 }
 
-/* The reduction of count elements of t over the ranks into out (in may be
- * out): rvma's allreduce for 8-byte integers with SUM, MIN and MAX and
- * doubles with MIN and MAX (where the order of the ranks cannot change a
- * bit); otherwise every rank's contribution gathered and reduced here in
- * MPICH's order (reduce_tree). */
 /* The reduction of count packed elements of the predefined t in buf over
- * the ranks, in place. */
+ * the ranks, in place: rvma's allreduce for 8-byte integers with SUM, MIN
+ * and MAX and doubles with MIN and MAX (where the order of the ranks
+ * cannot change a bit); otherwise every rank's contribution gathered and
+ * reduced here in MPICH's order (reduce_tree). */
 static int reduce_all(const char *fn, MPI_Comm c, void *buf, int count, MPI_Datatype t, MPI_Op op) {
 	size_t bytes = (size_t)type_get(t)->size * (size_t)count;
 	int kind = basics[t].kind;
@@ -2342,11 +2341,8 @@ static int reduce_all(const char *fn, MPI_Comm c, void *buf, int count, MPI_Data
 }
 
 /* The reduction of count elements of t over the ranks into out (in may be
- * out): rvma's allreduce for 8-byte integers with SUM, MIN and MAX and
- * doubles with MIN and MAX (where the order of the ranks cannot change a
- * bit); otherwise every rank's contribution gathered and reduced here in
- * MPICH's order (reduce_tree). Pairs whose C layout has a gap
- * (MPI_DOUBLE_INT and the like) are reduced packed. */
+ * out), by reduce_all; pairs whose C layout has a gap (MPI_DOUBLE_INT and
+ * the like) are packed for it and unpacked after. */
 static int allreduce(const char *fn, MPI_Comm c, const void *in, void *out, int count, MPI_Datatype t, MPI_Op op) {
 	CHECK_COMM(c, fn);
 	struct dtype *d = type_get(t);

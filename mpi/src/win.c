@@ -18,9 +18,8 @@
 struct win {
 	rvma_win w;
 	MPI_Comm comm;
-	rvma_comm rc;  /* rvma's communicator of the window: the world, or this process alone */
-	int nranks;    /* its size */
-	int self;      /* over MPI_COMM_SELF in a world of more than one rank */
+	int nranks; /* the size of its group: 1 over MPI_COMM_SELF */
+	int self;   /* over MPI_COMM_SELF in a world of more than one rank (rvma_comm_self's) */
 	void *base;
 	MPI_Aint size;
 	int disp_unit, flavor, model;
@@ -84,24 +83,20 @@ MPI_Errhandler win_eh(MPI_Win h) {
  * every window of the communicator: such accumulates are rare and short.
  * The world's serves windows over the world; the windows over
  * MPI_COMM_SELF have their own. */
-struct mutex {
-	rvma_win w;
-};
-static struct mutex mx_world, mx_self;
+static rvma_win mx_world, mx_self;
 
-static int mutex_init(struct mutex *m, rvma_comm c) {
-	if (m->w) return 0;
+static int mutex_init(rvma_win *m, rvma_comm c) {
+	if (*m) return 0;
 	void *base;
-	int rc = rvma_win_allocate(c, 8, 1, &base, &m->w);
-	if (!rc) rc = rvma_win_lock_all(m->w);
+	int rc = rvma_win_allocate(c, 8, 1, &base, m);
+	if (!rc) rc = rvma_win_lock_all(*m);
 	return rc;
 }
 
-static void mutex_free(struct mutex *m) {
-	if (!m->w) return;
-	rvma_win_unlock_all(m->w);
-	rvma_win_free(&m->w);
-	m->w = 0;
+static void mutex_free(rvma_win *m) {
+	if (!*m) return;
+	rvma_win_unlock_all(*m);
+	rvma_win_free(m);
 }
 
 void win_finalize(void) {
@@ -109,20 +104,20 @@ void win_finalize(void) {
 	mutex_free(&mx_self);
 }
 
-static int mutex_lock(struct mutex *m, int target) {
+static int mutex_lock(rvma_win m, int target) {
 	uint64_t mine = (uint64_t)rv_rank + 1, zero = 0, old;
 	for (int i = 0;; i++) {
-		int rc = rvma_compare_and_swap(m->w, &mine, &zero, &old, RVMA_UINT64, target, 0);
-		if (!rc) rc = rvma_win_flush(m->w, target);
+		int rc = rvma_compare_and_swap(m, &mine, &zero, &old, RVMA_UINT64, target, 0);
+		if (!rc) rc = rvma_win_flush(m, target);
 		if (rc || old == 0) return rc;
 		if (i > 16) sched_yield();
 	}
 }
 
-static int mutex_unlock(struct mutex *m, int target) {
+static int mutex_unlock(rvma_win m, int target) {
 	uint64_t zero = 0, old;
-	int rc = rvma_fetch_and_op(m->w, &zero, &old, RVMA_UINT64, RVMA_REPLACE, target, 0);
-	return rc ? rc : rvma_win_flush(m->w, target);
+	int rc = rvma_fetch_and_op(m, &zero, &old, RVMA_UINT64, RVMA_REPLACE, target, 0);
+	return rc ? rc : rvma_win_flush(m, target);
 }
 
 /* The number of ranks of c's windows: 1 for MPI_COMM_SELF. */
@@ -181,7 +176,7 @@ static int create(const char *fn, int alloc, void *base, MPI_Aint size, int disp
 	}
 	if (!alloc) w->base = base;
 	w->comm = c, w->size = size, w->disp_unit = disp_unit, w->units = units, w->locked = locked;
-	w->rc = rc_comm, w->nranks = nranks, w->self = x == -2;
+	w->nranks = nranks, w->self = x == -2;
 	w->notified = nc != NULL;
 	w->flavor = alloc == WIN_SHARED    ? MPI_WIN_FLAVOR_SHARED
 	            : alloc == WIN_DYNAMIC ? MPI_WIN_FLAVOR_DYNAMIC
@@ -704,7 +699,7 @@ static int emulate(const char *fn, MPI_Win h, struct win *w, int path, const voi
 			}
 	} else {
 		/* Under the target's mutex: read, combine, write back. */
-		struct mutex *m = w->self ? &mx_self : &mx_world;
+		rvma_win m = w->self ? mx_self : mx_world;
 		rc = mutex_lock(m, target);
 		if (rc) goto out;
 		walk_init(&wt, td, tc);
