@@ -45,19 +45,6 @@ type amHdr struct {
 	layout Layout
 }
 
-func (h *amHdr) encode(data ...[]byte) []byte {
-	n := amHdrLen
-	for _, d := range data {
-		n += len(d)
-	}
-	b := make([]byte, amHdrLen, n)
-	h.put(b)
-	for _, d := range data {
-		b = append(b, d...)
-	}
-	return b
-}
-
 // put writes the header into b (amHdrLen bytes).
 func (h *amHdr) put(b []byte) {
 	binary.LittleEndian.PutUint64(b[0:], h.id)

@@ -89,7 +89,7 @@ const (
 
 // sendPool holds registered staging buffers for outgoing messages.
 type sendPool struct {
-	mu   sync.Mutex // guards free and made; innermost (see Comm)
+	mu   sync.Mutex // guards free, made and held; innermost (see Comm)
 	free [2][]sendBuf
 	made int // buffers carved, free or not
 	held int // bytes registered

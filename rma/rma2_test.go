@@ -798,3 +798,14 @@ func TestDirectPutsOnSHM(t *testing.T) {
 	require.NoError(t, comms[0].dev.SetFaults(-1, verbs.Faults{}))
 	require.NoError(t, w.UnlockAll(ctx))
 }
+
+// encode is an active message's bytes: the header, then data (the fuzz
+// seeds'; amCall sends the pieces without joining them).
+func (h *amHdr) encode(data ...[]byte) []byte {
+	b := make([]byte, amHdrLen)
+	h.put(b)
+	for _, d := range data {
+		b = append(b, d...)
+	}
+	return b
+}
