@@ -270,3 +270,133 @@ func TestSharedWindowMixed(t *testing.T) {
 	_, ok := w.Poll()
 	require.False(t, ok, "exactly one epoch")
 }
+
+// TestSharedWindowBatch: mailbox writes posted together are placed by the
+// initiator as one batch (one look-up, one lock), and count exactly as the
+// same writes one by one: into the buffer that is not full when each
+// arrives, the rest of a batch moving on to the next buffer when one
+// fills, going as packets when none is posted, and stopping at a request
+// that fails, which fails the QP as always.
+func TestSharedWindowBatch(t *testing.T) {
+	// wr is a signalled mailbox write of n bytes of the initiator's buffer
+	// at src, to offset off.
+	wr := func(r *sharedRig, id uint64, mbox, off uint64, src, n int) verbs.SendWR {
+		return verbs.SendWR{ID: id, Opcode: verbs.OpMailboxWrite, Flags: verbs.FlagSignaled,
+			SGL: []verbs.SGE{r.a.MR.SGE(src, n)}, Mailbox: mbox, MailboxOffset: off}
+	}
+	post := func(t *testing.T, r *sharedRig, wrs []verbs.SendWR) {
+		n, err := r.a.QP.PostSend(wrs)
+		require.NoError(t, err)
+		require.Equal(t, len(wrs), n)
+	}
+	success := func(t *testing.T, r *sharedRig, n int) {
+		for i, wc := range r.a.WaitN(t, n) {
+			require.Equal(t, verbs.StatusSuccess, wc.Status, "request %d", i)
+		}
+	}
+
+	t.Run("strided, one epoch, no packets", func(t *testing.T) {
+		r := newSharedRig(t)
+		w, err := r.tgt.Init(0xA, mailbox.Config{Threshold: 16 * 256, History: 1})
+		require.NoError(t, err)
+		b := r.buf(t, 16*512)
+		w.Post(b)
+		var wrs []verbs.SendWR
+		for i := range 16 {
+			wrs = append(wrs, wr(r, uint64(i), 0xA, uint64(512*i), 256*i, 256))
+		}
+		direct, rx := r.direct(func() { post(t, r, wrs) })
+		require.Equal(t, uint64(16), direct)
+		require.Zero(t, rx, "placed and counted by the initiator")
+		success(t, r, 16)
+		rec, err := w.Wait(ctx(t))
+		require.NoError(t, err)
+		require.Equal(t, 16*256, rec.Bytes)
+		require.Equal(t, 16, rec.Ops)
+		for i := range 16 {
+			require.Equal(t, r.a.Buf[256*i:256*(i+1)], b[512*i:512*i+256], "run %d", i)
+			require.Equal(t, make([]byte, 256), b[512*i+256:512*(i+1)], "gap %d", i)
+		}
+	})
+
+	t.Run("a batch fills one buffer and goes on in the next", func(t *testing.T) {
+		for _, count := range []mailbox.Count{mailbox.CountBytes, mailbox.CountOps} {
+			r := newSharedRig(t)
+			th := 1024
+			if count == mailbox.CountOps {
+				th = 4
+			}
+			w, err := r.tgt.Init(0xB, mailbox.Config{Threshold: th, Count: count})
+			require.NoError(t, err)
+			b1, b2 := r.buf(t, 1024), r.buf(t, 1024)
+			w.Post(b1)
+			w.Post(b2)
+			var wrs []verbs.SendWR
+			for i := range 7 {
+				wrs = append(wrs, wr(r, uint64(i), 0xB, uint64(256*(i%4)), 256*i, 256))
+			}
+			direct, rx := r.direct(func() { post(t, r, wrs) })
+			require.Equal(t, uint64(7), direct)
+			require.Zero(t, rx)
+			success(t, r, 7)
+			rec, err := w.Wait(ctx(t))
+			require.NoError(t, err)
+			require.Equal(t, 1024, rec.Bytes, "the first four fill the first buffer")
+			require.Equal(t, r.a.Buf[:1024], b1)
+			_, ok := w.Poll()
+			require.False(t, ok, "three of four in the second")
+			require.Equal(t, r.a.Buf[1024:1024+768], b2[:768])
+			require.NoError(t, r.put(t, 0xB, 768, 0, 256))
+			rec, err = w.Wait(ctx(t))
+			require.NoError(t, err)
+			require.Equal(t, 1024, rec.Bytes)
+			require.Equal(t, 4, rec.Ops)
+		}
+	})
+
+	t.Run("no buffer left: the rest go as packets", func(t *testing.T) {
+		r := newSharedRig(t)
+		w, _ := r.tgt.Init(0xC, mailbox.Config{Threshold: 512})
+		b1 := r.buf(t, 512)
+		w.Post(b1)
+		var wrs []verbs.SendWR
+		for i := range 4 {
+			wrs = append(wrs, wr(r, uint64(i), 0xC, uint64(256*(i%2)), 256*i, 256))
+		}
+		direct, _ := r.direct(func() { post(t, r, wrs) })
+		require.Equal(t, uint64(2), direct, "the two that fill the only buffer")
+		rec, err := w.Wait(ctx(t))
+		require.NoError(t, err)
+		require.Equal(t, r.a.Buf[:512], b1)
+		b2 := r.buf(t, 512)
+		w.Post(b2) // the other two were waiting for it (not ready, retried)
+		success(t, r, 4)
+		rec, err = w.Wait(ctx(t))
+		require.NoError(t, err)
+		require.Equal(t, 512, rec.Bytes)
+		require.Equal(t, r.a.Buf[512:1024], b2)
+	})
+
+	t.Run("a bad key stops the batch and fails the QP", func(t *testing.T) {
+		r := newSharedRig(t)
+		w, _ := r.tgt.Init(0xD, mailbox.Config{Threshold: 6 * 64})
+		b := r.buf(t, 6*64)
+		w.Post(b)
+		var wrs []verbs.SendWR
+		for i := range 6 {
+			wrs = append(wrs, wr(r, uint64(i), 0xD, uint64(64*i), 64*i, 64))
+		}
+		wrs[3].SGL[0].LKey ^= 0x77
+		direct, _ := r.direct(func() { post(t, r, wrs) })
+		require.Equal(t, uint64(3), direct, "the three before the bad one")
+		want := []verbs.Status{verbs.StatusSuccess, verbs.StatusSuccess, verbs.StatusSuccess,
+			verbs.StatusLocalProtectionError, verbs.StatusFlushed, verbs.StatusFlushed}
+		for i, wc := range r.a.WaitN(t, len(wrs)) {
+			require.Equal(t, uint64(i), wc.WRID)
+			require.Equal(t, want[i], wc.Status, "request %d", i)
+		}
+		require.Equal(t, verbs.StateError, r.a.QP.State())
+		require.Equal(t, r.a.Buf[:3*64], b[:3*64])
+		require.Equal(t, make([]byte, 3*64), b[3*64:], "nothing after the bad one")
+	})
+}

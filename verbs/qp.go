@@ -149,6 +149,12 @@ type QP struct {
 	// deferred holds the packets of FlagDefer requests built but not sent
 	// yet, oldest first (progressSend sends them ahead of what it builds).
 	deferred []*wire.Packet
+	// placed counts the next requests of the current post whose mailbox
+	// writes placeBatch placed already; boxPuts and boxSegs are its
+	// scratch.
+	placed  int
+	boxPuts []fabric.BoxPut
+	boxSegs [][]byte
 
 	timerAt   time.Time
 	timerLive bool
@@ -650,6 +656,9 @@ func (qp *QP) postSendLocked(wrs []SendWR, ob *outbox) (int, error) {
 			n, err = i, qp.full
 			break
 		}
+		if qp.placed == 0 && wr.Opcode == OpMailboxWrite && i+1 < len(wrs) {
+			qp.placed = qp.placeBatch(wrs[i:])
+		}
 		w := r.push()
 		qp.fillWQE(w, wr)
 		if !w.local && !w.placed {
@@ -659,6 +668,10 @@ func (qp *QP) postSendLocked(wrs []SendWR, ob *outbox) (int, error) {
 			r.pop()
 			qp.completeSend(w, StatusFlushed, 0, true)
 		}
+	}
+	if qp.placed != 0 {
+		// placeBatch takes only requests this loop accepts.
+		panic(fmt.Sprintf("verbs: QP %d: %d placed mailbox writes not posted", qp.num, qp.placed))
 	}
 	// What was accepted goes out even when a later request was refused
 	// (a full queue): the caller waits for room that only these make.
@@ -733,6 +746,12 @@ func (qp *QP) fillWQE(w *sendWQE, wr *SendWR) {
 		w.inline = append(w.inline[:0], wr.Inline...)
 		w.segs = append(w.segs, w.inline)
 		w.length = len(w.inline)
+	} else if qp.placed > 0 {
+		// Placed already by placeBatch, which resolved the list: only
+		// its length matters now.
+		for _, s := range wr.SGL {
+			w.length += int(s.Length)
+		}
 	} else {
 		need := Access(0)
 		if wr.Opcode.isReadLike() {
@@ -783,6 +802,11 @@ const pullMin = 32 << 10
 // (see Device.ShareMailbox) is placed and counted by this process; other
 // large ones leave their payload in place for the target to pull.
 func (qp *QP) direct(w *sendWQE) {
+	if qp.placed > 0 {
+		qp.placed-- // a mailbox write placeBatch placed, with those before it
+		w.local = true
+		return
+	}
 	if w.length == 0 && w.op == OpWrite && qp.req.pending == 0 {
 		// A zero-length WRITE moves nothing: its only effect is its
 		// completion, behind everything posted before it, and all of
@@ -799,10 +823,14 @@ func (qp *QP) direct(w *sendWQE) {
 	if w.op.isMailbox() {
 		// Into a window the target shares: placed and counted here, like
 		// a WRITE (and like a WRITE, only if it overtakes nothing).
-		if w.op == OpMailboxWrite && qp.req.pending == 0 &&
-			mem.MailboxPut(dst, q, w.mailbox, w.mboff, w.segs, qp.typ == UC) == nil {
-			w.local = true
-			return
+		if w.op == OpMailboxWrite && qp.req.pending == 0 {
+			qp.boxPuts = append(qp.boxPuts[:0], fabric.BoxPut{Offset: w.mboff, Src: w.segs})
+			k, _ := mem.MailboxPuts(dst, q, w.mailbox, qp.boxPuts, qp.typ == UC)
+			clear(qp.boxPuts)
+			if k == 1 {
+				w.local = true
+				return
+			}
 		}
 		w.pulled = qp.typ == RC && w.length >= pullMin && len(w.segs) == 1 && w.flags&FlagInline == 0 && canPull(qp.port.Puller())
 		return
@@ -832,6 +860,57 @@ func (qp *QP) direct(w *sendWQE) {
 			w.local = true
 		}
 	}
+}
+
+// placeBatch places the mailbox writes that start wrs, as many as follow
+// one another into one mailbox and direct would place one by one, with
+// one MailboxPuts (one look-up and one lock for a strided put's runs),
+// and returns how many it placed: the post's loop then accepts them
+// (direct marks them done). It takes only requests that loop accepts: valid,
+// with room in the send queue, their gather lists resolved.
+func (qp *QP) placeBatch(wrs []SendWR) int {
+	r := &qp.req
+	mem := qp.port.Accessor()
+	if mem == nil || qp.state != StateReadyToSend || r.pending != 0 {
+		return 0
+	}
+	room := r.max - int(r.tailSeq-r.headSeq)
+	puts, segs := qp.boxPuts[:0], qp.boxSegs[:0]
+	for i := range wrs {
+		wr := &wrs[i]
+		if i == room || wr.Opcode != OpMailboxWrite || wr.Mailbox != wrs[0].Mailbox || qp.validateSend(wr) != nil {
+			break
+		}
+		start, n := len(segs), 0
+		if wr.Flags&FlagInline != 0 {
+			segs, n = append(segs, wr.Inline), len(wr.Inline)
+		} else {
+			ok := true
+			for _, s := range wr.SGL {
+				b, st := qp.pd.resolveLocal(s, 0)
+				if st != StatusSuccess {
+					ok = false
+					break
+				}
+				segs, n = append(segs, b), n+len(b)
+			}
+			if !ok {
+				break
+			}
+		}
+		if n == 0 {
+			break // moves nothing: direct leaves it to the packets
+		}
+		puts = append(puts, fabric.BoxPut{Offset: wr.MailboxOffset, Src: segs[start:len(segs):len(segs)]})
+	}
+	k := 0
+	if len(puts) > 1 {
+		k, _ = mem.MailboxPuts(qp.remote.GID, fabric.QP{Num: qp.remote.QPN, Secret: qp.remote.Secret}, wrs[0].Mailbox, puts, qp.typ == UC)
+	}
+	clear(puts)
+	clear(segs)
+	qp.boxPuts, qp.boxSegs = puts[:0], segs[:0]
+	return k
 }
 
 func canPull(p fabric.Puller) bool { return p != nil && p.CanPull() }

@@ -137,9 +137,20 @@ type Accessor interface {
 	// 8-byte word at va with the CPU's atomic instructions, and returns the
 	// word's previous value.
 	Atomic(dst netip.AddrPort, q QP, rkey uint32, va uint64, cas bool, swapAdd, compare uint64) (uint64, error)
-	// MailboxPut places a put into the peer's shared window at mailbox
-	// and counts it there, as the peer's engine would (ordered as Write).
-	MailboxPut(dst netip.AddrPort, q QP, mailbox, offset uint64, src [][]byte, ordered bool) error
+	// MailboxPuts places puts into the peer's shared window at mailbox
+	// and counts each there, as the peer's engine would (ordered as
+	// Write), in order, and returns how many it placed: it stops at the
+	// first it declines (that one and the rest are the caller's to send).
+	// A batch costs one look-up and one lock, so a strided put's runs
+	// cost little more than their copies.
+	MailboxPuts(dst netip.AddrPort, q QP, mailbox uint64, puts []BoxPut, ordered bool) (int, error)
+}
+
+// BoxPut is one put of Accessor.MailboxPuts: Src (a gather list) at
+// Offset of the window.
+type BoxPut struct {
+	Offset uint64
+	Src    [][]byte
 }
 
 // BoxSharer lists this process's mailbox windows whose counting state

@@ -259,40 +259,82 @@ func (b *Box) Begin(offset uint64, n int) (slot, base int, r Result) {
 	if !ok {
 		return 0, 0, NoBuffer
 	}
+	base, r = b.BeginIn(i, offset, n)
+	return i, base, r
+}
+
+// BeginIn is Begin into slot i, which the caller found with Find, under
+// the lock, and has not seen full since: a batch of puts finds their slot
+// once.
+func (b *Box) BeginIn(i int, offset uint64, n int) (base int, r Result) {
 	size := b.sget(i, sLen)
 	if b.get(hFlags)&flagAppended == 0 {
 		if offset > size || uint64(n) > size-offset {
-			return 0, 0, OutOfRange
+			return 0, OutOfRange
 		}
-		return i, int(offset), OK
+		return int(offset), OK
 	}
 	tail := b.sget(i, sTail)
 	if tail > size || uint64(n) > size-tail {
-		return 0, 0, OutOfRange
+		return 0, OutOfRange
 	}
 	b.sput(i, sTail, tail+uint64(n))
-	return i, int(tail), OK
+	return int(tail), OK
 }
+
+// Full reports whether slot i's buffer has reached its threshold.
+func (b *Box) Full(i int) bool { return b.sget(i, sFull) != 0 }
 
 // Count records n bytes placed at off in slot i, and one put when last,
 // and settles the slot's fullness.
 func (b *Box) Count(i, off, n int, last bool) {
-	if n > 0 {
-		k := b.sget(i, sNRanges)
-		switch {
-		case k < MaxRanges:
-			b.sput(i, sRanges+int(k)*16, uint64(off))
-			b.sput(i, sRanges+int(k)*16+8, uint64(n))
-			b.sput(i, sNRanges, k+1)
-		case k == MaxRanges:
-			b.sput(i, sNRanges, k+1) // too many: the whole buffer counts as written
-		}
-		b.add(b.slot(i)+sBytes, n)
-	}
+	b.Note(i, off, n)
+	ops := 0
 	if last {
-		b.add(b.slot(i)+sOps, 1)
+		ops = 1
+	}
+	b.Add(i, n, ops)
+}
+
+// Note records that n bytes were placed at off in slot i (for the
+// snapshots of history), without counting them: Add does. A batch of puts
+// notes each and adds once, so the target's counters (which it polls)
+// change once.
+func (b *Box) Note(i, off, n int) {
+	if n == 0 {
+		return
+	}
+	k := b.sget(i, sNRanges)
+	switch {
+	case k < MaxRanges:
+		b.sput(i, sRanges+int(k)*16, uint64(off))
+		b.sput(i, sRanges+int(k)*16+8, uint64(n))
+		b.sput(i, sNRanges, k+1)
+	case k == MaxRanges:
+		b.sput(i, sNRanges, k+1) // too many: the whole buffer counts as written
+	}
+}
+
+// Add counts bytes and puts toward slot i's fullness and settles it.
+func (b *Box) Add(i, bytes, ops int) {
+	if bytes > 0 {
+		b.add(b.slot(i)+sBytes, bytes)
+	}
+	if ops > 0 {
+		b.add(b.slot(i)+sOps, ops)
 	}
 	b.Settle(i)
+}
+
+// Fills reports whether counting bytes and ops more would make slot i
+// full (the test Settle makes): a batch that has placed that much stops
+// placing into the slot there, as puts counted one by one would.
+func (b *Box) Fills(i, bytes, ops int) bool {
+	c := b.sget(i, sBytes) + b.sget(i, sResB) + uint64(bytes)
+	if b.get(hFlags)&flagOps != 0 {
+		c = b.sget(i, sOps) + b.sget(i, sResOps) + uint64(ops)
+	}
+	return int64(c) >= int64(b.get(hThreshold))
 }
 
 // Reserve counts n bytes and one put toward slot i's fullness before they

@@ -812,68 +812,107 @@ func (p *Port) boxOf(pe *peer, addr uint64) *shmbox.Box {
 	return b
 }
 
-// MailboxPut places a put of src at offset into the peer's window at
-// mailbox and counts it, as the peer's engine would: into the first
-// buffer that is not full, exactly once. It declines (the put then goes
-// as packets, and the target decides) when the window is not shared, is
-// closed, has no buffer that is not full, or the put does not fit or
-// lands in a buffer outside shared memory. Puts are copied under the
-// box's lock, so large ones are left to the packets (which pull them).
-func (p *Port) MailboxPut(dst netip.AddrPort, q fabric.QP, mailbox, offset uint64, src [][]byte, ordered bool) error {
-	n := total(src)
-	if n > MaxMailboxPut {
-		return ErrIndirect
+// MailboxPuts places the puts, in order, at their offsets into the peer's
+// window at mailbox and counts each, as the peer's engine would: into the
+// first buffer that is not full, exactly once. It returns how many it
+// placed; it declines the first put it cannot place (and so the rest: they
+// then go as packets, and the target decides) when the window is not
+// shared, is closed, has no buffer that is not full, or the put does not
+// fit or lands in a buffer outside shared memory. Puts are copied under
+// the box's lock, so one batch copies at most MaxMailboxPut bytes (the
+// caller passes the rest again) and larger puts are left to the packets
+// (which pull them).
+func (p *Port) MailboxPuts(dst netip.AddrPort, q fabric.QP, mailbox uint64, puts []fabric.BoxPut, ordered bool) (int, error) {
+	if len(puts) == 0 {
+		return 0, nil
+	}
+	if total(puts[0].Src) > MaxMailboxPut {
+		return 0, ErrIndirect
 	}
 	p.dmu.Lock()
 	defer p.dmu.Unlock()
 	pe, _, _, err := p.reach(dst, q, ordered)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	b := p.boxOf(pe, mailbox)
 	if b == nil {
-		return ErrIndirect
+		return 0, ErrIndirect
 	}
+	k, bytes := 0, 0
+	slot, data := -1, []byte(nil)
+	// The placed puts not yet counted in slot: counted once per buffer,
+	// since the target polls the counters.
+	pendB, pendOps := 0, 0
 	b.Lock()
-	err = p.boxPut(pe, b, offset, n, src)
-	wake := err == nil && b.Completable() && b.Wake()
+	for _, put := range puts {
+		n := total(put.Src)
+		if bytes+n > MaxMailboxPut {
+			break
+		}
+		if slot >= 0 && b.Fills(slot, pendB, pendOps) {
+			// The puts so far fill the buffer: the next lands in the
+			// one after, as if each had been counted on its own.
+			b.Add(slot, pendB, pendOps)
+			slot, pendB, pendOps = -1, 0, 0
+		}
+		if slot < 0 {
+			// The batch's first put, or the buffer filled: find where it
+			// lands. Otherwise it lands in the same buffer (the ones
+			// before it are full, under the lock).
+			if slot, data, err = p.boxSlot(pe, b); err != nil {
+				slot = -1
+				break
+			}
+		}
+		base, r := b.BeginIn(slot, put.Offset, n)
+		if r != shmbox.OK {
+			err = ErrIndirect // the packets report the refusal
+			break
+		}
+		at := base
+		for _, s := range put.Src {
+			at += copy(data[at:], s)
+		}
+		b.Note(slot, base, n)
+		pendB, pendOps = pendB+n, pendOps+1
+		k, bytes = k+1, bytes+n
+	}
+	if slot >= 0 && pendOps > 0 {
+		b.Add(slot, pendB, pendOps)
+	}
+	wake := k > 0 && b.Completable() && b.Wake()
 	b.Unlock()
 	if wake {
 		futex.Wake(b.WakeWord())
 	}
-	if err == nil {
-		p.direct.Add(1)
+	p.direct.Add(uint64(k))
+	if k == 0 {
+		return 0, err
 	}
-	return err
+	return k, nil
 }
 
-// boxPut places and counts a put in box b; b's lock and p.dmu are held.
-func (p *Port) boxPut(pe *peer, b *shmbox.Box, offset uint64, n int, src [][]byte) error {
+// boxSlot returns the slot the next put into box b lands in and its
+// buffer, mapped here; b's lock and p.dmu are held. It declines
+// (ErrIndirect) when the window is closed or has no buffer that is not
+// full, or the buffer is not in shared memory.
+func (p *Port) boxSlot(pe *peer, b *shmbox.Box) (int, []byte, error) {
 	i, ok := b.Find()
 	if !ok || b.Closed() {
-		return ErrIndirect
+		return 0, nil, ErrIndirect
 	}
 	loc := b.Location(i)
 	if !loc.Direct {
-		return ErrIndirect
+		return 0, nil, ErrIndirect
 	}
 	m, err := p.mapAlloc(pe, loc.AllocID, loc.AllocFD)
 	if err != nil || loc.Off < 0 || loc.Len < 0 || uint64(loc.Off)+uint64(loc.Len) > uint64(len(m)) {
-		return ErrIndirect
+		return 0, nil, ErrIndirect
 	}
-	slot, base, r := b.Begin(offset, n)
-	if r != shmbox.OK || slot != i {
-		return ErrIndirect // the packets report the refusal
-	}
-	data := m[loc.Off : loc.Off+loc.Len]
-	k := base
-	for _, s := range src {
-		k += copy(data[k:], s)
-	}
-	b.Count(slot, base, n, true)
-	return nil
+	return i, m[loc.Off : loc.Off+loc.Len], nil
 }
 
-// MaxMailboxPut is the largest put MailboxPut places (it copies under the
-// window's lock).
+// MaxMailboxPut is the most MailboxPuts places in one call (it copies under
+// the window's lock).
 const MaxMailboxPut = 64 << 10
