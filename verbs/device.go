@@ -551,17 +551,47 @@ type outbox struct {
 	pkts    []*wire.Packet
 	touched []*QP // QPs with a coalesced ACK pending
 	memory  bool  // some packet's payload is registered memory, not a copy
+	// held lists the QPs whose first transmissions are in pkts: those
+	// packets read their requests' memory when sent, so the QPs complete
+	// no request until the outbox is flushed (see QP.unflushed).
+	held []*QP
+}
+
+// flushHook, set by tests only, is called before an outbox holding first
+// transmissions is sent.
+var flushHook atomic.Pointer[func(held []*QP)]
+
+// hold notes that o carries first transmissions of qp's requests (qp.mu
+// held).
+func (o *outbox) hold(qp *QP) {
+	for _, h := range o.held {
+		if h == qp {
+			return
+		}
+	}
+	o.held = append(o.held, qp)
+	qp.unflushed.Add(1)
 }
 
 var outboxPool = sync.Pool{New: func() any { return &outbox{pkts: make([]*wire.Packet, 0, 64)} }}
 
 func (o *outbox) flush(p fabric.Port) {
 	lockcheck.AssertNotHeld[qpLocks]("verbs: Port.Send (an outbox flush) while a QP's mu is held: a send may re-enter the engine")
-	if len(o.pkts) == 0 {
-		return
+	if h := flushHook.Load(); h != nil && len(o.held) > 0 {
+		(*h)(o.held)
 	}
-	p.Send(o.pkts)
-	clear(o.pkts)
-	o.pkts = o.pkts[:0]
-	o.memory = false
+	if len(o.pkts) > 0 {
+		p.Send(o.pkts)
+		clear(o.pkts)
+		o.pkts = o.pkts[:0]
+		o.memory = false
+	}
+	if len(o.held) > 0 {
+		held := o.held
+		o.held = o.held[:0]
+		for i, qp := range held {
+			held[i] = nil
+			qp.flushed()
+		}
+	}
 }

@@ -162,6 +162,43 @@ type QP struct {
 	// Atomics: requester events since creation, for QP.Stats (read
 	// without mu, written under it).
 	timeouts, seqNaks, rnrNaks atomic.Uint64
+
+	// unflushed counts the outboxes that hold first transmissions of
+	// this QP's requests and are not flushed yet (incremented under mu,
+	// decremented after the send, without it). Those packets point into
+	// their requests' memory (or send-queue slots): a request completed
+	// meanwhile (its retransmission acknowledged first, on a loaded
+	// machine) would hand back a buffer still being read. completeDone
+	// waits for zero; held says it waited, and the flush that reaches
+	// zero completes them.
+	unflushed atomic.Int32
+	held      atomic.Bool
+}
+
+// flushed is called when an outbox holding first transmissions of qp's
+// requests has been sent.
+func (qp *QP) flushed() {
+	// Both sides order the counter and the flag with sequentially
+	// consistent atomics: completeDone sets held, then looks at the
+	// counter; this drops the counter, then looks at held. One of them
+	// sees the other.
+	if qp.unflushed.Add(-1) > 0 || !qp.held.Load() {
+		return
+	}
+	var ob *outbox
+	qp.mu.Lock()
+	qp.completeDone()
+	if r := &qp.req; qp.state == StateReadyToSend && r.txSeq < r.tailSeq {
+		// A request that failed at post time may be at the head now
+		// (progressSend fails the QP with it); or the window has room.
+		ob = outboxPool.Get().(*outbox)
+		qp.progressSend(time.Now(), ob)
+	}
+	qp.mu.Unlock()
+	if ob != nil {
+		ob.flush(qp.port)
+		outboxPool.Put(ob)
+	}
 }
 
 // qpLocks is the lock class of every QP's mu (see internal/lockcheck): the

@@ -252,6 +252,10 @@ func (qp *QP) progressSend(now time.Time, ob *outbox) {
 				// copy leaves (it is sent after the QP's lock is
 				// released), so it carries its own bytes.
 				pk.Own()
+			} else {
+				// A first transmission reads the request's memory when
+				// the outbox is sent: no request completes before.
+				ob.hold(qp)
 			}
 			ob.pkts = append(ob.pkts, pk)
 			r.txOff++
@@ -284,6 +288,15 @@ func (qp *QP) progressSend(now time.Time, ob *outbox) {
 
 // completeDone completes finished requests at the head, in order.
 func (qp *QP) completeDone() {
+	if qp.unflushed.Load() > 0 {
+		// A packet of a request may still be on its way out of an outbox:
+		// the last flush completes them (see QP.unflushed).
+		qp.held.Store(true)
+		if qp.unflushed.Load() > 0 {
+			return
+		}
+	}
+	qp.held.Store(false)
 	r := &qp.req
 	for w := r.head(); w != nil && w.acked; w = r.head() {
 		if w.op.isReadLike() && !w.local {
@@ -313,6 +326,9 @@ func (qp *QP) goBack(p uint32) {
 // sendDeferred puts the packets of FlagDefer requests into ob at index at,
 // ahead of what follows, and keeps none back.
 func (qp *QP) sendDeferred(ob *outbox, at int) {
+	if len(qp.deferred) > 0 {
+		ob.hold(qp) // first transmissions, built from the requests' memory
+	}
 	ob.pkts = slices.Insert(ob.pkts, at, qp.deferred...)
 	clear(qp.deferred)
 	qp.deferred = qp.deferred[:0]

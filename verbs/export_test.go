@@ -1,0 +1,14 @@
+package verbs
+
+// SetFlushHook makes f run before every outbox holding first
+// transmissions is sent (nil: none), with the QPs it holds.
+func SetFlushHook(f func(held []*QP)) {
+	if f == nil {
+		flushHook.Store(nil)
+		return
+	}
+	flushHook.Store(&f)
+}
+
+// Held reports whether completions wait for an outbox's flush.
+func (qp *QP) Held() bool { return qp.held.Load() }

@@ -1,0 +1,58 @@
+package verbs_test
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/verbs"
+	"github.com/rvma/rvma/verbs/verbstest"
+)
+
+// TestNoCompletionBeforeFlush: a request's first transmission leaves
+// after the QP's lock, from its outbox, and reads the request's memory
+// then. If its retransmission (a timeout while the poster was delayed) is
+// acknowledged first, the request must still not complete, which hands
+// its buffer back, until that outbox has been sent: the race detector saw
+// the stale packet read a buffer its owner was already reusing.
+func TestNoCompletionBeforeFlush(t *testing.T) {
+	for _, env := range []verbstest.Env{verbstest.Loop(), verbstest.UDP()} {
+		t.Run(env.Name(), func(t *testing.T) {
+			a, b := verbstest.Pair(t, env, verbstest.PairConfig{Connect: verbs.ConnectConfig{Timeout: time.Millisecond}})
+			entered, release := make(chan struct{}), make(chan struct{})
+			first := true
+			verbs.SetFlushHook(func(held []*verbs.QP) {
+				if first && slices.Contains(held, a.QP) {
+					first = false
+					close(entered)
+					<-release // the poster is delayed here, with its packet unsent
+				}
+			})
+			t.Cleanup(func() { verbs.SetFlushHook(nil) })
+			for i := range 64 {
+				a.Buf[i] = byte(i + 1)
+			}
+			posted := make(chan error, 1)
+			go func() {
+				_, err := a.QP.PostSend([]verbs.SendWR{{ID: 7, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
+					SGL: []verbs.SGE{a.MR.SGE(0, 64)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()}})
+				posted <- err
+			}()
+			<-entered
+			// The retransmission lands and is acknowledged...
+			require.Eventually(t, func() bool { return a.QP.Held() || a.CQ.Len() > 0 }, 10*time.Second, 100*time.Microsecond)
+			// ...but the request does not complete while its first
+			// transmission waits to be sent.
+			require.Zero(t, a.CQ.Len(), "completed while its packet was still to be sent")
+			close(release)
+			require.NoError(t, <-posted)
+			wc := a.Wait(t)
+			require.Equal(t, uint64(7), wc.WRID)
+			require.Equal(t, verbs.StatusSuccess, wc.Status)
+			require.False(t, a.QP.Held())
+			require.Equal(t, a.Buf[:64], b.Buf[:64])
+		})
+	}
+}
