@@ -169,3 +169,61 @@ func TestActiveMessagesToDeadPeer(t *testing.T) {
 	require.NoError(t, ctx.Err(), "waited out the context")
 	t.Logf("failed %v after the peer died, after %d accumulates", time.Since(t0), sent)
 }
+
+// TestBacklogBehindUnsignalled: a message that finds the send queue full
+// of unsignalled requests (a notified window's credit writes are) waits in
+// the backlog; their acknowledgements free the room but complete nothing,
+// so no poll posts it. It must still leave without waiting for the probe
+// tick (stretched to an hour here): a credit answer waited a second so.
+func TestBacklogBehindUnsignalled(t *testing.T) {
+	for _, prov := range []string{"loop", "udp"} {
+		t.Run(prov, func(t *testing.T) {
+			comms := newWorld(t, 2, &Config{Provider: prov, probeEvery: time.Hour})
+			got := make(chan struct{})
+			each(t, comms, func(ctx context.Context, c *Comm) error {
+				w, err := c.Allocate(ctx, 4096, nil)
+				if err != nil {
+					return err
+				}
+				if c.Rank() == 1 {
+					msg, err := c.Recv(ctx, 0, 7)
+					if err != nil {
+						return err
+					}
+					if string(msg) != "hello" {
+						return fmt.Errorf("got %q", msg)
+					}
+					close(got)
+				} else {
+					qp, err := c.conn(ctx, 1)
+					if err != nil {
+						return err
+					}
+					rw := &w.remote[1]
+					wrs := make([]verbs.SendWR, 1024)
+					for i := range wrs {
+						wrs[i] = verbs.SendWR{Opcode: verbs.OpWrite, Flags: verbs.FlagInline, Inline: make([]byte, 8),
+							RemoteAddr: rw.addr, RKey: rw.rkey}
+					}
+					for full := false; !full; {
+						_, err := qp.PostSend(wrs)
+						if full = isQueueFull(err); err != nil && !full {
+							return err
+						}
+					}
+					if _, err := c.sendMsgNoWait(1, kindMsg, 7, []byte("hello"), nil); err != nil {
+						return err
+					}
+					// Nothing else here that would complete anything (and so
+					// flush the backlog) before the message arrived.
+					select {
+					case <-got:
+					case <-ctx.Done():
+						return fmt.Errorf("the message did not leave the backlog: %w", ctx.Err())
+					}
+				}
+				return w.Free(ctx)
+			})
+		})
+	}
+}

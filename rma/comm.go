@@ -116,6 +116,9 @@ type Config struct {
 	Connect verbs.ConnectConfig
 	// Logger receives diagnostics. Default slog.Default().
 	Logger *slog.Logger
+
+	// probeEvery, for tests, replaces the constant of that name.
+	probeEvery time.Duration
 }
 
 // deviceURI is the device a rank opens: loop is the in-process fabric
@@ -355,6 +358,7 @@ type Comm struct {
 	haulWG    sync.WaitGroup // the long-haul serving goroutines
 	bridges   sync.WaitGroup // goroutines finishing operations bridged from other CQs
 	backlogs  atomic.Bool    // some peer may have a backlog (msg.go: flushBacklogs)
+	retrying  atomic.Bool    // a backlogRetry timer is armed (msg.go: retryBacklogs)
 	acceptWG  sync.WaitGroup // the connection accept loop
 	closeOnce sync.Once
 }

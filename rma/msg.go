@@ -328,9 +328,29 @@ func (c *Comm) postNoWait(p *peer, m backlogged) {
 	p.queue(m)
 	if p.sendMu.TryLock() {
 		if !c.flushBacklog(p, false) {
-			c.backlogs.Store(true) // no room: completions make it (flushBacklogs)
+			c.retryBacklogs() // no room: completions make it, or the retry
 		}
 		c.unlockSend(p)
+	}
+}
+
+// backlogRetry is how soon a backlog is tried again when the send queue
+// had no room for it.
+const backlogRetry = 100 * time.Microsecond
+
+// retryBacklogs notes that a backlog waits for room in a send queue, and
+// arms a retry: room that unsignalled requests free (a notified window's
+// credit writes) completes nothing, so no poll would post the backlog
+// before the next probe tick, a second later. A credit answer waited so.
+func (c *Comm) retryBacklogs() {
+	c.backlogs.Store(true)
+	if c.retrying.CompareAndSwap(false, true) {
+		time.AfterFunc(backlogRetry, func() {
+			c.retrying.Store(false)
+			if !c.closed() {
+				c.flushBacklogs()
+			}
+		})
 	}
 }
 
@@ -345,7 +365,7 @@ func (c *Comm) unlockSend(p *peer) {
 		}
 		if !c.flushBacklog(p, false) {
 			p.sendMu.Unlock()
-			c.backlogs.Store(true)
+			c.retryBacklogs()
 			return
 		}
 	}
@@ -424,7 +444,7 @@ func (c *Comm) flushBacklogs() {
 			continue // its holder posts the backlog when it lets go
 		}
 		if !c.flushBacklog(p, false) {
-			c.backlogs.Store(true)
+			c.retryBacklogs()
 		}
 		c.unlockSend(p)
 	}
@@ -511,7 +531,11 @@ const probeEvery = time.Second
 // at each, so that receives waiting for a silent peer notice that a probe
 // is due: one ticker a Comm rather than a timer a receive.
 func (c *Comm) wakeProbes() {
-	t := time.NewTicker(probeEvery)
+	every := probeEvery
+	if c.cfg.probeEvery > 0 {
+		every = c.cfg.probeEvery
+	}
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
