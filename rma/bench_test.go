@@ -338,3 +338,80 @@ func BenchmarkAccumulateEpoch(b *testing.B) {
 		})
 	}
 }
+
+// 64 notified puts of 8 bytes per epoch into a per-origin notified window,
+// the target waiting for each epoch: what a notified put costs the origin
+// when it streams (halo exchanges put a face as many runs).
+func BenchmarkNotifiedPutRate(b *testing.B) {
+	for _, prov := range []string{"shm", "udp"} {
+		b.Run(prov, func(b *testing.B) {
+			ctx, wins := benchWins(b, prov, func(r int) *WinConfig {
+				return &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{1 - r: 64 * 8}, Depth: 64}}
+			})
+			errs := make(chan error, 1)
+			data := make([]byte, 8)
+			n := b.N
+			go func() {
+				for range n {
+					if _, err := wins[1].WaitEpoch(ctx); err != nil {
+						errs <- err
+						return
+					}
+				}
+				errs <- nil
+			}()
+			b.SetBytes(64 * 8)
+			b.ReportAllocs()
+			b.ResetTimer()
+			w := wins[0]
+			for range n {
+				for i := range 64 {
+					if err := w.Put(ctx, data, 1, 8*i); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			if err := <-errs; err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}
+
+// A notified strided put, as a halo exchange's face: 64 rows of 512
+// bytes, 1 KiB apart at the target, both ranks putting one to the other
+// and waiting for the other's, an epoch each.
+func BenchmarkNotifiedLayoutPut(b *testing.B) {
+	for _, prov := range []string{"shm", "udp"} {
+		b.Run(prov, func(b *testing.B) {
+			ctx, wins := benchWins(b, prov, func(r int) *WinConfig {
+				return &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{1 - r: 64 * 512}}}
+			})
+			tl := Layout{Count: 64, Block: 512, Stride: 1024}
+			n := b.N
+			round := func(r int) error {
+				data := make([]byte, 64*512)
+				for range n {
+					if err := wins[r].PutLayout(ctx, data, Layout{}, 1-r, 0, tl); err != nil {
+						return err
+					}
+					if _, err := wins[r].WaitEpoch(ctx); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			errs := make(chan error, 1)
+			go func() { errs <- round(1) }()
+			b.SetBytes(64 * 512)
+			b.ReportAllocs()
+			b.ResetTimer()
+			if err := round(0); err != nil {
+				b.Fatal(err)
+			}
+			if err := <-errs; err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}

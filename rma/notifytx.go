@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/rvma/rvma/internal/lockcheck"
 	"github.com/rvma/rvma/internal/progress"
+	"github.com/rvma/rvma/internal/spin"
 	"github.com/rvma/rvma/verbs"
 )
 
@@ -49,12 +51,15 @@ type txState struct {
 	// a peer's mu and a Win's unsigMu nest inside it, and a Win's mu
 	// outside (see Comm).
 	mu      lockcheck.Mutex[txLocks]
-	synced  bool    // false after a rewind, until the target's answer says where it stands
-	epoch   uint64  // the epoch the next put lands in, from 1
-	acc     int     // bytes (or puts) of that epoch counted so far
-	granted uint64  // the target has posted buffers for the epochs up to here
-	queue   []txWR  // puts waiting for their epoch's buffer, in posting order
-	ask     *amCall // the credit request in flight, if any
+	synced  bool   // false after a rewind, until the target's answer says where it stands
+	epoch   uint64 // the epoch the next put lands in, from 1
+	acc     int    // bytes (or puts) of that epoch counted so far
+	granted uint64 // the target has posted buffers for the epochs up to here
+	queue   []txWR // puts waiting for their epoch's buffer, in posting order
+	// queued is len(queue), for a put that waits for room without mu
+	queued atomic.Int32
+	batch  []verbs.SendWR // txDrain's scratch
+	ask    *amCall        // the credit request in flight, if any
 	// since is the epoch of the first put sent on the connection since
 	// nothing was last in flight towards the target: a put split over
 	// the paths, which may overtake those, waits for them unless they
@@ -64,6 +69,10 @@ type txState struct {
 	// word's growth since then is epochs consumed.
 	base, word0 uint64
 }
+
+// txMax bounds the puts one origin queues for a target's epochs not yet
+// posted; past it a put waits, making progress, for the target to catch up.
+const txMax = 4096
 
 // txLocks is the lock class of txStates' mu (see internal/lockcheck).
 type txLocks struct{}
@@ -261,6 +270,16 @@ func (w *Win) putPerOrigin(ctx context.Context, origin []byte, ol Layout, target
 		tx.mu.Lock()
 		w.refresh(tx, target)
 		ok, e, a := tx.fits(wrs, units, rw.expect)
+		if !ok && len(tx.queue) >= txMax {
+			// The target is behind by txMax requests: make progress until
+			// its credit drains some, rather than queue without end (an
+			// origin that streams puts would hold all of them).
+			tx.mu.Unlock()
+			if err := w.txRoom(ctx, tx, target); err != nil {
+				return nil, opErr(name, target, err)
+			}
+			continue
+		}
 		newEpoch := tx.acc >= rw.expect
 		whole := ok && !newEpoch && a <= rw.expect // within the current epoch, closing nothing
 		if spread && ok && a <= rw.expect {
@@ -295,6 +314,31 @@ func (w *Win) putPerOrigin(ctx context.Context, origin []byte, ol Layout, target
 		tx.mu.Unlock()
 		return req, err
 	}
+}
+
+// txRoom waits, making progress, until fewer than txMax puts wait in tx's
+// queue. It reads the credit word as it goes (txDrain), as a stream of
+// puts does: the target writes the word as it consumes epochs, with no
+// message to wake a sleeper, and a credit answer may wait in the target's
+// backlog.
+func (w *Win) txRoom(ctx context.Context, tx *txState, target int) error {
+	for i := 0; tx.queued.Load() >= txMax; i++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if _, err := w.c.eng.Progress(); err != nil {
+			return err
+		}
+		tx.mu.Lock()
+		w.txDrain(tx, target)
+		tx.mu.Unlock()
+		if i < 256 {
+			spin.Pause(i)
+		} else {
+			time.Sleep(20 * time.Microsecond) // a target that is slow to consume
+		}
+	}
+	return nil
 }
 
 // pending reports whether operations towards target are in flight or
@@ -348,6 +392,7 @@ func (w *Win) txSubmit(tx *txState, qp *verbs.QP, target int, wrs []verbs.SendWR
 		tx.queue = append(tx.queue, txWR{wr: wrs[i], units: units.of(&wrs[i]), op: op})
 		w.c.reg.hold() // released when it leaves the queue
 	}
+	tx.queued.Store(int32(len(tx.queue)))
 	w.txDrain(tx, target)
 	return req, nil
 }
@@ -380,9 +425,9 @@ func (w *Win) txDrain(tx *txState, target int) {
 		e, a = ne, na
 	}
 	if n > 0 {
-		batch := make([]verbs.SendWR, n)
+		batch := tx.batch[:0]
 		for i := range n {
-			batch[i] = tx.queue[i].wr
+			batch = append(batch, tx.queue[i].wr)
 		}
 		w.sending(tx, target)
 		k, err := 0, error(nil)
@@ -402,7 +447,19 @@ func (w *Win) txDrain(tx *txState, target int) {
 			w.c.eng.Posted(tx.queue[i].op, tx.queue[i].wr.ID, 1, 0, opErr("put", target, err))
 		}
 		tx.epoch, tx.acc = e, a
-		tx.queue = append(tx.queue[:0:0], tx.queue[n:]...)
+		// Drop the posted ones without copying the rest (a long queue
+		// drained an epoch at a time would cost its square), and let go
+		// of what they referenced.
+		clear(batch)
+		tx.batch = batch[:0]
+		if n == len(tx.queue) {
+			clear(tx.queue)
+			tx.queue = tx.queue[:0]
+		} else {
+			clear(tx.queue[:n])
+			tx.queue = tx.queue[n:]
+		}
+		tx.queued.Store(int32(len(tx.queue)))
 		w.c.reg.releaseN(n)
 	}
 	if len(tx.queue) > 0 {
@@ -458,6 +515,7 @@ func (w *Win) txFail(tx *txState, target int, err error) {
 	}
 	w.c.reg.releaseN(len(tx.queue))
 	tx.queue = nil
+	tx.queued.Store(0)
 }
 
 // resetTx forgets where this rank's puts stand in every target's epochs
@@ -477,6 +535,7 @@ func (w *Win) resetTx() {
 		}
 		w.c.reg.releaseN(len(tx.queue))
 		tx.queue = nil
+		tx.queued.Store(0)
 		if call := tx.ask; call != nil {
 			tx.ask = nil
 			w.c.eng.Locked(func() {

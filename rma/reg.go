@@ -79,6 +79,26 @@ func (r *regCache) sge(b []byte) (verbs.SGE, error) {
 	return mr.SGE(off, len(b)), nil
 }
 
+// sgeNear is sge for b (not empty) that first tries mr, the region of a
+// previous piece of the same put (nil: none): a put's pieces mostly lie in
+// one region, and looking it up is most of what a small piece costs. It
+// returns the region it used. The caller holds the cache (hold), so mr
+// cannot have been deregistered since it was found.
+func (r *regCache) sgeNear(mr *verbs.MR, b []byte) (*verbs.MR, verbs.SGE, error) {
+	if mr != nil {
+		mb := mr.Bytes()
+		p, s := base(b), base(mb)
+		if p >= s && p+uintptr(len(b)) <= s+uintptr(len(mb)) {
+			return mr, mr.SGE(int(p-s), len(b)), nil
+		}
+	}
+	mr, off, err := r.region(b)
+	if err != nil {
+		return nil, verbs.SGE{}, err
+	}
+	return mr, mr.SGE(off, len(b)), nil
+}
+
 // region returns a region holding b (not empty) and b's offset in it,
 // registering b's backing array if needed.
 func (r *regCache) region(b []byte) (*verbs.MR, int, error) {

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -808,4 +809,114 @@ func (h *amHdr) encode(data ...[]byte) []byte {
 		b = append(b, d...)
 	}
 	return b
+}
+
+// TestNotifiedRunAheadBounded: an origin that puts into a per-origin
+// notified window far ahead of a target that does not wait queues at most
+// txMax puts for the epochs not yet posted, then waits (the queue grew
+// without bound, and each credit copied what was left of it); every epoch
+// still completes in order with its own put's bytes.
+func TestNotifiedRunAheadBounded(t *testing.T) {
+	for _, prov := range []string{"loop", "udp", "shm"} {
+		t.Run(prov, func(t *testing.T) {
+			const n = 2*txMax + 100
+			comms := newWorld(t, 2, &Config{Provider: prov})
+			var most atomic.Int32
+			each(t, comms, func(ctx context.Context, c *Comm) error {
+				// Depth 1 and four slots: epoch e's slot is not written
+				// again before epoch e+4 is posted, three waits later.
+				w, err := c.Allocate(ctx, 4*8, &WinConfig{DispUnit: 8, Notify: &NotifyConfig{ExpectFrom: map[int]int{1 - c.Rank(): 8}, Depth: 1}})
+				if err != nil {
+					return err
+				}
+				if c.Rank() == 0 {
+					for e := 1; e <= n; e++ {
+						if err := w.Put(ctx, u64(uint64(e)), 1, e%4); err != nil {
+							return fmt.Errorf("put %d: %w", e, err)
+						}
+						if q := w.tx[1].queued.Load(); q > most.Load() {
+							most.Store(q)
+						}
+					}
+					if err := w.FlushAll(ctx); err != nil {
+						return err
+					}
+				} else {
+					time.Sleep(100 * time.Millisecond) // let the origin run ahead
+					for e := 1; e <= n; e++ {
+						got, err := w.WaitEpoch(ctx)
+						if err != nil {
+							return fmt.Errorf("epoch %d: %w", e, err)
+						}
+						if got != uint64(e) {
+							return fmt.Errorf("epoch %d reported as %d", e, got)
+						}
+						if v := binary.LittleEndian.Uint64(w.Bytes()[8*(e%4):]); v != uint64(e) {
+							return fmt.Errorf("epoch %d: slot holds %d", e, v)
+						}
+					}
+				}
+				if err := c.Barrier(ctx); err != nil {
+					return err
+				}
+				return w.Free(ctx)
+			})
+			t.Logf("at most %d puts queued", most.Load())
+			require.LessOrEqual(t, int(most.Load()), txMax)
+			require.Greater(t, int(most.Load()), txMax/2, "the origin never ran ahead: the test tests nothing")
+		})
+	}
+}
+
+// TestNotifiedLayoutPut: a strided put into a notified window, as a halo
+// exchange's face, lands row by row where its layout says and completes
+// the epoch once, on every provider; on shm its rows are placed by the
+// origin in one batch (verbs' placeBatch), some epochs into a buffer that
+// the target posted while the origin was putting.
+func TestNotifiedLayoutPut(t *testing.T) {
+	const rows, block, stride, epochs = 64, 512, 1024, 20
+	for _, prov := range []string{"loop", "udp", "shm"} {
+		t.Run(prov, func(t *testing.T) {
+			comms := newWorld(t, 2, &Config{Provider: prov})
+			each(t, comms, func(ctx context.Context, c *Comm) error {
+				w, err := c.Allocate(ctx, rows*stride, &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{1 - c.Rank(): rows * block}}})
+				if err != nil {
+					return err
+				}
+				tl := Layout{Count: rows, Block: block, Stride: stride}
+				data := make([]byte, rows*block)
+				for e := 1; e <= epochs; e++ {
+					for i := range data {
+						data[i] = byte(e*7 + i/block + c.Rank())
+					}
+					if err := w.PutLayout(ctx, data, Layout{}, 1-c.Rank(), 0, tl); err != nil {
+						return err
+					}
+					got, err := w.WaitEpoch(ctx)
+					if err != nil {
+						return err
+					}
+					if got != uint64(e) {
+						return fmt.Errorf("epoch %d reported as %d", e, got)
+					}
+					mem := w.Bytes()
+					for r := range rows {
+						for i := range block {
+							if want := byte(e*7 + r + 1 - c.Rank()); mem[r*stride+i] != want {
+								return fmt.Errorf("epoch %d: row %d byte %d is %d, want %d", e, r, i, mem[r*stride+i], want)
+							}
+						}
+						if r+1 < rows && mem[r*stride+block] != 0 {
+							return fmt.Errorf("epoch %d: the gap after row %d was written", e, r)
+						}
+					}
+					// Neither rank puts the next epoch before both read this one.
+					if err := c.Barrier(ctx); err != nil {
+						return err
+					}
+				}
+				return w.Free(ctx)
+			})
+		})
+	}
 }

@@ -755,45 +755,57 @@ func (w *Win) putWRs(dst []verbs.SendWR, origin []byte, ol Layout, target, off i
 		wr.Inline = origin[:ol.Size()]
 		return append(dst, wr), nil
 	}
-	type piece struct {
-		dst  int
-		srcs [][]byte
-	}
-	var pieces []piece
-	next := -1 // the target offset where the last request ends
+	// One request per run of consecutive target bytes, in two passes that
+	// allocate twice per call, not per run: a strided put of 64 rows (a
+	// halo's face) is common, and its requests were two allocations
+	// each.
+	type run struct{ dst, first, n int } // target offset, its pieces
+	var runs []run
+	var srcs [][]byte
+	next := -1 // the target offset where the last run ends
 	segments(ol, tl, func(s seg) {
 		dst, src := off+s.t, origin[s.o:s.o+s.n]
-		if n := len(pieces); n > 0 && (len(pieces[n-1].srcs) < maxSGE || rw.countOps) && next == dst {
-			pieces[n-1].srcs = append(pieces[n-1].srcs, src)
+		if n := len(runs); n > 0 && (runs[n-1].n < maxSGE || rw.countOps) && next == dst {
+			runs[n-1].n++
 		} else {
-			pieces = append(pieces, piece{dst: dst, srcs: [][]byte{src}})
+			runs = append(runs, run{dst: dst, first: len(srcs), n: 1})
 		}
+		srcs = append(srcs, src)
 		next = dst + s.n
 	})
 	// Small puts travel inline (copied at post time), which spares
 	// registering the origin: callers often put from fresh small slices.
 	inline := ol.Size() <= inlineMax
-	wrs := slices.Grow(dst, len(pieces))
-	for _, p := range pieces {
-		wrs = append(wrs, w.putTo(target, p.dst))
+	wrs := slices.Grow(dst, len(runs))
+	var sges []verbs.SGE // every request's gather list, one array
+	if !inline {
+		sges = make([]verbs.SGE, 0, len(srcs))
+	}
+	var mr *verbs.MR // the region of the last piece: the next one is usually in it too
+	for _, r := range runs {
+		wrs = append(wrs, w.putTo(target, r.dst))
 		wr := &wrs[len(wrs)-1]
-		if len(p.srcs) > maxSGE {
-			p.srcs = [][]byte{slices.Concat(p.srcs...)}
-		}
-		for _, src := range p.srcs {
-			if inline {
-				wr.Inline = append(wr.Inline, src...)
-				continue
-			}
-			sge, err := w.c.reg.sge(src)
-			if err != nil {
-				return nil, err
-			}
-			wr.SGL = append(wr.SGL, sge)
+		ps := srcs[r.first : r.first+r.n]
+		if len(ps) > maxSGE {
+			ps = [][]byte{slices.Concat(ps...)}
 		}
 		if inline {
+			for _, src := range ps {
+				wr.Inline = append(wr.Inline, src...)
+			}
 			wr.Flags |= verbs.FlagInline
+			continue
 		}
+		first := len(sges)
+		for _, src := range ps {
+			var sge verbs.SGE
+			var err error
+			if mr, sge, err = w.c.reg.sgeNear(mr, src); err != nil {
+				return nil, err
+			}
+			sges = append(sges, sge)
+		}
+		wr.SGL = sges[first:len(sges):len(sges)]
 	}
 	return wrs, nil
 }
