@@ -618,8 +618,12 @@ func TestCloseBoundedAfterFailure(t *testing.T) {
 // toward it fails at its flush with ErrPeer, and Close returns in bounded
 // time with an error (it does not wait in a barrier for the dead rank).
 func closeBoundedAfterFailure(t *testing.T, prov string, n, dead int) {
+	// Short timeouts, so the dead rank fails fast, but retries enough
+	// (1 ms doubling 5 times: 63 ms) that the setup below survives a
+	// loaded machine under the race detector: with 2 (7 ms) a live
+	// rank's connection failed once while the suite's packages ran.
 	comms, err := NewWorld(context.Background(), n, &Config{Provider: prov, CloseTimeout: 100 * time.Millisecond,
-		Connect: verbs.ConnectConfig{Timeout: time.Millisecond, RetryCount: 2}})
+		Connect: verbs.ConnectConfig{Timeout: time.Millisecond, RetryCount: 5}})
 	require.NoError(t, err)
 	wins := make([]*Win, n)
 	each(t, comms, func(ctx context.Context, c *Comm) error {
