@@ -743,7 +743,12 @@ func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
 	var results []result
 	for _, sync := range order {
 		name := strings.TrimSuffix(sync, "-ref")
-		us, sum, err := v.run(ctx, name, o)
+		var us, sum float64
+		// Labelled, so that a --cpuprofile splits by variant (pprof
+		// -tagfocus sync=notify).
+		pprof.Do(ctx, pprof.Labels("sync", sync), func(ctx context.Context) {
+			us, sum, err = v.run(ctx, name, o)
+		})
 		if err != nil {
 			return false, fmt.Errorf("%s: %w", name, err)
 		}
