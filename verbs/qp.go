@@ -150,11 +150,12 @@ type QP struct {
 	// yet, oldest first (progressSend sends them ahead of what it builds).
 	deferred []*wire.Packet
 	// placed counts the next requests of the current post whose mailbox
-	// writes placeBatch placed already; boxPuts and boxSegs are its
-	// scratch.
-	placed  int
-	boxPuts []fabric.BoxPut
-	boxSegs [][]byte
+	// writes placeBatch placed already; boxPuts, boxSegs and boxInline
+	// are its scratch.
+	placed    int
+	boxPuts   []fabric.BoxPut
+	boxSegs   [][]byte
+	boxInline []byte
 
 	timerAt   time.Time
 	timerLive bool
@@ -920,7 +921,12 @@ func (qp *QP) placeBatch(wrs []SendWR) int {
 		}
 		start, n := len(segs), 0
 		if wr.Flags&FlagInline != 0 {
-			segs, n = append(segs, wr.Inline), len(wr.Inline)
+			// Copied, as post copies inline data: the caller's bytes must
+			// not reach the port (an interface), or every caller's inline
+			// data would escape to the heap.
+			at := len(qp.boxInline)
+			qp.boxInline = append(qp.boxInline, wr.Inline...)
+			segs, n = append(segs, qp.boxInline[at:len(qp.boxInline):len(qp.boxInline)]), len(wr.Inline)
 		} else {
 			ok := true
 			for _, s := range wr.SGL {
@@ -946,7 +952,7 @@ func (qp *QP) placeBatch(wrs []SendWR) int {
 	}
 	clear(puts)
 	clear(segs)
-	qp.boxPuts, qp.boxSegs = puts[:0], segs[:0]
+	qp.boxPuts, qp.boxSegs, qp.boxInline = puts[:0], segs[:0], qp.boxInline[:0]
 	return k
 }
 
