@@ -309,12 +309,8 @@ func TestNotifiedWindow(t *testing.T) {
 							return err
 						}
 					}
-					got, err := w.WaitEpoch(ctx)
-					if err != nil {
+					if err := waitEpochIs(ctx, w, e); err != nil {
 						return err
-					}
-					if got != uint64(e) {
-						return fmt.Errorf("epoch %d reported as %d", e, got)
 					}
 					for r := range n {
 						if r == c.Rank() {
@@ -343,6 +339,18 @@ func TestNotifiedWindow(t *testing.T) {
 			})
 		})
 	}
+}
+
+// waitEpochIs waits for w's next epoch and checks that it is epoch e.
+func waitEpochIs(ctx context.Context, w *Win, e int) error {
+	got, err := w.WaitEpoch(ctx)
+	if err != nil {
+		return fmt.Errorf("epoch %d: %w", e, err)
+	}
+	if got != uint64(e) {
+		return fmt.Errorf("epoch %d reported as %d", e, got)
+	}
+	return nil
 }
 
 // TestEpoch must see epochs that origins of this host completed in the
@@ -848,12 +856,8 @@ func TestNotifiedRunAheadBounded(t *testing.T) {
 				} else {
 					time.Sleep(100 * time.Millisecond) // let the origin run ahead
 					for e := 1; e <= n; e++ {
-						got, err := w.WaitEpoch(ctx)
-						if err != nil {
-							return fmt.Errorf("epoch %d: %w", e, err)
-						}
-						if got != uint64(e) {
-							return fmt.Errorf("epoch %d reported as %d", e, got)
+						if err := waitEpochIs(ctx, w, e); err != nil {
+							return err
 						}
 						if v := binary.LittleEndian.Uint64(w.Bytes()[8*(e%4):]); v != uint64(e) {
 							return fmt.Errorf("epoch %d: slot holds %d", e, v)
@@ -896,12 +900,8 @@ func TestNotifiedLayoutPut(t *testing.T) {
 					if err := w.PutLayout(ctx, data, Layout{}, 1-c.Rank(), 0, tl); err != nil {
 						return err
 					}
-					got, err := w.WaitEpoch(ctx)
-					if err != nil {
+					if err := waitEpochIs(ctx, w, e); err != nil {
 						return err
-					}
-					if got != uint64(e) {
-						return fmt.Errorf("epoch %d reported as %d", e, got)
 					}
 					mem := w.Bytes()
 					for r := range rows {
