@@ -1001,7 +1001,11 @@ func testPeerGone(t *testing.T, env Env) {
 // Ranks closing at the end of a job rely on it. The WRITE carries an
 // immediate, so the responder's completion says it arrived.
 func testOwedAck(t *testing.T, env Env) {
-	a, b := Pair(t, env, PairConfig{Connect: verbs.ConnectConfig{Timeout: 10 * time.Millisecond, RetryCount: verbs.NoRetry}})
+	// The timeout must outlast the responder's handling and this test's
+	// Destroy on a loaded machine (10 ms did not, once, in the debug
+	// build's run beside the race-detected packages); the wait below
+	// outlasts it tenfold, so a missing acknowledgement still fails.
+	a, b := Pair(t, env, PairConfig{Connect: verbs.ConnectConfig{Timeout: 50 * time.Millisecond, RetryCount: verbs.NoRetry}})
 	copy(a.Buf, "owed")
 	b.PostRecv(t, 7, 0, 0)
 	a.Post(t, verbs.SendWR{ID: 1, Opcode: verbs.OpWriteImm, Imm: 5, SGL: []verbs.SGE{a.MR.SGE(0, 4)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()})
@@ -1009,7 +1013,7 @@ func testOwedAck(t *testing.T, env Env) {
 	require.Equal(t, verbs.StatusSuccess, wc.Status)
 	require.Equal(t, "owed", string(b.Buf[:4]))
 	require.NoError(t, b.QP.Destroy())
-	a.NoCompletion(t, 100*time.Millisecond)
+	a.NoCompletion(t, 500*time.Millisecond)
 	require.Equal(t, verbs.StateReadyToSend, a.QP.State())
 }
 
