@@ -26,11 +26,15 @@ type NotifyConfig struct {
 	// ExpectFrom gives the expectation per origin rank instead; each origin
 	// has its own mailbox, so an origin that runs an epoch ahead is never
 	// counted into the current one. A put from an origin not listed is
-	// refused at the call (ErrNoEpoch). An origin may run any number of
-	// epochs ahead: puts for an epoch whose buffer the target has not
-	// posted yet wait at the origin (Put returns at once) and leave when
-	// the target's WaitEpoch posts it, so they never hold back the pair's
-	// other traffic.
+	// refused at the call (ErrNoEpoch). An origin may run epochs ahead:
+	// puts for an epoch whose buffer the target has not posted yet wait at
+	// the origin (Put returns at once) and leave when the target's
+	// WaitEpoch posts it, so they never hold back the pair's other
+	// traffic. Up to 4096 puts wait so per target; past that a put waits
+	// itself, making progress, until the target consumes an epoch, which
+	// bounds the origin's memory. So an origin that far ahead must not
+	// need the target to act first (say, in a barrier the target enters
+	// before it calls WaitEpoch).
 	ExpectFrom map[int]int
 	// Count is what is counted: mailbox.CountBytes (default) or
 	// mailbox.CountOps, where each contiguous run of target bytes of a put

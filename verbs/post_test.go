@@ -95,3 +95,28 @@ func TestPostInlineNoAlloc(t *testing.T) {
 		})
 	}
 }
+
+// TestErrorAfterAcknowledged: of one post of a good WRITE and one the
+// target refuses, the first completes with success and the second with
+// the error, also when the refusal arrives while the post's outbox is
+// being sent (the loop fabric delivers in the sender's goroutine, so the
+// NAK is handled inside the flush): the first's completion, held for the
+// outbox, must not take the second's status.
+func TestErrorAfterAcknowledged(t *testing.T) {
+	for _, env := range []verbstest.Env{verbstest.Loop(), verbstest.UDP()} {
+		t.Run(env.Name(), func(t *testing.T) {
+			a, b := verbstest.Pair(t, env, verbstest.PairConfig{})
+			n, err := a.QP.PostSend([]verbs.SendWR{
+				{ID: 1, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{a.MR.SGE(0, 64)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()},
+				{ID: 2, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{a.MR.SGE(64, 64)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey() ^ 0x55},
+			})
+			require.NoError(t, err)
+			require.Equal(t, 2, n)
+			wcs := a.WaitN(t, 2)
+			require.Equal(t, uint64(1), wcs[0].WRID)
+			require.Equal(t, verbs.StatusSuccess, wcs[0].Status)
+			require.Equal(t, uint64(2), wcs[1].WRID)
+			require.Equal(t, verbs.StatusRemoteAccessError, wcs[1].Status)
+		})
+	}
+}

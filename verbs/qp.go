@@ -188,6 +188,12 @@ func (qp *QP) flushed() {
 	}
 	var ob *outbox
 	qp.mu.Lock()
+	if qp.closed {
+		// Destroyed meanwhile: its requests are discarded, with no
+		// completion after Destroy returned.
+		qp.mu.Unlock()
+		return
+	}
 	qp.completeDone()
 	if r := &qp.req; qp.state == StateReadyToSend && r.txSeq < r.tailSeq {
 		// A request that failed at post time may be at the head now
@@ -1011,6 +1017,10 @@ func (qp *QP) completeRecv(wc WorkCompletion) {
 // fail completes the request at the head of the queue with st and moves the
 // QP to the error state, flushing the rest.
 func (qp *QP) fail(st Status, vendor uint32) {
+	// Requests acknowledged before the failure succeeded, even while their
+	// completions waited for an outbox (completeDone): they complete so,
+	// and the status goes to the first that was not acknowledged.
+	qp.completeAcked()
 	if w := qp.req.head(); w != nil {
 		qp.req.pop()
 		qp.completeSend(w, st, vendor, true)

@@ -297,6 +297,13 @@ func (qp *QP) completeDone() {
 		}
 	}
 	qp.held.Store(false)
+	qp.completeAcked()
+}
+
+// completeAcked completes the acknowledged requests at the head, in
+// order, whatever completeDone would wait for: fail calls it so that they
+// keep their success and the error goes to the request that failed.
+func (qp *QP) completeAcked() {
 	r := &qp.req
 	for w := r.head(); w != nil && w.acked; w = r.head() {
 		if w.op.isReadLike() && !w.local {
