@@ -700,7 +700,7 @@ func (qp *QP) postSendLocked(wrs []SendWR, ob *outbox) (int, error) {
 			n, err = i, qp.full
 			break
 		}
-		if qp.placed == 0 && wr.Opcode == OpMailboxWrite && i+1 < len(wrs) {
+		if qp.placed == 0 && wr.Opcode == OpMailboxWrite {
 			qp.placed = qp.placeBatch(wrs[i:])
 		}
 		w := r.push()
@@ -865,17 +865,9 @@ func (qp *QP) direct(w *sendWQE) {
 	}
 	dst, q := qp.remote.GID, fabric.QP{Num: qp.remote.QPN, Secret: qp.remote.Secret}
 	if w.op.isMailbox() {
-		// Into a window the target shares: placed and counted here, like
-		// a WRITE (and like a WRITE, only if it overtakes nothing).
-		if w.op == OpMailboxWrite && qp.req.pending == 0 {
-			qp.boxPuts = append(qp.boxPuts[:0], fabric.BoxPut{Offset: w.mboff, Src: w.segs})
-			k, _ := mem.MailboxPuts(dst, q, w.mailbox, qp.boxPuts, qp.typ == UC)
-			clear(qp.boxPuts)
-			if k == 1 {
-				w.local = true
-				return
-			}
-		}
+		// placeBatch placed what a window the target shares would take
+		// (like a WRITE, only if it overtakes nothing); the rest goes as
+		// packets, a large one's payload left for the target to pull.
 		w.pulled = qp.typ == RC && w.length >= pullMin && len(w.segs) == 1 && w.flags&FlagInline == 0 && canPull(qp.port.Puller())
 		return
 	}
@@ -907,9 +899,9 @@ func (qp *QP) direct(w *sendWQE) {
 }
 
 // placeBatch places the mailbox writes that start wrs, as many as follow
-// one another into one mailbox and direct would place one by one, with
-// one MailboxPuts (one look-up and one lock for a strided put's runs),
-// and returns how many it placed: the post's loop then accepts them
+// one another into one mailbox, into a window the target shares, with
+// one MailboxPuts (one look-up and one lock for a strided put's runs; a
+// single write is a batch of one), and returns how many it placed: the post's loop then accepts them
 // (direct marks them done). It takes only requests that loop accepts: valid,
 // with room in the send queue, their gather lists resolved.
 func (qp *QP) placeBatch(wrs []SendWR) int {
@@ -953,7 +945,7 @@ func (qp *QP) placeBatch(wrs []SendWR) int {
 		puts = append(puts, fabric.BoxPut{Offset: wr.MailboxOffset, Src: segs[start:len(segs):len(segs)]})
 	}
 	k := 0
-	if len(puts) > 1 {
+	if len(puts) > 0 {
 		k, _ = mem.MailboxPuts(qp.remote.GID, fabric.QP{Num: qp.remote.QPN, Secret: qp.remote.Secret}, wrs[0].Mailbox, puts, qp.typ == UC)
 	}
 	clear(puts)
