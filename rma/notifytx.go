@@ -56,8 +56,6 @@ type txState struct {
 	acc     int    // bytes (or puts) of that epoch counted so far
 	granted uint64 // the target has posted buffers for the epochs up to here
 	queue   []txWR // puts waiting for their epoch's buffer, in posting order
-	// queued is len(queue), for a put that waits for room without mu
-	queued atomic.Int32
 	batch  []verbs.SendWR // txDrain's scratch
 	ask    *amCall        // the credit request in flight, if any
 	// since is the epoch of the first put sent on the connection since
@@ -322,7 +320,7 @@ func (w *Win) putPerOrigin(ctx context.Context, origin []byte, ol Layout, target
 // message to wake a sleeper, and a credit answer may wait in the target's
 // backlog.
 func (w *Win) txRoom(ctx context.Context, tx *txState, target int) error {
-	for i := 0; tx.queued.Load() >= txMax; i++ {
+	for i := 0; ; i++ {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -331,14 +329,17 @@ func (w *Win) txRoom(ctx context.Context, tx *txState, target int) error {
 		}
 		tx.mu.Lock()
 		w.txDrain(tx, target)
+		room := len(tx.queue) < txMax
 		tx.mu.Unlock()
+		if room {
+			return nil
+		}
 		if i < 256 {
 			spin.Pause(i)
 		} else {
 			time.Sleep(20 * time.Microsecond) // a target that is slow to consume
 		}
 	}
-	return nil
 }
 
 // pending reports whether operations towards target are in flight or
@@ -392,7 +393,6 @@ func (w *Win) txSubmit(tx *txState, qp *verbs.QP, target int, wrs []verbs.SendWR
 		tx.queue = append(tx.queue, txWR{wr: wrs[i], units: units.of(&wrs[i]), op: op})
 		w.c.reg.hold() // released when it leaves the queue
 	}
-	tx.queued.Store(int32(len(tx.queue)))
 	w.txDrain(tx, target)
 	return req, nil
 }
@@ -459,8 +459,7 @@ func (w *Win) txDrain(tx *txState, target int) {
 			clear(tx.queue[:n])
 			tx.queue = tx.queue[n:]
 		}
-		tx.queued.Store(int32(len(tx.queue)))
-		w.c.reg.releaseN(n)
+			w.c.reg.releaseN(n)
 	}
 	if len(tx.queue) > 0 {
 		want, _ := step(tx.epoch, tx.acc, tx.queue[0].units, expect)
@@ -515,7 +514,6 @@ func (w *Win) txFail(tx *txState, target int, err error) {
 	}
 	w.c.reg.releaseN(len(tx.queue))
 	tx.queue = nil
-	tx.queued.Store(0)
 }
 
 // resetTx forgets where this rank's puts stand in every target's epochs
@@ -535,8 +533,7 @@ func (w *Win) resetTx() {
 		}
 		w.c.reg.releaseN(len(tx.queue))
 		tx.queue = nil
-		tx.queued.Store(0)
-		if call := tx.ask; call != nil {
+			if call := tx.ask; call != nil {
 			tx.ask = nil
 			w.c.eng.Locked(func() {
 				if w.c.msg.am[call.id] == call {

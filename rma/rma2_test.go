@@ -846,9 +846,12 @@ func TestNotifiedRunAheadBounded(t *testing.T) {
 						if err := w.Put(ctx, u64(uint64(e)), 1, e%4); err != nil {
 							return fmt.Errorf("put %d: %w", e, err)
 						}
-						if q := w.tx[1].queued.Load(); q > most.Load() {
+						tx := &w.tx[1]
+						tx.mu.Lock()
+						if q := int32(len(tx.queue)); q > most.Load() {
 							most.Store(q)
 						}
+						tx.mu.Unlock()
 					}
 					if err := w.FlushAll(ctx); err != nil {
 						return err
