@@ -51,20 +51,27 @@ func base(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))
 // find returns a region holding b, or nil; r.mu is held.
 func (r *regCache) find(b []byte) *verbs.MR {
 	lockcheck.AssertHeld(&r.mu, "rma: a registration is looked up")
-	p, n := base(b), uintptr(len(b))
 	for _, list := range [][]*verbs.MR{r.wins, r.mrs} {
 		for _, mr := range list {
-			mb := mr.Bytes()
-			if len(mb) == 0 {
-				continue
-			}
-			s := base(mb)
-			if p >= s && p+n <= s+uintptr(len(mb)) {
+			if _, ok := within(mr, b); ok {
 				return mr
 			}
 		}
 	}
 	return nil
+}
+
+// within returns b's offset in mr's memory, if b (not empty) lies in it.
+func within(mr *verbs.MR, b []byte) (int, bool) {
+	mb := mr.Bytes()
+	if len(mb) == 0 {
+		return 0, false
+	}
+	p, s := base(b), base(mb)
+	if p >= s && p+uintptr(len(b)) <= s+uintptr(len(mb)) {
+		return int(p - s), true
+	}
+	return 0, false
 }
 
 // sge returns an SGE for b, registering b's backing array if needed.
@@ -86,10 +93,8 @@ func (r *regCache) sge(b []byte) (verbs.SGE, error) {
 // cannot have been deregistered since it was found.
 func (r *regCache) sgeNear(mr *verbs.MR, b []byte) (*verbs.MR, verbs.SGE, error) {
 	if mr != nil {
-		mb := mr.Bytes()
-		p, s := base(b), base(mb)
-		if p >= s && p+uintptr(len(b)) <= s+uintptr(len(mb)) {
-			return mr, mr.SGE(int(p-s), len(b)), nil
+		if off, ok := within(mr, b); ok {
+			return mr, mr.SGE(off, len(b)), nil
 		}
 	}
 	mr, off, err := r.region(b)
