@@ -880,10 +880,10 @@ func TestNotifiedRunAheadBounded(t *testing.T) {
 }
 
 // TestNotifiedLayoutPut: a strided put into a notified window, as a halo
-// exchange's face, lands row by row where its layout says and completes
-// the epoch once, on every provider; on shm its rows are placed by the
-// origin in one batch (verbs' placeBatch), some epochs into a buffer that
-// the target posted while the origin was putting.
+// exchange's face, lands row by row where its layout says, leaves the gaps
+// alone and completes exactly one epoch, on every provider (on shm the
+// origin places its rows as one batch: TestSharedWindowBatch checks the
+// batch's counting).
 func TestNotifiedLayoutPut(t *testing.T) {
 	const rows, block, stride, epochs = 64, 512, 1024, 20
 	for _, prov := range []string{"loop", "udp", "shm"} {
