@@ -379,39 +379,44 @@ func BenchmarkNotifiedPutRate(b *testing.B) {
 }
 
 // A notified strided put, as a halo exchange's face: 64 rows of 512
-// bytes, 1 KiB apart at the target, both ranks putting one to the other
-// and waiting for the other's, an epoch each.
+// bytes, 1 KiB apart at the target ("rows"), against the same bytes
+// contiguous ("contiguous"), both ranks putting one to the other and
+// waiting for the other's, an epoch each.
 func BenchmarkNotifiedLayoutPut(b *testing.B) {
 	for _, prov := range []string{"shm", "udp"} {
-		b.Run(prov, func(b *testing.B) {
-			ctx, wins := benchWins(b, prov, func(r int) *WinConfig {
-				return &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{1 - r: 64 * 512}}}
-			})
-			tl := Layout{Count: 64, Block: 512, Stride: 1024}
-			n := b.N
-			round := func(r int) error {
-				data := make([]byte, 64*512)
-				for range n {
-					if err := wins[r].PutLayout(ctx, data, Layout{}, 1-r, 0, tl); err != nil {
-						return err
+		for _, shape := range []struct {
+			name string
+			tl   Layout
+		}{{"rows", Layout{Count: 64, Block: 512, Stride: 1024}}, {"contiguous", Layout{}}} {
+			b.Run(prov+"/"+shape.name, func(b *testing.B) {
+				ctx, wins := benchWins(b, prov, func(r int) *WinConfig {
+					return &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{1 - r: 64 * 512}}}
+				})
+				n := b.N
+				round := func(r int) error {
+					data := make([]byte, 64*512)
+					for range n {
+						if err := wins[r].PutLayout(ctx, data, Layout{}, 1-r, 0, shape.tl); err != nil {
+							return err
+						}
+						if _, err := wins[r].WaitEpoch(ctx); err != nil {
+							return err
+						}
 					}
-					if _, err := wins[r].WaitEpoch(ctx); err != nil {
-						return err
-					}
+					return nil
 				}
-				return nil
-			}
-			errs := make(chan error, 1)
-			go func() { errs <- round(1) }()
-			b.SetBytes(64 * 512)
-			b.ReportAllocs()
-			b.ResetTimer()
-			if err := round(0); err != nil {
-				b.Fatal(err)
-			}
-			if err := <-errs; err != nil {
-				b.Fatal(err)
-			}
-		})
+				errs := make(chan error, 1)
+				go func() { errs <- round(1) }()
+				b.SetBytes(64 * 512)
+				b.ReportAllocs()
+				b.ResetTimer()
+				if err := round(0); err != nil {
+					b.Fatal(err)
+				}
+				if err := <-errs; err != nil {
+					b.Fatal(err)
+				}
+			})
+		}
 	}
 }

@@ -51,13 +51,13 @@ type txState struct {
 	// a peer's mu and a Win's unsigMu nest inside it, and a Win's mu
 	// outside (see Comm).
 	mu      lockcheck.Mutex[txLocks]
-	synced  bool   // false after a rewind, until the target's answer says where it stands
-	epoch   uint64 // the epoch the next put lands in, from 1
-	acc     int    // bytes (or puts) of that epoch counted so far
-	granted uint64 // the target has posted buffers for the epochs up to here
-	queue   []txWR // puts waiting for their epoch's buffer, in posting order
-	batch  []verbs.SendWR // txDrain's scratch
-	ask    *amCall        // the credit request in flight, if any
+	synced  bool           // false after a rewind, until the target's answer says where it stands
+	epoch   uint64         // the epoch the next put lands in, from 1
+	acc     int            // bytes (or puts) of that epoch counted so far
+	granted uint64         // the target has posted buffers for the epochs up to here
+	queue   []txWR         // puts waiting for their epoch's buffer, in posting order
+	batch   []verbs.SendWR // txDrain's scratch
+	ask     *amCall        // the credit request in flight, if any
 	// since is the epoch of the first put sent on the connection since
 	// nothing was last in flight towards the target: a put split over
 	// the paths, which may overtake those, waits for them unless they
@@ -459,7 +459,7 @@ func (w *Win) txDrain(tx *txState, target int) {
 			clear(tx.queue[:n])
 			tx.queue = tx.queue[n:]
 		}
-			w.c.reg.releaseN(n)
+		w.c.reg.releaseN(n)
 	}
 	if len(tx.queue) > 0 {
 		want, _ := step(tx.epoch, tx.acc, tx.queue[0].units, expect)
@@ -533,7 +533,7 @@ func (w *Win) resetTx() {
 		}
 		w.c.reg.releaseN(len(tx.queue))
 		tx.queue = nil
-			if call := tx.ask; call != nil {
+		if call := tx.ask; call != nil {
 			tx.ask = nil
 			w.c.eng.Locked(func() {
 				if w.c.msg.am[call.id] == call {
