@@ -58,6 +58,72 @@ func TestNoCompletionBeforeFlush(t *testing.T) {
 	}
 }
 
+// TestNoErrorBeforeFlush: a QP that fails while an outbox still holds
+// first transmissions of its requests completes them, with their errors,
+// only once that outbox is sent. An error completion hands the buffer
+// back as a success does; the stale packet would read it after. Both ways
+// to fail: the user moving the QP to the error state (toErrorLocked), and
+// the target refusing a retransmission (fail, with an acknowledged
+// request ahead of the refused one).
+func TestNoErrorBeforeFlush(t *testing.T) {
+	type want struct {
+		id uint64
+		st verbs.Status
+	}
+	for _, tc := range []struct {
+		name string
+		bad  bool // the second WRITE carries a wrong key
+		fail func(t *testing.T, a *verbstest.Side)
+		want []want
+	}{
+		{name: "set-error", fail: func(t *testing.T, a *verbstest.Side) { require.NoError(t, a.QP.SetError()) },
+			want: []want{{1, verbs.StatusFlushed}, {2, verbs.StatusFlushed}}},
+		{name: "refused", bad: true, fail: func(t *testing.T, a *verbstest.Side) {
+			// The retransmission is acknowledged, then refused.
+			require.Eventually(t, func() bool { return a.QP.State() == verbs.StateError }, 10*time.Second, 100*time.Microsecond)
+		}, want: []want{{1, verbs.StatusSuccess}, {2, verbs.StatusRemoteAccessError}}},
+	} {
+		for _, env := range []verbstest.Env{verbstest.Loop(), verbstest.UDP()} {
+			t.Run(tc.name+"/"+env.Name(), func(t *testing.T) {
+				a, b := verbstest.Pair(t, env, verbstest.PairConfig{Connect: verbs.ConnectConfig{Timeout: time.Millisecond}})
+				entered, release := make(chan struct{}), make(chan struct{})
+				first := true
+				verbs.SetFlushHook(func(held []*verbs.QP) {
+					if first && slices.Contains(held, a.QP) {
+						first = false
+						close(entered)
+						<-release // the poster is delayed here, with its packets unsent
+					}
+				})
+				t.Cleanup(func() { verbs.SetFlushHook(nil) })
+				rkey := b.MR.RKey()
+				if tc.bad {
+					rkey ^= 0x55
+				}
+				posted := make(chan error, 1)
+				go func() {
+					_, err := a.QP.PostSend([]verbs.SendWR{
+						{ID: 1, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{a.MR.SGE(0, 64)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()},
+						{ID: 2, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{a.MR.SGE(64, 64)}, RemoteAddr: b.MR.Addr(), RKey: rkey},
+					})
+					posted <- err
+				}()
+				<-entered
+				tc.fail(t, a)
+				require.Equal(t, verbs.StateError, a.QP.State())
+				require.Zero(t, a.CQ.Len(), "completed while its packets were still to be sent")
+				close(release)
+				require.NoError(t, <-posted)
+				wcs := a.WaitN(t, 2)
+				for i, w := range tc.want {
+					require.Equal(t, w.id, wcs[i].WRID)
+					require.Equal(t, w.st, wcs[i].Status)
+				}
+			})
+		}
+	}
+}
+
 // TestPostInlineNoAlloc: posting a request whose inline data lies on the
 // caller's stack, and polling its completion, allocates nothing. Post
 // copies inline data, so it must not let the caller's bytes escape: once,

@@ -174,6 +174,12 @@ type QP struct {
 	// zero completes them.
 	unflushed atomic.Int32
 	held      atomic.Bool
+	// A QP that fails while outboxes hold first transmissions keeps the
+	// completions of its requests, errors included, in heldWCs until the
+	// last of those outboxes is flushed: an error completion hands a
+	// buffer back just as a success does (under mu).
+	errHeld bool
+	heldWCs []WorkCompletion
 }
 
 // flushed is called when an outbox holding first transmissions of qp's
@@ -195,6 +201,7 @@ func (qp *QP) flushed() {
 		return
 	}
 	qp.completeDone()
+	qp.releaseErrors()
 	if r := &qp.req; qp.state == StateReadyToSend && r.txSeq < r.tailSeq {
 		// A request that failed at post time may be at the head now
 		// (progressSend fails the QP with it); or the window has room.
@@ -994,6 +1001,10 @@ func (qp *QP) completeSend(w *sendWQE, st Status, vendor uint32, force bool) {
 	if st == StatusSuccess {
 		wc.ByteLen = uint32(w.length)
 	}
+	if qp.errHeld {
+		qp.heldWCs = append(qp.heldWCs, wc)
+		return
+	}
 	if !qp.sendCQ.push(wc) && qp.state != StateError {
 		qp.toErrorLocked()
 	}
@@ -1009,6 +1020,7 @@ func (qp *QP) completeRecv(wc WorkCompletion) {
 // fail completes the request at the head of the queue with st and moves the
 // QP to the error state, flushing the rest.
 func (qp *QP) fail(st Status, vendor uint32) {
+	qp.holdErrors()
 	// Requests acknowledged before the failure succeeded, even while their
 	// completions waited for an outbox (completeDone): they complete so,
 	// and the status goes to the first that was not acknowledged.
@@ -1027,6 +1039,7 @@ func (qp *QP) toErrorLocked() {
 	if qp.state == StateError {
 		return
 	}
+	qp.holdErrors()
 	qp.detachLocked()
 	qp.dropDeferred()
 	qp.state = StateError
@@ -1037,6 +1050,34 @@ func (qp *QP) toErrorLocked() {
 	}
 	qp.req.init(&qp.cfg)
 	qp.flushRecvLocked()
+}
+
+// holdErrors makes the send completions that follow wait, as
+// completeDone's do, while an outbox still holds first transmissions of
+// this QP's requests (mu held): flushed releases them.
+func (qp *QP) holdErrors() {
+	if qp.errHeld || qp.unflushed.Load() == 0 {
+		return
+	}
+	// The same handshake as completeDone's: held first, then the count.
+	qp.held.Store(true)
+	qp.errHeld = qp.unflushed.Load() > 0
+}
+
+// releaseErrors delivers the completions holdErrors kept (mu held; no
+// outbox holds first transmissions any more).
+func (qp *QP) releaseErrors() {
+	if !qp.errHeld {
+		return
+	}
+	qp.errHeld = false
+	for i, wc := range qp.heldWCs {
+		qp.heldWCs[i] = WorkCompletion{}
+		if !qp.sendCQ.push(wc) && qp.state != StateError {
+			qp.toErrorLocked()
+		}
+	}
+	qp.heldWCs = qp.heldWCs[:0]
 }
 
 func (qp *QP) flushRecvLocked() {
