@@ -400,3 +400,95 @@ func TestSharedWindowBatch(t *testing.T) {
 		require.Equal(t, make([]byte, 3*64), b[3*64:], "nothing after the bad one")
 	})
 }
+
+// TestPlaceMailbox: QP.PlaceMailbox places gathered pieces from memory
+// nobody registered, counted as posted mailbox writes would be, with no
+// packet and no completion; and it declines, placing nothing, wherever a
+// posted request would not be placed at once: behind a request still to
+// take effect, into a mailbox the target does not share, on a port that
+// cannot reach the target's memory. It stops at a piece that moves
+// nothing.
+func TestPlaceMailbox(t *testing.T) {
+	// pieces makes n pieces of 2 x 64 bytes of src, to offsets 256 apart.
+	pieces := func(src []byte, n int) []verbs.MailboxPiece {
+		var ps []verbs.MailboxPiece
+		for i := range n {
+			at := 128 * i
+			ps = append(ps, verbs.MailboxPiece{Offset: uint64(256 * i), Src: [][]byte{src[at : at+64], src[at+64 : at+128]}})
+		}
+		return ps
+	}
+	src := make([]byte, 16*128) // plain Go memory
+	for i := range src {
+		src[i] = byte(i*13 + 1)
+	}
+
+	t.Run("placed, counted once, no packet, no completion", func(t *testing.T) {
+		r := newSharedRig(t)
+		require.True(t, r.a.QP.CanPlace())
+		w, err := r.tgt.Init(0xA, mailbox.Config{Threshold: 16 * 128})
+		require.NoError(t, err)
+		b := r.buf(t, 16*256)
+		w.Post(b)
+		var k int
+		direct, rx := r.direct(func() { k = r.a.QP.PlaceMailbox(0xA, pieces(src, 16)) })
+		require.Equal(t, 16, k)
+		require.Equal(t, uint64(16), direct)
+		require.Zero(t, rx)
+		rec, err := w.Wait(ctx(t))
+		require.NoError(t, err)
+		require.Equal(t, 16*128, rec.Bytes)
+		require.Equal(t, 16, rec.Ops)
+		for i := range 16 {
+			require.Equal(t, src[128*i:128*(i+1)], b[256*i:256*i+128], "piece %d", i)
+			require.Equal(t, make([]byte, 128), b[256*i+128:256*(i+1)], "gap %d", i)
+		}
+		require.Zero(t, r.a.CQ.Len(), "placed writes make no completion")
+	})
+
+	t.Run("not behind a request still to take effect", func(t *testing.T) {
+		r := newSharedRig(t)
+		w, _ := r.tgt.Init(0xB, mailbox.Config{Threshold: 256})
+		other, _ := r.tgt.Init(0xC, mailbox.Config{Threshold: 128})
+		ob := r.buf(t, 256)
+		other.Post(ob)
+		// No buffer posted in 0xB: this write goes as packets and waits.
+		_, err := r.a.QP.PostSend([]verbs.SendWR{{ID: 1, Opcode: verbs.OpMailboxWrite, Flags: verbs.FlagSignaled,
+			SGL: []verbs.SGE{r.a.MR.SGE(0, 256)}, Mailbox: 0xB}})
+		require.NoError(t, err)
+		require.Zero(t, r.a.QP.PlaceMailbox(0xC, pieces(src, 1)), "it would overtake the write")
+		require.Equal(t, make([]byte, 256), ob)
+		b := r.buf(t, 256)
+		w.Post(b)
+		require.Equal(t, verbs.StatusSuccess, r.a.Wait(t).Status)
+		_, err = w.Wait(ctx(t))
+		require.NoError(t, err)
+		require.Equal(t, r.a.Buf[:256], b)
+		require.Equal(t, 1, r.a.QP.PlaceMailbox(0xC, pieces(src, 1)), "nothing to overtake now")
+		_, err = other.Wait(ctx(t))
+		require.NoError(t, err)
+		require.Equal(t, src[:128], ob[:128])
+	})
+
+	t.Run("a mailbox the target does not share", func(t *testing.T) {
+		r := newSharedRig(t)
+		require.Zero(t, r.a.QP.PlaceMailbox(0xEE, pieces(src, 2)))
+	})
+
+	t.Run("stops at an empty piece", func(t *testing.T) {
+		r := newSharedRig(t)
+		w, _ := r.tgt.Init(0xC, mailbox.Config{Threshold: 3 * 128})
+		w.Post(r.buf(t, 3*256))
+		ps := pieces(src, 3)
+		ps[1].Src = [][]byte{nil}
+		require.Equal(t, 1, r.a.QP.PlaceMailbox(0xC, ps))
+	})
+
+	t.Run("a port that cannot reach the target's memory", func(t *testing.T) {
+		r := newRig(t, verbstest.Loop(), verbs.ConnectConfig{}, nil)
+		w, _ := r.tgt.Init(0xD, mailbox.Config{Threshold: 128})
+		w.Post(make([]byte, 256))
+		require.False(t, r.a.QP.CanPlace())
+		require.Zero(t, r.a.QP.PlaceMailbox(0xD, pieces(src, 1)))
+	})
+}

@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -289,5 +290,46 @@ func TestGatheredGets(t *testing.T) {
 			}
 			require.NoError(t, w.UnlockAll(ctx))
 		})
+	}
+}
+
+// TestNotifiedPutNoAlloc: on shm, a put into a notified window the
+// target shares, strided (a halo's face: 64 rows) or contiguous, is placed
+// by the origin with nothing allocated per put (the requests' path built
+// a request per row, and allocated for them); the target's epoch holds
+// its bytes.
+func TestNotifiedPutNoAlloc(t *testing.T) {
+	const rows, block, stride = 64, 512, 1024
+	comms := newWorld(t, 2, &Config{Provider: "shm"})
+	wins := make([]*Win, 2)
+	each(t, comms, func(ctx context.Context, c *Comm) (err error) {
+		wins[c.Rank()], err = c.Allocate(ctx, rows*stride, &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{1 - c.Rank(): rows * block}}})
+		return err
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	data := make([]byte, rows*block)
+	for _, tl := range []Layout{{Count: rows, Block: block, Stride: stride}, {}} {
+		round := byte(0)
+		allocs := testing.AllocsPerRun(100, func() {
+			round++
+			for i := range data {
+				data[i] = round + byte(i/block)
+			}
+			require.NoError(t, wins[0].PutLayout(ctx, data, Layout{}, 1, 0, tl))
+			_, err := wins[1].WaitEpoch(ctx)
+			require.NoError(t, err)
+		})
+		if !lockcheck.Enabled && !raceEnabled { // lock records allocate; the race detector's pools drop
+			require.Zero(t, allocs, "layout %+v", tl)
+		}
+		got := wins[1].Bytes()
+		if tl.Count == 0 {
+			require.Equal(t, data, got[:len(data)])
+			continue
+		}
+		for r := range rows {
+			require.Equal(t, data[r*block:(r+1)*block], got[r*stride:r*stride+block], "row %d", r)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -170,12 +171,22 @@ func step(epoch uint64, acc, units, expect int) (uint64, int) {
 // them, and each lands in a posted buffer. It returns the position after
 // them.
 func (t *txState) fits(wrs []verbs.SendWR, units counter, expect int) (bool, uint64, int) {
+	return t.fitsEach(len(wrs), func(i int) int { return units.of(&wrs[i]) }, expect)
+}
+
+// fitsPieces is fits for mailbox writes placed by the CPU, as the
+// requests putWRs would make of the same put count.
+func (t *txState) fitsPieces(pieces []verbs.MailboxPiece, units counter, expect int) (bool, uint64, int) {
+	return t.fitsEach(len(pieces), func(i int) int { return units.ofPiece(&pieces[i]) }, expect)
+}
+
+func (t *txState) fitsEach(n int, unitsAt func(int) int, expect int) (bool, uint64, int) {
 	if !t.synced || len(t.queue) > 0 {
 		return false, 0, 0
 	}
 	e, a := t.epoch, t.acc
-	for i := range wrs {
-		if e, a = step(e, a, units.of(&wrs[i]), expect); e > t.granted {
+	for i := range n {
+		if e, a = step(e, a, unitsAt(i), expect); e > t.granted {
 			return false, 0, 0
 		}
 	}
@@ -200,6 +211,17 @@ func (c counter) of(wr *verbs.SendWR) int {
 	n := len(wr.Inline)
 	for _, s := range wr.SGL {
 		n += int(s.Length)
+	}
+	return n
+}
+
+func (c counter) ofPiece(p *verbs.MailboxPiece) int {
+	if c == countPuts {
+		return 1
+	}
+	n := 0
+	for _, b := range p.Src {
+		n += len(b)
 	}
 	return n
 }
@@ -249,6 +271,11 @@ func (w *Win) putPerOrigin(ctx context.Context, origin []byte, ol Layout, target
 	if spread {
 		if _, err := w.c.pathConn(ctx, target); err != nil {
 			return nil, err
+		}
+	}
+	if !haul && !spread && qp.CanPlace() {
+		if req, done, err := w.placePerOrigin(qp, origin, ol, target, off, tl, signal); done {
+			return req, err
 		}
 	}
 	// Built on the stack, data aliasing origin: txSubmit copies them if
@@ -312,6 +339,76 @@ func (w *Win) putPerOrigin(ctx context.Context, origin []byte, ol Layout, target
 		tx.mu.Unlock()
 		return req, err
 	}
+}
+
+// placePerOrigin places a put into target's per-origin notified window
+// with the CPU, when the window is shared with this process and the put's
+// epochs are posted: its runs are counted as putWRs' requests would be,
+// with no request, completion or tracked operation. A put of several runs
+// (a halo's face) so costs a copy per run. It reports done false, having
+// changed nothing, when the put must take the requests' path; done with
+// no request when the put has completed.
+func (w *Win) placePerOrigin(qp *verbs.QP, origin []byte, ol Layout, target, off int, tl Layout, signal bool) (*Request, bool, error) {
+	rw := &w.remote[target]
+	sc := putScratchPool.Get().(*putScratch)
+	defer sc.release()
+	sc.split(origin, ol, off, tl, rw.countOps)
+	units := w.units(target)
+	tx := &w.tx[target]
+	tx.mu.Lock()
+	defer tx.mu.Unlock()
+	w.refresh(tx, target)
+	ok, e, a := tx.fitsPieces(sc.pieces, units, rw.expect)
+	if !ok || w.bridging(target) {
+		return nil, false, nil
+	}
+	w.sending(tx, target)
+	k := qp.PlaceMailbox(w.mailboxAddr(target), sc.pieces)
+	if k == 0 {
+		return nil, false, nil
+	}
+	if k == len(sc.pieces) {
+		tx.epoch, tx.acc = e, a
+		return nil, true, nil
+	}
+	// The window declined the rest (a full buffer's successor not shared,
+	// the batch's size bound): they follow as requests, in order.
+	_, pe, pa := tx.fitsPieces(sc.pieces[:k], units, rw.expect)
+	tx.epoch, tx.acc = pe, pa
+	w.c.reg.hold()
+	defer w.c.reg.release()
+	wrs, err := w.putWRs(nil, origin, ol, target, off, tl)
+	if err != nil {
+		return nil, true, opErr("put", target, err)
+	}
+	req, err := w.txSubmit(tx, qp, target, wrs[k:], units, signal, true, e, a)
+	return req, true, err
+}
+
+// putScratch holds a put's runs while they are placed.
+type putScratch struct {
+	runs   []putRun
+	srcs   [][]byte
+	pieces []verbs.MailboxPiece
+}
+
+var putScratchPool = sync.Pool{New: func() any { return new(putScratch) }}
+
+// split makes the put's runs and their mailbox writes, as putWRs's
+// requests would be.
+func (sc *putScratch) split(origin []byte, ol Layout, off int, tl Layout, countOps bool) {
+	sc.runs, sc.srcs = putRuns(sc.runs[:0], sc.srcs[:0], origin, ol, off, tl, countOps)
+	for _, r := range sc.runs {
+		sc.pieces = append(sc.pieces, verbs.MailboxPiece{Offset: uint64(r.dst), Src: sc.srcs[r.first : r.first+r.n : r.first+r.n]})
+	}
+}
+
+// release lets go of the caller's memory and returns sc to its pool.
+func (sc *putScratch) release() {
+	clear(sc.srcs)
+	clear(sc.pieces)
+	sc.runs, sc.srcs, sc.pieces = sc.runs[:0], sc.srcs[:0], sc.pieces[:0]
+	putScratchPool.Put(sc)
 }
 
 // txRoom waits, making progress, until fewer than txMax puts wait in tx's

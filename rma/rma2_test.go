@@ -15,6 +15,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rvma/rvma/internal/shmfab"
+	"github.com/rvma/rvma/mailbox"
 	"github.com/rvma/rvma/verbs"
 )
 
@@ -881,49 +883,66 @@ func TestNotifiedRunAheadBounded(t *testing.T) {
 
 // TestNotifiedLayoutPut: a strided put into a notified window, as a halo
 // exchange's face, lands row by row where its layout says, leaves the gaps
-// alone and completes exactly one epoch, on every provider (on shm the
-// origin places its rows as one batch: TestSharedWindowBatch checks the
-// batch's counting).
+// alone and completes exactly one epoch, on every provider. On shm the
+// origin places the rows itself (Win.placePerOrigin): rows within the
+// placement's bound, rows beyond it (the window declines the rest, which
+// follow as requests behind the placed ones), and a window counting puts,
+// where each row counts as one.
 func TestNotifiedLayoutPut(t *testing.T) {
-	const rows, block, stride, epochs = 64, 512, 1024, 20
-	for _, prov := range []string{"loop", "udp", "shm"} {
-		t.Run(prov, func(t *testing.T) {
-			comms := newWorld(t, 2, &Config{Provider: prov})
-			each(t, comms, func(ctx context.Context, c *Comm) error {
-				w, err := c.Allocate(ctx, rows*stride, &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{1 - c.Rank(): rows * block}}})
-				if err != nil {
-					return err
+	const block, stride, epochs = 512, 1024, 20
+	for _, shape := range []struct {
+		name  string
+		rows  int
+		count mailbox.Count
+	}{
+		{"rows", 64, mailbox.CountBytes},
+		{"beyond-bound", 2 * shmfab.MaxMailboxPut / block, mailbox.CountBytes}, // twice what one placement takes
+		{"count-puts", 64, mailbox.CountOps},
+	} {
+		for _, prov := range []string{"loop", "udp", "shm"} {
+			t.Run(shape.name+"/"+prov, func(t *testing.T) {
+				rows := shape.rows
+				expect := rows * block
+				if shape.count == mailbox.CountOps {
+					expect = rows
 				}
-				tl := Layout{Count: rows, Block: block, Stride: stride}
-				data := make([]byte, rows*block)
-				for e := 1; e <= epochs; e++ {
-					for i := range data {
-						data[i] = byte(e*7 + i/block + c.Rank())
-					}
-					if err := w.PutLayout(ctx, data, Layout{}, 1-c.Rank(), 0, tl); err != nil {
+				comms := newWorld(t, 2, &Config{Provider: prov})
+				each(t, comms, func(ctx context.Context, c *Comm) error {
+					w, err := c.Allocate(ctx, rows*stride, &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{1 - c.Rank(): expect}, Count: shape.count}})
+					if err != nil {
 						return err
 					}
-					if err := waitEpochIs(ctx, w, e); err != nil {
-						return err
-					}
-					mem := w.Bytes()
-					for r := range rows {
-						for i := range block {
-							if want := byte(e*7 + r + 1 - c.Rank()); mem[r*stride+i] != want {
-								return fmt.Errorf("epoch %d: row %d byte %d is %d, want %d", e, r, i, mem[r*stride+i], want)
+					tl := Layout{Count: rows, Block: block, Stride: stride}
+					data := make([]byte, rows*block)
+					for e := 1; e <= epochs; e++ {
+						for i := range data {
+							data[i] = byte(e*7 + i/block + c.Rank())
+						}
+						if err := w.PutLayout(ctx, data, Layout{}, 1-c.Rank(), 0, tl); err != nil {
+							return err
+						}
+						if err := waitEpochIs(ctx, w, e); err != nil {
+							return err
+						}
+						mem := w.Bytes()
+						for r := range rows {
+							for i := range block {
+								if want := byte(e*7 + r + 1 - c.Rank()); mem[r*stride+i] != want {
+									return fmt.Errorf("epoch %d: row %d byte %d is %d, want %d", e, r, i, mem[r*stride+i], want)
+								}
+							}
+							if r+1 < rows && mem[r*stride+block] != 0 {
+								return fmt.Errorf("epoch %d: the gap after row %d was written", e, r)
 							}
 						}
-						if r+1 < rows && mem[r*stride+block] != 0 {
-							return fmt.Errorf("epoch %d: the gap after row %d was written", e, r)
+						// Neither rank puts the next epoch before both read this one.
+						if err := c.Barrier(ctx); err != nil {
+							return err
 						}
 					}
-					// Neither rank puts the next epoch before both read this one.
-					if err := c.Barrier(ctx); err != nil {
-						return err
-					}
-				}
-				return w.Free(ctx)
+					return w.Free(ctx)
+				})
 			})
-		})
+		}
 	}
 }

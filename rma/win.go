@@ -759,20 +759,7 @@ func (w *Win) putWRs(dst []verbs.SendWR, origin []byte, ol Layout, target, off i
 	// allocate twice per call, not per run: a strided put of 64 rows (a
 	// halo's face) is common, and its requests were two allocations
 	// each.
-	type run struct{ dst, first, n int } // target offset, its pieces
-	var runs []run
-	var srcs [][]byte
-	next := -1 // the target offset where the last run ends
-	segments(ol, tl, func(s seg) {
-		dst, src := off+s.t, origin[s.o:s.o+s.n]
-		if n := len(runs); n > 0 && (runs[n-1].n < maxSGE || rw.countOps) && next == dst {
-			runs[n-1].n++
-		} else {
-			runs = append(runs, run{dst: dst, first: len(srcs), n: 1})
-		}
-		srcs = append(srcs, src)
-		next = dst + s.n
-	})
+	runs, srcs := putRuns(nil, nil, origin, ol, off, tl, rw.countOps)
 	// Small puts travel inline (copied at post time), which spares
 	// registering the origin: callers often put from fresh small slices.
 	inline := ol.Size() <= inlineMax
@@ -808,6 +795,29 @@ func (w *Win) putWRs(dst []verbs.SendWR, origin []byte, ol Layout, target, off i
 		wr.SGL = sges[first:len(sges):len(sges)]
 	}
 	return wrs, nil
+}
+
+// putRun is a run of consecutive target bytes of a put: its target
+// offset, and its origin pieces srcs[first:first+n].
+type putRun struct{ dst, first, n int }
+
+// putRuns appends a put's runs and their origin pieces to runs and srcs:
+// one run per stretch of consecutive target bytes, of up to maxSGE
+// pieces, except that a window that counts puts gets exactly one per
+// stretch (it counts each as one put).
+func putRuns(runs []putRun, srcs [][]byte, origin []byte, ol Layout, off int, tl Layout, countOps bool) ([]putRun, [][]byte) {
+	next := -1 // the target offset where the last run ends
+	segments(ol, tl, func(s seg) {
+		dst, src := off+s.t, origin[s.o:s.o+s.n]
+		if n := len(runs); n > 0 && (runs[n-1].n < maxSGE || countOps) && next == dst {
+			runs[n-1].n++
+		} else {
+			runs = append(runs, putRun{dst: dst, first: len(srcs), n: 1})
+		}
+		srcs = append(srcs, src)
+		next = dst + s.n
+	})
+	return runs, srcs
 }
 
 // putTo is a signalled request writing at byte off of target's window:

@@ -951,14 +951,79 @@ func (qp *QP) placeBatch(wrs []SendWR) int {
 		}
 		puts = append(puts, fabric.BoxPut{Offset: wr.MailboxOffset, Src: segs[start:len(segs):len(segs)]})
 	}
+	k := qp.mailboxPuts(mem, wrs[0].Mailbox, puts)
+	clear(segs)
+	qp.boxSegs, qp.boxInline = segs[:0], qp.boxInline[:0]
+	return k
+}
+
+// mailboxPuts places puts (qp.boxPuts) through mem and returns how many
+// it placed; it empties qp.boxPuts.
+func (qp *QP) mailboxPuts(mem fabric.Accessor, mailbox uint64, puts []fabric.BoxPut) int {
 	k := 0
 	if len(puts) > 0 {
-		k, _ = mem.MailboxPuts(qp.remote.GID, fabric.QP{Num: qp.remote.QPN, Secret: qp.remote.Secret}, wrs[0].Mailbox, puts, qp.typ == UC)
+		k, _ = mem.MailboxPuts(qp.remote.GID, fabric.QP{Num: qp.remote.QPN, Secret: qp.remote.Secret}, mailbox, puts, qp.typ == UC)
 	}
 	clear(puts)
-	clear(segs)
-	qp.boxPuts, qp.boxSegs, qp.boxInline = puts[:0], segs[:0], qp.boxInline[:0]
+	qp.boxPuts = puts[:0]
 	return k
+}
+
+// MailboxPiece is one mailbox write for PlaceMailbox: Src, gathered, lands
+// at Offset of the mailbox.
+type MailboxPiece struct {
+	Offset uint64
+	Src    [][]byte
+}
+
+// PlaceMailbox performs mailbox writes into mailbox with the CPU, in order,
+// when the QP can: its port reaches the target's memory and the target
+// shares the window (a shm port), the QP is ready to send, and every
+// request posted before has taken effect. It returns how many it placed;
+// the caller posts the rest, from the first it did not place, as
+// OpMailboxWrite requests. A placed write has taken effect at the target
+// when the call returns, counted as a posted one would be; it makes no
+// completion, and its memory need not be registered (it is copied, as
+// inline data is at post). A strided put so costs a copy per piece and
+// one count, not a work request, a completion and a tracked operation per
+// piece. Bad input is never placed: the requests the caller posts instead
+// report it.
+func (qp *QP) PlaceMailbox(mailbox uint64, pieces []MailboxPiece) int {
+	mem := qp.port.Accessor()
+	if mem == nil || len(pieces) == 0 {
+		return 0
+	}
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if qp.usableLocked() != nil {
+		return 0
+	}
+	return qp.placePieces(mem, mailbox, pieces)
+}
+
+// CanPlace reports whether PlaceMailbox may place writes: the QP's port
+// reaches its peers' memory (it may still decline, for the reasons
+// PlaceMailbox gives).
+func (qp *QP) CanPlace() bool { return qp.port.Accessor() != nil }
+
+// placePieces places pieces into mailbox if nothing posted before is still
+// to take effect (mu held), and returns how many it placed.
+func (qp *QP) placePieces(mem fabric.Accessor, mailbox uint64, pieces []MailboxPiece) int {
+	if qp.state != StateReadyToSend || qp.req.pending != 0 {
+		return 0
+	}
+	puts := qp.boxPuts[:0]
+	for _, p := range pieces {
+		n := 0
+		for _, b := range p.Src {
+			n += len(b)
+		}
+		if n == 0 || len(p.Src) > qp.cfg.MaxSendSGE {
+			break // moves nothing, or more than a request may gather
+		}
+		puts = append(puts, fabric.BoxPut{Offset: p.Offset, Src: p.Src})
+	}
+	return qp.mailboxPuts(mem, mailbox, puts)
 }
 
 func canPull(p fabric.Puller) bool { return p != nil && p.CanPull() }

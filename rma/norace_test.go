@@ -1,0 +1,5 @@
+//go:build !race
+
+package rma
+
+const raceEnabled = false
