@@ -688,7 +688,9 @@ func (w *Window) ready() bool {
 func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
 	var deadline time.Time // set at the first look at the clock: it costs as much as a put
 	var patient time.Time  // past it, the spin yields often
-	long := false
+	// Where ranks share cores, the one this waits for may need this core:
+	// yield from the start.
+	long := spin.Scarce()
 	var stop func() bool // a shared window's wake on ctx's end, once it sleeps
 	for i := 0; ; i++ {
 		// Look without the lock: the placing goroutine needs it.
@@ -704,16 +706,17 @@ func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
 			} else if now.After(deadline) {
 				break
 			}
-			long = now.After(patient)
+			long = long || now.After(patient)
 			spin.Pause(i >> 6)
 		}
-		if long && i&3 == 3 {
+		if long {
 			// A long spin (RVMA_SPIN above the default: rvmarun's, with a
 			// few ranks per core) lets a placing goroutine or process run
-			// often: the kernel gets the core every 64 rounds.
-			spin.Pause(i >> 2)
+			// often: the kernel gets the core every 16 rounds, as often as
+			// a rank waiting on a counter gives it.
+			spin.Pause(i)
 		}
-		if !w.shared || i&3 == 3 {
+		if !w.shared || i&15 == 15 {
 			// A shared window's puts from this host need no progress:
 			// look at the box more often than at the rings.
 			w.t.dev.Progress()
