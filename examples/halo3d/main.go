@@ -192,20 +192,20 @@ type grid struct {
 	mem        []byte
 	u          [2][]float64
 	counter    []byte
-	// notify: y and z faces travel packed. send[d][par][side] holds my
-	// packed face; stage[d][par][side] (in the window, at stageOff) is
-	// where the neighbour on that side puts its face in epochs of parity
-	// par.
+	// notify: z faces travel packed (and y faces with --checkpoint).
+	// send[d][par][side] holds my packed face; stage[d][par][side] (in
+	// the window, at stageOff) is where the neighbour on that side puts
+	// its face in epochs of parity par.
 	send     [3][2][2][]float64
 	stage    [3][2][2][]float64
 	stageOff [3][2][2]int
-	// --checkpoint: x faces are staged too (stage[0], before the
-	// header), so that no put lands in an array, and the notified window
+	// --checkpoint: x and y faces are staged too, so that no put lands
+	// in an array, and the notified window
 	// starts nbase bytes into mem: at u[1] with an even interval (the
 	// state at a checkpoint is then always in u[1]; u[0] is outside and
 	// the snapshots half as big), else at u[0].
-	stageX bool
-	nbase  int
+	stageAll bool
+	nbase    int
 	// hdr (in the window, last) holds what a respawned rank must get
 	// back with the window (--checkpoint): hdr[0] is the reference
 	// checksum, NaN until the sendrecv run computed it.
@@ -215,7 +215,7 @@ type grid struct {
 // newGrid lays out rank's block in memory that alloc returns (zeroed,
 // 8-byte aligned), given the number of bytes it needs.
 func newGrid(rank, size int, local [3]int, checkpoint int, alloc func(n int) ([]byte, error)) (*grid, error) {
-	g := &grid{nx: local[0], ny: local[1], nz: local[2], dims: dimsCreate(size), stageX: checkpoint > 0}
+	g := &grid{nx: local[0], ny: local[1], nz: local[2], dims: dimsCreate(size), stageAll: checkpoint > 0}
 	g.sy = g.nz + 2
 	g.sx = (g.ny + 2) * g.sy
 	g.v = (g.nx + 2) * g.sx
@@ -234,8 +234,10 @@ func newGrid(rank, size int, local [3]int, checkpoint int, alloc func(n int) ([]
 	// Two arrays, six counters (lock), then the notify variant's staging
 	// for y and z faces (and x faces), then the header.
 	n := 2*g.v + 6 + 1
-	for d := g.firstStaged(); d < 3; d++ {
-		n += 4 * g.notifyBytes(d) / 8
+	for d := range 3 {
+		if g.staged(d) {
+			n += 4 * g.notifyBytes(d) / 8
+		}
 	}
 	if checkpoint > 0 && checkpoint%2 == 0 {
 		g.nbase = 8 * g.v
@@ -249,7 +251,10 @@ func newGrid(rank, size int, local [3]int, checkpoint int, alloc func(n int) ([]
 	g.u = [2][]float64{words[:g.v], words[g.v : 2*g.v]}
 	g.counter = g.mem[16*g.v : 16*g.v+48]
 	o := 2*g.v + 6
-	for d := g.firstStaged(); d < 3; d++ {
+	for d := range 3 {
+		if !g.staged(d) {
+			continue
+		}
 		f := g.notifyBytes(d) / 8
 		for par := range 2 {
 			for side := range 2 {
@@ -267,14 +272,12 @@ func newGrid(rank, size int, local [3]int, checkpoint int, alloc func(n int) ([]
 
 func (g *grid) idx(i, j, k int) int { return i*g.sx + j*g.sy + k }
 
-// firstStaged is the first dimension whose faces the notify variant
-// stages: y (1), or x (0) with --checkpoint.
-func (g *grid) firstStaged() int {
-	if g.stageX {
-		return 0
-	}
-	return 1
-}
+// staged reports whether the notify variant's neighbours put faces of
+// dimension d into staging rather than into the arrays: z faces, whose
+// blocks are single elements, travel packed; with --checkpoint all do.
+// x and y faces (rows of nz) are otherwise put in place, one strided put
+// each, which the origin places row by row into a neighbour on this host.
+func (g *grid) staged(d int) bool { return d == 2 || g.stageAll }
 
 // initArrays sets the initial state of both arrays.
 func (g *grid) initArrays() {
@@ -390,7 +393,7 @@ func (g *grid) putFaces(ctx context.Context, w *rma.Win, cur int, want bool, req
 			if r < 0 {
 				continue
 			}
-			if d == 0 && want && g.stageX {
+			if d == 0 && want && g.stageAll {
 				// notify, --checkpoint: my x face (contiguous) into the
 				// neighbour's staging.
 				p := g.face(d, s)[0]
@@ -401,11 +404,11 @@ func (g *grid) putFaces(ctx context.Context, w *rma.Win, cur int, want bool, req
 				reqs = append(reqs, req)
 				continue
 			}
-			if d > 0 && want {
-				// notify: y and z faces, packed here, land contiguous in
-				// the neighbour's staging and are unpacked after the
-				// epoch: a y face put in place is 64 rows of 512 B, a
-				// packet each, and a z face one placement per element.
+			if d > 0 && want && g.staged(d) {
+				// notify: z faces (y faces too with --checkpoint), packed
+				// here, land contiguous in the neighbour's staging and are
+				// unpacked after the epoch: a z face put in place would be
+				// one placement per element.
 				buf := g.send[d][cur][s]
 				g.pack(g.u[cur], d, s, buf, false)
 				b := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), 8*len(buf))
@@ -491,13 +494,13 @@ func copyRow(row, buf []float64, unpack bool) {
 	}
 }
 
-// unstage unpacks the y and z faces (and x faces with --checkpoint) of
+// unstage unpacks the z faces (every face with --checkpoint) of
 // an epoch of parity cur from the notify variant's staging into the ghost
 // layers of array cur.
 func (g *grid) unstage(cur int) {
-	for d := g.firstStaged(); d < 3; d++ {
+	for d := range 3 {
 		for s := range 2 {
-			if g.nbr[d][s] < 0 {
+			if !g.staged(d) || g.nbr[d][s] < 0 {
 				continue
 			}
 			if d > 0 {
