@@ -71,6 +71,11 @@ func (c *Comm) disseminate(ctx context.Context, op string, low uint32, closing b
 			c.troubled.Store(true)
 		}
 	}()
+	if !closing {
+		if hb := c.hostBarrier(ctx); hb != nil {
+			return hb.run(ctx, c, op, low)
+		}
+	}
 	f := collFailure{dead: noRank}
 	tag := c.collTag()
 	var msg [8]byte

@@ -351,6 +351,7 @@ type Comm struct {
 	// Atomics.
 	collSeq  atomic.Uint32 // collective sequence number; collectives are called in order
 	troubled atomic.Bool   // an operation or connection failed (see Close)
+	hb       hostBarrier   // barriers through memory, where every rank shares the host
 	ticks    atomic.Uint64 // probeEvery periods since the start (see wakeProbes)
 
 	// Goroutines and teardown.

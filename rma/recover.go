@@ -362,6 +362,9 @@ func (c *Comm) Recover(ctx context.Context) error {
 	if c.closed() {
 		return opErr("recover", -1, ErrClosed)
 	}
+	// A respawned rank's words are new, and messages carry the recovery's
+	// generation: barriers go over messages from now on, on every rank.
+	c.hb.disable()
 	t0 := time.Now()
 	var st RecoveryStats
 	for {

@@ -1,0 +1,199 @@
+package rma
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/internal/kvs"
+	"github.com/rvma/rvma/internal/launch"
+)
+
+// envHostRole makes the test binary play a rank of TestHostBarrier.
+const envHostRole = "RVMA_RMA_TEST_HOSTBAR"
+
+func TestMain(m *testing.M) {
+	if role := os.Getenv(envHostRole); role != "" {
+		if err := playHostBarrier(role); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// spawnRanks runs n ranks of this test binary as processes on shm, each
+// playing role, and returns their outputs and exit errors.
+func spawnRanks(t *testing.T, n int, role string) ([]string, []error) {
+	key := launch.NewKey()
+	srv, err := kvs.ListenConfig("127.0.0.1:0", n, &kvs.ServerConfig{Key: key})
+	require.NoError(t, err)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	outs := make([]bytes.Buffer, n)
+	cmds := make([]*exec.Cmd, n)
+	for r := range n {
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), envHostRole+"="+role, EnvRank+"="+strconv.Itoa(r), EnvSize+"="+strconv.Itoa(n),
+			EnvKVS+"="+srv.Addr(), launch.EnvKey+"="+launch.EncodeKey(key), "RVMA_PROVIDER=shm", "GOMAXPROCS=1")
+		cmd.Stdout, cmd.Stderr = &outs[r], &outs[r]
+		require.NoError(t, cmd.Start())
+		cmds[r] = cmd
+	}
+	// Each is reaped as it exits, as a launcher does: a zombie still
+	// counts as alive.
+	errs := make([]error, n)
+	done := make(chan int, n)
+	for r, cmd := range cmds {
+		go func() {
+			errs[r] = cmd.Wait()
+			done <- r
+		}()
+	}
+	for range n {
+		<-done
+	}
+	res := make([]string, n)
+	for r := range n {
+		res[r] = outs[r].String()
+	}
+	return res, errs
+}
+
+// TestHostBarrier: ranks of one host, as processes, meet in barriers
+// through each other's memory; the barrier holds every rank until all
+// entered (each puts its round into every rank's window, each finds all
+// of them there after the barrier, rounds after random delays); agree
+// spreads an error to every rank; fences work through it; and a rank
+// whose process is gone fails the others' barrier with ErrPeer naming it,
+// in bounded time, rather than leaving them waiting.
+func TestHostBarrier(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns processes")
+	}
+	for _, tc := range []struct {
+		role  string
+		ranks int
+	}{{"meet", 2}, {"meet", 5}, {"dead", 4}} {
+		t.Run(fmt.Sprintf("%s/%d", tc.role, tc.ranks), func(t *testing.T) {
+			outs, errs := spawnRanks(t, tc.ranks, tc.role)
+			for r := range tc.ranks {
+				if tc.role == "dead" && r == tc.ranks-1 {
+					continue // it exits without closing
+				}
+				require.NoError(t, errs[r], "rank %d: %s", r, outs[r])
+				require.Contains(t, outs[r], "ok", "rank %d", r)
+			}
+		})
+	}
+}
+
+// playHostBarrier is a rank of TestHostBarrier.
+func playHostBarrier(role string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := Init(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := c.Barrier(ctx); err != nil {
+		return err
+	}
+	if c.hb.state.Load() != hbOn {
+		return fmt.Errorf("rank %d: barriers still go over messages", c.rank)
+	}
+	switch role {
+	case "meet":
+		w, err := c.Allocate(ctx, 8*c.size, nil)
+		if err != nil {
+			return err
+		}
+		if err := w.LockAll(ctx); err != nil {
+			return err
+		}
+		rng := rand.New(rand.NewPCG(uint64(c.rank), 7))
+		mem := w.Bytes()
+		for i := uint64(1); i <= 2000; i++ {
+			if d := rng.IntN(4); d == 0 {
+				time.Sleep(time.Duration(rng.IntN(200)) * time.Microsecond)
+			}
+			v := binary.LittleEndian.AppendUint64(nil, i)
+			for r := range c.size {
+				if err := w.Put(ctx, v, r, 8*c.rank); err != nil {
+					return err
+				}
+			}
+			if err := w.FlushAll(ctx); err != nil {
+				return err
+			}
+			if err := c.Barrier(ctx); err != nil {
+				return err
+			}
+			for r := range c.size {
+				if got := binary.LittleEndian.Uint64(mem[8*r:]); got < i {
+					return fmt.Errorf("rank %d, round %d: rank %d's put of this round is not here (%d): the barrier let this rank through early", c.rank, i, r, got)
+				}
+			}
+			// Nobody puts the next round before all have looked.
+			if err := c.Barrier(ctx); err != nil {
+				return err
+			}
+		}
+		if err := w.UnlockAll(ctx); err != nil {
+			return err
+		}
+		for i := range 100 {
+			if err := w.Fence(ctx, 0); err != nil {
+				return fmt.Errorf("fence %d: %w", i, err)
+			}
+		}
+		// agree: an error of one rank reaches all.
+		var mine error
+		if c.rank == 1 {
+			mine = errors.New("rank 1's part failed")
+		}
+		err = c.agree(ctx, "test", mine)
+		switch {
+		case c.rank == 1 && err != nil:
+			return fmt.Errorf("rank 1: agree: %w, want nil (its own error is its caller's)", err)
+		case c.rank != 1 && !errors.Is(err, ErrRemote):
+			return fmt.Errorf("rank %d: agree: %v, want ErrRemote", c.rank, err)
+		}
+		if err := w.Free(ctx); err != nil {
+			return err
+		}
+	case "dead":
+		if c.rank == c.size-1 {
+			os.Exit(3) // gone, without a word
+		}
+		t0 := time.Now()
+		err := c.Barrier(ctx)
+		var e *OpError
+		if !errors.Is(err, ErrPeer) || !errors.As(err, &e) || e.Rank != c.size-1 {
+			return fmt.Errorf("rank %d: barrier with a dead rank: %v, want ErrPeer naming rank %d", c.rank, err, c.size-1)
+		}
+		if d := time.Since(t0); d > 30*time.Second {
+			return fmt.Errorf("rank %d: the dead rank was found after %v", c.rank, d)
+		}
+		c.teardown()
+		fmt.Println("ok")
+		return nil
+	}
+	if err := c.Close(ctx); err != nil {
+		return err
+	}
+	fmt.Println("ok")
+	return nil
+}
