@@ -26,7 +26,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 RUNS=${RUNS:-5}
 DURATION=${DURATION:-0.5}
-LAT="rma_put_flush_lat:8 rma_get_lat:8 rma_acc_lat:8 rma_fop_lat:8 rma_cas_lat:8 rma_put_notify_lat:8 rma_notify_lat:8"
+LAT="rma_put_flush_lat:8 rma_get_lat:8 rma_acc_lat:8 rma_fop_lat:8 rma_cas_lat:8 rma_put_notify_lat:8 rma_notify_lat:8 rma_barrier_lat:8 rma_fence_lat:8"
 POINTS_SHM=${POINTS:-"$LAT rma_put_rate:8 rma_put_rate:65536 rma_put_rate:4194304"}
 POINTS_NET=${POINTS:-"$LAT rma_put_rate:8 rma_put_rate:1048576"}
 RES=$OUT/results.tsv

@@ -17,6 +17,8 @@
  *                      1-byte MPI_Send the peer receives; half a round trip
  *   rma_put_rate       64 puts of --size to distinct offsets + one flush
  *                      per round, in MB/s (10^6 bytes/s) and Mops
+ *   rma_barrier_lat    MPI_Barrier, both ranks in the loop
+ *   rma_fence_lat      MPI_Win_fence(0), both ranks in the loop
  * (rvma-perf's rma_notify_lat, a notified window, has no MPI counterpart.)
  *
  * The scheme is rvma-perf's (cmd/rvma-perf/rmaops.go): rank 0 is the
@@ -140,6 +142,16 @@ static void op_notify_round(struct run *r, long i) {
     }
 }
 
+static void op_barrier(struct run *r, long i) {
+    (void)r, (void)i;
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+static void op_fence(struct run *r, long i) {
+    (void)i;
+    MPI_Win_fence(0, r->win);
+}
+
 /* ---- timing ---- */
 
 struct samples {
@@ -238,7 +250,9 @@ static int is_atomic(const char *test) {
 
 static void run_test(const struct opts *o, const char *test, size_t size) {
     int rate = !strcmp(test, "rma_put_rate"), pingpong = !strcmp(test, "rma_put_notify_lat");
+    int coll = !strcmp(test, "rma_barrier_lat") || !strcmp(test, "rma_fence_lat");
     op_fn op = rate ? op_rate : pingpong ? op_notify_round : one_sided_op(test);
+    if (coll) op = strcmp(test, "rma_fence_lat") ? op_barrier : op_fence;
     if (!op) {
         if (my_rank == 0)
             fprintf(stderr, "rma_bench: %s: %s\n", test,
@@ -258,7 +272,12 @@ static void run_test(const struct opts *o, const char *test, size_t size) {
 
     struct samples s = {0};
     long warm = warm_ops(o, rate);
-    if (pingpong) {
+    if (coll) {
+        /* Both ranks in the loop; one barrier or fence is one operation. */
+        for (long i = 0; i < warm; i++) op(&r, i);
+        timed_phase(&r, op, BATCH, 0, 1, &s);
+        if (my_rank == 0) report(&r, &s, s.n * BATCH, 1, 0);
+    } else if (pingpong) {
         MPI_Win_lock_all(0, r.win);
         for (long i = 0; i < warm; i++) op(&r, i);
         timed_phase(&r, op, BATCH, 0, 1, &s);

@@ -29,8 +29,9 @@
 // that bench/mpi/rma_bench.c runs with MPI: rma_put_flush_lat (Put + Flush
 // under a shared lock), rma_get_lat, rma_acc_lat (Accumulate sum of 8 B +
 // Flush), rma_fop_lat (FetchAndOp sum), rma_cas_lat (CompareAndSwap),
-// rma_put_notify_lat (Put + Flush + a 1-byte Send, ping-pong, one way) and
-// rma_put_rate (64 puts + Flush, in MB/s and Mops). Their ranks are
+// rma_put_notify_lat (Put + Flush + a 1-byte Send, ping-pong, one way),
+// rma_put_rate (64 puts + Flush, in MB/s and Mops), rma_barrier_lat
+// (Barrier) and rma_fence_lat (Fence on a window). Their ranks are
 // goroutines of this process, or two processes bound to cores 0 and 1 with
 // --bind, or the processes of a job (rvmarun -n 2, mpiexec -n 2).
 package main
@@ -129,6 +130,7 @@ type options struct {
 var tests = []string{"write_bw", "write_lat", "write_ack_lat", "read_bw", "read_lat", "send_bw", "send_lat", "atomic_lat",
 	"put_bw", "put_notify_lat", "write_send_lat", "write_flush_send_lat", "rma_put_lat", "rma_put_bw",
 	"rma_put_flush_lat", "rma_get_lat", "rma_put_notify_lat", "rma_notify_lat", "rma_put_rate", "rma_acc_lat", "rma_fop_lat", "rma_cas_lat",
+	"rma_barrier_lat", "rma_fence_lat",
 	"mp_bw", "mp_fct",
 	"memcpy", "udp_raw", "udp_pingpong", "shm_pingpong"}
 
@@ -430,7 +432,7 @@ func measureOne(ctx context.Context, o *options) (*Result, error) {
 	case "shm_pingpong":
 		return shmPingPong(ctx, o)
 	case "rma_put_lat", "rma_put_bw", "rma_put_flush_lat", "rma_get_lat", "rma_put_notify_lat", "rma_notify_lat",
-		"rma_put_rate", "rma_acc_lat", "rma_fop_lat", "rma_cas_lat":
+		"rma_put_rate", "rma_acc_lat", "rma_fop_lat", "rma_cas_lat", "rma_barrier_lat", "rma_fence_lat":
 		if rankEnv() {
 			return rmaAsRank(ctx, o)
 		}

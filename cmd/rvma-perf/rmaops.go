@@ -47,7 +47,7 @@ const (
 func mpiStyle(test string) bool {
 	switch test {
 	case "rma_put_flush_lat", "rma_get_lat", "rma_put_notify_lat", "rma_notify_lat", "rma_put_rate",
-		"rma_acc_lat", "rma_fop_lat", "rma_cas_lat":
+		"rma_acc_lat", "rma_fop_lat", "rma_cas_lat", "rma_barrier_lat", "rma_fence_lat":
 		return true
 	}
 	return false
@@ -155,8 +155,30 @@ func rmaRank(ctx context.Context, c *rma.Comm, o *options) (*Result, error) {
 		return rmaPutNotifyLat(ctx, c, o)
 	case "rma_put_rate":
 		return rmaPutRate(ctx, c, o)
+	case "rma_barrier_lat", "rma_fence_lat":
+		return rmaCollLat(ctx, c, o)
 	}
 	return rmaOneSided(ctx, c, o)
+}
+
+// rmaCollLat: both ranks in a loop of Barrier (rma_barrier_lat) or of
+// Fence on a window (rma_fence_lat), as MPI_Barrier and MPI_Win_fence(0);
+// one barrier or fence is one operation.
+func rmaCollLat(ctx context.Context, c *rma.Comm, o *options) (*Result, error) {
+	w, err := c.Allocate(ctx, 8, nil)
+	if err != nil {
+		return nil, err
+	}
+	round := func() error { return c.Barrier(ctx) }
+	if o.test == "rma_fence_lat" {
+		round = func() error { return w.Fence(ctx, 0) }
+	}
+	n, samples, el, err := pingPong2(ctx, c, o, round)
+	var res *Result
+	if err == nil && c.Rank() == 0 {
+		res = opsResult(o, n, samples, el, 1)
+	}
+	return res, finish(ctx, c, w, err)
 }
 
 // rmaOneSided: rank 0 takes a shared lock on rank 1 once, then times one
