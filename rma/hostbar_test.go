@@ -36,6 +36,10 @@ func TestMain(m *testing.M) {
 // spawnRanks runs n ranks of this test binary as processes on shm, each
 // playing role, and returns their outputs and exit errors.
 func spawnRanks(t *testing.T, n int, role string) ([]string, []error) {
+	spinEnv := "RVMA_SPIN=20us" // a core each: barriers through memory
+	if role == "scarce" {
+		spinEnv = "RVMA_SPIN=50ms" // rvmarun's setting when ranks share cores
+	}
 	key := launch.NewKey()
 	srv, err := kvs.ListenConfig("127.0.0.1:0", n, &kvs.ServerConfig{Key: key})
 	require.NoError(t, err)
@@ -47,7 +51,7 @@ func spawnRanks(t *testing.T, n int, role string) ([]string, []error) {
 	for r := range n {
 		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), envHostRole+"="+role, EnvRank+"="+strconv.Itoa(r), EnvSize+"="+strconv.Itoa(n),
-			EnvKVS+"="+srv.Addr(), launch.EnvKey+"="+launch.EncodeKey(key), "RVMA_PROVIDER=shm", "GOMAXPROCS=1")
+			EnvKVS+"="+srv.Addr(), launch.EnvKey+"="+launch.EncodeKey(key), "RVMA_PROVIDER=shm", "GOMAXPROCS=1", spinEnv)
 		cmd.Stdout, cmd.Stderr = &outs[r], &outs[r]
 		require.NoError(t, cmd.Start())
 		cmds[r] = cmd
@@ -78,7 +82,8 @@ func spawnRanks(t *testing.T, n int, role string) ([]string, []error) {
 // of them there after the barrier, rounds after random delays); agree
 // spreads an error to every rank; fences work through it; and a rank
 // whose process is gone fails the others' barrier with ErrPeer naming it,
-// in bounded time, rather than leaving them waiting.
+// in bounded time, rather than leaving them waiting. Ranks that share
+// cores keep to messages.
 func TestHostBarrier(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns processes")
@@ -86,7 +91,7 @@ func TestHostBarrier(t *testing.T) {
 	for _, tc := range []struct {
 		role  string
 		ranks int
-	}{{"meet", 2}, {"meet", 5}, {"dead", 4}} {
+	}{{"meet", 2}, {"meet", 5}, {"dead", 4}, {"scarce", 3}} {
 		t.Run(fmt.Sprintf("%s/%d", tc.role, tc.ranks), func(t *testing.T) {
 			outs, errs := spawnRanks(t, tc.ranks, tc.role)
 			for r := range tc.ranks {
@@ -111,10 +116,21 @@ func playHostBarrier(role string) error {
 	if err := c.Barrier(ctx); err != nil {
 		return err
 	}
-	if c.hb.state.Load() != hbOn {
+	if want := int32(hbOn); role == "scarce" {
+		// Ranks that share cores keep to messages (see setUp).
+		if got := c.hb.state.Load(); got != hbOff {
+			return fmt.Errorf("rank %d: sharing cores, the barrier is in state %d, want messages", c.rank, got)
+		}
+	} else if got := c.hb.state.Load(); got != want {
 		return fmt.Errorf("rank %d: barriers still go over messages", c.rank)
 	}
 	switch role {
+	case "scarce":
+		for i := range 50 {
+			if err := c.Barrier(ctx); err != nil {
+				return fmt.Errorf("barrier %d: %w", i, err)
+			}
+		}
 	case "meet":
 		w, err := c.Allocate(ctx, 8*c.size, nil)
 		if err != nil {
