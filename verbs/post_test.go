@@ -12,6 +12,23 @@ import (
 	"github.com/rvma/rvma/verbs/verbstest"
 )
 
+// holdFirstFlush holds the first outbox that carries first transmissions
+// of qp's requests before it is sent: entered is closed then, and the
+// poster waits there, its packets unsent, until release is closed.
+func holdFirstFlush(t *testing.T, qp *verbs.QP) (entered, release chan struct{}) {
+	entered, release = make(chan struct{}), make(chan struct{})
+	first := true
+	verbs.SetFlushHook(func(held []*verbs.QP) {
+		if first && slices.Contains(held, qp) {
+			first = false
+			close(entered)
+			<-release
+		}
+	})
+	t.Cleanup(func() { verbs.SetFlushHook(nil) })
+	return entered, release
+}
+
 // TestNoCompletionBeforeFlush: a request's first transmission leaves
 // after the QP's lock, from its outbox, and reads the request's memory
 // then. If its retransmission (a timeout while the poster was delayed) is
@@ -22,16 +39,7 @@ func TestNoCompletionBeforeFlush(t *testing.T) {
 	for _, env := range []verbstest.Env{verbstest.Loop(), verbstest.UDP()} {
 		t.Run(env.Name(), func(t *testing.T) {
 			a, b := verbstest.Pair(t, env, verbstest.PairConfig{Connect: verbs.ConnectConfig{Timeout: time.Millisecond}})
-			entered, release := make(chan struct{}), make(chan struct{})
-			first := true
-			verbs.SetFlushHook(func(held []*verbs.QP) {
-				if first && slices.Contains(held, a.QP) {
-					first = false
-					close(entered)
-					<-release // the poster is delayed here, with its packet unsent
-				}
-			})
-			t.Cleanup(func() { verbs.SetFlushHook(nil) })
+			entered, release := holdFirstFlush(t, a.QP)
 			for i := range 64 {
 				a.Buf[i] = byte(i + 1)
 			}
@@ -86,16 +94,7 @@ func TestNoErrorBeforeFlush(t *testing.T) {
 		for _, env := range []verbstest.Env{verbstest.Loop(), verbstest.UDP()} {
 			t.Run(tc.name+"/"+env.Name(), func(t *testing.T) {
 				a, b := verbstest.Pair(t, env, verbstest.PairConfig{Connect: verbs.ConnectConfig{Timeout: time.Millisecond}})
-				entered, release := make(chan struct{}), make(chan struct{})
-				first := true
-				verbs.SetFlushHook(func(held []*verbs.QP) {
-					if first && slices.Contains(held, a.QP) {
-						first = false
-						close(entered)
-						<-release // the poster is delayed here, with its packets unsent
-					}
-				})
-				t.Cleanup(func() { verbs.SetFlushHook(nil) })
+				entered, release := holdFirstFlush(t, a.QP)
 				rkey := b.MR.RKey()
 				if tc.bad {
 					rkey ^= 0x55
