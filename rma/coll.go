@@ -71,11 +71,23 @@ func (c *Comm) disseminate(ctx context.Context, op string, low uint32, closing b
 			c.troubled.Store(true)
 		}
 	}()
-	if !closing {
-		if hb := c.hostBarrier(ctx); hb != nil {
-			return hb.run(ctx, c, op, low)
-		}
+	if closing {
+		return c.disseminateMsgs(ctx, op, low, closing)
 	}
+	hb, err := c.hostBarrier(ctx)
+	switch {
+	case err != nil:
+		return 0, opErr(op, -1, err)
+	case hb != nil:
+		low, err = hb.run(ctx, c, op, low)
+	default:
+		low, err = c.disseminateMsgs(ctx, op, low, closing)
+	}
+	return low, err
+}
+
+// disseminateMsgs is disseminate over messages.
+func (c *Comm) disseminateMsgs(ctx context.Context, op string, low uint32, closing bool) (uint32, error) {
 	f := collFailure{dead: noRank}
 	tag := c.collTag()
 	var msg [8]byte

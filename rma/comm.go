@@ -866,6 +866,7 @@ func (c *Comm) Close(ctx context.Context) error {
 
 func (c *Comm) teardown() {
 	c.closeOnce.Do(func() {
+		c.hb.close() // before the device (and the words) go
 		close(c.done)
 		c.bgStop()
 		c.rec.stop()

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -46,6 +47,7 @@ type hostBarrier struct {
 	from   []*verbs.Mapping // per round: the partner heard from (for its liveness)
 	n      uint64           // barriers run
 	rounds int
+	err    error // hbBroken: why (set before the state)
 }
 
 const (
@@ -53,41 +55,53 @@ const (
 	hbIniting
 	hbOn
 	hbOff
+	hbBroken
 )
 
 // Word indexes in a rank's words.
 const (
 	hbWake     = 0
 	hbSleeping = 1
-	hbSlots    = 2
+	hbGone     = 2
 )
 
 // hostBarrier returns the Comm's host barrier when its barriers run
-// through memory, setting it up at the first call (collective: every rank
-// makes its first call in the same collective); nil when they run over
-// messages.
-func (c *Comm) hostBarrier(ctx context.Context) *hostBarrier {
+// through memory, else nil. The first call decides, in the Comm's first
+// barrier (collectives are called in the same order on every rank, so it
+// is the same call everywhere): an Allgather and a barrier over messages,
+// on every rank, eligible or not. If they fail, this rank cannot know
+// what the others chose: the error is returned, and every later barrier
+// returns it too (a collective that failed leaves the Comm failed, as
+// MPI's errors are fatal), until Recover.
+func (c *Comm) hostBarrier(ctx context.Context) (*hostBarrier, error) {
 	hb := &c.hb
 	switch hb.state.Load() {
 	case hbOn:
-		return hb
+		return hb, nil
 	case hbIniting, hbOff:
-		return nil
+		return nil, nil
+	case hbBroken:
+		return nil, hb.err
 	}
-	if c.inc > 0 {
+	if c.size == 1 || c.inc > 0 {
 		// A respawned rank's first collective is in Recover, where the
 		// survivors keep to messages.
 		hb.state.Store(hbOff)
-		return nil
+		return nil, nil
 	}
 	hb.state.Store(hbIniting)
-	ok := hb.setUp(ctx, c)
-	if ok {
+	on, err := hb.setUp(ctx, c)
+	switch {
+	case err != nil:
+		hb.err = fmt.Errorf("%w: the Comm's first barrier failed, so its ranks may disagree on how barriers run: %w", ErrSync, err)
+		hb.state.Store(hbBroken)
+		return nil, hb.err
+	case on:
 		hb.state.Store(hbOn)
-		return hb
+		return hb, nil
 	}
 	hb.state.Store(hbOff)
-	return nil
+	return nil, nil
 }
 
 // disable makes the Comm's barriers run over messages from now on
@@ -98,7 +112,7 @@ func (hb *hostBarrier) disable() { hb.state.Store(hbOff) }
 // setUp allocates this rank's words, exchanges keys, maps the partners'
 // words and agrees with every rank that all could. Every rank takes part
 // in its two collectives, eligible or not.
-func (hb *hostBarrier) setUp(ctx context.Context, c *Comm) bool {
+func (hb *hostBarrier) setUp(ctx context.Context, c *Comm) (bool, error) {
 	for k := 1; k < c.size; k *= 2 {
 		hb.rounds++
 	}
@@ -109,13 +123,13 @@ func (hb *hostBarrier) setUp(ctx context.Context, c *Comm) bool {
 	// iteration of the fence variant over messages, 1.4-2.2 through the
 	// words whatever their wait (yielding at every round, every 64, or
 	// sleeping at once), though half as long with the exchange alone.
-	eligible := c.size > 1 && shmPort(c.dev) >= 0 && !spin.Scarce()
+	eligible := shmPort(c.dev) >= 0 && !spin.Scarce()
 	var mine [16]byte // rkey, pid, addr
 	if eligible {
-		mr, err := c.pd.AllocMR(8*(hbSlots+4*hb.rounds), verbs.AccessAll)
+		mr, err := c.pd.AllocMR(8*hb.nwords(), verbs.AccessAll)
 		if err == nil {
 			hb.mr = mr
-			hb.words = unsafe.Slice((*uint64)(unsafe.Pointer(&mr.Bytes()[0])), hbSlots+4*hb.rounds)
+			hb.words = unsafe.Slice((*uint64)(unsafe.Pointer(&mr.Bytes()[0])), hb.nwords())
 			binary.LittleEndian.PutUint32(mine[0:], mr.RKey())
 			binary.LittleEndian.PutUint32(mine[4:], uint32(os.Getpid()))
 			binary.LittleEndian.PutUint64(mine[8:], mr.Addr())
@@ -124,25 +138,48 @@ func (hb *hostBarrier) setUp(ctx context.Context, c *Comm) bool {
 		}
 	}
 	all, err := c.Allgather(ctx, mine[:])
-	if err != nil {
-		eligible = false
-	}
-	if eligible {
+	if err == nil && eligible {
 		eligible = hb.mapPartners(ctx, c, all)
 	}
 	verdict := uint32(noRank) // every rank could: the lowest is none
 	if !eligible {
 		verdict = uint32(c.rank)
 	}
-	if low, err := c.disseminate(ctx, "barrier", verdict, false); err != nil || low != noRank {
+	if err == nil {
+		verdict, err = c.disseminateMsgs(ctx, "barrier", verdict, false)
+	}
+	if err != nil || verdict != noRank {
 		hb.to, hb.from = nil, nil
 		if hb.mr != nil {
 			hb.mr.Deregister()
 			hb.mr, hb.words = nil, nil
 		}
-		return false
+		return false, err
 	}
-	return true
+	return true, nil
+}
+
+// nwords is the length of a rank's words: the wake word, the sleeping
+// flag, a gone word per round (its partner of the round closed), and the
+// slots.
+func (hb *hostBarrier) nwords() int { return hbGone + hb.rounds + 4*hb.rounds }
+
+// slot is the index of the slot of round k for barriers of parity par.
+func (hb *hostBarrier) slot(par, k int) int { return hbGone + hb.rounds + 2*(par*hb.rounds+k) }
+
+// close, at the Comm's teardown, tells each partner waiting on this rank
+// that it will not come (its gone word of that round), and makes later
+// barriers go over messages, which report the closed Comm.
+func (hb *hostBarrier) close() {
+	if !hb.state.CompareAndSwap(hbOn, hbOff) {
+		return
+	}
+	for k, m := range hb.to {
+		to := mappedWords(m)
+		atomic.StoreUint64(&to[hbGone+k], 1)
+		atomic.AddUint64(&to[hbWake], 1)
+		futex.Wake(wakeWord(to))
+	}
 }
 
 // mapPartners maps the words of each round's partners: those written to,
@@ -160,7 +197,7 @@ func (hb *hostBarrier) mapPartners(ctx context.Context, c *Comm, all [][]byte) b
 		if err != nil {
 			return nil
 		}
-		m, err := qp.Map(binary.LittleEndian.Uint32(b), binary.LittleEndian.Uint64(b[8:]), 8*(hbSlots+4*hb.rounds), access)
+		m, err := qp.Map(binary.LittleEndian.Uint32(b), binary.LittleEndian.Uint64(b[8:]), 8*hb.nwords(), access)
 		if err != nil || !m.Usable() {
 			return nil
 		}
@@ -189,7 +226,7 @@ func (hb *hostBarrier) run(ctx context.Context, c *Comm, op string, low uint32) 
 	seq, par := hb.n, int(hb.n%2)
 	f := collFailure{dead: noRank}
 	for k := range hb.rounds {
-		slot := hbSlots + 2*(par*hb.rounds+k)
+		slot := hb.slot(par, k)
 		to := mappedWords(hb.to[k])
 		atomic.StoreUint64(&to[slot], uint64(low)|uint64(f.dead)<<32)
 		atomic.StoreUint64(&to[slot+1], seq)
@@ -198,7 +235,7 @@ func (hb *hostBarrier) run(ctx context.Context, c *Comm, op string, low uint32) 
 			futex.Wake(wakeWord(to))
 		}
 		from := (c.rank - 1<<k + c.size) % c.size
-		switch err := hb.await(ictx, c, slot, hb.from[k]); {
+		switch err := hb.await(ictx, c, slot, k); {
 		case err == errGone:
 			f.dead = min(f.dead, uint32(from))
 			f.first = cmp.Or(f.first, error(errGone))
@@ -216,19 +253,19 @@ func (hb *hostBarrier) run(ctx context.Context, c *Comm, op string, low uint32) 
 	return low, nil
 }
 
-// errGone: the partner's process is gone.
+// errGone: the partner is gone.
 var errGone = errPeerGone{}
 
 type errPeerGone struct{}
 
-func (errPeerGone) Error() string { return "its process is gone" }
+func (errPeerGone) Error() string { return "it is gone (its process, or its Comm closed)" }
 func (errPeerGone) Unwrap() error { return ErrPeer }
 
 // await waits until this barrier's value is in slot: spinning first (as
 // long as the progress engine's waits spin: RVMA_SPIN), then blocking on
 // the wake word. It returns
 // errGone if the partner's process is gone, or ctx's error.
-func (hb *hostBarrier) await(ctx context.Context, c *Comm, slot int, from *verbs.Mapping) error {
+func (hb *hostBarrier) await(ctx context.Context, c *Comm, slot, k int) error {
 	seq := &hb.words[slot+1]
 	want := hb.n
 	var deadline time.Time
@@ -237,14 +274,14 @@ func (hb *hostBarrier) await(ctx context.Context, c *Comm, slot int, from *verbs
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if from.PeerGone() {
+			if hb.gone(k) {
 				return errGone
 			}
 			now := time.Now()
 			if deadline.IsZero() {
 				deadline = now.Add(spin.Or(20 * time.Microsecond))
 			} else if now.After(deadline) {
-				return hb.sleep(ctx, seq, want, from)
+				return hb.sleep(ctx, seq, want, k)
 			}
 		}
 		// Drive the engine now and then, as a wait over messages does:
@@ -262,7 +299,7 @@ func (hb *hostBarrier) await(ctx context.Context, c *Comm, slot int, from *verbs
 
 // sleep blocks on the wake word until the value arrives, looking at ctx
 // and the partner's liveness every millisecond.
-func (hb *hostBarrier) sleep(ctx context.Context, seq *uint64, want uint64, from *verbs.Mapping) error {
+func (hb *hostBarrier) sleep(ctx context.Context, seq *uint64, want uint64, k int) error {
 	wake := wakeWord(hb.words)
 	for {
 		v := atomic.LoadUint32(wake)
@@ -279,10 +316,16 @@ func (hb *hostBarrier) sleep(ctx context.Context, seq *uint64, want uint64, from
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if from.PeerGone() {
+		if hb.gone(k) {
 			return errGone
 		}
 	}
+}
+
+// gone reports whether round k's partner is gone: its process, or its
+// Comm (it closed).
+func (hb *hostBarrier) gone(k int) bool {
+	return hb.from[k].PeerGone() || atomic.LoadUint64(&hb.words[hbGone+k]) != 0
 }
 
 // mappedWords is a partner's words, mapped here.

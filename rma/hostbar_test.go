@@ -82,8 +82,10 @@ func spawnRanks(t *testing.T, n int, role string) ([]string, []error) {
 // of them there after the barrier, rounds after random delays); agree
 // spreads an error to every rank; fences work through it; and a rank
 // whose process is gone fails the others' barrier with ErrPeer naming it,
-// in bounded time, rather than leaving them waiting. Ranks that share
-// cores keep to messages.
+// in bounded time, rather than leaving them waiting, and so does one that
+// closed its Comm alone; a barrier after Close fails; only a failure marks
+// the Comm troubled (which bounds Close). Ranks that share cores keep to
+// messages.
 func TestHostBarrier(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns processes")
@@ -91,12 +93,12 @@ func TestHostBarrier(t *testing.T) {
 	for _, tc := range []struct {
 		role  string
 		ranks int
-	}{{"meet", 2}, {"meet", 5}, {"dead", 4}, {"scarce", 3}} {
+	}{{"meet", 2}, {"meet", 5}, {"dead", 4}, {"closed", 3}, {"after-close", 2}, {"scarce", 3}} {
 		t.Run(fmt.Sprintf("%s/%d", tc.role, tc.ranks), func(t *testing.T) {
 			outs, errs := spawnRanks(t, tc.ranks, tc.role)
 			for r := range tc.ranks {
-				if tc.role == "dead" && r == tc.ranks-1 {
-					continue // it exits without closing
+				if (tc.role == "dead" || tc.role == "closed") && r == tc.ranks-1 {
+					continue // it exits without closing, or closes alone
 				}
 				require.NoError(t, errs[r], "rank %d: %s", r, outs[r])
 				require.Contains(t, outs[r], "ok", "rank %d", r)
@@ -124,7 +126,35 @@ func playHostBarrier(role string) error {
 	} else if got := c.hb.state.Load(); got != want {
 		return fmt.Errorf("rank %d: barriers still go over messages", c.rank)
 	}
+	if c.troubled.Load() {
+		return fmt.Errorf("rank %d: a barrier that failed nothing marked the Comm troubled", c.rank)
+	}
 	switch role {
+	case "closed":
+		// The last rank closes its Comm alone and stays alive: the others'
+		// barrier fails naming it, as over messages, rather than waiting.
+		if c.rank == c.size-1 {
+			c.teardown()
+			time.Sleep(5 * time.Second)
+			return nil
+		}
+		err := c.Barrier(ctx)
+		var e *OpError
+		if !errors.Is(err, ErrPeer) || !errors.As(err, &e) || e.Rank != c.size-1 {
+			return fmt.Errorf("rank %d: barrier with a closed rank: %v, want ErrPeer naming rank %d", c.rank, err, c.size-1)
+		}
+		c.teardown()
+		fmt.Println("ok")
+		return nil
+	case "after-close":
+		if err := c.Close(ctx); err != nil {
+			return err
+		}
+		if err := c.Barrier(ctx); err == nil {
+			return fmt.Errorf("rank %d: a barrier after Close succeeded", c.rank)
+		}
+		fmt.Println("ok")
+		return nil
 	case "scarce":
 		for i := range 50 {
 			if err := c.Barrier(ctx); err != nil {
@@ -187,6 +217,9 @@ func playHostBarrier(role string) error {
 		case c.rank != 1 && !errors.Is(err, ErrRemote):
 			return fmt.Errorf("rank %d: agree: %v, want ErrRemote", c.rank, err)
 		}
+		if !c.troubled.Load() {
+			return fmt.Errorf("rank %d: a failed agree did not mark the Comm troubled (Close would wait without bound)", c.rank)
+		}
 		if err := w.Free(ctx); err != nil {
 			return err
 		}
@@ -212,4 +245,58 @@ func playHostBarrier(role string) error {
 	}
 	fmt.Println("ok")
 	return nil
+}
+
+// TestBarrierLeavesCommUntroubled: barriers that fail nothing, over
+// messages (the ranks share a process), including the first, which
+// chooses how barriers run, do not mark the Comm troubled, which would bound Close to
+// CloseTimeout; a failed agree does.
+func TestBarrierLeavesCommUntroubled(t *testing.T) {
+	comms := newWorld(t, 3, &Config{Provider: "loop"})
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		for range 3 {
+			if err := c.Barrier(ctx); err != nil {
+				return err
+			}
+		}
+		if c.hb.state.Load() != hbOff {
+			return fmt.Errorf("rank %d: barriers through memory between goroutines", c.rank)
+		}
+		if c.troubled.Load() {
+			return fmt.Errorf("rank %d: troubled after barriers that failed nothing", c.rank)
+		}
+		var mine error
+		if c.rank == 0 {
+			mine = errors.New("failed here")
+		}
+		_ = c.agree(ctx, "test", mine)
+		if !c.troubled.Load() {
+			return fmt.Errorf("rank %d: a failed agree left the Comm untroubled", c.rank)
+		}
+		return nil
+	})
+}
+
+// TestFirstBarrierFailed: when the Comm's first barrier, which chooses how
+// barriers run, fails (here its context ends), later barriers fail at once
+// with ErrSync rather than run a way the other ranks may not have chosen,
+// until Recover.
+func TestFirstBarrierFailed(t *testing.T) {
+	comms := newWorld(t, 2, &Config{Provider: "loop"})
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		first, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		if c.rank == 0 {
+			cancel() // rank 0's ends at once; rank 1's while it waits for rank 0
+		}
+		if err := c.Barrier(first); err == nil {
+			return fmt.Errorf("rank %d: the first barrier succeeded with its context ended", c.rank)
+		}
+		for range 2 {
+			if err := c.Barrier(ctx); !errors.Is(err, ErrSync) {
+				return fmt.Errorf("rank %d: a barrier after the failed first: %v, want ErrSync", c.rank, err)
+			}
+		}
+		return nil
+	})
 }

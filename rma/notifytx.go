@@ -362,11 +362,11 @@ func (w *Win) placePerOrigin(qp *verbs.QP, origin []byte, ol Layout, target, off
 	if !ok || w.bridging(target) {
 		return nil, false, nil
 	}
-	w.sending(tx, target)
 	k := qp.PlaceMailbox(w.mailboxAddr(target), sc.pieces)
 	if k == 0 {
 		return nil, false, nil
 	}
+	w.sending(tx, target) // placed puts are not pending: as if before them
 	if k == len(sc.pieces) {
 		tx.epoch, tx.acc = e, a
 		return nil, true, nil
@@ -379,6 +379,8 @@ func (w *Win) placePerOrigin(qp *verbs.QP, origin []byte, ol Layout, target, off
 	defer w.c.reg.release()
 	wrs, err := w.putWRs(nil, origin, ol, target, off, tl)
 	if err != nil {
+		// The placed runs have landed and are counted, the rest will not:
+		// the put failed, as one whose requests failed midway.
 		return nil, true, opErr("put", target, err)
 	}
 	req, err := w.txSubmit(tx, qp, target, wrs[k:], units, signal, true, e, a)

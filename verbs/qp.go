@@ -519,7 +519,10 @@ func (qp *QP) SetError() error {
 }
 
 // Reset returns the QP to Reset, discarding every queued work request
-// without completions, as ibv_modify_qp to RESET does. The QP gets a new
+// without completions, as ibv_modify_qp to RESET does. Completions of a
+// failure that wait for an outbox still holding the QP's packets (see
+// QP.unflushed) are not discarded: they arrive once it is sent, ahead of
+// the new connection's. The QP gets a new
 // starting PSN and secret, so packets of its old connection cannot reach it.
 func (qp *QP) Reset() error {
 	qp.mu.Lock()
@@ -1136,13 +1139,20 @@ func (qp *QP) releaseErrors() {
 		return
 	}
 	qp.errHeld = false
-	for i, wc := range qp.heldWCs {
-		qp.heldWCs[i] = WorkCompletion{}
+	wcs := qp.heldWCs
+	qp.heldWCs = nil
+	for i, wc := range wcs {
+		if qp.errHeld {
+			// A push failed and the QP failed again while an outbox
+			// holds its packets (after a Reset): the rest wait again,
+			// in order, ahead of what that failure holds.
+			qp.heldWCs = append(wcs[i:len(wcs):len(wcs)], qp.heldWCs...)
+			return
+		}
 		if !qp.sendCQ.push(wc) && qp.state != StateError {
 			qp.toErrorLocked()
 		}
 	}
-	qp.heldWCs = qp.heldWCs[:0]
 }
 
 func (qp *QP) flushRecvLocked() {

@@ -297,6 +297,9 @@ func (qp *QP) completeDone() {
 		}
 	}
 	qp.held.Store(false)
+	// A flush that reached zero may have looked at held before this
+	// store cleared it: completions an error held are released here then.
+	qp.releaseErrors()
 	qp.completeAcked()
 }
 
