@@ -120,7 +120,6 @@ func (w *Win) Complete(ctx context.Context) error {
 	if group == nil {
 		return opErr("complete", -1, fmt.Errorf("%w: complete without start", ErrSync))
 	}
-	var reqs []*Request
 	var first error
 	for _, r := range group {
 		var failed [1]byte
@@ -132,16 +131,16 @@ func (w *Win) Complete(ctx context.Context) error {
 				first, failed[0] = cmp.Or(first, opErr("complete", r, err)), 1
 			}
 		}
-		op, err := w.c.sendMsg(ctx, r, kindMsg, w.syncTag(syncComplete), failed[:], nil)
-		if err != nil {
+		if _, err := w.c.sendMsg(ctx, r, kindMsg, w.syncTag(syncComplete), failed[:], nil); err != nil {
 			first = cmp.Or(first, opErr("complete", r, err))
-			continue
 		}
-		reqs = append(reqs, &Request{op: op, name: "complete", rank: r})
 	}
-	for _, req := range reqs {
-		first = cmp.Or(first, req.Wait(ctx))
-	}
+	// The messages' acknowledgements are not waited for: MPI's complete
+	// asks only that the epoch's operations have completed at this rank
+	// (the flushes below do more: at the target too), and a target whose
+	// message is lost learns of it in its Wait, as ErrPeer. Waiting cost
+	// a turn of each target's progress (halo3d's pscw variant, exchange
+	// only, 70-104 -> 49-80 us an iteration, 4 ranks on 2 cores).
 	for _, r := range group {
 		first = cmp.Or(first, w.Flush(ctx, r))
 	}
