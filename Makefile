@@ -68,11 +68,16 @@ perf-capi:
 # panics instead of deadlocking. About three minutes on two cores.
 DEBUG_TEST = $(GO) test -tags rvmadebug -count=1 -timeout 14m ./internal/lockcheck/ ./verbs/ ./internal/progress/ ./rma/
 
+# The tests that count allocations assert only without the race detector
+# (its pools drop objects) and the debug build (its lock records allocate).
+NOALLOC_TEST = $(GO) test -count=1 -run NoAlloc ./verbs/ ./rma/
+
 # The README's test command; .ci/run runs exactly this.
 test:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 14m ./...
 	$(DEBUG_TEST)
+	$(NOALLOC_TEST)
 
 test-debug:
 	$(DEBUG_TEST)
