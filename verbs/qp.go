@@ -200,8 +200,7 @@ func (qp *QP) flushed() {
 		qp.mu.Unlock()
 		return
 	}
-	qp.completeDone()
-	qp.releaseErrors()
+	qp.completeDone() // releases what an error held too, if nothing holds packets now
 	if r := &qp.req; qp.state == StateReadyToSend && r.txSeq < r.tailSeq {
 		// A request that failed at post time may be at the head now
 		// (progressSend fails the QP with it); or the window has room.
@@ -1133,7 +1132,7 @@ func (qp *QP) holdErrors() {
 }
 
 // releaseErrors delivers the completions holdErrors kept (mu held; no
-// outbox holds first transmissions any more).
+// outbox holds first transmissions any more: completeDone calls it).
 func (qp *QP) releaseErrors() {
 	if !qp.errHeld {
 		return
