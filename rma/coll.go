@@ -71,16 +71,15 @@ func (c *Comm) disseminate(ctx context.Context, op string, low uint32, closing b
 			c.troubled.Store(true)
 		}
 	}()
-	if closing {
-		return c.disseminateMsgs(ctx, op, low, closing)
+	var hb *hostBarrier
+	if !closing { // Close's barrier keeps to messages (see closing above)
+		if hb, err = c.hostBarrier(ctx); err != nil {
+			return 0, opErr(op, -1, err)
+		}
 	}
-	hb, err := c.hostBarrier(ctx)
-	switch {
-	case err != nil:
-		return 0, opErr(op, -1, err)
-	case hb != nil:
+	if hb != nil {
 		low, err = hb.run(ctx, c, op, low)
-	default:
+	} else {
 		low, err = c.disseminateMsgs(ctx, op, low, closing)
 	}
 	return low, err

@@ -21,13 +21,13 @@ import (
 // the ranks' memory, as MPI libraries' shared-memory barriers do: a round
 // of the dissemination is a store into the partner's word and a spin on
 // one's own, with no message, no acknowledgement and no progress engine.
-// Over messages, a round on shm took a send, its acknowledgement and a
-// receive through the rings: 6-36 us for two ranks on two cores, where
-// Open MPI's barrier takes 0.2.
+// Over messages, a round on shm takes a send, its acknowledgement and a
+// receive through the rings: rma_barrier_lat, 2 ranks on their own cores,
+// 3.1-3.7 us that way against 0.16-0.18 this way (docs/PERFORMANCE.md).
 //
 // Each rank's words: a wake word and a sleeping flag (a waiter that spun
-// long enough blocks on the wake word, and the writer wakes it), then per
-// parity of the barrier's number and per round a slot of two words, the
+// long enough blocks on the wake word, and the writer wakes it), a gone
+// word per round (its partner closed), then per parity of the barrier's number and per round a slot of two words, the
 // value (lowest failed rank, lowest dead rank) and the barrier's number,
 // stored in that order. A partner can be at most one barrier ahead (it
 // cannot finish the next without this rank), so two parities suffice.
@@ -40,9 +40,9 @@ import (
 // share cores (see setUp).
 type hostBarrier struct {
 	mu     sync.Mutex   // one barrier at a time (collectives are called in order)
-	state  atomic.Int32 // hbUntried, hbIniting, hbOn, hbOff
+	state  atomic.Int32 // hbUntried, hbIniting, hbOn, hbOff, hbBroken
 	mr     *verbs.MR
-	words  []uint64         // this rank's: [wake, sleeping, slots...]
+	words  []uint64         // this rank's (see nwords)
 	to     []*verbs.Mapping // per round: the partner written to, its words
 	from   []*verbs.Mapping // per round: the partner heard from (for its liveness)
 	n      uint64           // barriers run
@@ -129,7 +129,7 @@ func (hb *hostBarrier) setUp(ctx context.Context, c *Comm) (bool, error) {
 		mr, err := c.pd.AllocMR(8*hb.nwords(), verbs.AccessAll)
 		if err == nil {
 			hb.mr = mr
-			hb.words = unsafe.Slice((*uint64)(unsafe.Pointer(&mr.Bytes()[0])), hb.nwords())
+			hb.words = u64s(mr.Bytes())
 			binary.LittleEndian.PutUint32(mine[0:], mr.RKey())
 			binary.LittleEndian.PutUint32(mine[4:], uint32(os.Getpid()))
 			binary.LittleEndian.PutUint64(mine[8:], mr.Addr())
@@ -175,10 +175,9 @@ func (hb *hostBarrier) close() {
 		return
 	}
 	for k, m := range hb.to {
-		to := mappedWords(m)
+		to := u64s(m.Bytes())
 		atomic.StoreUint64(&to[hbGone+k], 1)
-		atomic.AddUint64(&to[hbWake], 1)
-		futex.Wake(wakeWord(to))
+		wake(to)
 	}
 }
 
@@ -227,12 +226,11 @@ func (hb *hostBarrier) run(ctx context.Context, c *Comm, op string, low uint32) 
 	f := collFailure{dead: noRank}
 	for k := range hb.rounds {
 		slot := hb.slot(par, k)
-		to := mappedWords(hb.to[k])
+		to := u64s(hb.to[k].Bytes())
 		atomic.StoreUint64(&to[slot], uint64(low)|uint64(f.dead)<<32)
 		atomic.StoreUint64(&to[slot+1], seq)
 		if atomic.LoadUint64(&to[hbSleeping]) != 0 {
-			atomic.AddUint64(&to[hbWake], 1)
-			futex.Wake(wakeWord(to))
+			wake(to)
 		}
 		from := (c.rank - 1<<k + c.size) % c.size
 		switch err := hb.await(ictx, c, slot, k); {
@@ -263,8 +261,8 @@ func (errPeerGone) Unwrap() error { return ErrPeer }
 
 // await waits until this barrier's value is in slot: spinning first (as
 // long as the progress engine's waits spin: RVMA_SPIN), then blocking on
-// the wake word. It returns
-// errGone if the partner's process is gone, or ctx's error.
+// the wake word. It returns errGone if the partner is gone, or ctx's
+// error.
 func (hb *hostBarrier) await(ctx context.Context, c *Comm, slot, k int) error {
 	seq := &hb.words[slot+1]
 	want := hb.n
@@ -328,10 +326,13 @@ func (hb *hostBarrier) gone(k int) bool {
 	return hb.from[k].PeerGone() || atomic.LoadUint64(&hb.words[hbGone+k]) != 0
 }
 
-// mappedWords is a partner's words, mapped here.
-func mappedWords(m *verbs.Mapping) []uint64 {
-	b := m.Bytes()
-	return unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), len(b)/8)
+// u64s is b (8-byte aligned: registered or mapped memory) as words.
+func u64s(b []byte) []uint64 { return unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), len(b)/8) }
+
+// wake wakes the rank whose words w are, if it sleeps on its wake word.
+func wake(w []uint64) {
+	atomic.AddUint64(&w[hbWake], 1)
+	futex.Wake(wakeWord(w))
 }
 
 // wakeWord is the 32-bit futex word in the wake word's low half (little

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -106,7 +105,7 @@ func (ws *words) alloc(c *Comm, n int) error {
 	if ws.mr, ws.mmap, err = c.allocNIC(8 * n); err != nil {
 		return fmt.Errorf("rma: credit words: %w", err)
 	}
-	ws.w = unsafe.Slice((*uint64)(unsafe.Pointer(&ws.mr.Bytes()[0])), n)
+	ws.w = u64s(ws.mr.Bytes())[:n]
 	return nil
 }
 

@@ -391,7 +391,7 @@ func (w *Win) setup(conf WinConfig) (remoteWin, error) {
 	if w.lockMR, err = c.pd.AllocMR(8*(1+c.size), verbs.AccessAll); err != nil {
 		return me, err
 	}
-	w.lockMem = unsafe.Slice((*uint64)(unsafe.Pointer(&w.lockMR.Bytes()[0])), 1+c.size)
+	w.lockMem = u64s(w.lockMR.Bytes())[:1+c.size]
 	me.size, me.unit, me.lockAddr, me.lockKey = uint64(len(w.mem)), uint32(w.unit), w.lockMR.Addr(), w.lockMR.RKey()
 	if conf.Notify != nil {
 		if w.notify, err = newNotify(w, *conf.Notify); err != nil {
