@@ -10,5 +10,6 @@ require (
 
 require (
 	github.com/klauspost/cpuid/v2 v2.3.0 // indirect
+	github.com/zeebo/blake3 v0.2.4 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 )

@@ -6,7 +6,7 @@
 # the kernel dropped), and the CPU seconds per GiB of each end from
 # /usr/bin/time (user + system: robust to a shared machine, unlike the
 # goodput, which is the machine's to give). The sender's CPU includes
-# hashing the file (SHA-256, before its clock starts), the receiver's
+# hashing the file (BLAKE3, before its clock starts), the receiver's
 # checking each region as it lands.
 # Usage: scripts/haul-unpaced.sh [SIZE_MiB] [REPS] [OUT.jsonl]
 set -euo pipefail

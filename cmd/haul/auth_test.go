@@ -115,7 +115,7 @@ func TestKeyedReceiverRefusesOutsiders(t *testing.T) {
 	err = rcDialer(t, f.addr, k, []byte("not an offer"))
 	require.ErrorIs(t, err, cm.ErrRejected)
 	require.ErrorContains(t, err, "malformed offer")
-	bogus := offer{Name: "x", Size: 5 << 20, SHA256: sha256Hex([]byte("x")), Region: 1 << 20, Manifest: sha256Hex(nil), K: 32, Wire: sdrwire.Version, Hashing: hashChain}
+	bogus := offer{Name: "x", Size: 5 << 20, Digest: sha256Hex([]byte("x")), Region: 1 << 20, Manifest: sha256Hex(nil), K: 32, Wire: sdrwire.Version, Hashing: hashChain}
 	err = rcDialer(t, f.addr, k, mustJSON(bogus))
 	require.ErrorIs(t, err, cm.ErrRejected)
 	require.ErrorContains(t, err, "QP type")

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -101,11 +103,18 @@ func TestThroughLinkem(t *testing.T) {
 			require.True(t, bytes.Equal(want, got))
 			var rep map[string]any
 			require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(s.out)), &rep), s.out)
-			for _, k := range []string{"bytes", "seconds", "gbps", "scheme", "ideal_seconds", "predicted_seconds", "sha256", "ok"} {
+			for _, k := range []string{"bytes", "seconds", "gbps", "scheme", "ideal_seconds", "predicted_seconds", "hash", "digest", "ok"} {
 				require.Contains(t, rep, k)
 			}
 			require.Equal(t, true, rep["ok"])
 			require.EqualValues(t, len(want), rep["bytes"])
+			digest, _ := blake3List{}.file(want, 1<<20)
+			require.Equal(t, "blake3", rep["hash"])
+			require.Equal(t, digest, rep["digest"], "as haul digest --region 1MiB prints it")
+			require.NotContains(t, rep, "sha256")
+			var rrep map[string]any
+			require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(r.out)), &rrep), r.out)
+			require.Equal(t, digest, rrep["digest"])
 			if scheme != "auto" {
 				require.True(t, strings.HasPrefix(rep["scheme"].(string), scheme), rep["scheme"])
 			}
@@ -204,7 +213,9 @@ func TestResume(t *testing.T) {
 	rc := runAsync(ctx, "recv", "--listen", addr, "--out", out, "--via", l.AddrB().String(), "--peer-timeout", silentPeer, "--wait", "0")
 	waitListening(t, addr)
 	sctx, kill := context.WithCancel(ctx)
-	sc := runAsync(sctx, "send", "--to", addr, "--via", l.AddrA().String(), "--rate", "80mbit", "--region", "1MiB", in)
+	// With the file's SHA-256: the resumed receiver checks the kept
+	// regions from the chaining values between them.
+	sc := runAsync(sctx, "send", "--to", addr, "--via", l.AddrA().String(), "--rate", "80mbit", "--region", "1MiB", "--digest", "sha256", in)
 	// Kill the sender once a few regions are in.
 	waitRegions(t, out, 3)
 	kill()
@@ -222,13 +233,17 @@ func TestResume(t *testing.T) {
 	defer l2.Close()
 	rc = runAsync(ctx, "recv", "--listen", addr, "--out", out, "--via", l2.AddrB().String())
 	waitListening(t, addr)
-	s := <-runAsync(ctx, "send", "--to", addr, "--via", l2.AddrA().String(), "--rate", "80mbit", "--region", "1MiB", "--json", in)
+	s := <-runAsync(ctx, "send", "--to", addr, "--via", l2.AddrA().String(), "--rate", "80mbit", "--region", "1MiB", "--digest", "sha256", "--json", in)
 	r = <-rc
 	require.NoError(t, s.err, s.errOut)
 	require.NoError(t, r.err, r.errOut)
 	var rep report
 	require.NoError(t, json.Unmarshal([]byte(s.out), &rep))
 	require.True(t, rep.OK)
+	sum := sha256.Sum256(want)
+	require.Equal(t, "sha256", rep.Hash)
+	require.Equal(t, hex.EncodeToString(sum[:]), rep.SHA256, "as sha256sum prints it")
+	require.Equal(t, rep.SHA256, rep.Digest)
 	require.GreaterOrEqual(t, rep.Resumed, int64(3<<20))
 	got, err := os.ReadFile(out)
 	require.NoError(t, err)

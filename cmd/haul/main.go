@@ -1,10 +1,12 @@
 // Command haul moves a file across a long-haul link with the reliability
 // package: chunks written straight into the receiver's file (mapped into
 // memory and registered), losses repaired by selective repeat or
-// Reed-Solomon coding as the model chooses, SHA-256 verified end to end,
+// Reed-Solomon coding as the model chooses, verified end to end (BLAKE3,
+// or SHA-256 with --digest sha256),
 // and an interrupted transfer resumed from what the receiver kept.
 //
 //	haul keygen FILE
+//	haul digest [--digest blake3|sha256] [--region SIZE] PATH
 //	haul recv --listen ADDR --out PATH [--key-file FILE [--encrypt]] [--via RELAY] [--wait D]
 //	haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate auto|R] [--workers N] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--probes N] PATH
 //
@@ -20,6 +22,10 @@
 // key) also encrypts the payload with AES-256-GCM; recv --encrypt accepts
 // only such senders.
 //
+// digest prints a file's digest as send computes it (and the receiver
+// checks it): with --digest blake3 (the default) a BLAKE3 tree over the
+// regions, so --region must be send's; with sha256 the file's SHA-256.
+//
 // send --rate auto (the default) finds the path's rate: the probe
 // train's dispersion to start, then a delay-based controller that backs
 // off when the round trip shows a queue and not on loss, which the
@@ -32,11 +38,10 @@
 // worker needs its own --via).
 //
 // The receiver writes PATH.haul.part and renames it to PATH only once its
-// SHA-256 matches; PATH.haul beside it records the regions in place (each
-// checked as it lands as its part of the file's SHA-256, against the
-// chaining values the sender sends), so that a rerun of
-// both sides resumes, and a sender restarted within --wait resumes with
-// the same receiver.
+// digest matches; PATH.haul beside it records the regions in place (each
+// checked as it lands against the hash the sender sends for it), so that
+// a rerun of both sides resumes, and a sender restarted within --wait
+// resumes with the same receiver.
 package main
 
 import (
@@ -66,6 +71,7 @@ func main() {
 
 const usage = `usage:
   haul keygen FILE
+  haul digest [--digest blake3|sha256] [--region SIZE] PATH
   haul recv --listen ADDR --out PATH [--key-file FILE [--encrypt]] [--via RELAY] [--wait D] [--json]
   haul send --to ADDR [--key-file FILE [--encrypt]] [--via RELAY] [--rate auto|R] [--workers N] [--scheme auto|sr|ec] [--k K --m M] [--chunk SIZE] [--region SIZE] [--probes N] [--json] PATH`
 
@@ -99,6 +105,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return send(ctx, o, stdout, stderr)
 	case "keygen":
 		return keygen(args[1:], stdout)
+	case "digest":
+		return digestCmd(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprintln(stdout, usage)
 		return nil
@@ -122,6 +130,43 @@ func profile(path string) (func(), error) {
 		return nil, fmt.Errorf("--cpuprofile: %w", err)
 	}
 	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
+// digestCmd prints PATH's digest as haul send computes it.
+func digestCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("haul digest", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	label := fs.String("digest", "blake3", "blake3 or sha256, as haul send's --digest")
+	regionFlag := fs.String("region", "", "haul send's --region (blake3 hashes each region; default as send's)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return errors.New("digest needs one PATH")
+	}
+	h, ok := hashingLabeled(*label)
+	if !ok {
+		return fmt.Errorf("--digest %q: want blake3 or sha256", *label)
+	}
+	var flagRegion int64
+	if *regionFlag != "" {
+		var err error
+		if flagRegion, err = parseRegion(*regionFlag); err != nil {
+			return err
+		}
+	}
+	mm, size, closeFn, err := mapFile(fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	region, err := pickRegion(flagRegion, size)
+	if err != nil {
+		return err
+	}
+	sum, _ := h.file(mm, region)
+	fmt.Fprintf(stdout, "%s  %s (%s, region %d)\n", sum, fs.Arg(0), h.label(), region)
+	return nil
 }
 
 // keygen writes a new key file; it never overwrites one, which would lock

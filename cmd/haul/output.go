@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -137,9 +136,9 @@ func (o *output) verifyHave(ctx context.Context) (int, error) {
 			return bad, err
 		}
 		lo := int64(i) * s.Region
-		h := regionHash(i, s.Region, s.Hashes)
-		_, err := io.CopyBuffer(h, io.NewSectionReader(o.f, lo, min(s.Region, s.Size-lo)), buf)
-		if err != nil || !regionEnds(h, i, regions(s.Size, s.Region), s.Hashes) {
+		d := o.hashing().start(i, s.Region, s.Hashes)
+		_, err := io.CopyBuffer(d, io.NewSectionReader(o.f, lo, min(s.Region, s.Size-lo)), buf)
+		if err != nil || !o.hashing().ends(d, i, regions(s.Size, s.Region), s.Hashes) {
 			clearRegion(s.Have, i)
 			bad++
 		}
@@ -150,7 +149,7 @@ func (o *output) verifyHave(ctx context.Context) (int, error) {
 // matches says whether the output belongs to the transfer off offers.
 func (o *output) matches(off *offer) bool {
 	s := &o.st.st
-	return s.Size == off.Size && s.SHA256 == off.SHA256 && s.Region == off.Region && s.Manifest == off.Manifest
+	return s.Size == off.Size && s.Digest == off.Digest && s.Hashing == off.Hashing && s.Region == off.Region && s.Manifest == off.Manifest
 }
 
 // createOutput starts the transfer off offers from nothing: the partial
@@ -166,7 +165,7 @@ func createOutput(out string, off *offer, log *slog.Logger) (*output, error) {
 		return nil, err
 	}
 	n := regions(off.Size, off.Region)
-	st := state{Version: stateVersion, Size: off.Size, SHA256: off.SHA256, Region: off.Region, Manifest: off.Manifest,
+	st := state{Version: stateVersion, Size: off.Size, Digest: off.Digest, Hashing: off.Hashing, Region: off.Region, Manifest: off.Manifest,
 		Have: make([]byte, (n+7)/8)}
 	sf, err := createState(statePath(out), st)
 	if err != nil {
@@ -238,8 +237,8 @@ func (o *output) needHashes() bool { return o.regions() > 0 && !o.st.st.Hashed }
 // manifest, and records them.
 func (o *output) setHashes(h []byte) error {
 	n := o.regions()
-	// The last is the file's SHA-256: the chain ends at the offer's.
-	if len(h) != n*hashLen || sha256Hex(h) != o.st.st.Manifest || hex.EncodeToString(h[(n-1)*hashLen:]) != o.st.st.SHA256 {
+	s := &o.st.st
+	if len(h) != n*hashLen || sha256Hex(h) != s.Manifest || o.hashing().digest(s.Size, s.Region, h) != s.Digest {
 		return errors.New("the sender's region hashes do not match its offer")
 	}
 	return o.st.saveHashes(h)
@@ -261,7 +260,7 @@ func (o *output) complete(i int) (bool, error) {
 // file. It is safe for concurrent use on distinct regions.
 func (o *output) land(i int, b []byte, write bool) (bool, error) {
 	s := &o.st.st
-	if !regionOK(b, i, o.regions(), s.Region, s.Hashes) {
+	if !regionOK(o.hashing(), b, i, o.regions(), s.Region, s.Hashes) {
 		o.log.Warn("a region arrived corrupted; it will be fetched again", "region", i)
 		return false, nil
 	}
@@ -285,19 +284,18 @@ func (o *output) land(i int, b []byte, write bool) (bool, error) {
 }
 
 // verify says whether the file is complete and verified, with its
-// SHA-256. Each region was checked as it arrived (or, resumed, when the
-// run began) as a part of the file's SHA-256, from the chaining value
-// before it to the one after, and the chain ends at the offer's SHA-256
+// digest. Each region was checked against its hash as it arrived (or,
+// resumed, when the run began), and the hashes make the offer's digest
 // (setHashes): a file whose every region checked out has it, and is not
 // hashed again. The mapping takes no writes to a region once checked
-// (its receive is over). An empty file has no regions: its SHA-256 is
+// (its receive is over). An empty file has no regions: its digest is
 // computed.
 func (o *output) verify() (string, error) {
 	s := &o.st.st
 	if o.regions() == 0 {
-		sum := sha256Hex(nil)
-		if sum != s.SHA256 {
-			return sum, errors.New("sha256 mismatch: the sender's file is empty, and its SHA-256 is not that of nothing")
+		sum := o.hashing().digest(0, s.Region, nil)
+		if sum != s.Digest {
+			return sum, fmt.Errorf("%s mismatch: the sender's file is empty, and its digest is not that of nothing", o.hashing().label())
 		}
 		return sum, nil
 	}
@@ -310,7 +308,13 @@ func (o *output) verify() (string, error) {
 	if missing > 0 {
 		return "", fmt.Errorf("%d regions are missing or did not match the sender's hashes; the next run fetches them again", missing)
 	}
-	return s.SHA256, nil
+	return s.Digest, nil
+}
+
+// hashing is the scheme of the transfer's region hashes.
+func (o *output) hashing() hashing {
+	h, _ := hashingNamed(o.st.st.Hashing) // validated with the state
+	return h
 }
 
 // finish syncs the verified file, gives it its final name and removes

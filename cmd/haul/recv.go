@@ -178,8 +178,8 @@ func parseOffer(b []byte) (*offer, error) {
 		return nil, fmt.Errorf("bad offer: %w", err)
 	}
 	switch {
-	case !isHexHash(off.SHA256):
-		return nil, errors.New("bad offer: malformed sha256")
+	case !isHexHash(off.Digest):
+		return nil, errors.New("bad offer: malformed digest")
 	case !isHexHash(off.Manifest):
 		return nil, errors.New("bad offer: no region hashes (a haul older than this receiver?)")
 	case off.Paths < 0 || off.Paths > 16:
@@ -190,8 +190,8 @@ func parseOffer(b []byte) (*offer, error) {
 		return nil, fmt.Errorf("bad offer: a nonce of %d bytes", len(off.Nonce))
 	case off.Wire != sdrwire.Version:
 		return nil, fmt.Errorf("the sender speaks wire format version %d, this receiver %d: run the same haul release at both ends", max(off.Wire, 2), sdrwire.Version)
-	case off.Hashing != hashChain:
-		return nil, fmt.Errorf("the sender hashes regions on their own, this receiver checks them as parts of the file's SHA-256 (%s): run the same haul release at both ends", hashChain)
+	case !knownHashing(off.Hashing):
+		return nil, fmt.Errorf("the sender hashes regions as %q, this receiver as %q or %q: run the same haul release at both ends", off.Hashing, hashBlake3, hashChain)
 	}
 	return &off, nil
 }
@@ -311,8 +311,8 @@ func (r *receiver) sameTransfer(req *cm.Request, out *output) string {
 		return err.Error()
 	}
 	if !out.matches(off) {
-		return fmt.Sprintf("busy: receiving another file into %s (%d bytes, sha256 %s, region %d)",
-			r.o.out, out.st.st.Size, out.st.st.SHA256, out.st.st.Region)
+		return fmt.Sprintf("busy: receiving another file into %s (%d bytes, %s %s, region %d)",
+			r.o.out, out.st.st.Size, out.hashing().label(), out.st.st.Digest, out.st.st.Region)
 	}
 	return ""
 }
@@ -367,7 +367,7 @@ func (r *receiver) session(ctx context.Context, req *cm.Request, out *output) (*
 		}
 	}
 	e := eps[0]
-	ans := answer{Have: slices.Clone(out.have()), Hashes: out.needHashes(), Wire: sdrwire.Version, Hashing: hashChain}
+	ans := answer{Have: slices.Clone(out.have()), Hashes: out.needHashes(), Wire: sdrwire.Version, Hashing: off.Hashing}
 	var todo []int // the regions the sender will send, as it counts them
 	for i := range out.regions() {
 		if !hasRegion(ans.Have, i) {
@@ -383,7 +383,7 @@ func (r *receiver) session(ctx context.Context, req *cm.Request, out *output) (*
 			ans.Chunk = max(min(e.qps[0].Endpoint().MTU, req.Remote().MTU), 256)
 		}
 		cfg.Chunk = ans.Chunk
-		if pl, err = newPayload(o.key, off.Nonce, ans.Nonce, off.SHA256, layout{off.Size, off.Region, ans.Chunk}); err != nil {
+		if pl, err = newPayload(o.key, off.Nonce, ans.Nonce, off.Digest, layout{off.Size, off.Region, ans.Chunk}); err != nil {
 			req.Reject("receiver misconfigured: " + err.Error())
 			return nil, err
 		}
@@ -477,7 +477,7 @@ func (r *receiver) acceptPaths(ctx context.Context, eps []*endpoint, off *offer)
 			return fmt.Errorf("the sender's further paths did not arrive: %w", err)
 		}
 		var h pathHello
-		if json.Unmarshal(req.PrivateData(), &h) != nil || h.SHA256 != off.SHA256 || h.Path < 0 || h.Path >= paths ||
+		if json.Unmarshal(req.PrivateData(), &h) != nil || h.Digest != off.Digest || h.Path < 0 || h.Path >= paths ||
 			h.Worker < 0 || h.Worker >= len(eps) || done[h.Worker*paths+h.Path] {
 			req.Reject("not a path of this transfer")
 			continue
@@ -501,7 +501,7 @@ func (r *receiver) acceptPaths(ctx context.Context, eps []*endpoint, off *offer)
 func (r *receiver) conclude(ctx context.Context, conns []*reliability.Conn, out *output, elapsed time.Duration, pl *payload) error {
 	c := conns[0]
 	sum, verr := out.verify()
-	v := verdict{SHA256: sum, OK: verr == nil}
+	v := verdict{Digest: sum, OK: verr == nil}
 	if verr == nil {
 		if err := out.finish(); err != nil {
 			verr = fmt.Errorf("verified, but %w", err)
@@ -526,12 +526,17 @@ func (r *receiver) conclude(ctx context.Context, conns []*reliability.Conn, out 
 		fl.Cuts += f.Cuts
 		fl.Dropped += f.Dropped
 	}
+	label := out.hashing().label()
 	if r.o.json {
-		fmt.Fprintf(r.stdout, "%s\n", mustJSON(map[string]any{"bytes": size, "seconds": elapsed.Seconds(), "gbps": gbps, "sha256": sum, "ok": v.OK,
+		rep := map[string]any{"bytes": size, "seconds": elapsed.Seconds(), "gbps": gbps, "hash": label, "digest": sum, "ok": v.OK,
 			"encrypted": pl != nil, "crypto_cpu_seconds": cpu, "auth_failed_chunks": failed,
-			"window_min": fl.WindowMin, "window_max": fl.WindowMax, "window_cuts": fl.Cuts, "socket_drops": fl.Dropped}))
+			"window_min": fl.WindowMin, "window_max": fl.WindowMax, "window_cuts": fl.Cuts, "socket_drops": fl.Dropped}
+		if label == "sha256" {
+			rep["sha256"] = sum // as sha256sum prints it
+		}
+		fmt.Fprintf(r.stdout, "%s\n", mustJSON(rep))
 	} else {
-		fmt.Fprintf(r.stdout, "haul: received %s (%d bytes) in %.3fs, %.3f Gbit/s; sha256 %s %s\n", r.o.out, size, elapsed.Seconds(), gbps, sum, okWord(v.OK))
+		fmt.Fprintf(r.stdout, "haul: received %s (%d bytes) in %.3fs, %.3f Gbit/s; %s %s %s\n", r.o.out, size, elapsed.Seconds(), gbps, label, sum, okWord(v.OK))
 		fmt.Fprintf(r.stdout, "haul: flow control: window %s to %s, halved %d times; %d datagrams dropped by the kernel\n",
 			mib(fl.WindowMin), mib(fl.WindowMax), fl.Cuts, fl.Dropped)
 		fmt.Fprintf(r.stdout, "haul: %s\n", cryptoLine(pl != nil, cpu, "opening",

@@ -307,7 +307,7 @@ func sampleState(size, region int64, have int) *state {
 	for i := range hashes {
 		hashes[i] = byte(i * 7)
 	}
-	st := &state{Version: stateVersion, Size: size, SHA256: strings.Repeat("ab", hashLen), Region: region,
+	st := &state{Version: stateVersion, Size: size, Digest: blake3List{}.digest(size, region, hashes), Hashing: hashBlake3, Region: region,
 		Manifest: sha256Hex(hashes), Hashed: true, Hashes: hashes, Have: make([]byte, (n+7)/8)}
 	for i := range have {
 		setRegion(st.Have, i)
@@ -332,7 +332,9 @@ func TestDecodeState(t *testing.T) {
 		{name: "negative size", mod: func(s *state) { s.Size = -1 }, want: "size -1"},
 		{name: "tiny region", mod: func(s *state) { s.Region = 1 }, want: "region 1"},
 		{name: "too many regions", mod: func(s *state) { s.Region = 4096; s.Size = 4096 * (maxRegions + 1) }, want: "regions of 4096 bytes"},
-		{name: "bad sha256", mod: func(s *state) { s.SHA256 = "zz" }, want: "malformed sha256"},
+		{name: "bad digest", mod: func(s *state) { s.Digest = "zz" }, want: "malformed digest"},
+		{name: "digest of other hashes", mod: func(s *state) { s.Digest = strings.Repeat("ab", hashLen) }, want: "do not make the digest"},
+		{name: "unknown scheme", mod: func(s *state) { s.Hashing = "md5-list" }, want: `unknown scheme "md5-list"`},
 		{name: "regions without hashes", mod: func(s *state) { s.Hashed = false }, want: "no region hashes"},
 		{name: "version", mod: func(s *state) { s.Version = 1 }, want: "version 1"},
 		{name: "hashes of another file", edit: func(b []byte) []byte { b[hashesAt]++; return b }, want: "do not match their manifest"},
@@ -389,7 +391,7 @@ func TestDecodeState(t *testing.T) {
 	})
 	t.Run("the largest state fits a slot", func(t *testing.T) {
 		st := &state{Version: stateVersion, Seq: math.MaxUint64, Size: math.MaxInt64, Region: math.MaxInt64, Hashed: true,
-			SHA256: strings.Repeat("f", 2*hashLen), Manifest: strings.Repeat("f", 2*hashLen), Have: bytes.Repeat([]byte{0xff}, maxRegions/8)}
+			Digest: strings.Repeat("f", 2*hashLen), Hashing: hashChain, Manifest: strings.Repeat("f", 2*hashLen), Have: bytes.Repeat([]byte{0xff}, maxRegions/8)}
 		require.NotPanics(t, func() { encodeSlot(st) })
 	})
 	for _, b := range [][]byte{nil, make([]byte, hashesAt), bytes.Repeat([]byte{' '}, hashesAt+hashLen)} {
@@ -495,60 +497,62 @@ func TestRepairCorruptPartial(t *testing.T) {
 	require.Contains(t, r.stderr.String(), "do not match their hashes")
 }
 
-// The file's SHA-256 is its regions' chain: a file whose regions all
+// The file's digest is its region hashes': a file whose regions all
 // checked out as they arrived is verified without hashing it again, one
 // with a region that did not is not (that region stays unmarked, for the
-// next run to fetch), and hashes whose chain does not end at the offer's
-// SHA-256 are refused before anything is checked against them.
-func TestVerifyByChain(t *testing.T) {
+// next run to fetch), and hashes that do not make the offer's digest are
+// refused before anything is checked against them. Both schemes.
+func TestVerifyByHashes(t *testing.T) {
 	const size, region = 3<<20 + 7, 1 << 20
 	data := bytes.Repeat([]byte("haul"), size/4+1)[:size]
-	for _, tc := range []struct {
-		name    string
-		corrupt int // region to change before it is checked; -1 none
-		want    string
-		left    int // regions marked after
-	}{
-		{"all regions good", -1, "", 4},
-		{"one region bad", 2, "1 regions are missing or did not match", 3},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, h := range hashings {
+		for _, tc := range []struct {
+			name    string
+			corrupt int // region to change before it is checked; -1 none
+			want    string
+			left    int // regions marked after
+		}{
+			{"all regions good", -1, "", 4},
+			{"one region bad", 2, "1 regions are missing or did not match", 3},
+		} {
+			t.Run(h.label()+"/"+tc.name, func(t *testing.T) {
+				out := filepath.Join(t.TempDir(), "out")
+				sum, hashes := h.file(data, region)
+				off := &offer{Size: size, Digest: sum, Hashing: h.name(), Region: region, Manifest: sha256Hex(hashes), K: 32}
+				o, err := createOutput(out, off, newLogger(io.Discard))
+				require.NoError(t, err)
+				defer o.close()
+				require.NoError(t, o.mapFile())
+				require.NoError(t, o.setHashes(hashes))
+				copy(o.mm, data)
+				if tc.corrupt >= 0 {
+					o.mm[tc.corrupt*region+5] ^= 0xff
+				}
+				for i := range o.regions() {
+					ok, err := o.complete(i)
+					require.NoError(t, err)
+					require.Equal(t, i != tc.corrupt, ok, "region %d", i)
+				}
+				got, err := o.verify()
+				if tc.want == "" {
+					require.NoError(t, err)
+					require.Equal(t, sum, got)
+				} else {
+					require.ErrorContains(t, err, tc.want)
+				}
+				require.Equal(t, tc.left, haveRegions(t, out))
+			})
+		}
+		t.Run(h.label()+"/hashes make another digest", func(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "out")
-			sha, hashes := hashFile(data, region)
-			off := &offer{Size: size, SHA256: sha, Region: region, Manifest: sha256Hex(hashes), K: 32}
+			_, hashes := h.file(data, region)
+			off := &offer{Size: size, Digest: strings.Repeat("0", 2*hashLen), Hashing: h.name(), Region: region, Manifest: sha256Hex(hashes), K: 32}
 			o, err := createOutput(out, off, newLogger(io.Discard))
 			require.NoError(t, err)
 			defer o.close()
-			require.NoError(t, o.mapFile())
-			require.NoError(t, o.setHashes(hashes))
-			copy(o.mm, data)
-			if tc.corrupt >= 0 {
-				o.mm[tc.corrupt*region+5] ^= 0xff
-			}
-			for i := range o.regions() {
-				ok, err := o.complete(i)
-				require.NoError(t, err)
-				require.Equal(t, i != tc.corrupt, ok, "region %d", i)
-			}
-			sum, err := o.verify()
-			if tc.want == "" {
-				require.NoError(t, err)
-				require.Equal(t, sha, sum)
-			} else {
-				require.ErrorContains(t, err, tc.want)
-			}
-			require.Equal(t, tc.left, haveRegions(t, out))
+			require.ErrorContains(t, o.setHashes(hashes), "do not match its offer")
 		})
 	}
-	t.Run("chain ends elsewhere", func(t *testing.T) {
-		out := filepath.Join(t.TempDir(), "out")
-		_, hashes := hashFile(data, region)
-		off := &offer{Size: size, SHA256: strings.Repeat("0", 2*hashLen), Region: region, Manifest: sha256Hex(hashes), K: 32}
-		o, err := createOutput(out, off, newLogger(io.Discard))
-		require.NoError(t, err)
-		defer o.close()
-		require.ErrorContains(t, o.setHashes(hashes), "do not match its offer")
-	})
 }
 
 // A region that arrives not matching its hash is not marked, and the run
@@ -556,8 +560,8 @@ func TestVerifyByChain(t *testing.T) {
 func TestCorruptRegionNotKept(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "out")
 	data := bytes.Repeat([]byte{7}, 2<<20)
-	sha, hashes := hashFile(data, 1<<20)
-	o, err := createOutput(out, &offer{Size: 2 << 20, SHA256: sha, Region: 1 << 20, Manifest: sha256Hex(hashes), K: 32}, newLogger(io.Discard))
+	sum, hashes := blake3List{}.file(data, 1<<20)
+	o, err := createOutput(out, &offer{Size: 2 << 20, Digest: sum, Hashing: hashBlake3, Region: 1 << 20, Manifest: sha256Hex(hashes), K: 32}, newLogger(io.Discard))
 	require.NoError(t, err)
 	defer o.close()
 	require.NoError(t, o.mapFile())

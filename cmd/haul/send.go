@@ -29,7 +29,9 @@ type report struct {
 	Scheme    string   `json:"scheme"`
 	Ideal     float64  `json:"ideal_seconds"`
 	Predicted float64  `json:"predicted_seconds"`
-	SHA256    string   `json:"sha256"`
+	Hash      string   `json:"hash"`             // the digest's scheme: blake3 or sha256
+	Digest    string   `json:"digest"`           // the file's, in hex
+	SHA256    string   `json:"sha256,omitempty"` // the digest again, when it is the file's SHA-256
 	OK        bool     `json:"ok"`
 	Overhead  float64  `json:"wire_overhead"`
 	Repaired  int      `json:"repaired_chunks"`
@@ -61,31 +63,16 @@ type report struct {
 }
 
 func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
-	f, err := os.Open(o.path)
-	if err != nil {
-		return err // names the file and says why (no such file, permission)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
+	mm, size, unmap, err := mapFile(o.path)
 	if err != nil {
 		return err
 	}
-	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("%s: not a regular file", o.path)
-	}
-	size := fi.Size()
-	var mm []byte
-	if size > 0 {
-		if mm, err = unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED); err != nil {
-			return fmt.Errorf("map %s: %w", o.path, err)
-		}
-		defer unix.Munmap(mm)
-	}
+	defer unmap()
 	region, err := pickRegion(o.region, size)
 	if err != nil {
 		return err
 	}
-	sha, hashes := hashFile(mm, region)
+	sum, hashes := o.hashing.file(mm, region)
 	local, err := localFor(o.to)
 	if err != nil {
 		return fmt.Errorf("peer %s unreachable: %w", o.to, err)
@@ -105,8 +92,8 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	off := offer{Name: filepath.Base(o.path), Size: size, SHA256: sha, Region: region, Manifest: sha256Hex(hashes),
-		K: o.k, M: max(o.m, 8), Wire: sdrwire.Version, Hashing: hashChain}
+	off := offer{Name: filepath.Base(o.path), Size: size, Digest: sum, Region: region, Manifest: sha256Hex(hashes),
+		K: o.k, M: max(o.m, 8), Wire: sdrwire.Version, Hashing: o.hashing.name()}
 	if o.paths > 1 {
 		off.Paths = o.paths
 	}
@@ -123,7 +110,7 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 			if err != nil {
 				return err
 			}
-			pd := mustJSON(pathHello{Path: i, Worker: w, SHA256: sha})
+			pd := mustJSON(pathHello{Path: i, Worker: w, Digest: sum})
 			if w == 0 && i == 0 {
 				pd = mustJSON(off)
 			}
@@ -143,15 +130,15 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 	if ans.Wire != sdrwire.Version {
 		return fmt.Errorf("the receiver at %s speaks wire format version %d, this sender %d: run the same haul release at both ends", o.to, max(ans.Wire, 2), sdrwire.Version)
 	}
-	if ans.Hashing != hashChain {
-		return fmt.Errorf("the receiver at %s checks regions by their own SHA-256, this sender by the file's (%s): run the same haul release at both ends", o.to, hashChain)
+	if ans.Hashing != off.Hashing {
+		return fmt.Errorf("the receiver at %s checks regions as %q, this sender hashed them as %q: run the same haul release at both ends", o.to, ans.Hashing, off.Hashing)
 	}
 	var pl *payload
 	if o.encrypt {
 		if ans.Nonce == nil {
 			return fmt.Errorf("the receiver at %s does not encrypt (a haul older than --encrypt?)", o.to)
 		}
-		if pl, err = newPayload(o.key, off.Nonce, ans.Nonce, sha, layout{size, region, ans.Chunk}); err != nil {
+		if pl, err = newPayload(o.key, off.Nonce, ans.Nonce, sum, layout{size, region, ans.Chunk}); err != nil {
 			return fmt.Errorf("the receiver's answer: %w", err)
 		}
 	}
@@ -215,7 +202,7 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 			todoBytes += min(region, size-int64(i)*region)
 		}
 	}
-	rep := report{Bytes: size, SHA256: sha, Resumed: size - todoBytes, Encrypted: pl != nil, Probe: probe, Workers: o.workers}
+	rep := report{Bytes: size, Hash: o.hashing.label(), Digest: sum, Resumed: size - todoBytes, Encrypted: pl != nil, Probe: probe, Workers: o.workers}
 	plain := func(i int) []byte {
 		lo := int64(i) * region
 		return mm[lo:min(lo+region, size)]
@@ -326,7 +313,10 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 	if pl != nil {
 		rep.CryptoCPU = pl.CPU().Seconds()
 	}
-	rep.OK = v.OK && v.SHA256 == sha
+	rep.OK = v.OK && v.Digest == sum
+	if rep.Hash == "sha256" {
+		rep.SHA256 = sum
+	}
 	summarise(&rep, results, offsets, conns, o, todoBytes, elapsed, start)
 	if o.json {
 		fmt.Fprintf(stdout, "%s\n", mustJSON(rep))
@@ -364,11 +354,11 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "haul: %s\n", cryptoLine(rep.Encrypted, rep.CryptoCPU, "sealing",
 			fmt.Sprintf("%d chunks sent again after failing authentication at the receiver", rep.AuthFailed)))
-		fmt.Fprintf(stdout, "haul: sha256 %s %s\n", sha, okWord(rep.OK))
+		fmt.Fprintf(stdout, "haul: %s %s %s\n", rep.Hash, sum, okWord(rep.OK))
 	}
 	if !rep.OK {
 		if rep.verdictErr == "" {
-			rep.verdictErr = "sha256 mismatch"
+			rep.verdictErr = rep.Hash + " mismatch"
 		}
 		return errors.New(rep.verdictErr)
 	}
@@ -698,4 +688,36 @@ func ready(ctx context.Context, c *reliability.Conn, vr *reliability.Recv, timeo
 		return fmt.Errorf("no answer from the receiver: %w", err)
 	}
 	return err
+}
+
+// mapFile maps the regular file at path for reading (nil for an empty
+// one) and returns its size and what unmaps and closes it.
+func mapFile(path string) ([]byte, int64, func(), error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, nil, err // names the file and says why (no such file, permission)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, 0, nil, fmt.Errorf("%s: not a regular file", path)
+	}
+	size := fi.Size()
+	var mm []byte
+	if size > 0 {
+		if mm, err = unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED); err != nil {
+			f.Close()
+			return nil, 0, nil, fmt.Errorf("map %s: %w", path, err)
+		}
+	}
+	return mm, size, func() {
+		if mm != nil {
+			unix.Munmap(mm)
+		}
+		f.Close()
+	}, nil
 }

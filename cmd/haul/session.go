@@ -64,6 +64,7 @@ type sendOpts struct {
 	k, m    int
 	region  int64
 	probes  int
+	hashing hashing
 }
 
 func commonFlags(fs *flag.FlagSet, c *common) (chunk, rate, via *string) {
@@ -164,6 +165,7 @@ func parseSend(args []string, stderr io.Writer) (*sendOpts, error) {
 	fs.IntVar(&o.m, "m", 0, "EC parity chunks per stripe (default: the model picks 1, 2, 4 or 8)")
 	fs.BoolVar(&o.encrypt, "encrypt", false, "encrypt the payload with AES-256-GCM under a key of this transfer's own, derived from --key-file's")
 	fs.IntVar(&o.probes, "probes", 1000, "probes sent before the data to measure the path's loss and RTT, for the model's first choice (0: none; then it starts from no loss)")
+	digest := fs.String("digest", "blake3", "how the file is checked end to end: blake3 (a BLAKE3 tree of the regions, which haul digest prints) or sha256 (the file's SHA-256, which sha256sum prints, at twice the CPU or more)")
 	region := fs.String("region", "", "bytes per message, the unit of pipelining and of resume (default 16MiB, more for files over 64GiB: at most 4096 regions)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -173,6 +175,10 @@ func parseSend(args []string, stderr io.Writer) (*sendOpts, error) {
 	}
 	o.path = fs.Arg(0)
 	var err error
+	var ok bool
+	if o.hashing, ok = hashingLabeled(*digest); !ok {
+		return nil, fmt.Errorf("--digest %q: want blake3 or sha256", *digest)
+	}
 	if o.scheme, err = reliability.ParseScheme(*scheme); err != nil {
 		return nil, err
 	}
@@ -180,8 +186,8 @@ func parseSend(args []string, stderr io.Writer) (*sendOpts, error) {
 		return nil, fmt.Errorf("--k %d --m %d: want 1 <= k <= 128, 0 <= m <= 128, k+m <= 256", o.k, o.m)
 	}
 	if *region != "" {
-		if o.region, err = units.ParseSize(*region); err != nil || o.region < minRegion || o.region > maxRegion || o.region%hashBlock != 0 {
-			return nil, fmt.Errorf("--region %q: want %d bytes to 4GiB, a multiple of %d", *region, minRegion, hashBlock)
+		if o.region, err = parseRegion(*region); err != nil {
+			return nil, err
 		}
 	}
 	if o.probes < 0 || o.probes > 1<<16 {
@@ -214,17 +220,17 @@ func (c *common) noMAC() bool { return c.key == nil }
 
 // offer is the sender's request, in the CM's private data.
 type offer struct {
-	Name   string `json:"name"`
-	Size   int64  `json:"size"`
-	SHA256 string `json:"sha256"`
+	Name string `json:"name"`
+	Size int64  `json:"size"`
+	// Digest is the file's, as Hashing computes it (digest.go), in hex.
+	Digest string `json:"digest"`
 	Region int64  `json:"region"`
-	// Manifest is the SHA-256 of the region hashes (see chain.go), back
-	// to back: the receiver checks the hashes it is sent (the first
-	// message when it asks for them) against it, and each region against
-	// its hash.
+	// Manifest is the SHA-256 of the region hashes (digest.go), back to
+	// back: the receiver checks the hashes it is sent (the first message
+	// when it asks for them) against it, and each region against its
+	// hash.
 	Manifest string `json:"manifest"`
-	// Hashing names the region hashes' scheme: hashChain (an older
-	// sender, which hashed each region on its own, sends none).
+	// Hashing names the region hashes' scheme: hashBlake3 or hashChain.
 	Hashing string `json:"hashing,omitempty"`
 	K       int    `json:"k"`
 	M       int    `json:"m"`
@@ -246,7 +252,7 @@ type offer struct {
 type pathHello struct {
 	Path   int    `json:"path"`
 	Worker int    `json:"worker,omitempty"`
-	SHA256 string `json:"sha256"`
+	Digest string `json:"digest"` // the offer's
 }
 
 // answer is the receiver's reply: the regions it already has, and
@@ -266,7 +272,7 @@ type answer struct {
 // it stopped before the end (the sender stops then rather than time out).
 type verdict struct {
 	OK     bool   `json:"ok"`
-	SHA256 string `json:"sha256"`
+	Digest string `json:"digest"`
 	Error  string `json:"error,omitempty"`
 }
 
@@ -376,4 +382,13 @@ func mustJSON(v any) []byte {
 		panic(err)
 	}
 	return b
+}
+
+// parseRegion parses --region.
+func parseRegion(s string) (int64, error) {
+	r, err := units.ParseSize(s)
+	if err != nil || r < minRegion || r > maxRegion || r%hashBlock != 0 {
+		return 0, fmt.Errorf("--region %q: want %d bytes to 4GiB, a multiple of %d", s, minRegion, hashBlock)
+	}
+	return r, nil
 }

@@ -25,7 +25,7 @@ import (
 // decodeState checks every field.
 
 const (
-	stateVersion = 2
+	stateVersion = 3
 	// maxRegions bounds the regions of a transfer: the receiver's answer
 	// (the bitmap of regions it has, base64 in JSON) must fit the CM's
 	// 1024 bytes of private data.
@@ -46,7 +46,8 @@ type state struct {
 	Version  int    `json:"version"`
 	Seq      uint64 `json:"seq"` // the newer slot has the higher
 	Size     int64  `json:"size"`
-	SHA256   string `json:"sha256"`
+	Digest   string `json:"digest"`
+	Hashing  string `json:"hashing"` // the offer's: how Digest and Hashes are made
 	Region   int64  `json:"region"`
 	Manifest string `json:"manifest"` // SHA-256 of Hashes, as the offer says
 	Hashed   bool   `json:"hashed"`   // the region hashes are in the file
@@ -109,8 +110,11 @@ func (st *state) validateSlot() error {
 	if err := checkLayout(st.Size, st.Region); err != nil {
 		return fmt.Errorf("%w: %v", errState, err)
 	}
-	if !isHexHash(st.SHA256) || !isHexHash(st.Manifest) {
-		return fmt.Errorf("%w: malformed sha256 or manifest", errState)
+	if !isHexHash(st.Digest) || !isHexHash(st.Manifest) {
+		return fmt.Errorf("%w: malformed digest or manifest", errState)
+	}
+	if _, ok := hashingNamed(st.Hashing); !ok {
+		return fmt.Errorf("%w: region hashes of an unknown scheme %q", errState, st.Hashing)
 	}
 	n := regions(st.Size, st.Region)
 	if len(st.Have) != (n+7)/8 {
@@ -215,6 +219,9 @@ func decodeState(b []byte) (*state, error) {
 		st.Hashes = bytes.Clone(b[hashesAt:])
 		if sha256Hex(st.Hashes) != st.Manifest {
 			return nil, fmt.Errorf("%w: the region hashes do not match their manifest", errState)
+		}
+		if h, _ := hashingNamed(st.Hashing); h.digest(st.Size, st.Region, st.Hashes) != st.Digest {
+			return nil, fmt.Errorf("%w: the region hashes do not make the digest", errState)
 		}
 	}
 	return st, nil
