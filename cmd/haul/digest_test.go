@@ -127,3 +127,24 @@ func TestDigestCommand(t *testing.T) {
 	require.Error(t, run(t.Context(), []string{"digest", filepath.Join(t.TempDir(), "none")}, io.Discard, io.Discard))
 	require.ErrorContains(t, run(t.Context(), []string{"digest", "--digest", "crc", p}, io.Discard, io.Discard), "want blake3 or sha256")
 }
+
+// An offer is untrusted input: parseOffer refuses it with an error or
+// returns one whose layout, hashes' scheme and digests are usable.
+func FuzzOffer(f *testing.F) {
+	for _, h := range hashings {
+		sum, hashes := h.file(make([]byte, 3<<20), 1<<20)
+		f.Add(mustJSON(offer{Name: "x", Size: 3 << 20, Digest: sum, Region: 1 << 20, Manifest: sha256Hex(hashes), K: 32, Wire: sdrwire.Version, Hashing: h.name()}))
+	}
+	f.Add([]byte(`{"size":-1,"region":0,"hashing":"blake3-list"}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		off, err := parseOffer(b)
+		if err != nil {
+			require.Nil(t, off)
+			return
+		}
+		require.NoError(t, checkLayout(off.Size, off.Region))
+		require.True(t, knownHashing(off.Hashing), off.Hashing)
+		require.True(t, isHexHash(off.Digest) && isHexHash(off.Manifest))
+		require.LessOrEqual(t, off.K+max(off.M, 8), 256)
+	})
+}
