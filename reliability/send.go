@@ -99,6 +99,7 @@ type Send struct {
 	res        SendResult
 	start      time.Duration
 	lastStatus time.Duration
+	probedAt   time.Duration // when a stall last sent a probe (scanLocked)
 	done       bool
 	doneCh     chan struct{}
 	err        error
@@ -510,10 +511,17 @@ func (c *Conn) scanLocked(now time.Duration) {
 	// reordering margin) was passed: lost, or the receiver would have
 	// reported on it. One sent after is behind the others, in the path
 	// or at a receiver that is slow to handle them, unless nothing was
-	// acknowledged for an RTO: then the tail was lost.
+	// acknowledged for an RTO: a stall. Then the tail may be lost, or the
+	// receiver may only be descheduled for a while (a few milliseconds
+	// on a loaded host, beyond a loopback RTO), so a stall declares
+	// nothing lost: it sends each message's two highest overdue chunks
+	// again as probes, as TCP's tail loss probe does, and asks for a
+	// status.
+	// The probe's arrival lifts the receiver's highest chunk above a lost
+	// tail, whose chunks its next status then reports as gaps; a
+	// receiver that was only slow answers with everything.
 	// A timeout on a stall backs off as TCP's does (doubling, until a
-	// first send is acknowledged): a receiver slower than the pings say
-	// must not have everything in flight sent again every RTO.
+	// first send is acknowledged).
 	passed := time.Duration(c.fw.ackedSent) - max(c.minRTT/4, time.Millisecond)
 	rto <<= c.fw.backoff
 	stalled := now-c.fw.ackedAt >= rto
@@ -523,6 +531,7 @@ func (c *Conn) scanLocked(now time.Duration) {
 			continue
 		}
 		late := false
+		probe := [2]int{-1, -1} // the two highest overdue chunks
 		// Chunks past the injection cursor's stripe were never sent: the
 		// scan stops there rather than walk a large message's every
 		// chunk each time.
@@ -535,12 +544,29 @@ func (c *Conn) scanLocked(now time.Duration) {
 			if s.sm[i/s.k] > 0 && s.tries[i] == 1 {
 				w += fallback
 			}
-			if now >= time.Duration(s.sent[i])+max(w, repair) && (stalled || time.Duration(s.sent[i]) < passed) {
-				backoff = backoff || time.Duration(s.sent[i]) >= passed
+			if now < time.Duration(s.sent[i])+max(w, repair) {
+				continue
+			}
+			if time.Duration(s.sent[i]) < passed {
 				s.res.Timeouts++
 				c.queueLocked(s, i)
 				queued, late = true, true
+			} else if stalled {
+				probe = [2]int{i, probe[0]}
 			}
+		}
+		// Two probes (one may be lost too) per message and timeout: a
+		// stall outlasting the longest backoff still sends no more.
+		if probe[0] >= 0 && (s.probedAt == 0 || now-s.probedAt >= rto) {
+			s.probedAt = now
+			backoff = true
+			for _, i := range probe {
+				if i >= 0 {
+					s.res.Timeouts++
+					c.queueLocked(s, i)
+				}
+			}
+			queued, late = true, true
 		}
 		if late {
 			c.log.Debug("reliability: repeat on timeout", "seq", s.seq, "stripe", s.stripe, "stripes", s.stripes, "acked", s.acked.Count(), "cum", s.acked.NextClear(0), "lastStatus", now-s.lastStatus, "srtt", c.srtt, "now", now)
