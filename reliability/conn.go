@@ -101,7 +101,10 @@ type Config struct {
 	// its floor: the bytes of chunks it lets the sender have in flight
 	// toward it (sent, neither acknowledged nor declared lost). It grows
 	// while this end keeps up, at most to about four times what arrives
-	// in a round trip, and halves when this end falls behind: when Drops
+	// in a round trip and to a round trip's bytes plus seven eighths of
+	// RecvDepth's chunks (each chunk that arrived may take a receive
+	// before it is handled; one that finds none is dropped), and halves
+	// when this end falls behind: when Drops
 	// reports packets dropped before they reached it, or when completions
 	// pile up unhandled. Default a quarter of RecvDepth's chunks, at most
 	// 2 MiB; -1: no window (the sender is limited by its rate only).

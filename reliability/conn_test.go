@@ -172,6 +172,35 @@ func TestTransferFaults(t *testing.T) {
 	}
 }
 
+// A receiver that stops handling anything for a while (descheduled on a
+// loaded host: far longer than a loopback RTO) has lost nothing: the
+// sender probes with two chunks per message and backs off instead of
+// sending everything in flight again, and every byte arrives.
+func TestReceiverStallNotLoss(t *testing.T) {
+	a, b := pair(t, verbs.Faults{}, Config{Scheme: SR, RTT: time.Millisecond}, Config{})
+	// The stall: the receiver's goroutines need its lock for every
+	// completion and status; hold it once the first chunks have landed.
+	stalled := make(chan struct{})
+	go func() {
+		defer close(stalled)
+		require.Eventually(t, func() bool { return b.cq.Len() > 64 }, 10*time.Second, 100*time.Microsecond)
+		b.conn.mu.Lock()
+		time.Sleep(300 * time.Millisecond)
+		b.conn.mu.Unlock()
+	}()
+	res := transfer(t, a, b, []int{4 << 20, 4 << 20, 4 << 20}, nil)
+	<-stalled
+	chunks, repeats := 0, 0
+	for _, r := range res {
+		chunks += r.Transmissions - r.Retransmissions
+		repeats += r.Retransmissions
+	}
+	// Probes: at most two per message per timeout, whose doublings fit
+	// the stall about eight times, against the hundreds of chunks in
+	// flight that the old rule sent again (about a thousand here).
+	require.LessOrEqual(t, repeats, 2*3*8, "of %d chunks", chunks)
+}
+
 // A stripe that lost exactly m chunks decodes without a repeat; one that
 // lost m+1 falls back to selective repeat of its missing data chunks.
 func TestStripeDecodeAndFallback(t *testing.T) {
@@ -362,4 +391,37 @@ func mustUC(t *testing.T, dev *verbs.Device) *verbs.QP {
 	require.NoError(t, err)
 	require.NoError(t, qp.Connect(qp.Endpoint(), nil))
 	return qp
+}
+
+// The receive window never lets more backlog build at the receiver than
+// its posted receives hold (less an eighth for control messages) on top
+// of what the path itself holds in a round trip, however fast chunks
+// arrive: a chunk that finds no receive is dropped.
+func TestRecvWindowBoundByReceives(t *testing.T) {
+	const rq = 7 * 512 * 4096 // 4096 receives of 4 KiB chunks, less an eighth
+	for _, tc := range []struct {
+		name  string
+		cfg   Config
+		rtt   time.Duration
+		rate  float64 // bytes/s arriving
+		wantB float64 // the most advertised
+	}{
+		{"bursty loopback", Config{Chunk: 4096, RecvDepth: 4096}, 150 * time.Microsecond, 5e9, rq + 5e9*150e-6},
+		{"long haul", Config{Chunk: 4096, RecvDepth: 4096}, 100 * time.Millisecond, 250e6, rq + 250e6*0.1},
+		{"window asked above", Config{Chunk: 8192, RecvDepth: 1024, RecvWindow: 64 << 20}, time.Millisecond, 20e9, 7*128*8192 + 20e9*1e-3},
+		{"slow path", Config{Chunk: 4096, RecvDepth: 4096}, time.Millisecond, 10e6, 2<<20 + 4*10e6*1e-3}, // the floor and four round trips
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			require.NoError(t, cfg.setDefaults(4096))
+			c := &Conn{cfg: cfg, srtt: tc.rtt, minRTT: tc.rtt}
+			var most uint64
+			for now := time.Duration(0); now < 10*time.Second; now += time.Millisecond {
+				c.rw.rx = int64(tc.rate * now.Seconds())
+				c.windowLocked(now)
+				most = max(most, c.rw.advertised(&c.cfg))
+			}
+			require.InEpsilon(t, tc.wantB, float64(most), 1e-6, "most advertised")
+		})
+	}
 }

@@ -22,7 +22,9 @@ import "time"
 // seen the cut yet); otherwise it doubles it, up to four times the bytes
 // that arrive in a round trip at the best rate of the last few intervals
 // (plus the floor; the smallest round trip seen, so that the delay of a
-// backlog does not count), and to Config.MaxRecvWindow. A receiver that keeps up
+// backlog does not count), to Config.MaxRecvWindow, and to a round trip's
+// bytes plus seven eighths of the chunks its posted receives take (a
+// chunk that finds no receive is dropped). A receiver that keeps up
 // so opens the window to what the path holds within a few round trips;
 // one that falls behind slows the sender to what it takes, and the
 // excess waits at the sender instead of being dropped in its socket.
@@ -50,9 +52,17 @@ func (w *recvWindow) advertised(cfg *Config) uint64 {
 		return 0
 	}
 	if w.wnd == 0 {
-		return uint64(cfg.RecvWindow)
+		return uint64(min(float64(cfg.RecvWindow), cfg.recvCap()))
 	}
 	return uint64(w.wnd)
+}
+
+// recvCap is the most backlog a receive window may allow: every chunk
+// that arrived may take a posted receive before it is handled (UC drops
+// one that finds none), so what the receive queue holds, less an eighth
+// for control messages.
+func (cfg *Config) recvCap() float64 {
+	return float64(cfg.RecvDepth-cfg.RecvDepth/8) * float64(cfg.Chunk)
 }
 
 // windowLocked updates the receive window (called every tick).
@@ -61,7 +71,8 @@ func (c *Conn) windowLocked(now time.Duration) {
 	if cfg.RecvWindow < 0 {
 		return
 	}
-	floor := float64(cfg.RecvWindow)
+	rq := cfg.recvCap()
+	floor := min(float64(cfg.RecvWindow), rq)
 	if w.wnd == 0 {
 		w.wnd, w.at, w.min, w.max = floor, now, floor, floor
 	}
@@ -99,7 +110,11 @@ func (c *Conn) windowLocked(now time.Duration) {
 		if rtt == 0 {
 			rtt = c.srtt
 		}
-		limit := min(float64(cfg.MaxRecvWindow), floor+4*w.peak*max(rtt, cfg.MinRTT).Seconds())
+		// Beyond the bytes a round trip holds on the path, the window is
+		// backlog at this end, each chunk of which may take a posted
+		// receive before it is handled: so it stays within what the
+		// receives hold (rq) on top of the path's own bytes.
+		limit := min(float64(cfg.MaxRecvWindow), rq+w.peak*rtt.Seconds(), floor+4*w.peak*max(rtt, cfg.MinRTT).Seconds())
 		if w.wnd < limit {
 			w.wnd = min(w.wnd*2, limit)
 		}
