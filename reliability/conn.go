@@ -97,9 +97,10 @@ type Config struct {
 	// DefaultRecvDepth; the QP must have MaxRecvWR ≥ RecvDepth (see
 	// QPConfig) and its CQ room for RecvDepth completions.
 	RecvDepth int
-	// RecvWindow is the receiver's flow-control window to start from, and
-	// its floor: the bytes of chunks it lets the sender have in flight
-	// toward it (sent, neither acknowledged nor declared lost). It grows
+	// RecvWindow is the floor of the receiver's flow-control window: the
+	// bytes of chunks it lets the sender have in flight toward it (sent,
+	// neither acknowledged nor declared lost). The window starts at seven
+	// eighths of RecvDepth's chunks (at most MaxRecvWindow), grows
 	// while this end keeps up, at most to about four times what arrives
 	// in a round trip and to a round trip's bytes plus seven eighths of
 	// RecvDepth's chunks (each chunk that arrived may take a receive

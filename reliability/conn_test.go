@@ -393,10 +393,11 @@ func mustUC(t *testing.T, dev *verbs.Device) *verbs.QP {
 	return qp
 }
 
-// The receive window never lets more backlog build at the receiver than
-// its posted receives hold (less an eighth for control messages) on top
-// of what the path itself holds in a round trip, however fast chunks
-// arrive: a chunk that finds no receive is dropped.
+// The receive window starts at what the posted receives hold (less an
+// eighth for control messages) and never lets more backlog build at the
+// receiver than that on top of what the path itself holds in a round
+// trip, however fast chunks arrive: a chunk that finds no receive is
+// dropped.
 func TestRecvWindowBoundByReceives(t *testing.T) {
 	const rq = 7 * 512 * 4096 // 4096 receives of 4 KiB chunks, less an eighth
 	for _, tc := range []struct {
@@ -409,7 +410,8 @@ func TestRecvWindowBoundByReceives(t *testing.T) {
 		{"bursty loopback", Config{Chunk: 4096, RecvDepth: 4096}, 150 * time.Microsecond, 5e9, rq + 5e9*150e-6},
 		{"long haul", Config{Chunk: 4096, RecvDepth: 4096}, 100 * time.Millisecond, 250e6, rq + 250e6*0.1},
 		{"window asked above", Config{Chunk: 8192, RecvDepth: 1024, RecvWindow: 64 << 20}, time.Millisecond, 20e9, 7*128*8192 + 20e9*1e-3},
-		{"slow path", Config{Chunk: 4096, RecvDepth: 4096}, time.Millisecond, 10e6, 2<<20 + 4*10e6*1e-3}, // the floor and four round trips
+		{"slow path", Config{Chunk: 4096, RecvDepth: 4096}, time.Millisecond, 10e6, rq}, // where it starts
+		{"capped", Config{Chunk: 4096, RecvDepth: 4096, MaxRecvWindow: 4 << 20}, 100 * time.Millisecond, 250e6, 4 << 20},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := tc.cfg
@@ -424,4 +426,28 @@ func TestRecvWindowBoundByReceives(t *testing.T) {
 			require.InEpsilon(t, tc.wantB, float64(most), 1e-6, "most advertised")
 		})
 	}
+}
+
+// A receiver that falls behind halves its window, once per round trip,
+// down to RecvWindow's floor, from where it started.
+func TestRecvWindowShrinksToFloor(t *testing.T) {
+	cfg := Config{Chunk: 4096, RecvDepth: 4096}
+	require.NoError(t, cfg.setDefaults(4096))
+	c := &Conn{cfg: cfg, srtt: 10 * time.Millisecond, minRTT: 10 * time.Millisecond}
+	c.windowLocked(0)
+	start := c.rw.advertised(&c.cfg)
+	require.EqualValues(t, 7*512*4096, start)
+	var seen []uint64
+	for now := time.Duration(0); now < 2*time.Second; now += time.Millisecond {
+		c.rw.behind = true
+		c.windowLocked(now)
+		if w := c.rw.advertised(&c.cfg); len(seen) == 0 || seen[len(seen)-1] != w {
+			seen = append(seen, w)
+		}
+	}
+	require.EqualValues(t, 2<<20, seen[len(seen)-1], "the floor")
+	for i := 1; i < len(seen); i++ {
+		require.Equal(t, max(seen[i-1]/2, 2<<20), seen[i], "halves: %v", seen)
+	}
+	require.GreaterOrEqual(t, c.rw.cuts, len(seen)-1)
 }

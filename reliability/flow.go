@@ -14,8 +14,11 @@ import "time"
 // past the latest window (one chunk always may go when none is in
 // flight).
 //
-// The receiver starts at Config.RecvWindow, which is also the floor.
-// Every half round trip (at least 5 ms) it looks at what arrived: if
+// The receiver starts at what its posted receives hold (less an eighth
+// for control messages), the most it takes without a drop while it keeps
+// up, so that a long path fills within a round trip or two; its floor is
+// Config.RecvWindow. Every half round trip (at least 5 ms) it looks at
+// what arrived: if
 // packets were dropped before it saw them (Config.Drops) or completions
 // piled up unhandled (a quarter of the receive queue), it halves the
 // window, and does not cut again for a round trip (the sender has not
@@ -52,9 +55,16 @@ func (w *recvWindow) advertised(cfg *Config) uint64 {
 		return 0
 	}
 	if w.wnd == 0 {
-		return uint64(min(float64(cfg.RecvWindow), cfg.recvCap()))
+		return uint64(cfg.recvStart())
 	}
 	return uint64(w.wnd)
+}
+
+// recvStart is the window to start from: all the backlog the receives
+// hold, which the receiver takes without a drop unless it falls behind,
+// and so a path's bandwidth-delay product within a round trip or two.
+func (cfg *Config) recvStart() float64 {
+	return min(cfg.recvCap(), float64(cfg.MaxRecvWindow))
 }
 
 // recvCap is the most backlog a receive window may allow: every chunk
@@ -74,7 +84,8 @@ func (c *Conn) windowLocked(now time.Duration) {
 	rq := cfg.recvCap()
 	floor := min(float64(cfg.RecvWindow), rq)
 	if w.wnd == 0 {
-		w.wnd, w.at, w.min, w.max = floor, now, floor, floor
+		start := cfg.recvStart()
+		w.wnd, w.at, w.min, w.max = start, now, start, start
 	}
 	iv := max(c.srtt/2, 5*time.Millisecond)
 	if now-w.at < iv {
