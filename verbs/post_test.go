@@ -123,6 +123,39 @@ func TestNoErrorBeforeFlush(t *testing.T) {
 	}
 }
 
+// TestDestroyWaitsForFlush: a first transmission built before Destroy
+// reads its request's memory when its outbox is sent, perhaps by another
+// goroutine after Destroy took the QP's lock; Destroy returns only once it
+// was sent, so a caller that reuses the memory then changes no packet.
+func TestDestroyWaitsForFlush(t *testing.T) {
+	for _, env := range []verbstest.Env{verbstest.Loop(), verbstest.UDP()} {
+		t.Run(env.Name(), func(t *testing.T) {
+			a, b := verbstest.Pair(t, env, verbstest.PairConfig{})
+			entered, release := holdFirstFlush(t, a.QP)
+			posted := make(chan error, 1)
+			go func() {
+				_, err := a.QP.PostSend([]verbs.SendWR{{ID: 1, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
+					SGL: []verbs.SGE{a.MR.SGE(0, 64)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()}})
+				posted <- err
+			}()
+			<-entered
+			destroyed := make(chan error, 1)
+			go func() { destroyed <- a.QP.Destroy() }()
+			require.Never(t, func() bool { return len(destroyed) > 0 }, 50*time.Millisecond, time.Millisecond,
+				"Destroy returned while a packet of its QP was still to read its request's memory")
+			close(release)
+			require.NoError(t, <-posted)
+			select {
+			case err := <-destroyed:
+				require.NoError(t, err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("Destroy did not return once the outbox was sent")
+			}
+			require.ErrorIs(t, a.QP.Destroy(), verbs.ErrClosed)
+		})
+	}
+}
+
 // TestPostInlineNoAlloc: posting a request whose inline data lies on the
 // caller's stack, and polling its completion, allocates nothing. Post
 // copies inline data, so it must not let the caller's bytes escape: once,

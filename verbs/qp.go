@@ -11,6 +11,7 @@ import (
 	"github.com/rvma/rvma/internal/fabric"
 	"github.com/rvma/rvma/internal/lockcheck"
 	"github.com/rvma/rvma/internal/psn"
+	"github.com/rvma/rvma/internal/spin"
 	"github.com/rvma/rvma/internal/wire"
 )
 
@@ -546,7 +547,8 @@ func (qp *QP) Reset() error {
 }
 
 // Destroy removes the QP. Outstanding requests are discarded without
-// completions; later calls return ErrClosed.
+// completions; once it returns, no packet of the QP reads their memory
+// any more. Later calls return ErrClosed.
 func (qp *QP) Destroy() error {
 	qp.mu.Lock()
 	if qp.closed {
@@ -572,6 +574,14 @@ func (qp *QP) Destroy() error {
 	if ob != nil {
 		ob.flush(qp.port)
 		outboxPool.Put(ob)
+	}
+	// A first transmission built before Destroy still reads its request's
+	// memory from an outbox another goroutine is sending: once Destroy
+	// returns the caller may reuse that memory, as a NIC reads none
+	// after ibv_destroy_qp, so wait for those sends (each is bounded: a
+	// ring that stays full or a socket error drops the datagram).
+	for i := 0; qp.unflushed.Load() > 0; i++ {
+		spin.Pause(i)
 	}
 	d := qp.dev
 	d.mu.Lock()
