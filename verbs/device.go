@@ -555,10 +555,23 @@ type outbox struct {
 	// packets read their requests' memory when sent, so the QPs complete
 	// no request until the outbox is flushed (see QP.unflushed).
 	held []*QP
+	// entered lists the regions READ responses in pkts read: each stays
+	// entered (MR.enter) until the outbox is sent, so that Deregister
+	// does not free them under the send.
+	entered []*MR
+}
+
+// enter enters mr for o's READ responses (false if it is gone).
+func (o *outbox) enter(mr *MR) bool {
+	if !mr.enter() {
+		return false
+	}
+	o.entered = append(o.entered, mr)
+	return true
 }
 
 // flushHook, set by tests only, is called before an outbox holding first
-// transmissions is sent.
+// transmissions or READ responses is sent.
 var flushHook atomic.Pointer[func(held []*QP)]
 
 // hold notes that o carries first transmissions of qp's requests (qp.mu
@@ -577,7 +590,7 @@ var outboxPool = sync.Pool{New: func() any { return &outbox{pkts: make([]*wire.P
 
 func (o *outbox) flush(p fabric.Port) {
 	lockcheck.AssertNotHeld[qpLocks]("verbs: Port.Send (an outbox flush) while a QP's mu is held: a send may re-enter the engine")
-	if h := flushHook.Load(); h != nil && len(o.held) > 0 {
+	if h := flushHook.Load(); h != nil && (len(o.held) > 0 || o.memory) {
 		(*h)(o.held)
 	}
 	if len(o.pkts) > 0 {
@@ -586,6 +599,11 @@ func (o *outbox) flush(p fabric.Port) {
 		o.pkts = o.pkts[:0]
 		o.memory = false
 	}
+	for i, mr := range o.entered {
+		mr.exit()
+		o.entered[i] = nil
+	}
+	o.entered = o.entered[:0]
 	if len(o.held) > 0 {
 		held := o.held
 		o.held = o.held[:0]

@@ -1,7 +1,8 @@
 package verbs
 
 // SetFlushHook makes f run before every outbox holding first
-// transmissions is sent (nil: none), with the QPs it holds.
+// transmissions or READ responses is sent (nil: none), with the QPs
+// whose first transmissions it holds.
 func SetFlushHook(f func(held []*QP)) {
 	if f == nil {
 		flushHook.Store(nil)

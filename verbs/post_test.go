@@ -2,6 +2,7 @@ package verbs_test
 
 import (
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,18 +15,20 @@ import (
 
 // holdFirstFlush holds the first outbox that carries first transmissions
 // of qp's requests before it is sent: entered is closed then, and the
-// poster waits there, its packets unsent, until release is closed.
-func holdFirstFlush(t *testing.T, qp *verbs.QP) (entered, release chan struct{}) {
-	entered, release = make(chan struct{}), make(chan struct{})
+// poster waits there, its packets unsent, until release is called (at
+// the latest when the test ends, before the pair closes).
+func holdFirstFlush(t *testing.T, qp *verbs.QP) (entered chan struct{}, release func()) {
+	entered, gate := make(chan struct{}), make(chan struct{})
 	first := true
 	verbs.SetFlushHook(func(held []*verbs.QP) {
 		if first && slices.Contains(held, qp) {
 			first = false
 			close(entered)
-			<-release
+			<-gate
 		}
 	})
-	t.Cleanup(func() { verbs.SetFlushHook(nil) })
+	release = sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(func() { release(); verbs.SetFlushHook(nil) })
 	return entered, release
 }
 
@@ -55,7 +58,7 @@ func TestNoCompletionBeforeFlush(t *testing.T) {
 			// ...but the request does not complete while its first
 			// transmission waits to be sent.
 			require.Zero(t, a.CQ.Len(), "completed while its packet was still to be sent")
-			close(release)
+			release()
 			require.NoError(t, <-posted)
 			wc := a.Wait(t)
 			require.Equal(t, uint64(7), wc.WRID)
@@ -111,7 +114,7 @@ func TestNoErrorBeforeFlush(t *testing.T) {
 				tc.fail(t, a)
 				require.Equal(t, verbs.StateError, a.QP.State())
 				require.Zero(t, a.CQ.Len(), "completed while its packets were still to be sent")
-				close(release)
+				release()
 				require.NoError(t, <-posted)
 				wcs := a.WaitN(t, 2)
 				for i, w := range tc.want {
@@ -143,7 +146,7 @@ func TestDestroyWaitsForFlush(t *testing.T) {
 			go func() { destroyed <- a.QP.Destroy() }()
 			require.Never(t, func() bool { return len(destroyed) > 0 }, 50*time.Millisecond, time.Millisecond,
 				"Destroy returned while a packet of its QP was still to read its request's memory")
-			close(release)
+			release()
 			require.NoError(t, <-posted)
 			select {
 			case err := <-destroyed:
@@ -152,6 +155,54 @@ func TestDestroyWaitsForFlush(t *testing.T) {
 				t.Fatal("Destroy did not return once the outbox was sent")
 			}
 			require.ErrorIs(t, a.QP.Destroy(), verbs.ErrClosed)
+		})
+	}
+}
+
+// TestDeregisterWaitsForReadResponse: a READ's responses point into the
+// responder's region and read it when their outbox is sent; Deregister,
+// which frees (for AllocMR on shm, unmaps) the region, returns only after
+// that send, and the requester gets the bytes as they were.
+func TestDeregisterWaitsForReadResponse(t *testing.T) {
+	for _, env := range []verbstest.Env{verbstest.Loop(), verbstest.UDP()} {
+		t.Run(env.Name(), func(t *testing.T) {
+			a, b := verbstest.Pair(t, env, verbstest.PairConfig{})
+			for i := range 256 {
+				b.Buf[i] = byte(i ^ 0x5a)
+			}
+			want := slices.Clone(b.Buf[:256])
+			entered, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			verbs.SetFlushHook(func(held []*verbs.QP) {
+				if len(held) == 0 { // READ responses only
+					once.Do(func() { close(entered); <-release })
+				}
+			})
+			t.Cleanup(func() { verbs.SetFlushHook(nil) })
+			free := sync.OnceFunc(func() { close(release) })
+			t.Cleanup(free) // before the pair closes, should the test stop early
+			posted := make(chan error, 1)
+			go func() { // the loop fabric may answer within the post
+				_, err := a.QP.PostSend([]verbs.SendWR{{ID: 3, Opcode: verbs.OpRead, Flags: verbs.FlagSignaled,
+					SGL: []verbs.SGE{a.MR.SGE(0, 256)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()}})
+				posted <- err
+			}()
+			<-entered
+			gone := make(chan error, 1)
+			go func() { gone <- b.MR.Deregister() }()
+			require.Never(t, func() bool { return len(gone) > 0 }, 50*time.Millisecond, time.Millisecond,
+				"Deregister returned while a READ response was still to read the region")
+			free()
+			require.NoError(t, <-posted)
+			select {
+			case err := <-gone:
+				require.NoError(t, err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("Deregister did not return once the responses were sent")
+			}
+			wcs := a.WaitN(t, 1)
+			require.Equal(t, verbs.StatusSuccess, wcs[0].Status)
+			require.Equal(t, want, a.Buf[:256])
 		})
 	}
 }

@@ -507,8 +507,11 @@ func (qp *QP) sharedPort() bool { return qp.dev.kinds[qp.gid] == ProviderSHM }
 
 func (qp *QP) readRequestExec(p *wire.Packet, ob *outbox, inSeq bool) {
 	rs := &qp.resp
-	_, b, ok := qp.pd.resolveRemote(p.RKey, p.VA, uint64(p.DMALen), AccessRemoteRead)
-	if !ok {
+	mr, b, ok := qp.pd.resolveRemote(p.RKey, p.VA, uint64(p.DMALen), AccessRemoteRead)
+	// The responses read the region when the outbox is sent: it stays
+	// entered until then, so Deregister waits for that send rather than
+	// free (or unmap) the bytes under it.
+	if !ok || !ob.enter(mr) {
 		if inSeq {
 			qp.reject(ob, wire.NAKRemoteAccess)
 		}
