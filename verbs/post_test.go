@@ -18,13 +18,17 @@ import (
 // poster waits there, its packets unsent, until release is called (at
 // the latest when the test ends, before the pair closes).
 func holdFirstFlush(t *testing.T, qp *verbs.QP) (entered chan struct{}, release func()) {
+	return holdFlush(t, func(held []*verbs.QP) bool { return slices.Contains(held, qp) })
+}
+
+// holdFlush is holdFirstFlush for the first outbox whose held QPs (those
+// with first transmissions in it; none for READ responses) match.
+func holdFlush(t *testing.T, match func(held []*verbs.QP) bool) (entered chan struct{}, release func()) {
 	entered, gate := make(chan struct{}), make(chan struct{})
-	first := true
+	var once sync.Once
 	verbs.SetFlushHook(func(held []*verbs.QP) {
-		if first && slices.Contains(held, qp) {
-			first = false
-			close(entered)
-			<-gate
+		if match(held) {
+			once.Do(func() { close(entered); <-gate })
 		}
 	})
 	release = sync.OnceFunc(func() { close(gate) })
@@ -126,84 +130,86 @@ func TestNoErrorBeforeFlush(t *testing.T) {
 	}
 }
 
-// TestDestroyWaitsForFlush: a first transmission built before Destroy
-// reads its request's memory when its outbox is sent, perhaps by another
-// goroutine after Destroy took the QP's lock; Destroy returns only once it
-// was sent, so a caller that reuses the memory then changes no packet.
-func TestDestroyWaitsForFlush(t *testing.T) {
-	for _, env := range []verbstest.Env{verbstest.Loop(), verbstest.UDP()} {
-		t.Run(env.Name(), func(t *testing.T) {
-			a, b := verbstest.Pair(t, env, verbstest.PairConfig{})
-			entered, release := holdFirstFlush(t, a.QP)
-			posted := make(chan error, 1)
-			go func() {
-				_, err := a.QP.PostSend([]verbs.SendWR{{ID: 1, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
-					SGL: []verbs.SGE{a.MR.SGE(0, 64)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()}})
-				posted <- err
-			}()
-			<-entered
-			destroyed := make(chan error, 1)
-			go func() { destroyed <- a.QP.Destroy() }()
-			require.Never(t, func() bool { return len(destroyed) > 0 }, 50*time.Millisecond, time.Millisecond,
-				"Destroy returned while a packet of its QP was still to read its request's memory")
-			release()
-			require.NoError(t, <-posted)
-			select {
-			case err := <-destroyed:
-				require.NoError(t, err)
-			case <-time.After(10 * time.Second):
-				t.Fatal("Destroy did not return once the outbox was sent")
-			}
-			require.ErrorIs(t, a.QP.Destroy(), verbs.ErrClosed)
-		})
+// TestReturnsAfterFlush: packets read memory when their outbox is sent,
+// perhaps by another goroutine after the call that gives that memory back
+// took its locks. Destroy (whose requests' first transmissions read their
+// buffers) and Deregister (whose region a READ's responses read; for
+// AllocMR on shm it is unmapped) return only once those packets are sent,
+// so a caller that reuses the memory then changes no packet, and the
+// requester of the READ gets the bytes as they were.
+func TestReturnsAfterFlush(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		op    verbs.Opcode
+		held  func(a *verbstest.Side) func([]*verbs.QP) bool
+		call  func(a, b *verbstest.Side) error
+		check func(t *testing.T, a, b *verbstest.Side)
+	}{
+		{name: "destroy", op: verbs.OpWrite,
+			held: func(a *verbstest.Side) func([]*verbs.QP) bool {
+				return func(h []*verbs.QP) bool { return slices.Contains(h, a.QP) }
+			},
+			call: func(a, _ *verbstest.Side) error { return a.QP.Destroy() },
+			check: func(t *testing.T, a, _ *verbstest.Side) {
+				require.ErrorIs(t, a.QP.Destroy(), verbs.ErrClosed)
+			}},
+		{name: "deregister", op: verbs.OpRead,
+			held: func(*verbstest.Side) func([]*verbs.QP) bool {
+				return func(h []*verbs.QP) bool { return len(h) == 0 } // READ responses
+			},
+			call: func(_, b *verbstest.Side) error { return b.MR.Deregister() },
+			check: func(t *testing.T, a, _ *verbstest.Side) {
+				wcs := a.WaitN(t, 1)
+				require.Equal(t, verbs.StatusSuccess, wcs[0].Status)
+				for i, c := range a.Buf[:256] {
+					require.Equal(t, byte(i^0x5a), c, "byte %d: not as it was", i)
+				}
+			}},
+	} {
+		for _, env := range []verbstest.Env{verbstest.Loop(), verbstest.UDP()} {
+			t.Run(tc.name+"/"+env.Name(), func(t *testing.T) {
+				a, b := verbstest.Pair(t, env, verbstest.PairConfig{})
+				for i := range 256 {
+					a.Buf[i], b.Buf[i] = byte(i), byte(i^0x5a)
+				}
+				entered, release := holdFlush(t, tc.held(a))
+				posted := postAsync(a.QP, verbs.SendWR{ID: 1, Opcode: tc.op, Flags: verbs.FlagSignaled,
+					SGL: []verbs.SGE{a.MR.SGE(0, 256)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()})
+				<-entered
+				returnsOnlyAfter(t, tc.name, func() error { return tc.call(a, b) }, func() {
+					release()
+					require.NoError(t, <-posted)
+				})
+				tc.check(t, a, b)
+			})
+		}
 	}
 }
 
-// TestDeregisterWaitsForReadResponse: a READ's responses point into the
-// responder's region and read it when their outbox is sent; Deregister,
-// which frees (for AllocMR on shm, unmaps) the region, returns only after
-// that send, and the requester gets the bytes as they were.
-func TestDeregisterWaitsForReadResponse(t *testing.T) {
-	for _, env := range []verbstest.Env{verbstest.Loop(), verbstest.UDP()} {
-		t.Run(env.Name(), func(t *testing.T) {
-			a, b := verbstest.Pair(t, env, verbstest.PairConfig{})
-			for i := range 256 {
-				b.Buf[i] = byte(i ^ 0x5a)
-			}
-			want := slices.Clone(b.Buf[:256])
-			entered, release := make(chan struct{}), make(chan struct{})
-			var once sync.Once
-			verbs.SetFlushHook(func(held []*verbs.QP) {
-				if len(held) == 0 { // READ responses only
-					once.Do(func() { close(entered); <-release })
-				}
-			})
-			t.Cleanup(func() { verbs.SetFlushHook(nil) })
-			free := sync.OnceFunc(func() { close(release) })
-			t.Cleanup(free) // before the pair closes, should the test stop early
-			posted := make(chan error, 1)
-			go func() { // the loop fabric may answer within the post
-				_, err := a.QP.PostSend([]verbs.SendWR{{ID: 3, Opcode: verbs.OpRead, Flags: verbs.FlagSignaled,
-					SGL: []verbs.SGE{a.MR.SGE(0, 256)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()}})
-				posted <- err
-			}()
-			<-entered
-			gone := make(chan error, 1)
-			go func() { gone <- b.MR.Deregister() }()
-			require.Never(t, func() bool { return len(gone) > 0 }, 50*time.Millisecond, time.Millisecond,
-				"Deregister returned while a READ response was still to read the region")
-			free()
-			require.NoError(t, <-posted)
-			select {
-			case err := <-gone:
-				require.NoError(t, err)
-			case <-time.After(10 * time.Second):
-				t.Fatal("Deregister did not return once the responses were sent")
-			}
-			wcs := a.WaitN(t, 1)
-			require.Equal(t, verbs.StatusSuccess, wcs[0].Status)
-			require.Equal(t, want, a.Buf[:256])
-		})
+// postAsync posts wr from a goroutine of its own: the loop fabric may
+// deliver, and the peer answer, within the post, which a held flush stops.
+func postAsync(qp *verbs.QP, wr verbs.SendWR) <-chan error {
+	posted := make(chan error, 1)
+	go func() {
+		_, err := qp.PostSend([]verbs.SendWR{wr})
+		posted <- err
+	}()
+	return posted
+}
+
+// returnsOnlyAfter runs call, which must not return until release has
+// run, and then must return nil.
+func returnsOnlyAfter(t *testing.T, name string, call func() error, release func()) {
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	require.Never(t, func() bool { return len(done) > 0 }, 50*time.Millisecond, time.Millisecond,
+		"%s returned while a packet was still to read the memory it gives back", name)
+	release()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not return once the packets were sent", name)
 	}
 }
 
