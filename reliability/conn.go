@@ -97,9 +97,10 @@ type Config struct {
 	// DefaultRecvDepth; the QP must have MaxRecvWR ≥ RecvDepth (see
 	// QPConfig) and its CQ room for RecvDepth completions.
 	RecvDepth int
-	// RecvWindow is the floor of the receiver's flow-control window: the
-	// bytes of chunks it lets the sender have in flight toward it (sent,
-	// neither acknowledged nor declared lost). The window starts at seven
+	// RecvWindow is the floor of the receiver's flow-control window (at
+	// most the receives' share below): the bytes of chunks it lets the
+	// sender have in flight toward it (sent, neither acknowledged nor
+	// declared lost). The window starts at seven
 	// eighths of RecvDepth's chunks (at most MaxRecvWindow), grows
 	// while this end keeps up, at most to about four times what arrives
 	// in a round trip and to a round trip's bytes plus seven eighths of
@@ -300,8 +301,9 @@ type Conn struct {
 }
 
 type chunkRef struct {
-	s   *Send
-	idx int
+	s     *Send
+	idx   int
+	probe bool // a stall's probe: sent whatever the window (scanLocked)
 }
 
 // New starts the protocol on qp, a connected UC QP whose send and receive

@@ -183,7 +183,12 @@ func TestReceiverStallNotLoss(t *testing.T) {
 	stalled := make(chan struct{})
 	go func() {
 		defer close(stalled)
-		require.Eventually(t, func() bool { return b.cq.Len() > 64 }, 10*time.Second, 100*time.Microsecond)
+		for deadline := time.Now().Add(10 * time.Second); b.cq.Len() <= 64; time.Sleep(100 * time.Microsecond) {
+			if time.Now().After(deadline) {
+				t.Error("no chunk landed in 10 s")
+				return
+			}
+		}
 		b.conn.mu.Lock()
 		time.Sleep(300 * time.Millisecond)
 		b.conn.mu.Unlock()
@@ -199,6 +204,36 @@ func TestReceiverStallNotLoss(t *testing.T) {
 	// the stall about eight times, against the hundreds of chunks in
 	// flight that the old rule sent again (about a thousand here).
 	require.LessOrEqual(t, repeats, 2*3*8, "of %d chunks", chunks)
+}
+
+// A lost tail under a window the receiver cut below what is in flight: a
+// stall declares nothing lost, so only the probes can reveal the tail,
+// and they go whatever the window. Before they did, each round freed two
+// chunks of the flight, at timeouts doubling to 64 RTOs: 9 s of the
+// bubble's clock for this megabyte, against a quarter of a second.
+func TestProbeIgnoresWindow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := bubblePair(t, verbs.Faults{}, Config{Scheme: SR}, Config{RecvDepth: 128, RecvWindow: 64 << 10})
+		var lost atomic.Int64
+		a.conn.testDrop = func(seq uint64, idx, try int) bool {
+			if idx >= 32 && try <= 2 { // the tail, and its first probes
+				if lost.Add(1) == 64 {
+					// The receiver cuts its window to the floor, as when
+					// its socket overflowed, and keeps it there.
+					go func() {
+						b.conn.mu.Lock()
+						b.conn.rw.wnd, b.conn.rw.hold = 64<<10, time.Hour
+						b.conn.mu.Unlock()
+					}()
+				}
+				return true
+			}
+			return false
+		}
+		start := time.Now()
+		transfer(t, a, b, []int{1 << 20}, nil)
+		require.Less(t, time.Since(start), 2*time.Second, "on the bubble's clock")
+	})
 }
 
 // A stripe that lost exactly m chunks decodes without a repeat; one that

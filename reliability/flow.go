@@ -72,7 +72,7 @@ func (cfg *Config) recvStart() float64 {
 // one that finds none), so what the receive queue holds, less an eighth
 // for control messages.
 func (cfg *Config) recvCap() float64 {
-	return float64(cfg.RecvDepth-cfg.RecvDepth/8) * float64(cfg.Chunk)
+	return float64(max(1, cfg.RecvDepth-max(1, cfg.RecvDepth/8))) * float64(cfg.Chunk)
 }
 
 // windowLocked updates the receive window (called every tick).

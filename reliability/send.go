@@ -446,6 +446,7 @@ func (c *Conn) onStatusLocked(m *sdrwire.Message, now time.Duration) {
 	// chunks) miss: the status's freshest first send is one sample.
 	cum := min(int(m.Cum), s.n)
 	var fresh int64
+	progress := c.fw.ackedAt
 	for i := s.acked.NextClear(0); i < cum; i = s.acked.NextClear(i) {
 		fresh = max(fresh, c.ackLocked(s, i))
 	}
@@ -460,6 +461,12 @@ func (c *Conn) onStatusLocked(m *sdrwire.Message, now time.Duration) {
 	}
 	if fresh > 0 {
 		c.rttSampleLocked(now - time.Duration(fresh))
+	}
+	if fresh > 0 || c.fw.ackedAt != progress {
+		// A chunk sent after all those acknowledged before arrived: the
+		// stall is over, repeats included (a tail lost on its first
+		// send is acknowledged only on a repeat), so the timeout
+		// backs off no further.
 		c.fw.backoff = 0
 	}
 	c.parityPast(s, cum)
@@ -499,7 +506,19 @@ func (s *Send) wait(i int, repair, fallback time.Duration) time.Duration {
 func (c *Conn) queueLocked(s *Send, i int) {
 	c.unfly(s, i, false) // declared lost: its repeat counts afresh
 	s.sent[i] = -1       // queued
-	c.retx = append(c.retx, chunkRef{s, i})
+	c.retx = append(c.retx, chunkRef{s: s, idx: i})
+}
+
+// queueProbeLocked queues chunk i as a stall's probe: ahead of the
+// repeats, and sent even when the window is full, as TCP's tail loss
+// probe ignores its congestion window. A stall declares nothing lost, so
+// a window the receiver cut below what is still in flight would
+// otherwise hold the probe back until that flight is acknowledged, which
+// a lost tail never is.
+func (c *Conn) queueProbeLocked(s *Send, i int) {
+	c.unfly(s, i, false)
+	s.sent[i] = -1
+	c.retx = slices.Insert(c.retx, 0, chunkRef{s: s, idx: i, probe: true})
 }
 
 // scanLocked repairs chunks nobody reported on within the timeout (the
@@ -563,7 +582,7 @@ func (c *Conn) scanLocked(now time.Duration) {
 			for _, i := range probe {
 				if i >= 0 {
 					s.res.Timeouts++
-					c.queueLocked(s, i)
+					c.queueProbeLocked(s, i)
 				}
 			}
 			queued, late = true, true
@@ -733,7 +752,7 @@ func (c *Conn) fillLocked(now time.Duration, rate float64) int {
 		if r.s.done || r.s.acked.Test(r.idx) || r.s.sent[r.idx] != -1 {
 			continue
 		}
-		if !c.room(r.s.chunk) {
+		if !r.probe && !c.room(r.s.chunk) {
 			c.retx = append([]chunkRef{r}, c.retx...)
 			return bytes
 		}
