@@ -3,6 +3,8 @@ package main
 import (
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/json"
+	"fmt"
 	"encoding/hex"
 	"io"
 	"os"
@@ -147,4 +149,30 @@ func FuzzOffer(f *testing.F) {
 		require.True(t, isHexHash(off.Digest) && isHexHash(off.Manifest))
 		require.LessOrEqual(t, off.K+max(off.M, 8), 256)
 	})
+}
+
+// An offer, a path's hello and a verdict of the releases before BLAKE3
+// (their digest the file's SHA-256, under the key "sha256") are this
+// release's with --digest sha256: the two interoperate, and an older end
+// meets a blake3-list offer's hashing by its name.
+func TestOlderRelease(t *testing.T) {
+	sum, hashes := sha256Chain{}.file(make([]byte, 3<<20), 1<<20)
+	old := fmt.Sprintf(`{"name":"x","size":%d,"sha256":%q,"region":%d,"manifest":%q,"hashing":"sha256-chain","k":32,"m":8,"wire":%d}`,
+		3<<20, sum, 1<<20, sha256Hex(hashes), sdrwire.Version)
+	off, err := parseOffer([]byte(old))
+	require.NoError(t, err)
+	require.Equal(t, sum, off.Digest)
+	require.Equal(t, hashChain, off.Hashing)
+	var v verdict
+	require.NoError(t, json.Unmarshal([]byte(`{"ok":true,"sha256":"`+sum+`"}`), &v))
+	require.Equal(t, sum, v.Digest)
+	var h pathHello
+	require.NoError(t, json.Unmarshal([]byte(`{"path":1,"sha256":"`+sum+`"}`), &h))
+	require.Equal(t, sum, h.Digest)
+	// This release's offer, as an older receiver reads it: the digest
+	// where it looks, and the scheme it does not know by name.
+	var seen map[string]any
+	require.NoError(t, json.Unmarshal(mustJSON(offer{Digest: sum, Hashing: hashBlake3}), &seen))
+	require.Equal(t, sum, seen["sha256"])
+	require.Equal(t, hashBlake3, seen["hashing"])
 }

@@ -315,6 +315,31 @@ func sampleState(size, region int64, have int) *state {
 	return st
 }
 
+// A state file of the release before the digest became a choice (version
+// 2, no "hashing": a SHA-256 chain) resumes, as version 3 of that scheme.
+func TestStateVersion2Resumes(t *testing.T) {
+	const size, region = 3<<20 + 5, 1 << 20
+	data := bytes.Repeat([]byte("v2"), size/2+1)[:size]
+	sum, hashes := sha256Chain{}.file(data, region)
+	j := fmt.Sprintf(`{"version":2,"seq":1,"size":%d,"sha256":%q,"region":%d,"manifest":%q,"hashed":true,"have":"Aw=="}`,
+		size, sum, region, sha256Hex(hashes))
+	slot := fmt.Appendf(nil, "%s\n%s\n", j, sha256Hex([]byte(j)))
+	file := append(bytes.Repeat([]byte{' '}, hashesAt), hashes...)
+	copy(file[slotSize:], slot)
+	st, err := decodeState(file)
+	require.NoError(t, err)
+	require.Equal(t, stateVersion, st.Version)
+	require.Equal(t, hashChain, st.Hashing)
+	require.Equal(t, sum, st.Digest)
+	require.Equal(t, 2, countRegions(st.Have, regions(size, region)))
+	// Without the hashing it would have: not a SHA-256 chain.
+	j = strings.Replace(j, `"version":2`, `"version":3`, 1)
+	slot = fmt.Appendf(nil, "%s\n%s\n", j, sha256Hex([]byte(j)))
+	copy(file[slotSize:], append(slot, bytes.Repeat([]byte{' '}, slotSize-len(slot))...))
+	_, err = decodeState(file)
+	require.ErrorContains(t, err, `unknown scheme ""`)
+}
+
 // decodeState checks every field, and falls back to the other slot when
 // the newer is spoiled.
 func TestDecodeState(t *testing.T) {

@@ -223,7 +223,11 @@ type offer struct {
 	Name string `json:"name"`
 	Size int64  `json:"size"`
 	// Digest is the file's, as Hashing computes it (digest.go), in hex.
-	Digest string `json:"digest"`
+	// Its key is the one of the releases before BLAKE3, whose digest was
+	// always the SHA-256 (here as in pathHello, verdict and the state
+	// file): those ends then interoperate with --digest sha256, and
+	// refuse blake3-list by its name rather than a missing field.
+	Digest string `json:"sha256"`
 	Region int64  `json:"region"`
 	// Manifest is the SHA-256 of the region hashes (digest.go), back to
 	// back: the receiver checks the hashes it is sent (the first message
@@ -252,7 +256,7 @@ type offer struct {
 type pathHello struct {
 	Path   int    `json:"path"`
 	Worker int    `json:"worker,omitempty"`
-	Digest string `json:"digest"` // the offer's
+	Digest string `json:"sha256"` // the offer's
 }
 
 // answer is the receiver's reply: the regions it already has, and
@@ -272,7 +276,7 @@ type answer struct {
 // it stopped before the end (the sender stops then rather than time out).
 type verdict struct {
 	OK     bool   `json:"ok"`
-	Digest string `json:"digest"`
+	Digest string `json:"sha256"`
 	Error  string `json:"error,omitempty"`
 }
 

@@ -46,13 +46,13 @@ type state struct {
 	Version  int    `json:"version"`
 	Seq      uint64 `json:"seq"` // the newer slot has the higher
 	Size     int64  `json:"size"`
-	Digest   string `json:"digest"`
+	Digest   string `json:"sha256"`  // the offer's Digest, under its key
 	Hashing  string `json:"hashing"` // the offer's: how Digest and Hashes are made
 	Region   int64  `json:"region"`
 	Manifest string `json:"manifest"` // SHA-256 of Hashes, as the offer says
 	Hashed   bool   `json:"hashed"`   // the region hashes are in the file
 	Have     []byte `json:"have"`     // bitmap of regions in place and verified
-	Hashes   []byte `json:"-"`        // the region hashes (chain.go), once Hashed
+	Hashes   []byte `json:"-"`        // the region hashes (digest.go), once Hashed
 }
 
 func statePath(out string) string { return out + ".haul" }
@@ -104,6 +104,11 @@ func checkLayout(size, region int64) error {
 
 // validateSlot checks the fields a slot holds against each other.
 func (st *state) validateSlot() error {
+	if st.Version == 2 && st.Hashing == "" {
+		// Before the digest became a choice: a SHA-256 chain. A run of
+		// this release resumes it (and saves it as version 3).
+		st.Version, st.Hashing = stateVersion, hashChain
+	}
 	if st.Version != stateVersion {
 		return fmt.Errorf("%w: version %d, want %d", errState, st.Version, stateVersion)
 	}
