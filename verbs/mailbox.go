@@ -91,7 +91,11 @@ const (
 // Calls for one QP are never concurrent, but calls for different QPs or
 // GIDs may be, so an implementation must be safe for concurrent use. No
 // lock of the engine is held during the call, so the handler may post work
-// requests on any QP.
+// requests on any QP. It must not call Device.Close, QP.Destroy,
+// MR.Deregister or MR.Exclusive: they wait until packets already built
+// have been sent, and the goroutine that runs the handler may be the one
+// that is to send them (the loop provider delivers within the sender's
+// send).
 type MailboxHandler interface {
 	HandleMailboxWrite(w *MailboxWrite) MailboxResult
 }

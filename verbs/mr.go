@@ -161,8 +161,10 @@ func (mr *MR) SGE(off, n int) SGE {
 }
 
 // Deregister invalidates both keys. Remote accesses that arrive afterwards
-// fail with a remote access error; placements in progress finish before it
-// returns, so the caller may reuse the slice at once.
+// fail with a remote access error; placements in progress, and the sends
+// of READ responses that read the region, finish before it returns, so
+// the caller may reuse the slice at once (it must therefore not be called
+// from a MailboxHandler).
 func (mr *MR) Deregister() error {
 	if mr.pd.dev.closed.Load() {
 		mr.dead.Store(true)

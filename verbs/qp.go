@@ -548,7 +548,8 @@ func (qp *QP) Reset() error {
 
 // Destroy removes the QP. Outstanding requests are discarded without
 // completions; once it returns, no packet of the QP reads their memory
-// any more. Later calls return ErrClosed.
+// any more (so it waits for sends in progress: not from a
+// MailboxHandler). Later calls return ErrClosed.
 func (qp *QP) Destroy() error {
 	qp.mu.Lock()
 	if qp.closed {
