@@ -5,12 +5,14 @@ import (
 	"context"
 	"math/rand/v2"
 	"sync"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rvma/rvma/internal/spin"
 	"github.com/rvma/rvma/mailbox"
 	"github.com/rvma/rvma/verbs"
 	"github.com/rvma/rvma/verbs/verbstest"
@@ -270,6 +272,43 @@ func TestWaitWakesOnlyItsWindow(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded, "another window's completion does not wake w1")
 	_, err = w2.Wait(ctx(t))
 	require.NoError(t, err)
+}
+
+// TestScarceLongWaitSleeps: where ranks share cores, a wait for a peer
+// that computes meanwhile takes the core from it if it spins (yielding
+// does not give the core away for long). Once a window's waits have been
+// long, the next sleeps at once: a 200 ms wait costs the process next to
+// no processor time, where spinning to the 150 ms that RVMA_SPIN allows
+// cost about that much.
+func TestScarceLongWaitSleeps(t *testing.T) {
+	require.NoError(t, spin.Set("150ms"))
+	t.Cleanup(spin.Reset)
+	r := newRig(t, verbstest.Loop(), verbs.ConnectConfig{}, nil)
+	w, _ := r.tgt.Init(1, mailbox.Config{Threshold: 8})
+	wait := func(after time.Duration) {
+		w.Post(make([]byte, 8))
+		go func() {
+			time.Sleep(after)
+			_ = r.put(t, 1, 0, 0, 8)
+		}()
+		rec, err := w.Wait(ctx(t))
+		require.NoError(t, err)
+		require.Equal(t, 8, rec.Bytes)
+	}
+	for range 6 {
+		wait(2 * time.Millisecond) // long waits: far above a wake-up's cost
+	}
+	before := cpuTime(t)
+	wait(200 * time.Millisecond)
+	used := cpuTime(t) - before
+	require.Less(t, used, 50*time.Millisecond, "the wait spun")
+}
+
+// cpuTime is the processor time the process used so far.
+func cpuTime(t *testing.T) time.Duration {
+	var ru syscall.Rusage
+	require.NoError(t, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // TestManySenders: several initiators put into one mailbox at once; every

@@ -249,7 +249,16 @@ type Window struct {
 	npend    atomic.Int32 // records not taken, read without the lock by spinning waiters
 	history  *epoch.History
 	notify   chan struct{}
+	// waited is how long Wait waited lately where ranks share cores
+	// (spin.Scarce), in ns, averaged: long waits sleep at once.
+	waited atomic.Int64
 }
+
+// sleepAfter is how long Wait's recent waits must have lasted, where
+// ranks share cores, for the next to sleep at once rather than spin: a
+// waiter for a peer that computes meanwhile takes half of a shared core
+// from it by spinning, while a wake-up costs tens of microseconds.
+const sleepAfter = 200 * time.Microsecond
 
 // buffer is a posted buffer; its counters (bytes, puts, reservations,
 // puts in progress, fullness, ranges written) are its box slot's.
@@ -689,10 +698,15 @@ func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
 	var deadline time.Time // set at the first look at the clock: it costs as much as a put
 	var patient time.Time  // past it, the spin yields often
 	// Where ranks share cores, the one this waits for may need this core:
-	// yield from the start.
-	long := spin.Scarce()
+	// yield from the start, and sleep at once if waits have been long.
+	scarce := spin.Scarce()
+	long := scarce
+	if scarce {
+		begun := time.Now()
+		defer func() { w.noteWait(time.Since(begun)) }()
+	}
 	var stop func() bool // a shared window's wake on ctx's end, once it sleeps
-	for i := 0; ; i++ {
+	for i := 0; !scarce || i < 64 || time.Duration(w.waited.Load()) < sleepAfter; i++ {
 		// Look without the lock: the placing goroutine needs it.
 		if w.ready() {
 			if r, ok := w.Poll(); ok {
@@ -776,4 +790,10 @@ func (w *Window) Close() error {
 	w.mu.Unlock()
 	// The window stays registered so that later puts meet "closed".
 	return nil
+}
+
+// noteWait adds a wait of d to Wait's average (a quarter each).
+func (w *Window) noteWait(d time.Duration) {
+	old := w.waited.Load()
+	w.waited.Store(old + (int64(d)-old)/4)
 }

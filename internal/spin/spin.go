@@ -56,6 +56,9 @@ func Set(s string) error {
 	return nil
 }
 
+// Reset forgets what Set set, as if it never ran (for tests).
+func Reset() { override.Store(-1) }
+
 // Or returns the process's spin duration if one was set, or def.
 func Or(def time.Duration) time.Duration {
 	if d := override.Load(); d >= 0 {
