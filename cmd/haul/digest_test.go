@@ -3,9 +3,9 @@ package main
 import (
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"encoding/hex"
 	"io"
 	"os"
 	"path/filepath"
