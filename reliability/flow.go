@@ -70,7 +70,7 @@ func (cfg *Config) recvStart() float64 {
 // recvCap is the most backlog a receive window may allow: every chunk
 // that arrived may take a posted receive before it is handled (UC drops
 // one that finds none), so what the receive queue holds, less an eighth
-// for control messages.
+// (at least one) for control messages, and at least one chunk.
 func (cfg *Config) recvCap() float64 {
 	return float64(max(1, cfg.RecvDepth-max(1, cfg.RecvDepth/8))) * float64(cfg.Chunk)
 }
@@ -141,7 +141,7 @@ type sendWindow struct {
 	deliveredAt time.Duration // when the status that last moved it arrived
 	ackedSent   int64         // the latest send time of a chunk acknowledged
 	ackedAt     time.Duration // when ackedSent last moved, or the flight began
-	backoff     uint          // the RTO's doublings since a first send was last acknowledged
+	backoff     uint          // the RTO's doublings since ackedSent last moved
 	blocked     bool          // the injector stopped at the window
 	since       time.Duration
 	waited      time.Duration

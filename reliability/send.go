@@ -446,7 +446,7 @@ func (c *Conn) onStatusLocked(m *sdrwire.Message, now time.Duration) {
 	// chunks) miss: the status's freshest first send is one sample.
 	cum := min(int(m.Cum), s.n)
 	var fresh int64
-	progress := c.fw.ackedAt
+	progress := c.fw.ackedSent
 	for i := s.acked.NextClear(0); i < cum; i = s.acked.NextClear(i) {
 		fresh = max(fresh, c.ackLocked(s, i))
 	}
@@ -462,7 +462,7 @@ func (c *Conn) onStatusLocked(m *sdrwire.Message, now time.Duration) {
 	if fresh > 0 {
 		c.rttSampleLocked(now - time.Duration(fresh))
 	}
-	if fresh > 0 || c.fw.ackedAt != progress {
+	if fresh > 0 || c.fw.ackedSent != progress {
 		// A chunk sent after all those acknowledged before arrived: the
 		// stall is over, repeats included (a tail lost on its first
 		// send is acknowledged only on a repeat), so the timeout
@@ -539,8 +539,8 @@ func (c *Conn) scanLocked(now time.Duration) {
 	// The probe's arrival lifts the receiver's highest chunk above a lost
 	// tail, whose chunks its next status then reports as gaps; a
 	// receiver that was only slow answers with everything.
-	// A timeout on a stall backs off as TCP's does (doubling, until a
-	// first send is acknowledged).
+	// A timeout on a stall backs off as TCP's does (doubling, until the
+	// receiver acknowledges a chunk sent after all it acknowledged before).
 	passed := time.Duration(c.fw.ackedSent) - max(c.minRTT/4, time.Millisecond)
 	rto <<= c.fw.backoff
 	stalled := now-c.fw.ackedAt >= rto
