@@ -235,7 +235,9 @@ func Open(name string, mtu int) (*Port, error) {
 	binary.LittleEndian.PutUint32(mem[offPID:], uint32(pid))
 	binary.LittleEndian.PutUint32(mem[offInst:], uint32(inst))
 	atomic.StoreUint64(u64(mem, offMagic), magic) // last: the segment is ready
-	go p.receive()
+	// The spin is read now, not when the goroutine first runs: a port
+	// keeps the setting it was opened under.
+	go p.receive(spin.Or(50 * time.Microsecond))
 	return p, nil
 }
 
@@ -486,9 +488,8 @@ func (p *Port) Progress() int {
 // handler, spins a little when they are empty, then sleeps on the
 // doorbell; every so often it frees the rings of senders that died. While
 // pollers drive Progress it only naps.
-func (p *Port) receive() {
+func (p *Port) receive(spinFor time.Duration) {
 	defer close(p.done)
-	spinFor := spin.Or(50 * time.Microsecond)
 	idleSince := time.Now()
 	lastCheck := time.Now()
 	polls := p.polls.Load()
