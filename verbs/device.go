@@ -510,7 +510,7 @@ func (h *portHandler) HandlePackets(pkts []*wire.Packet) {
 			d.drop(&d.stats.badPort)
 		default:
 			qp.receive(p, now, &h.out)
-			if h.out.memory {
+			if h.out.readsMemory() {
 				// READ responses point into registered memory. Send them
 				// before a later packet of the batch completes a receive:
 				// once the application sees that completion it may write
@@ -550,7 +550,6 @@ func (d *Device) drop(reason *atomic.Uint64) {
 type outbox struct {
 	pkts    []*wire.Packet
 	touched []*QP // QPs with a coalesced ACK pending
-	memory  bool  // some packet's payload is registered memory, not a copy
 	// held lists the QPs whose first transmissions are in pkts: those
 	// packets read their requests' memory when sent, so the QPs complete
 	// no request until the outbox is flushed (see QP.unflushed).
@@ -560,6 +559,10 @@ type outbox struct {
 	// does not free them under the send.
 	entered []*MR
 }
+
+// readsMemory says whether some packet's payload is registered memory
+// (a READ response), not a copy.
+func (o *outbox) readsMemory() bool { return len(o.entered) > 0 }
 
 // enter enters mr for o's READ responses (false if it is gone).
 func (o *outbox) enter(mr *MR) bool {
@@ -590,14 +593,13 @@ var outboxPool = sync.Pool{New: func() any { return &outbox{pkts: make([]*wire.P
 
 func (o *outbox) flush(p fabric.Port) {
 	lockcheck.AssertNotHeld[qpLocks]("verbs: Port.Send (an outbox flush) while a QP's mu is held: a send may re-enter the engine")
-	if h := flushHook.Load(); h != nil && (len(o.held) > 0 || o.memory) {
+	if h := flushHook.Load(); h != nil && (len(o.held) > 0 || o.readsMemory()) {
 		(*h)(o.held)
 	}
 	if len(o.pkts) > 0 {
 		p.Send(o.pkts)
 		clear(o.pkts)
 		o.pkts = o.pkts[:0]
-		o.memory = false
 	}
 	for i, mr := range o.entered {
 		mr.exit()

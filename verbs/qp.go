@@ -682,7 +682,7 @@ func (qp *QP) PostSend(wrs []SendWR) (int, error) {
 	n, err := qp.postSendLocked(wrs, ob)
 	switch {
 	case n > 0 && n == len(wrs) && wrs[n-1].Flags&FlagDefer != 0 && qp.state == StateReadyToSend &&
-		len(qp.deferred)+len(ob.pkts) < DeferMax && !ob.memory:
+		len(qp.deferred)+len(ob.pkts) < DeferMax && !ob.readsMemory():
 		// Everything this post built waits too, behind the earlier
 		// deferred packets (progressSend put those ahead of new ones).
 		qp.deferred = append(qp.deferred, ob.pkts...)

@@ -544,7 +544,6 @@ func (qp *QP) readRequestExec(p *wire.Packet, ob *outbox, inSeq bool) {
 		}
 		ob.pkts = append(ob.pkts, pk)
 	}
-	ob.memory = true
 	rs.ackPending, rs.delayed = false, false
 	if extends {
 		rs.ePSN, rs.nakSent = end, false
