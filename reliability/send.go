@@ -504,9 +504,15 @@ func (s *Send) wait(i int, repair, fallback time.Duration) time.Duration {
 }
 
 func (c *Conn) queueLocked(s *Send, i int) {
-	c.unfly(s, i, false) // declared lost: its repeat counts afresh
-	s.sent[i] = -1       // queued
-	c.retx = append(c.retx, chunkRef{s: s, idx: i})
+	c.retx = append(c.retx, c.requeue(s, i))
+}
+
+// requeue takes chunk i out of flight to be sent again: declared lost
+// (or probed), its repeat counts afresh.
+func (c *Conn) requeue(s *Send, i int) chunkRef {
+	c.unfly(s, i, false)
+	s.sent[i] = -1 // queued
+	return chunkRef{s: s, idx: i}
 }
 
 // queueProbeLocked queues chunk i as a stall's probe: ahead of the
@@ -516,9 +522,9 @@ func (c *Conn) queueLocked(s *Send, i int) {
 // otherwise hold the probe back until that flight is acknowledged, which
 // a lost tail never is.
 func (c *Conn) queueProbeLocked(s *Send, i int) {
-	c.unfly(s, i, false)
-	s.sent[i] = -1
-	c.retx = slices.Insert(c.retx, 0, chunkRef{s: s, idx: i, probe: true})
+	r := c.requeue(s, i)
+	r.probe = true
+	c.retx = slices.Insert(c.retx, 0, r)
 }
 
 // scanLocked repairs chunks nobody reported on within the timeout (the

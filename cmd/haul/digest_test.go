@@ -176,3 +176,22 @@ func TestOlderRelease(t *testing.T) {
 	require.Equal(t, sum, seen["sha256"])
 	require.Equal(t, hashBlake3, seen["hashing"])
 }
+
+// BenchmarkRegionHash: one core hashing a 16 MiB region (haul's default)
+// in each scheme, as the receiver checks a region that landed.
+func BenchmarkRegionHash(b *testing.B) {
+	const region = 16 << 20
+	span := make([]byte, region)
+	for _, h := range hashings {
+		_, hashes := h.file(span, region)
+		b.Run(h.label(), func(b *testing.B) {
+			b.SetBytes(region)
+			b.ReportAllocs()
+			for b.Loop() {
+				if !regionOK(h, span, 0, 1, region, hashes) {
+					b.Fatal("the region does not match its own hash")
+				}
+			}
+		})
+	}
+}
