@@ -26,8 +26,8 @@ import (
 // a file at rest. BLAKE3 is a cryptographic hash like SHA-256, so a
 // receiver without --key-file (whose packets carry only a checksum) still
 // holds the bytes to what the sender hashed; it hashes more than twice as
-// fast as SHA-256 with SHA-NI here (BenchmarkRegionHash), several times
-// without, and the regions hash in parallel.
+// fast as SHA-256 with SHA-NI here (BenchmarkRegionHash), and the regions
+// hash in parallel.
 //
 // sha256: the file's own SHA-256, which sha256sum prints, cut at region
 // boundaries: region i's entry is the chaining value after the file's first
