@@ -335,8 +335,19 @@ func (e *Engine) Progress() (bool, error) {
 		return false, nil
 	}
 	n, err := e.poll()
-	e.poller.Store(false)
+	e.letGo()
 	return n > 0, err
+}
+
+// letGo gives the poller role up. In direct mode it wakes the waiters: one
+// that found the role taken may have gone to sleep meanwhile, and with no
+// background poller it would sleep with nobody polling; one of them takes
+// the role.
+func (e *Engine) letGo() {
+	e.poller.Store(false)
+	if !e.cfg.Background {
+		e.Wake()
+	}
 }
 
 // Wait blocks until cond (evaluated under the engine's lock) holds, or ctx
@@ -354,25 +365,27 @@ func (e *Engine) Wait(ctx context.Context, cond func() bool) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		if waitHook != nil {
+			waitHook(e, beforeRole)
+		}
 		if e.poller.CompareAndSwap(false, true) {
 			n, err := e.poll()
-			if err == nil && n == 0 && !e.cfg.Background {
-				// Nobody else polls: block on the CQ ourselves.
+			if err == nil && n == 0 && !e.cfg.Background && !e.holds(cond) {
+				// Nobody else polls: block on the CQ ourselves. Not if the
+				// condition holds: the poller this one took the role from
+				// may have met it after it was last looked at, and nothing
+				// more may ever arrive on the CQ.
 				err = e.cq.Wait(ctx)
 				if err == nil {
 					_, err = e.poll()
 				}
 			}
-			e.poller.Store(false)
+			e.letGo()
 			if err != nil {
-				e.Wake()
+				if e.cfg.Background {
+					e.Wake()
+				}
 				return err
-			}
-			if !e.cfg.Background {
-				// A waiter that woke while this one held the poller role
-				// went back to sleep; if this one now returns, nobody would
-				// poll for it. Wake them: one takes the role.
-				e.Wake()
 			}
 			if n > 0 || !e.cfg.Background {
 				continue
@@ -389,6 +402,9 @@ func (e *Engine) Wait(ctx context.Context, cond func() bool) error {
 		}
 		// About to sleep: look once more, and say so under the lock, so
 		// that the next round's end closes the channel slept on.
+		if waitHook != nil {
+			waitHook(e, beforeSleep)
+		}
 		e.mu.Lock()
 		ok = cond()
 		if !ok {
@@ -399,12 +415,38 @@ func (e *Engine) Wait(ctx context.Context, cond func() bool) error {
 		if ok {
 			return nil
 		}
+		if !e.cfg.Background && !e.poller.Load() {
+			// The holder let the role go after this waiter failed to take
+			// it, and may have woken the round before this waiter slept
+			// on it: with nobody polling, the sleep could last forever.
+			// Checked after registering as a sleeper, so a holder that
+			// lets go later wakes this round (see Progress and Wait).
+			continue
+		}
 		select {
 		case <-round:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
+}
+
+// waitHook, set by tests only, runs at the points of Wait where another
+// goroutine's move opened a lost wake-up before.
+var waitHook func(e *Engine, at waitPoint)
+
+type waitPoint int
+
+const (
+	beforeRole  waitPoint = iota // the condition was false; the role not tried yet
+	beforeSleep                  // the role was taken by another; not registered as a sleeper yet
+)
+
+// holds evaluates cond under the engine's lock.
+func (e *Engine) holds(cond func() bool) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return cond()
 }
 
 // Wait blocks until the Op finishes or ctx ends, and returns its error.

@@ -127,3 +127,50 @@ func TestOnRecv(t *testing.T) {
 		}
 	})
 }
+
+// In direct mode (no background poller), a waiter that finds the poller
+// role taken sleeps until the holder lets it go; whoever lets it go, a
+// Wait's poller or a Test, must leave nobody asleep with nobody polling.
+// Goroutines that Test their writes before waiting shuffle the role among
+// many hands; a stranded waiter fails on its context.
+func TestDirectNoStrandedWaiter(t *testing.T) {
+	for _, env := range []verbstest.Env{verbstest.Loop(), verbstest.UDP()} {
+		t.Run(env.Name(), func(t *testing.T) { directNoStrandedWaiter(t, env) })
+	}
+}
+
+func directNoStrandedWaiter(t *testing.T, env verbstest.Env) {
+	a, b := verbstest.Pair(t, env, verbstest.PairConfig{BufSize: 1 << 16})
+	e := progress.New(a.CQ, progress.Config{})
+	defer e.Close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 300 {
+				op, id := e.Start(1, nil)
+				_, err := a.QP.PostSend([]verbs.SendWR{{ID: id, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
+					SGL: []verbs.SGE{a.MR.SGE(8*g, 8)}, RemoteAddr: b.MR.Addr() + uint64(8*(i%64)), RKey: b.MR.RKey()}})
+				if err == nil && g%2 == 0 {
+					_, err = op.Test()
+				}
+				if err == nil {
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					err = op.Wait(ctx)
+					cancel()
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+}

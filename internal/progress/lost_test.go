@@ -1,0 +1,79 @@
+package progress
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rvma/rvma/verbs"
+	"github.com/rvma/rvma/verbs/verbstest"
+)
+
+// TestNoLostWakeup plays, in direct mode, the two moves of another
+// goroutine that once left a waiter asleep with its request complete or
+// its completion unpolled, each at the moment that opened the gap. The
+// waiter must return at once; the stranded one waited out its context.
+func TestNoLostWakeup(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		at   waitPoint
+		move func(e *Engine)
+	}{
+		// Another poller finished the request between the waiter's look
+		// at it and its taking the role: the waiter then blocked on a CQ
+		// that would deliver nothing more.
+		{"finished before the role", beforeRole, func(e *Engine) {
+			ok, err := e.Progress()
+			if !ok || err != nil {
+				panic("the completion was not there to take")
+			}
+		}},
+		// The holder let the role go, and woke the round, after the
+		// waiter failed to take it and before it slept: it then slept
+		// with nobody polling.
+		{"released before the sleep", beforeSleep, func(e *Engine) {
+			e.poller.Store(false)
+			e.Wake()
+		}},
+		// The role's holder (a Test) let it go after the waiter slept:
+		// it must wake the waiter, or nobody polls.
+		{"released after the sleep", beforeSleep, func(e *Engine) {
+			go func() {
+				for !e.holds(func() bool { return e.sleepers }) {
+					time.Sleep(time.Millisecond)
+				}
+				e.letGo()
+			}()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := verbstest.Pair(t, verbstest.Loop(), verbstest.PairConfig{BufSize: 1 << 12})
+			e := New(a.CQ, Config{})
+			defer e.Close()
+			op, id := e.Start(1, nil)
+			_, err := a.QP.PostSend([]verbs.SendWR{{ID: id, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
+				SGL: []verbs.SGE{a.MR.SGE(0, 8)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()}})
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return a.CQ.Len() > 0 }, 5*time.Second, time.Millisecond)
+
+			played := false
+			waitHook = func(e *Engine, at waitPoint) {
+				if at == beforeRole && tc.at == beforeSleep && !played { // both beforeSleep cases
+					// Someone else holds the role when the waiter tries it.
+					e.poller.Store(true)
+				}
+				if at == tc.at && !played && (at != beforeSleep || e.poller.Load()) {
+					played = true
+					tc.move(e)
+				}
+			}
+			t.Cleanup(func() { waitHook = nil })
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			require.NoError(t, op.Wait(ctx))
+			require.True(t, played, "the move was played")
+		})
+	}
+}
