@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rvma/rvma/internal/spin"
+	"github.com/rvma/rvma/epoch"
 	"github.com/rvma/rvma/mailbox"
 	"github.com/rvma/rvma/verbs"
 	"github.com/rvma/rvma/verbs/verbstest"
@@ -511,4 +512,62 @@ func TestDiscardKeepsBytes(t *testing.T) {
 	rec, err := w.Wait(ctx(t))
 	require.NoError(t, err)
 	require.Equal(t, 1024, rec.Bytes, "counted from zero after the discard")
+}
+
+// TestEveryWaiterWakes: several goroutines wait on one window; a close
+// must reach every one of them, and epochs completed together must each
+// reach a waiter. A single wake-up token once went to one waiter and left
+// the others asleep until their contexts ended.
+func TestEveryWaiterWakes(t *testing.T) {
+	const waiters = 3
+	for _, tc := range []struct {
+		name string
+		act  func(t *testing.T, w *mailbox.Window)
+		want func(t *testing.T, recs []epoch.Record, errs []error)
+	}{
+		{"close", func(t *testing.T, w *mailbox.Window) { require.NoError(t, w.Close()) },
+			func(t *testing.T, _ []epoch.Record, errs []error) {
+				for i, err := range errs {
+					require.ErrorIs(t, err, mailbox.ErrWindowClosed, "waiter %d", i)
+				}
+			}},
+		{"epochs", func(t *testing.T, w *mailbox.Window) {
+			for range waiters {
+				_, err := w.IncEpoch()
+				require.NoError(t, err)
+			}
+		}, func(t *testing.T, recs []epoch.Record, errs []error) {
+			seen := map[uint64]bool{}
+			for i, err := range errs {
+				require.NoError(t, err, "waiter %d", i)
+				seen[recs[i].Epoch] = true
+			}
+			require.Len(t, seen, waiters, "each waiter took its own epoch")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, verbstest.Loop(), verbs.ConnectConfig{}, nil)
+			w, err := r.tgt.Init(1, mailbox.Config{Threshold: 1 << 20})
+			require.NoError(t, err)
+			for range waiters {
+				_, err := w.Post(make([]byte, 64))
+				require.NoError(t, err)
+			}
+			recs, errs := make([]epoch.Record, waiters), make([]error, waiters)
+			var wg sync.WaitGroup
+			for i := range waiters {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					defer cancel()
+					recs[i], errs[i] = w.Wait(c)
+				}()
+			}
+			require.Eventually(t, func() bool { return w.Sleepers() == waiters }, 5*time.Second, time.Millisecond)
+			tc.act(t, w)
+			wg.Wait()
+			tc.want(t, recs, errs)
+		})
+	}
 }

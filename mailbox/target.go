@@ -151,7 +151,7 @@ func (t *Target) newWindow(addr uint64, cfg Config) (*Window, error) {
 		return nil, fmt.Errorf("%w: %+v", ErrBadConfig, cfg)
 	}
 	w := &Window{t: t, addr: addr, cfg: cfg, history: epoch.New(cfg.History),
-		notify: make(chan struct{}, 1), pins: map[peer]pin{}, bySlot: make([]*buffer, boxSlots)}
+		notify: make(chan struct{}), pins: map[peer]pin{}, bySlot: make([]*buffer, boxSlots)}
 	// The window's counters live in a box (package shmbox). On a device
 	// with shm ports the box is shared with the host's processes, whose
 	// puts are then placed and counted by their initiators; the catch-all
@@ -248,7 +248,11 @@ type Window struct {
 	pendHd   int
 	npend    atomic.Int32 // records not taken, read without the lock by spinning waiters
 	history  *epoch.History
+	// notify is closed, and replaced, when waiters asleep on it (sleepers
+	// of them) should look again: every one of them, since a close must
+	// reach them all and one settle may complete several epochs.
 	notify   chan struct{}
+	sleepers int
 	// waited is how long Wait waited lately where ranks share cores
 	// (spin.Scarce), in ns, averaged: long waits sleep at once.
 	waited atomic.Int64
@@ -548,16 +552,16 @@ func (w *Window) complete(partial bool) epoch.Record {
 	return r
 }
 
-// wake wakes the window's waiters.
+// wake wakes the window's waiters, all of them; w.mu is held.
 func (w *Window) wake() {
-	select {
-	case w.notify <- struct{}{}:
-	default:
+	if w.sleepers > 0 {
+		close(w.notify)
+		w.notify, w.sleepers = make(chan struct{}), 0
 	}
-	// A waiter of this process that spins sees the record (npend); one
-	// asleep on the box's word needs the word bumped and a wake-up.
+	// A waiter of this process that spins sees the record (npend); those
+	// asleep on the box's word need the word bumped and a wake-up.
 	if w.shared && w.box.Sleeping() && w.box.Wake() {
-		futex.Wake(w.box.WakeWord())
+		futex.WakeAll(w.box.WakeWord())
 	}
 }
 
@@ -741,8 +745,18 @@ func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
 			return r, nil
 		}
 		w.mu.Lock()
-		closed := w.closed
+		closed, pending := w.closed, w.pendHd < len(w.pending)
+		var notify chan struct{}
+		if !closed && !pending && !w.shared {
+			// Registered under the lock that wake takes: a record or a
+			// close after the look above closes this channel.
+			notify = w.notify
+			w.sleepers++
+		}
 		w.mu.Unlock()
+		if pending {
+			continue // completed since Poll looked
+		}
 		if closed {
 			return epoch.Record{}, ErrWindowClosed
 		}
@@ -752,7 +766,7 @@ func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
 			// so does ctx's end, so that it ends the wait at once).
 			if stop == nil {
 				word := w.box.WakeWord()
-				stop = context.AfterFunc(ctx, func() { futex.Wake(word) })
+				stop = context.AfterFunc(ctx, func() { futex.WakeAll(word) })
 				defer stop()
 			}
 			v := atomic.LoadUint32(w.box.WakeWord())
@@ -767,7 +781,7 @@ func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
 			continue
 		}
 		select {
-		case <-w.notify:
+		case <-notify:
 		case <-ctx.Done():
 			return epoch.Record{}, ctx.Err()
 		}

@@ -5,6 +5,7 @@
 package futex
 
 import (
+	"math"
 	"time"
 	"unsafe"
 
@@ -27,6 +28,11 @@ func Wait(addr *uint32, val uint32, d time.Duration) {
 // Wake wakes one waiter on addr.
 func Wake(addr *uint32) {
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), wakeOp, 1, 0, 0, 0)
+}
+
+// WakeAll wakes every waiter on addr.
+func WakeAll(addr *uint32) {
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), wakeOp, math.MaxInt32, 0, 0, 0)
 }
 
 // Alive reports whether process pid exists.

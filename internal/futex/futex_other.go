@@ -12,5 +12,8 @@ func Wait(addr *uint32, val uint32, d time.Duration) { time.Sleep(min(d, time.Mi
 // Wake does nothing here.
 func Wake(addr *uint32) {}
 
+// WakeAll does nothing here.
+func WakeAll(addr *uint32) {}
+
 // Alive assumes the process lives.
 func Alive(pid int) bool { return true }

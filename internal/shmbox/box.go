@@ -35,8 +35,9 @@ const (
 
 	// Version is the layout's version, checked by Open: a process of
 	// another rvma release that lays its boxes out otherwise is refused
-	// (ErrVersion) instead of misread. Bump it with any layout change.
-	Version = 2
+	// (ErrVersion) instead of misread. Bump it with any change of a
+	// word's place or meaning (3: hSleeping counts waiters).
+	Version = 3
 
 	// Header: each group of words that one side writes often on its own
 	// cache line, so the two processes pass lines back and forth as
@@ -50,7 +51,7 @@ const (
 	hPosted    = 128 // posting sequence of the next buffer
 	hCompleted = 136 // posting sequence of the head (first not retired)
 	hWake      = 192 // futex word: bumped when an epoch may have completed
-	hSleeping  = 196 // the target is (about to be) blocked on hWake
+	hSleeping  = 196 // how many of the target's waiters are (about to be) blocked on hWake
 	hdrBytes   = 256
 
 	// Slot: where the buffer is (written at Post, then read), the
@@ -405,27 +406,28 @@ func (b *Box) Retire() { b.put(hCompleted, b.get(hCompleted)+1) }
 // the counters follow the location in the slot.
 func (b *Box) Reset(i int) { clear(b.mem[b.slot(i)+sBytes : b.slot(i)+slotBytes]) }
 
-// Wake tells the target that an epoch may have completed; it wakes it if
-// it sleeps (the caller then calls futex wake on WakeWord, see Sleeping).
+// Wake tells the target that an epoch may have completed, and reports
+// whether a waiter sleeps (the caller then wakes all on WakeWord).
 func (b *Box) Wake() (sleeping bool) {
 	atomic.AddUint32(b.u32(hWake), 1)
 	return atomic.LoadUint32(b.u32(hSleeping)) != 0
 }
 
-// Sleeping reports whether the target announced that it sleeps.
+// Sleeping reports whether a waiter of the target announced that it sleeps.
 func (b *Box) Sleeping() bool { return atomic.LoadUint32(b.u32(hSleeping)) != 0 }
 
 // WakeWord is the futex word Wake bumps.
 func (b *Box) WakeWord() *uint32 { return b.u32(hWake) }
 
-// SetSleeping announces (or withdraws) that the target blocks on
-// WakeWord, so that Wake callers wake it.
+// SetSleeping announces (on) or withdraws a waiter that blocks on
+// WakeWord, so that Wake callers wake it. The target's waiters are
+// counted, not flagged: one waking must not hide another still asleep.
 func (b *Box) SetSleeping(on bool) {
-	v := uint32(0)
+	d := ^uint32(0) // -1
 	if on {
-		v = 1
+		d = 1
 	}
-	atomic.StoreUint32(b.u32(hSleeping), v)
+	atomic.AddUint32(b.u32(hSleeping), d)
 }
 
 func (b *Box) String() string {

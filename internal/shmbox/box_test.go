@@ -240,3 +240,19 @@ func TestOpen(t *testing.T) {
 		})
 	}
 }
+
+// TestSleepersCounted: a target's waiters announce their sleeps one by
+// one; one waking must not hide another still asleep (a flag did, and a
+// completion then woke nobody).
+func TestSleepersCounted(t *testing.T) {
+	b := newBox(t, 2, 8, false, false)
+	require.False(t, b.Sleeping())
+	b.SetSleeping(true)
+	b.SetSleeping(true)
+	b.SetSleeping(false)
+	require.True(t, b.Sleeping(), "one waiter still sleeps")
+	require.True(t, b.Wake())
+	b.SetSleeping(false)
+	require.False(t, b.Sleeping())
+	require.False(t, b.Wake())
+}

@@ -884,7 +884,7 @@ func (p *Port) MailboxPuts(dst netip.AddrPort, q fabric.QP, mailbox uint64, puts
 	wake := k > 0 && b.Completable() && b.Wake()
 	b.Unlock()
 	if wake {
-		futex.Wake(b.WakeWord())
+		futex.WakeAll(b.WakeWord())
 	}
 	p.direct.Add(uint64(k))
 	if k == 0 {
