@@ -49,8 +49,10 @@ type CQ struct {
 	// under mu, read without it by the fast paths of Poll, Len and Wait
 	// (which take mu before touching ring). waiters counts goroutines
 	// blocked in Wait, so that push skips the wake-up when there are none.
+	// woken says Wake was called and no Wait has returned for it yet.
 	count   atomic.Int32
 	waiters atomic.Int32
+	woken   atomic.Bool
 }
 
 // CreateCQ creates a completion queue.
@@ -159,16 +161,18 @@ func (cq *CQ) overrunOrClosed() bool {
 // Len returns the number of completions waiting.
 func (cq *CQ) Len() int { return int(cq.count.Load()) }
 
-// Wait blocks until the CQ holds a completion, the context ends, or the CQ
-// is closed or overruns. It spins for the configured time first.
+// Wait blocks until the CQ holds a completion, Wake is called, the
+// context ends, or the CQ is closed or overruns. It spins for the
+// configured time first. Any number of goroutines may wait: each returns
+// once the CQ holds a completion, whoever polls it.
 func (cq *CQ) Wait(ctx context.Context) error {
-	if cq.count.Load() > 0 {
+	if cq.count.Load() > 0 || cq.takeWake() {
 		return nil
 	}
 	if cq.spin > 0 {
 		deadline := time.Now().Add(cq.spin)
 		for i := 0; ; i++ {
-			if cq.count.Load() > 0 {
+			if cq.count.Load() > 0 || cq.takeWake() {
 				return nil
 			}
 			if !cq.dev.closed.Load() {
@@ -189,9 +193,14 @@ func (cq *CQ) Wait(ctx context.Context) error {
 	defer cq.waiters.Add(-1)
 	for {
 		if cq.count.Load() > 0 {
+			cq.passWake()
+			return nil
+		}
+		if cq.takeWake() {
 			return nil
 		}
 		if cq.overrunOrClosed() {
+			cq.passWake()
 			if cq.isClosed() {
 				return ErrClosed
 			}
@@ -205,6 +214,29 @@ func (cq *CQ) Wait(ctx context.Context) error {
 		}
 	}
 }
+
+// passWake hands the wake-up this waiter may have taken to the next, if
+// others wait: push and Wake wake one, and what woke this one (a stored
+// completion, an overrun) concerns them all.
+func (cq *CQ) passWake() {
+	if cq.waiters.Load() > 1 {
+		cq.wake()
+	}
+}
+
+// Wake makes one Wait return, now or, if none is waiting, the next one
+// to start: a goroutine that blocks on the CQ on behalf of others (a
+// progress engine's poller) learns that something it waits for changed
+// outside the CQ. Wait may so return with nothing to poll.
+func (cq *CQ) Wake() {
+	cq.woken.Store(true)
+	if cq.waiters.Load() > 0 {
+		cq.wake()
+	}
+}
+
+// takeWake consumes a Wake.
+func (cq *CQ) takeWake() bool { return cq.woken.Load() && cq.woken.Swap(false) }
 
 func (cq *CQ) isClosed() bool {
 	cq.mu.Lock()

@@ -77,3 +77,43 @@ func TestNoLostWakeup(t *testing.T) {
 		})
 	}
 }
+
+// TestDirectFinishElsewhere: in direct mode the waiter that holds the
+// poller role blocks on the CQ; an Op finished by another goroutine (a
+// reply, a post that failed there) must end that wait, with nothing more
+// ever arriving on the CQ. The same for a Wake after a change of state a
+// condition reads.
+func TestDirectFinishElsewhere(t *testing.T) {
+	for _, by := range []string{"finish", "posted", "wake"} {
+		t.Run(by, func(t *testing.T) {
+			a, _ := verbstest.Pair(t, verbstest.Loop(), verbstest.PairConfig{BufSize: 1 << 12, CQ: verbs.CQConfig{Spin: -1}})
+			e := New(a.CQ, Config{})
+			defer e.Close()
+			n := 0
+			if by == "posted" {
+				n = 1
+			}
+			op, id := e.Start(n, nil)
+			var flag bool
+			cond := func() bool { return op.done || flag }
+			done := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				done <- e.Wait(ctx, cond)
+			}()
+			require.Eventually(t, func() bool { return e.poller.Load() }, 5*time.Second, time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // on the CQ by now (earlier, it returns the same)
+			switch by {
+			case "finish":
+				e.Finish(op, nil)
+			case "posted":
+				e.Posted(op, id, 1, 0, verbs.ErrQueueFull) // the post failed: none was posted
+			case "wake":
+				e.Locked(func() { flag = true })
+				e.Wake()
+			}
+			require.NoError(t, <-done)
+		})
+	}
+}

@@ -86,6 +86,10 @@ type Engine struct {
 	// round's end close it and make the next (an allocation per finished
 	// Op otherwise).
 	sleepers bool
+	// dispatching is set while poll finishes Ops: a round that ends
+	// otherwise (Finish, Posted, Wake from another goroutine) wakes, in
+	// direct mode, a waiter blocked on the CQ for the engine.
+	dispatching bool
 }
 
 // engineLocks is the lock class of engines' mu (see internal/lockcheck).
@@ -206,9 +210,10 @@ func (e *Engine) Posted(op *Op, base uint64, n, k int, err error) {
 	e.mu.Unlock()
 }
 
-// Finish finishes an Op from outside the CQ (a reply message). Waiters
-// that block on the CQ (no Background) do not see it until the CQ next
-// delivers something, so engines that finish Ops this way run Background.
+// Finish finishes an Op from outside the CQ (a reply message, a post that
+// failed in another goroutine). In direct mode it wakes the waiter that
+// blocks on the CQ for the engine, which would otherwise not see it until
+// the CQ next delivers something.
 func (e *Engine) Finish(op *Op, err error) {
 	e.mu.Lock()
 	e.finishLocked(op, err)
@@ -239,8 +244,20 @@ func (e *Engine) finishLocked(op *Op, err error) {
 	e.nextRound()
 }
 
-// nextRound wakes the sleepers of the current round; e.mu is held.
+// nextRound wakes the waiters of the current round; e.mu is held.
 func (e *Engine) nextRound() {
+	if !e.cfg.Background && !e.dispatching {
+		// Not the poller's doing: in direct mode the poller may block on
+		// the CQ with its condition read before this, and only the CQ
+		// wakes it.
+		e.cq.Wake()
+	}
+	e.wakeSleepers()
+}
+
+// wakeSleepers wakes the waiters asleep on the current round; e.mu is
+// held.
+func (e *Engine) wakeSleepers() {
 	lockcheck.AssertHeld(&e.mu, "progress: a round ends")
 	if !e.sleepers {
 		return // nobody sleeps on round: spinning waiters look again anyway
@@ -285,6 +302,7 @@ func (e *Engine) poll() (int, error) {
 	}
 	recv := false
 	e.mu.Lock()
+	e.dispatching = true
 	for i := range e.wcs[:n] {
 		wc := &e.wcs[i]
 		if wc.Opcode >= verbs.WCRecv {
@@ -304,6 +322,7 @@ func (e *Engine) poll() (int, error) {
 			e.finishLocked(op, nil)
 		}
 	}
+	e.dispatching = false
 	e.mu.Unlock()
 	recv = recv && e.cfg.OnRecv != nil
 	if recv || e.cfg.AfterPoll != nil {
@@ -319,8 +338,11 @@ func (e *Engine) poll() (int, error) {
 			}
 		}
 		// The handler changed state that waiters' conditions read.
-		// (Finished Ops have advanced the round already.)
-		e.Wake()
+		// (Finished Ops have advanced the round already.) The poller,
+		// this goroutine, looks again anyway.
+		e.mu.Lock()
+		e.wakeSleepers()
+		e.mu.Unlock()
 	}
 	if e.cfg.AfterPoll != nil {
 		e.cfg.AfterPoll()
@@ -346,7 +368,9 @@ func (e *Engine) Progress() (bool, error) {
 func (e *Engine) letGo() {
 	e.poller.Store(false)
 	if !e.cfg.Background {
-		e.Wake()
+		e.mu.Lock()
+		e.wakeSleepers()
+		e.mu.Unlock()
 	}
 }
 
