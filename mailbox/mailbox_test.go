@@ -12,8 +12,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/rvma/rvma/internal/spin"
 	"github.com/rvma/rvma/epoch"
+	"github.com/rvma/rvma/internal/spin"
 	"github.com/rvma/rvma/mailbox"
 	"github.com/rvma/rvma/verbs"
 	"github.com/rvma/rvma/verbs/verbstest"
