@@ -514,8 +514,13 @@ func (p *Port) receive(spinFor time.Duration) {
 			continue
 		}
 		if n := p.polls.Load(); n != polls {
+			// The application polls and drains the rings itself: nap, as
+			// a parked goroutine. A futex wait would keep this process's
+			// processor (a system call holds it until the runtime takes it
+			// back, a tick of 20 us or more), and a rank bound to one core
+			// has one: its polling goroutine then stalled for the nap.
 			polls = n
-			futex.Wait(db, atomic.LoadUint32(db), 20*time.Microsecond)
+			time.Sleep(20 * time.Microsecond)
 			continue
 		}
 		v := atomic.LoadUint32(db)
