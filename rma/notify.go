@@ -78,6 +78,9 @@ type notifyState struct {
 	mode  uint8
 	cfg   NotifyConfig
 	boxes []*mailbox.Window
+	// origins lists the ranks of ExpectFrom, in order: the credits go to
+	// them at every epoch (a map's range costs more than the rest).
+	origins []int
 
 	// snaps, free and the replica state are owned by the goroutine
 	// making the window's synchronisation calls (WaitEpoch, TestEpoch,
@@ -139,7 +142,8 @@ func newNotify(w *Win, cfg NotifyConfig) (*notifyState, error) {
 	switch {
 	case len(cfg.ExpectFrom) > 0:
 		n.mode = notifyPerOrigin
-		for _, o := range slices.Sorted(maps.Keys(cfg.ExpectFrom)) {
+		n.origins = slices.Sorted(maps.Keys(cfg.ExpectFrom))
+		for _, o := range n.origins {
 			if err = w.c.checkRank("notify", o); err != nil {
 				break
 			}

@@ -676,10 +676,8 @@ func (n *notifyState) consumed() uint64 {
 	n.total++
 	epoch, total := n.epoch, n.total
 	n.mu.Unlock()
-	if n.mode == notifyPerOrigin {
-		for o := range n.cfg.ExpectFrom {
-			n.w.credit(o, total)
-		}
+	for _, o := range n.origins {
+		n.w.credit(o, total)
 	}
 	n.grant(false)
 	return epoch
