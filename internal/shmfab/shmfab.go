@@ -10,6 +10,7 @@ import (
 	"math/bits"
 	"net/netip"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -494,6 +495,7 @@ func (p *Port) receive(spinFor time.Duration) {
 	lastCheck := time.Now()
 	polls := p.polls.Load()
 	db := u32(p.mem, offDoorbell)
+	single := runtime.GOMAXPROCS(0) == 1
 	for !p.closed.Load() {
 		now := time.Now()
 		if now.Sub(lastCheck) > 100*time.Millisecond {
@@ -514,13 +516,19 @@ func (p *Port) receive(spinFor time.Duration) {
 			continue
 		}
 		if n := p.polls.Load(); n != polls {
-			// The application polls and drains the rings itself: nap, as
-			// a parked goroutine. A futex wait would keep this process's
-			// processor (a system call holds it until the runtime takes it
-			// back, a tick of 20 us or more), and a rank bound to one core
-			// has one: its polling goroutine then stalled for the nap.
+			// The application polls and drains the rings itself: nap.
 			polls = n
-			time.Sleep(20 * time.Microsecond)
+			if single {
+				// A futex wait would keep the process's one processor (a
+				// system call holds it until the runtime takes it back, a
+				// tick of 20 us or more; a rank bound to a core has one),
+				// and the poller would stall for the nap; a timer's sleep
+				// lasts a millisecond when nothing else runs. Yield, and
+				// look again at the poller's next yield.
+				runtime.Gosched()
+			} else {
+				futex.Wait(db, atomic.LoadUint32(db), 20*time.Microsecond)
+			}
 			continue
 		}
 		v := atomic.LoadUint32(db)
