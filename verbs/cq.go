@@ -163,8 +163,9 @@ func (cq *CQ) Len() int { return int(cq.count.Load()) }
 
 // Wait blocks until the CQ holds a completion, Wake is called, the
 // context ends, or the CQ is closed or overruns. It spins for the
-// configured time first. Any number of goroutines may wait: each returns
-// once the CQ holds a completion, whoever polls it.
+// configured time first. Any number of goroutines may wait: a completion
+// stored while they wait wakes every one of them that still finds one
+// when it runs (one that finds it polled already waits on).
 func (cq *CQ) Wait(ctx context.Context) error {
 	if cq.count.Load() > 0 || cq.takeWake() {
 		return nil

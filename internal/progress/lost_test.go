@@ -2,6 +2,7 @@ package progress
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -116,4 +117,86 @@ func TestDirectFinishElsewhere(t *testing.T) {
 			require.NoError(t, <-done)
 		})
 	}
+}
+
+// TestCondOnce: a condition that is met is not evaluated again, since it
+// may take what it found (multipath's Recv takes the message). Another
+// poller queues items between the waiter's first look and its own poll.
+func TestCondOnce(t *testing.T) {
+	for _, queued := range []int{1, 2} {
+		t.Run(fmt.Sprint(queued), func(t *testing.T) {
+			a, _ := verbstest.Pair(t, verbstest.Loop(), verbstest.PairConfig{BufSize: 1 << 12, CQ: verbs.CQConfig{Spin: -1}})
+			e := New(a.CQ, Config{})
+			defer e.Close()
+			queue, took := 0, 0
+			cond := func() bool {
+				if queue == 0 {
+					return false
+				}
+				queue--
+				took++
+				return true
+			}
+			played := false
+			waitHook = func(e *Engine, at waitPoint) {
+				if at == beforeRole && !played {
+					played = true
+					e.Locked(func() { queue = queued }) // another poller's OnRecv
+				}
+			}
+			t.Cleanup(func() { waitHook = nil })
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			require.NoError(t, e.Wait(ctx, cond))
+			require.Equal(t, 1, took, "one item taken by one Wait")
+			require.Equal(t, queued-1, queue)
+		})
+	}
+}
+
+// TestTestLetsGo: a Test that holds the poller role while a waiter goes
+// to sleep must wake it when it lets the role go, or nobody polls for it.
+func TestTestLetsGo(t *testing.T) {
+	a, b := verbstest.Pair(t, verbstest.Loop(), verbstest.PairConfig{BufSize: 1 << 12, CQ: verbs.CQConfig{Spin: -1}})
+	write := func(id uint64) {
+		_, err := a.QP.PostSend([]verbs.SendWR{{ID: id, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
+			SGL: []verbs.SGE{a.MR.SGE(0, 8)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()}})
+		require.NoError(t, err)
+	}
+	var yid uint64
+	inPoll, first := make(chan struct{}), true
+	var e *Engine
+	e = New(a.CQ, Config{AfterPoll: func() {
+		if !first {
+			return
+		}
+		first = false
+		close(inPoll)
+		// Hold the role until the waiter sleeps, then leave it a
+		// completion that only a poller will take.
+		for !e.holds(func() bool { return e.sleepers }) {
+			time.Sleep(time.Millisecond)
+		}
+		write(yid)
+		for a.CQ.Len() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}})
+	defer e.Close()
+	x, xid := e.Start(1, nil)
+	y, id := e.Start(1, nil)
+	yid = id
+	write(xid)
+	require.Eventually(t, func() bool { return a.CQ.Len() > 0 }, 5*time.Second, time.Millisecond)
+	done := make(chan error, 1)
+	go func() {
+		<-inPoll
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		done <- y.Wait(ctx)
+	}()
+	ok, err := x.Test()
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, <-done, "the waiter was left asleep with nobody polling")
 }

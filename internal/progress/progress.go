@@ -375,7 +375,8 @@ func (e *Engine) letGo() {
 }
 
 // Wait blocks until cond (evaluated under the engine's lock) holds, or ctx
-// ends, driving the CQ meanwhile.
+// ends, driving the CQ meanwhile. Once cond returns true Wait returns
+// without evaluating it again, so cond may consume what it found.
 func (e *Engine) Wait(ctx context.Context, cond func() bool) error {
 	lockcheck.AssertNotHeld[inOnRecv]("progress: Wait called from an OnRecv: the poller would wait for itself")
 	var spinUntil time.Time
@@ -394,14 +395,17 @@ func (e *Engine) Wait(ctx context.Context, cond func() bool) error {
 		}
 		if e.poller.CompareAndSwap(false, true) {
 			n, err := e.poll()
-			if err == nil && n == 0 && !e.cfg.Background && !e.holds(cond) {
+			met := false
+			if err == nil && n == 0 && !e.cfg.Background {
 				// Nobody else polls: block on the CQ ourselves. Not if the
 				// condition holds: the poller this one took the role from
 				// may have met it after it was last looked at, and nothing
 				// more may ever arrive on the CQ.
-				err = e.cq.Wait(ctx)
-				if err == nil {
-					_, err = e.poll()
+				if met = e.holds(cond); !met {
+					err = e.cq.Wait(ctx)
+					if err == nil {
+						_, err = e.poll()
+					}
 				}
 			}
 			e.letGo()
@@ -410,6 +414,11 @@ func (e *Engine) Wait(ctx context.Context, cond func() bool) error {
 					e.Wake()
 				}
 				return err
+			}
+			if met {
+				// Return now: a condition may take what it found (a
+				// message, a buffer), so it is not evaluated again.
+				return nil
 			}
 			if n > 0 || !e.cfg.Background {
 				continue

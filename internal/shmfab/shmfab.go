@@ -503,6 +503,7 @@ func (p *Port) receive(spinFor time.Duration) {
 			p.watch()
 			p.reaps.Add(1)
 			lastCheck = now
+			single = runtime.GOMAXPROCS(0) == 1 // it may have changed
 		}
 		p.rmu.Lock()
 		n := p.drain()
