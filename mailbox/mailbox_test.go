@@ -14,6 +14,7 @@ import (
 
 	"github.com/rvma/rvma/epoch"
 	"github.com/rvma/rvma/internal/spin"
+	"github.com/rvma/rvma/internal/testutil"
 	"github.com/rvma/rvma/mailbox"
 	"github.com/rvma/rvma/verbs"
 	"github.com/rvma/rvma/verbs/verbstest"
@@ -469,31 +470,15 @@ func TestConcurrentWaiters(t *testing.T) {
 	w, _ := r.tgt.Init(1, mailbox.Config{Threshold: 1 << 30, Placement: mailbox.Appended})
 	w.Post(make([]byte, 1<<20))
 	const waiters, each = 8, 50
-	var wg sync.WaitGroup
-	errs := make(chan error, waiters)
-	for g := 0; g < waiters; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < each; i++ {
-				h, err := r.in.PutAsync(1, 0, r.a.MR.SGE(g*64, 64))
-				if err == nil {
-					c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-					err = h.Wait(c)
-					cancel()
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
+	testutil.Rounds(t, waiters, each, func(g, _ int) error {
+		h, err := r.in.PutAsync(1, 0, r.a.MR.SGE(g*64, 64))
+		if err != nil {
+			return err
+		}
+		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return h.Wait(c)
+	})
 	rec, err := w.IncEpoch()
 	require.NoError(t, err)
 	require.Equal(t, waiters*each, rec.Ops)

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rvma/rvma/internal/progress"
+	"github.com/rvma/rvma/internal/testutil"
 	"github.com/rvma/rvma/verbs"
 	"github.com/rvma/rvma/verbs/verbstest"
 )
@@ -143,34 +144,18 @@ func directNoStrandedWaiter(t *testing.T, env verbstest.Env) {
 	a, b := verbstest.Pair(t, env, verbstest.PairConfig{BufSize: 1 << 16})
 	e := progress.New(a.CQ, progress.Config{})
 	defer e.Close()
-	var wg sync.WaitGroup
-	errs := make(chan error, 16)
-	for g := range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range 300 {
-				op, id := e.Start(1, nil)
-				_, err := a.QP.PostSend([]verbs.SendWR{{ID: id, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
-					SGL: []verbs.SGE{a.MR.SGE(8*g, 8)}, RemoteAddr: b.MR.Addr() + uint64(8*(i%64)), RKey: b.MR.RKey()}})
-				if err == nil && g%2 == 0 {
-					_, err = op.Test()
-				}
-				if err == nil {
-					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-					err = op.Wait(ctx)
-					cancel()
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
+	testutil.Rounds(t, 16, 300, func(g, i int) error {
+		op, id := e.Start(1, nil)
+		_, err := a.QP.PostSend([]verbs.SendWR{{ID: id, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled,
+			SGL: []verbs.SGE{a.MR.SGE(8*g, 8)}, RemoteAddr: b.MR.Addr() + uint64(8*(i%64)), RKey: b.MR.RKey()}})
+		if err == nil && g%2 == 0 {
+			_, err = op.Test()
+		}
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return op.Wait(ctx)
+	})
 }

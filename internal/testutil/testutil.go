@@ -159,3 +159,29 @@ func Recovered(f func()) (msg string) {
 	f()
 	return ""
 }
+
+// Rounds runs f(g, i) for i in [0, rounds) in each of n goroutines g, at
+// once, and fails t with the first error a goroutine met (a goroutine
+// stops at its first).
+func Rounds(t testing.TB, n, rounds int, f func(g, i int) error) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for g := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range rounds {
+				if err := f(g, i); err != nil {
+					errs <- fmt.Errorf("goroutine %d, round %d: %w", g, i, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
