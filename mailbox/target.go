@@ -776,7 +776,7 @@ func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
 			}
 			v := atomic.LoadUint32(w.box.WakeWord())
 			w.box.SetSleeping(true)
-			if !w.ready() {
+			if !w.ready() && !w.box.Closed() { // Close sets the flag, then looks for sleepers
 				futex.Wait(w.box.WakeWord(), v, 10*time.Millisecond)
 			}
 			w.box.SetSleeping(false)
