@@ -96,8 +96,11 @@ func TestThroughLinkem(t *testing.T) {
 			waitListening(t, addr)
 			sc := runAsync(ctx, "send", "--to", addr, "--via", l.AddrA().String(), "--rate", "400mbit", "--scheme", scheme, "--region", "1MiB", "--json", in)
 			s, r := <-sc, <-rc
-			require.NoError(t, s.err, s.errOut)
-			require.NoError(t, r.err, r.errOut)
+			// Both ends' outputs on either failure: one end's error is
+			// often the other's doing.
+			both := fmt.Sprintf("sender: %v\n%s\nreceiver: %v\n%s", s.err, s.errOut, r.err, r.errOut)
+			require.NoError(t, s.err, both)
+			require.NoError(t, r.err, both)
 			got, err := os.ReadFile(out)
 			require.NoError(t, err)
 			require.True(t, bytes.Equal(want, got))

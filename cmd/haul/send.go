@@ -234,11 +234,20 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 	doneBytes := int64(0)
 	repaired := 0
 	early := fb.Done() // a verdict before the end: the receiver stopped
+	var verified <-chan time.Time
+regions:
 	for range todo {
 		var d sentRegion
 	wait:
 		for {
 			select {
+			case <-verified:
+				// The receiver verified the whole file and may be gone:
+				// the acknowledgements still missing were lost, and
+				// nobody would answer their repeats.
+				stopWorkers()
+				doneBytes = todoBytes
+				break regions
 			case <-early:
 				early = nil
 				var v verdict
@@ -248,7 +257,10 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 					continue
 				}
 				if json.Unmarshal(bytes.TrimRight(fbuf, "\x00"), &v) == nil && v.OK {
-					continue // it has everything; the last completions are on their way
+					// It has everything; the last completions are on their
+					// way, unless their acknowledgements were lost.
+					verified = time.After(verifiedGrace)
+					continue
 				}
 				prog.end()
 				return fmt.Errorf("after %d of %d bytes, the receiver stopped: %s", doneBytes+rep.Resumed, size, v.Error)
@@ -364,6 +376,10 @@ func send(ctx context.Context, o *sendOpts, stdout, stderr io.Writer) error {
 	}
 	return nil
 }
+
+// verifiedGrace is how long the sender waits for its last completions
+// after the receiver's verdict says it has the whole file verified.
+const verifiedGrace = time.Second
 
 // sentRegion is a region's send, completed or failed.
 type sentRegion struct {
