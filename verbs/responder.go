@@ -539,6 +539,13 @@ func (qp *QP) readRequestExec(p *wire.Packet, ob *outbox, inSeq bool) {
 		off := i * qp.mtu
 		e := min(off+qp.mtu, len(b))
 		pk.Payload = b[off:e:e] // the responder's memory, read once by the requester
+		if raceBuild && psn.Diff(pk.PSN, rs.ePSN) < 0 {
+			// A response sent before: the requester may have completed
+			// the READ, and the application may be writing the bytes.
+			src := pk.Payload
+			pk.Payload = pk.Bounce(len(src))
+			copyRacy(pk.Payload, src)
+		}
 		if op.HasAETH() {
 			pk.Syndrome, pk.MSN = wire.SyndromeACK|0x1F, rs.msn
 		}
