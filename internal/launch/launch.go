@@ -105,27 +105,8 @@ func (w *watcher) gone(reason string) {
 // the server never writes to a client that sends nothing, so the
 // connection ends only with the server, or with the server refusing it.
 func (w *watcher) conn(ctx context.Context, addr string) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		switch {
-		case ctx.Err() != nil:
-		case errors.Is(err, syscall.ECONNREFUSED):
-			w.gone(fmt.Sprintf("the launcher is gone: its rendezvous at %s refuses connections", addr))
-		default:
-			// Not a sign of the launcher (we may be out of file
-			// descriptors): no watch is better than a wrong verdict.
-			w.cfg.Logger.Warn("launch: cannot watch the launcher's rendezvous", "addr", addr, "err", err)
-		}
-		return
-	}
-	hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	cl, err := kvs.NewClient(hctx, c, w.cfg.Key)
-	cancel()
-	if err != nil {
-		if ctx.Err() == nil {
-			w.cfg.Logger.Warn("launch: the launcher's rendezvous refused the watch", "addr", addr, "err", err)
-		}
+	cl := w.dial(ctx, addr)
+	if cl == nil {
 		return
 	}
 	defer cl.Close()
@@ -135,6 +116,54 @@ func (w *watcher) conn(ctx context.Context, addr string) {
 		w.cfg.Logger.Warn("launch: the launcher's rendezvous refused the watch", "addr", addr, "err", err)
 	default:
 		w.gone(fmt.Sprintf("the launcher is gone: its rendezvous at %s closed the connection", addr))
+	}
+}
+
+// handshakeTries bounds the dials of a watch whose connections end during
+// the handshake without a word from the server.
+const handshakeTries = 5
+
+// dial connects and authenticates to the rendezvous, or returns nil after
+// calling gone or logging why there is no watch. A launcher that dies
+// while the watch is being set up ends the connection in the middle of
+// the handshake: that is no verdict (a live server may drop a connection
+// too), so dial asks again, and the next dial's refusal is the verdict.
+func (w *watcher) dial(ctx context.Context, addr string) *kvs.Client {
+	var d net.Dialer
+	pause := 20 * time.Millisecond
+	for try := 1; ; try++ {
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			switch {
+			case ctx.Err() != nil:
+			case errors.Is(err, syscall.ECONNREFUSED):
+				w.gone(fmt.Sprintf("the launcher is gone: its rendezvous at %s refuses connections", addr))
+			default:
+				// Not a sign of the launcher (we may be out of file
+				// descriptors): no watch is better than a wrong verdict.
+				w.cfg.Logger.Warn("launch: cannot watch the launcher's rendezvous", "addr", addr, "err", err)
+			}
+			return nil
+		}
+		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		cl, err := kvs.NewClient(hctx, c, w.cfg.Key)
+		cancel()
+		switch {
+		case err == nil:
+			return cl
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, kvs.ErrAuth), errors.Is(err, context.DeadlineExceeded), try == handshakeTries:
+			// The server answered with a refusal, or never answered.
+			w.cfg.Logger.Warn("launch: the launcher's rendezvous refused the watch", "addr", addr, "err", err, "tries", try)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(pause):
+		}
+		pause *= 2
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -161,6 +162,61 @@ func TestWatchRefused(t *testing.T) {
 	var g goneRecorder
 	Watch(context.Background(), ln.Addr().String(), &WatchConfig{Gone: g.gone, Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	require.Eventually(t, func() bool { return strings.Contains(log.String(), "refused the watch") }, 10*time.Second, time.Millisecond)
+	require.Empty(t, g.get())
+}
+
+// dropper accepts connections on ln and ends each after reading the
+// client's first line, without a word, as a dying server's kernel does;
+// it counts them.
+func dropper(ln net.Listener, accepted *atomic.Int32) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		accepted.Add(1)
+		bufio.NewReader(c).ReadString('\n')
+		c.Close()
+	}
+}
+
+// A launcher that dies while a watch is in its handshake (the connection
+// ends without a word, then the rendezvous refuses connections) is found
+// gone: an ended handshake is asked again, not taken for "no watch".
+func TestWatchLauncherDiesInHandshake(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		bufio.NewReader(c).ReadString('\n') // the client's "auth"
+		ln.Close()
+		c.Close()
+	}()
+	var log testutil.SyncBuffer
+	var g goneRecorder
+	Watch(context.Background(), ln.Addr().String(), &WatchConfig{Gone: g.gone, Key: []byte("job key"), Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	require.Eventually(t, func() bool { return len(g.get()) > 0 }, 10*time.Second, time.Millisecond, log.String())
+	require.Len(t, g.get(), 1)
+	require.Contains(t, g.get()[0], "refuses connections")
+}
+
+// A live server that keeps ending the watch's handshakes is asked a
+// bounded number of times, then logged; it is not the launcher's death.
+func TestWatchHandshakeDropped(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	var accepted atomic.Int32
+	go dropper(ln, &accepted)
+	var log testutil.SyncBuffer
+	var g goneRecorder
+	Watch(context.Background(), ln.Addr().String(), &WatchConfig{Gone: g.gone, Key: []byte("job key"), Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	require.Eventually(t, func() bool { return strings.Contains(log.String(), "refused the watch") }, 10*time.Second, time.Millisecond)
+	require.Equal(t, int32(handshakeTries), accepted.Load())
 	require.Empty(t, g.get())
 }
 
