@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -294,4 +295,26 @@ func TestInitPMI2Timeout(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.ErrorContains(t, err, "kvs-fence")
 	require.Less(t, time.Since(t0), 5*time.Second)
+}
+
+// A rank of rvmarun whose rendezvous already refuses connections (its
+// launcher died before the rank got there) ends at once, saying why,
+// rather than retrying the rendezvous for Config.Timeout: its launcher
+// watch starts before the dial.
+func TestInitLauncherAlreadyGone(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envHostRole+"=plain", EnvRank+"=0", EnvSize+"=2", EnvKVS+"="+addr,
+		launch.EnvKey+"="+launch.EncodeKey(launch.NewKey()))
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, string(out))
+	require.Contains(t, string(out), "the launcher is gone: its rendezvous at "+addr+" refuses connections")
+	require.Less(t, time.Since(start), 30*time.Second, "the rank retried the rendezvous")
 }

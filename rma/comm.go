@@ -540,13 +540,16 @@ func bootstrap(ctx context.Context) (boot, error) {
 		if err != nil {
 			return fail(fmt.Errorf("%w: %w", ErrBootstrap, err))
 		}
+		// End with rvmarun, even when started through a wrapper, which
+		// rvmarun's parent-death signal does not reach past. Watched
+		// before the dial below, which retries a refused rendezvous for
+		// a minute: rvmarun's is up before its ranks start, so a refusal
+		// means it is gone.
+		launch.Watch(context.Background(), addr, &launch.WatchConfig{Key: key})
 		cl, err := kvs.Dial(ctx, addr, key)
 		if err != nil {
 			return fail(fmt.Errorf("%w: %w", ErrBootstrap, err))
 		}
-		// End with rvmarun, even when started through a wrapper, which
-		// rvmarun's parent-death signal does not reach past.
-		launch.Watch(context.Background(), addr, &launch.WatchConfig{Key: key})
 		b := boot{rank: r, size: s, store: cl, own: true, key: key}
 		if inc, ok, err := envInt(EnvIncarnation); ok || err != nil {
 			// An rvmarun that respawns ranks: recovery is possible.

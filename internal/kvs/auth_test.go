@@ -218,3 +218,24 @@ func FuzzSessionOpen(f *testing.F) {
 		}
 	})
 }
+
+// A client over MaxConns learns it in the handshake: the server answers
+// "ok" only to a client it serves, so an authenticated connection that
+// ends means the server is gone (a launcher watch relies on it).
+func TestOKOnlyWhenAdmitted(t *testing.T) {
+	srv, err := ListenConfig("127.0.0.1:0", 1, &ServerConfig{Key: jobKey, MaxConns: 1})
+	require.NoError(t, err)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	first, err := Dial(ctx, srv.Addr(), jobKey)
+	require.NoError(t, err)
+	defer first.Close()
+	c, err := net.Dial("tcp", srv.Addr())
+	require.NoError(t, err)
+	_, err = NewClient(ctx, c, jobKey)
+	require.ErrorIs(t, err, ErrAuth)
+	require.Contains(t, err.Error(), "too many connections")
+	// The admitted client is still served.
+	require.NoError(t, first.Put(ctx, "k", "v"))
+}

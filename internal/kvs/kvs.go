@@ -417,7 +417,13 @@ func (s *Server) serve(c net.Conn) {
 			fmt.Fprintf(c, "err %v\n", err)
 			return
 		}
+		// Admitted before "ok": a client told ok is served, never
+		// dropped (a rank's launcher watch takes the end of an
+		// authenticated connection for the launcher's death).
 		if !s.authenticated(c) {
+			return
+		}
+		if _, err := io.WriteString(c, "ok\n"); err != nil {
 			return
 		}
 	}
@@ -458,8 +464,8 @@ func (s *Server) serve(c net.Conn) {
 }
 
 // handshake authenticates a client (see the package documentation) within
-// the handshake timeout.
-// The client sends nothing after its proof until it reads "ok", so the
+// the handshake timeout; serve answers "ok" once it has admitted the
+// client. The client sends nothing after its proof until it reads "ok", so the
 // handshake's own scanner leaves nothing buffered behind.
 func (s *Server) handshake(c net.Conn) (*session, error) {
 	c.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
@@ -494,9 +500,6 @@ func (s *Server) handshake(c net.Conn) (*session, error) {
 	if len(f) != 2 || f[0] != "proof" || !decodeHex(proof[:], f[1]) ||
 		!hmac.Equal(proof[:], mac(s.cfg.Key, labelClient, nc[:], ns[:])) {
 		return nil, errors.New("authentication failed")
-	}
-	if _, err := io.WriteString(c, "ok\n"); err != nil {
-		return nil, err
 	}
 	return newSession(s.cfg.Key, nc, ns), nil
 }

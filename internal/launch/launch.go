@@ -102,70 +102,74 @@ func (w *watcher) gone(reason string) {
 }
 
 // conn holds an idle, authenticated connection to the rendezvous server:
-// the server never writes to a client that sends nothing, so the
-// connection ends only with the server, or with the server refusing it.
+// the server never writes to a client that sends nothing, and never drops
+// one it has admitted, so the connection ends only with the server. Only
+// two things are a verdict: that end, and a refused dial. Anything else
+// (a dial that fails otherwise, a handshake cut or refused, a refusal
+// after it) is asked again for as long as the watch lasts: a watch given
+// up would leave the rank alive after its launcher.
 func (w *watcher) conn(ctx context.Context, addr string) {
-	cl := w.dial(ctx, addr)
-	if cl == nil {
-		return
-	}
-	defer cl.Close()
-	switch err := cl.Wait(ctx); {
-	case ctx.Err() != nil:
-	case err != nil:
-		w.cfg.Logger.Warn("launch: the launcher's rendezvous refused the watch", "addr", addr, "err", err)
-	default:
-		w.gone(fmt.Sprintf("the launcher is gone: its rendezvous at %s closed the connection", addr))
-	}
-}
-
-// handshakeTries bounds the dials of a watch whose connections end during
-// the handshake without a word from the server.
-const handshakeTries = 5
-
-// dial connects and authenticates to the rendezvous, or returns nil after
-// calling gone or logging why there is no watch. A launcher that dies
-// while the watch is being set up ends the connection in the middle of
-// the handshake: that is no verdict (a live server may drop a connection
-// too), so dial asks again, and the next dial's refusal is the verdict.
-func (w *watcher) dial(ctx context.Context, addr string) *kvs.Client {
 	var d net.Dialer
-	pause := 20 * time.Millisecond
-	for try := 1; ; try++ {
+	pause, logged := minRetry, false
+	retry := func(msg string, err error) bool {
+		if !logged {
+			// Once: a server refusing for good (its connection limit)
+			// would fill the log.
+			w.cfg.Logger.Warn("launch: "+msg+"; asking again", "addr", addr, "err", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, maxRetry)
+		return true
+	}
+	for {
 		c, err := d.DialContext(ctx, "tcp", addr)
-		if err != nil {
-			switch {
-			case ctx.Err() != nil:
-			case errors.Is(err, syscall.ECONNREFUSED):
-				w.gone(fmt.Sprintf("the launcher is gone: its rendezvous at %s refuses connections", addr))
-			default:
-				// Not a sign of the launcher (we may be out of file
-				// descriptors): no watch is better than a wrong verdict.
-				w.cfg.Logger.Warn("launch: cannot watch the launcher's rendezvous", "addr", addr, "err", err)
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, syscall.ECONNREFUSED):
+			w.gone(fmt.Sprintf("the launcher is gone: its rendezvous at %s refuses connections", addr))
+			return
+		default:
+			// Not a sign of the launcher (we may be out of file
+			// descriptors, or its host unreachable for a while).
+			if !retry("cannot watch the launcher's rendezvous", err) {
+				return
 			}
-			return nil
+			continue
 		}
 		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		cl, err := kvs.NewClient(hctx, c, w.cfg.Key)
 		cancel()
-		switch {
-		case err == nil:
-			return cl
-		case ctx.Err() != nil:
-			return nil
-		case errors.Is(err, kvs.ErrAuth), errors.Is(err, context.DeadlineExceeded), try == handshakeTries:
-			// The server answered with a refusal, or never answered.
-			w.cfg.Logger.Warn("launch: the launcher's rendezvous refused the watch", "addr", addr, "err", err, "tries", try)
-			return nil
+		if err == nil {
+			err = cl.Wait(ctx)
+			cl.Close()
+			if ctx.Err() != nil {
+				return
+			}
+			if err == nil {
+				w.gone(fmt.Sprintf("the launcher is gone: its rendezvous at %s closed the connection", addr))
+				return
+			}
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(pause):
+		// A handshake cut (the launcher may be dying: the next dial's
+		// refusal says so), or refused, or a refusal after it.
+		if ctx.Err() != nil || !retry("the launcher's rendezvous refused the watch", err) {
+			return
 		}
-		pause *= 2
 	}
 }
+
+// minRetry and maxRetry bound the pause before a watch asks again.
+const (
+	minRetry = 20 * time.Millisecond
+	maxRetry = 2 * time.Second
+)
 
 // parent polls the parent process ID: when the launcher dies, its
 // children pass to an ancestor (init or a subreaper).
