@@ -16,7 +16,9 @@
 // space. Ports of different fabric names refuse each other.
 //
 // Waiting: the receiver spins for a while after traffic (RVMA_SPIN), then
-// marks itself asleep and blocks on a futex in its header; a sender that
+// (with one Go processor, once the process has neither polled nor spun
+// for a while: a sleeping system call would hold the processor a waiter
+// needs) marks itself asleep and blocks on a futex in its header; a sender that
 // finds it asleep bumps the futex word and wakes it, so an idle port costs
 // no processor and a wake-up is one system call.
 //

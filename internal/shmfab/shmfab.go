@@ -101,6 +101,10 @@ var ErrClosed = errors.New("shmfab: port closed")
 // it drops the packet, as a full socket buffer would.
 const pushWait = 2 * time.Millisecond
 
+// quietFor is how long, with one Go processor, the application must
+// neither poll nor spin before the receiver sleeps on its doorbell.
+const quietFor = 200 * time.Microsecond
+
 // sleepMax bounds a sleep on the doorbell, so that dead senders are
 // noticed and Close is never missed for long (a variable for tests).
 var sleepMax = 100 * time.Millisecond
@@ -493,7 +497,8 @@ func (p *Port) receive(spinFor time.Duration) {
 	defer close(p.done)
 	idleSince := time.Now()
 	lastCheck := time.Now()
-	polls := p.polls.Load()
+	polls, rounds := p.polls.Load(), spin.Rounds()
+	stirred := time.Now() // when polls or rounds last moved
 	db := u32(p.mem, offDoorbell)
 	single := runtime.GOMAXPROCS(0) == 1
 	for !p.closed.Load() {
@@ -516,20 +521,28 @@ func (p *Port) receive(spinFor time.Duration) {
 			spin.Pause(int(now.Sub(idleSince) / time.Microsecond))
 			continue
 		}
-		if n := p.polls.Load(); n != polls {
+		pn, r := p.polls.Load(), spin.Rounds()
+		polled := pn != polls
+		if polled || r != rounds {
+			polls, rounds, stirred = pn, r, now
+		}
+		if single && now.Sub(stirred) < quietFor {
+			// One processor, and the application polled or spun (any
+			// spin.Pause) lately: a futex wait here would hold the
+			// processor (a system call keeps it until the runtime takes
+			// it back, a tick of 20 us to 10 ms later) that the waiter
+			// needs the moment its data comes, and it would stall as
+			// long (halo3d's notify variant lost a fifth so, where four
+			// ranks share two cores). A timer's sleep lasts a
+			// millisecond. Yield instead, until the application has
+			// been still for quietFor: one look at a counter between
+			// two yields is no proof that it ran.
+			runtime.Gosched()
+			continue
+		}
+		if polled {
 			// The application polls and drains the rings itself: nap.
-			polls = n
-			if single {
-				// A futex wait would keep the process's one processor (a
-				// system call holds it until the runtime takes it back, a
-				// tick of 20 us or more; a rank bound to a core has one),
-				// and the poller would stall for the nap; a timer's sleep
-				// lasts a millisecond when nothing else runs. Yield, and
-				// look again at the poller's next yield.
-				runtime.Gosched()
-			} else {
-				futex.Wait(db, atomic.LoadUint32(db), 20*time.Microsecond)
-			}
+			futex.Wait(db, atomic.LoadUint32(db), 20*time.Microsecond)
 			continue
 		}
 		v := atomic.LoadUint32(db)

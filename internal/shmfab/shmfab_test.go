@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/rvma/rvma/internal/fabric"
 	"github.com/rvma/rvma/internal/fabric/fabrictest"
+	"github.com/rvma/rvma/internal/spin"
 	"github.com/rvma/rvma/internal/wire"
 )
 
@@ -188,4 +190,26 @@ func TestPortContract(t *testing.T) {
 		require.NoError(t, err)
 		return p
 	})
+}
+
+// With one Go processor, a receiver that finds the application waiting
+// (spinning through spin.Pause, even without polling the port) does not
+// sleep on its doorbell: the system call would hold the processor that
+// the waiter needs once its data has come, until the runtime took it
+// back, up to milliseconds later (halo3d's notify variant stalled so).
+func TestOneProcessorReceiverYieldsToSpinner(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	a, _ := open(t, t.Name())
+	asleep(t, a) // idle and nobody waits: it sleeps
+	b, _ := open(t, t.Name())
+	b.Send([]*wire.Packet{packet(a.Addr(), 1, nil)}) // wakes it
+	woke := false
+	deadline := time.Now().Add(300 * time.Millisecond)
+	for i := 0; time.Now().Before(deadline); i++ {
+		spin.Pause(i)
+		sleeping := atomic.LoadUint32(u32(a.mem, offSleeping)) == 1
+		require.False(t, woke && sleeping, "the receiver slept again while the application spun")
+		woke = woke || !sleeping
+	}
+	require.True(t, woke, "the packet did not wake the receiver")
 }

@@ -23,12 +23,20 @@ const yieldEvery = 16
 
 // Pause is one round of a spin loop; i is the loop's round number.
 func Pause(i int) {
+	rounds.Add(1)
 	if i%yieldEvery == yieldEvery-1 {
 		osYield()
 		return
 	}
 	runtime.Gosched()
 }
+
+// rounds counts Pause's calls in this process.
+var rounds atomic.Uint64
+
+// Rounds returns how many spin rounds this process has made: a value
+// that moves while any goroutine of it busy-waits.
+func Rounds() uint64 { return rounds.Load() }
 
 // EnvSpin names the environment variable that overrides how long rvma's
 // waits spin before they block (a Go duration such as "200us"). Longer
