@@ -101,9 +101,13 @@ var ErrClosed = errors.New("shmfab: port closed")
 // it drops the packet, as a full socket buffer would.
 const pushWait = 2 * time.Millisecond
 
-// quietFor is how long, with one Go processor, the application must
-// neither poll nor spin before the receiver sleeps on its doorbell.
-const quietFor = 200 * time.Microsecond
+// quietFor and stillLooks are how long, and for how many looks, the
+// application must neither poll nor spin, with one Go processor, before
+// the receiver sleeps on its doorbell.
+const (
+	quietFor   = 200 * time.Microsecond
+	stillLooks = 64
+)
 
 // sleepMax bounds a sleep on the doorbell, so that dead senders are
 // noticed and Close is never missed for long (a variable for tests).
@@ -497,8 +501,10 @@ func (p *Port) receive(spinFor time.Duration) {
 	defer close(p.done)
 	idleSince := time.Now()
 	lastCheck := time.Now()
-	polls, rounds := p.polls.Load(), spin.Rounds()
-	stirred := time.Now() // when polls or rounds last moved
+	// What the application did since the last look: polls of this port,
+	// and spin rounds (spin.Pause) less this goroutine's own (own).
+	polls, rounds, own := p.polls.Load(), spin.Rounds(), uint64(0)
+	stirred, still := time.Now(), 0 // when they last moved; looks since
 	db := u32(p.mem, offDoorbell)
 	single := runtime.GOMAXPROCS(0) == 1
 	for !p.closed.Load() {
@@ -518,15 +524,17 @@ func (p *Port) receive(spinFor time.Duration) {
 			continue
 		}
 		if now.Sub(idleSince) < spinFor {
+			own++
 			spin.Pause(int(now.Sub(idleSince) / time.Microsecond))
 			continue
 		}
-		pn, r := p.polls.Load(), spin.Rounds()
+		pn, r := p.polls.Load(), spin.Rounds()-own
 		polled := pn != polls
 		if polled || r != rounds {
-			polls, rounds, stirred = pn, r, now
+			polls, rounds, stirred, still = pn, r, now, 0
 		}
-		if single && now.Sub(stirred) < quietFor {
+		still++
+		if single && (now.Sub(stirred) < quietFor || still < stillLooks) {
 			// One processor, and the application polled or spun (any
 			// spin.Pause) lately: a futex wait here would hold the
 			// processor (a system call keeps it until the runtime takes
@@ -535,9 +543,15 @@ func (p *Port) receive(spinFor time.Duration) {
 			// long (halo3d's notify variant lost a fifth so, where four
 			// ranks share two cores). A timer's sleep lasts a
 			// millisecond. Yield instead, until the application has
-			// been still for quietFor: one look at a counter between
-			// two yields is no proof that it ran.
-			runtime.Gosched()
+			// been still for quietFor and stillLooks looks: the
+			// scheduler may run this goroutine twice in a row, and its
+			// thread may have been off the core meanwhile. Now and then
+			// give the core to the kernel too: ranks sharing it wait.
+			if still%16 == 0 {
+				spin.Yield()
+			} else {
+				runtime.Gosched()
+			}
 			continue
 		}
 		if polled {

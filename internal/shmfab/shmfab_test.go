@@ -212,4 +212,5 @@ func TestOneProcessorReceiverYieldsToSpinner(t *testing.T) {
 		woke = woke || !sleeping
 	}
 	require.True(t, woke, "the packet did not wake the receiver")
+	asleep(t, a) // the application still: it sleeps again
 }

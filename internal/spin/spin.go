@@ -84,4 +84,8 @@ func Scarce() bool {
 }
 
 // Yield gives the processor to another thread or process that can run.
-func Yield() { osYield() }
+// Unlike Pause's, its kernel yield goes through the runtime's system call
+// path (a loop of Yields alone never enters the scheduler otherwise, and
+// a goroutine woken meanwhile would wait for a forced preemption), and it
+// is not counted in Rounds.
+func Yield() { osYieldHandoff() }

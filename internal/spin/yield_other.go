@@ -5,3 +5,5 @@ package spin
 import "runtime"
 
 func osYield() { runtime.Gosched() }
+
+func osYieldHandoff() { runtime.Gosched() }
