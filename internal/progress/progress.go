@@ -293,6 +293,14 @@ func (e *Engine) Wake() {
 	e.mu.Unlock()
 }
 
+// wakeAsleep is Wake for the poller itself, which needs no CQ wake-up:
+// it wakes the waiters asleep on the round only.
+func (e *Engine) wakeAsleep() {
+	e.mu.Lock()
+	e.wakeSleepers()
+	e.mu.Unlock()
+}
+
 // poll takes what the CQ holds and dispatches it; the caller holds the
 // poller role. It reports how many completions it took.
 func (e *Engine) poll() (int, error) {
@@ -340,9 +348,7 @@ func (e *Engine) poll() (int, error) {
 		// The handler changed state that waiters' conditions read.
 		// (Finished Ops have advanced the round already.) The poller,
 		// this goroutine, looks again anyway.
-		e.mu.Lock()
-		e.wakeSleepers()
-		e.mu.Unlock()
+		e.wakeAsleep()
 	}
 	if e.cfg.AfterPoll != nil {
 		e.cfg.AfterPoll()
@@ -368,9 +374,7 @@ func (e *Engine) Progress() (bool, error) {
 func (e *Engine) letGo() {
 	e.poller.Store(false)
 	if !e.cfg.Background {
-		e.mu.Lock()
-		e.wakeSleepers()
-		e.mu.Unlock()
+		e.wakeAsleep()
 	}
 }
 
