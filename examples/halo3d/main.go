@@ -36,6 +36,7 @@ import (
 	"math"
 	"os"
 	"runtime/pprof"
+	exectrace "runtime/trace"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -57,6 +58,7 @@ type options struct {
 	checkpoint         int
 	failRank, failStep int
 	trace              bool
+	execTrace          string // rank 0's Go execution trace of the variants (not the reference run)
 }
 
 func main() {
@@ -75,6 +77,7 @@ func main() {
 	flag.IntVar(&o.failStep, "fail-step", 5, "iteration (warm-up included, from 1) in which --fail-rank does, after putting its faces")
 	flag.BoolVar(&o.trace, "trace", false, "print wall-clock timestamps (Unix microseconds) of start, Init, failures and recoveries to stderr")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of rank 0 to this file")
+	flag.StringVar(&o.execTrace, "exectrace", "", "write a Go execution trace of rank 0's variants (not its reference run) to this file (go tool trace)")
 	flag.Parse()
 	start := time.Now()
 	o.local = [3]int{o.n, o.n, o.n}
@@ -746,6 +749,19 @@ func run(ctx context.Context, comm *rma.Comm, o options) (bool, error) {
 	var results []result
 	for _, sync := range order {
 		name := strings.TrimSuffix(sync, "-ref")
+		if o.execTrace != "" && comm.Rank() == 0 && sync != "sendrecv-ref" && !exectrace.IsEnabled() {
+			// Where the scheduler kept a goroutine waiting shows there
+			// (go tool trace -pprof=sched), not in a CPU profile.
+			f, err := os.Create(o.execTrace)
+			if err != nil {
+				return false, err
+			}
+			defer f.Close()
+			if err := exectrace.Start(f); err != nil {
+				return false, err
+			}
+			defer exectrace.Stop()
+		}
 		var us, sum float64
 		// Labelled, so that a --cpuprofile splits by variant (pprof
 		// -tagfocus sync=notify).
