@@ -732,7 +732,15 @@ func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
 				spin.Pause(i >> 8)
 			}
 		}
-		if long {
+		switch {
+		case long && w.shared && scarce:
+			// Origins of this host place into a shared window's memory
+			// themselves: this waits for other processes only, so where
+			// ranks share cores the kernel gets the core every round
+			// (halo3d's notified exchange, 4 ranks on 2 cores, in half the
+			// time: docs/PERFORMANCE.md).
+			spin.PauseShared(i)
+		case long:
 			// A long spin (RVMA_SPIN above the default: rvmarun's, with a
 			// few ranks per core) lets a placing goroutine or process run
 			// often: the kernel gets the core every 16 rounds, as often as

@@ -31,6 +31,22 @@ func Pause(i int) {
 	runtime.Gosched()
 }
 
+// PauseShared is one round of a spin loop that waits for other processes
+// only (a word in shared memory that their ranks write), where ranks share
+// cores (Scarce): every round gives the core to the kernel, so that a peer
+// on this core runs at once, and every 16th lets this process's other
+// goroutines run, which the wait does not need but must not starve. A
+// wait that needs a goroutine of its own process (a message's receiver)
+// uses Pause, or that goroutine would hardly run.
+func PauseShared(i int) {
+	rounds.Add(1)
+	if i%yieldEvery == yieldEvery-1 {
+		runtime.Gosched()
+		return
+	}
+	osYield()
+}
+
 // rounds counts Pause's calls in this process.
 var rounds atomic.Uint64
 
