@@ -9,7 +9,7 @@ INCLUDEDIR  ?= $(PREFIX)/include
 BINDIR      ?= $(PREFIX)/bin
 RVMA_VERSION ?= 0.1.0
 # package:FuzzTarget pairs run by fuzz-short
-FUZZ_TARGETS = ./internal/psn:FuzzDiff ./internal/wire:FuzzParse ./internal/wire:FuzzListEntries ./verbs/cm:FuzzMessage ./internal/pmi:FuzzParse ./internal/pmi:FuzzParse2 ./rma:FuzzDecodeAM ./rma:FuzzDecodeWin ./rma:FuzzDecodeBlocks ./internal/sdrwire:FuzzParse ./internal/shmfab:FuzzRing ./internal/shmbox:FuzzOpen ./cmd/haul:FuzzState ./cmd/haul:FuzzOffer ./internal/kvs:FuzzServerHandshake ./internal/kvs:FuzzSessionOpen ./cmd/haul:FuzzRepairRequest ./internal/pmix/wire:FuzzParseRequest ./internal/pmix/wire:FuzzParseGetReply ./internal/pmix/wire:FuzzParseConnect ./internal/pmix/wire:FuzzParseHeader
+FUZZ_TARGETS = ./internal/psn:FuzzDiff ./internal/wire:FuzzParse ./internal/wire:FuzzListEntries ./verbs/cm:FuzzMessage ./internal/pmi:FuzzParse ./internal/pmi:FuzzParse2 ./rma:FuzzDecodeAM ./rma:FuzzDecodeWin ./rma:FuzzDecodeBlocks ./internal/sdrwire:FuzzParse ./internal/shmfab:FuzzRing ./internal/shmbox:FuzzOpen ./cmd/haul:FuzzState ./cmd/haul:FuzzOffer ./internal/kvs:FuzzServerHandshake ./internal/kvs:FuzzSessionOpen ./cmd/haul:FuzzRepairRequest ./internal/pmix/wire:FuzzParseRequest ./internal/pmix/wire:FuzzParseGetReply ./internal/pmix/wire:FuzzParseConnect ./internal/pmix/wire:FuzzParseHeader ./internal/ghash:FuzzSum
 
 .PHONY: all build lib libmpi install perf-capi test test-debug soak perf-mem perf-scale bench fuzz-short lint demo demo-verbs demo-haul perf perf-shm perf-rma perf-rma-mpi perf-halo-mpi perf-haul perf-haul-paths clean
 

@@ -157,7 +157,7 @@ func Append(b []byte, p *Packet) []byte {
 	b = append(b, p.Payload...)
 	b = append(b, zeros[:pad]...)
 	if p.Auth != nil {
-		return p.Auth.seal(b, start, &p.nonce)
+		return p.Auth.seal(b, start, &p.scratch)
 	}
 	return binary.BigEndian.AppendUint32(b, trailer(p.Secret, b[start:start+hdr], len(p.Payload)))
 }

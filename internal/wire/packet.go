@@ -90,8 +90,8 @@ type Packet struct {
 	Seq    uint64
 	Signed []byte
 
-	bounce []byte   // owned buffer Payload may point into
-	nonce  [12]byte // the MAC's nonce, here so that sealing and checking allocate nothing
+	bounce  []byte     // owned buffer Payload may point into
+	scratch macScratch // the MAC's nonce and key stream, here so that sealing and checking allocate nothing
 }
 
 var pool = sync.Pool{New: func() any { return new(Packet) }}

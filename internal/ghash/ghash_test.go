@@ -1,0 +1,153 @@
+package ghash
+
+import (
+	"crypto/aes"
+	"crypto/cipher"
+	"encoding/binary"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// gmac is the reference: the standard library's GCM with nothing to
+// encrypt.
+func gmac(t testing.TB, key []byte, nonce []byte, aad []byte) []byte {
+	b, err := aes.NewCipher(key)
+	require.NoError(t, err)
+	g, err := cipher.NewGCM(b)
+	require.NoError(t, err)
+	return g.Seal(nil, nonce, nil, aad)
+}
+
+// tag is GMAC over Sum (or Sum's generic form).
+func tag(t testing.TB, key, nonce, aad []byte, generic bool) []byte {
+	b, err := aes.NewCipher(key)
+	require.NoError(t, err)
+	var h, ek, j0, out [16]byte
+	b.Encrypt(h[:], h[:])
+	k := New(&h)
+	if generic {
+		var x [16]byte
+		full := len(aad) &^ 15
+		k.updateGeneric(&x, aad[:full])
+		var last [32]byte
+		n := copy(last[:], aad[full:])
+		if n > 0 {
+			n = 16
+		}
+		binary.BigEndian.PutUint64(last[n:], uint64(len(aad))*8)
+		k.updateGeneric(&x, last[:n+16])
+		s := u128{lo: binary.LittleEndian.Uint64(x[:8]), hi: binary.LittleEndian.Uint64(x[8:])}
+		s.store(out[:])
+	} else {
+		k.Sum(&out, aad)
+	}
+	copy(j0[:], nonce)
+	j0[15] = 1
+	b.Encrypt(ek[:], j0[:])
+	for i := range out {
+		out[i] ^= ek[i]
+	}
+	return out[:]
+}
+
+// Lengths around every boundary of the assembly's rounds: 16 blocks, 4,
+// 1, and a partial block.
+func TestSumMatchesGCM(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	lengths := []int{0, 1, 15, 16, 17, 31, 32, 48, 63, 64, 65, 80, 127, 128, 200, 255, 256, 257, 271, 272, 319, 320, 511, 512, 513, 1500, 4096, 8192 + 7, 9000}
+	for range 40 {
+		lengths = append(lengths, r.IntN(20000))
+	}
+	for _, n := range lengths {
+		key := make([]byte, 16)
+		nonce := make([]byte, 12)
+		aad := make([]byte, n)
+		fill(r, key)
+		fill(r, nonce)
+		fill(r, aad)
+		want := gmac(t, key, nonce, aad)
+		require.Equal(t, want, tag(t, key, nonce, aad, true), "generic, %d bytes", n)
+		require.Equal(t, want, tag(t, key, nonce, aad, false), "Sum, %d bytes", n)
+	}
+}
+
+// Keys whose hash subkey has its top bit set or not, and all-ones data,
+// take the reduction's every branch.
+func TestSumEdgeValues(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for range 64 {
+		key := make([]byte, 16)
+		fill(r, key)
+		for _, v := range []byte{0x00, 0xff, 0x80, 0x01} {
+			aad := make([]byte, 16*37+5)
+			for i := range aad {
+				aad[i] = v
+			}
+			nonce := make([]byte, 12)
+			require.Equal(t, gmac(t, key, nonce, aad), tag(t, key, nonce, aad, false))
+		}
+	}
+}
+
+func FuzzSum(f *testing.F) {
+	f.Add([]byte("0123456789abcdef"), []byte{})
+	f.Add([]byte("0123456789abcdef"), make([]byte, 300))
+	f.Fuzz(func(t *testing.T, key, aad []byte) {
+		if len(key) < 16 {
+			return
+		}
+		key = key[:16]
+		nonce := make([]byte, 12)
+		require.Equal(t, gmac(t, key, nonce, aad), tag(t, key, nonce, aad, false))
+	})
+}
+
+func fill(r *rand.Rand, b []byte) {
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+}
+
+func BenchmarkSum(b *testing.B) {
+	for _, n := range []int{64, 1500, 8192, 65536} {
+		b.Run(byteSize(n), func(b *testing.B) {
+			var h, tag [16]byte
+			h[0] = 0x42
+			k := New(&h)
+			data := make([]byte, n)
+			b.SetBytes(int64(n))
+			b.ReportAllocs()
+			for b.Loop() {
+				k.Sum(&tag, data)
+			}
+		})
+	}
+}
+
+// BenchmarkGCMSum is the standard library's GMAC beside Sum.
+func BenchmarkGCMSum(b *testing.B) {
+	for _, n := range []int{64, 1500, 8192, 65536} {
+		b.Run(byteSize(n), func(b *testing.B) {
+			c, _ := aes.NewCipher(make([]byte, 16))
+			g, _ := cipher.NewGCM(c)
+			data := make([]byte, n)
+			nonce := make([]byte, 12)
+			dst := make([]byte, 0, 16)
+			b.SetBytes(int64(n))
+			b.ReportAllocs()
+			for b.Loop() {
+				dst = g.Seal(dst[:0], nonce, nil, data)
+			}
+		})
+	}
+}
+
+func byteSize(n int) string {
+	if n >= 1024 && n%1024 == 0 {
+		return strconv.Itoa(n/1024) + "KiB"
+	}
+	return strconv.Itoa(n) + "B"
+}
