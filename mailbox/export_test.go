@@ -6,3 +6,9 @@ func (w *Window) Sleepers() int {
 	defer w.mu.Unlock()
 	return w.sleepers
 }
+
+// OthersOnly is othersOnly's verdict.
+func (w *Window) OthersOnly(scarce bool) bool {
+	ok, _ := w.othersOnly(scarce)
+	return ok
+}

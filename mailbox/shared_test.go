@@ -492,3 +492,39 @@ func TestPlaceMailbox(t *testing.T) {
 		require.Zero(t, r.a.QP.PlaceMailbox(0xD, pieces(src, 1)))
 	})
 }
+
+// A wait on a shared window gives the core away every round, where ranks
+// share cores, only while its writes are all placed by their origins:
+// once one arrives as a packet, which this process's goroutines must
+// handle, the next wait spins as any other.
+func TestSharedWindowWaitsForOthersOnly(t *testing.T) {
+	r := newSharedRig(t)
+	w, err := r.tgt.Init(0xB, mailbox.Config{Threshold: 1024})
+	require.NoError(t, err)
+	require.False(t, w.OthersOnly(false), "every rank has a core: spin as always")
+	require.True(t, w.OthersOnly(true), "nothing has come as a packet")
+
+	w.Post(r.buf(t, 1024))
+	direct, rx := r.direct(func() { require.NoError(t, r.put(t, 0xB, 0, 0, 1024)) })
+	require.Equal(t, uint64(1), direct)
+	require.Zero(t, rx)
+	_, err = w.Wait(ctx(t))
+	require.NoError(t, err)
+	require.True(t, w.OthersOnly(true), "placed by the origin")
+
+	// A buffer outside the device's memory: the put comes as packets.
+	w.Post(make([]byte, 1024))
+	direct, rx = r.direct(func() { require.NoError(t, r.put(t, 0xB, 0, 0, 1024)) })
+	require.Zero(t, direct)
+	require.NotZero(t, rx)
+	// What the next Wait decides as it begins:
+	require.False(t, w.OthersOnly(true), "a packet came since the last wait began")
+	require.True(t, w.OthersOnly(true), "none since")
+	_, err = w.Wait(ctx(t))
+	require.NoError(t, err)
+
+	inproc := newRig(t, verbstest.Loop(), verbs.ConnectConfig{}, nil)
+	private, err := inproc.tgt.Init(0xC, mailbox.Config{Threshold: 8})
+	require.NoError(t, err)
+	require.False(t, private.OthersOnly(true), "a window in process memory")
+}

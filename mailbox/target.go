@@ -256,6 +256,11 @@ type Window struct {
 	// waited is how long Wait waited lately where ranks share cores
 	// (spin.Scarce), in ns, averaged: long waits sleep at once.
 	waited atomic.Int64
+	// packets counts the writes that reached this window as packets
+	// (place); packetsSeen is its value at the last Wait's start. A wait
+	// gives the core away every round (spin.PauseShared) only while none
+	// arrive: packets need this process's goroutines.
+	packets, packetsSeen atomic.Uint64
 }
 
 // sleepAfter is how long Wait's recent waits must have lasted, where
@@ -362,6 +367,7 @@ func (w *Window) Epoch() uint64 {
 }
 
 func (w *Window) place(m *verbs.MailboxWrite) verbs.MailboxResult {
+	w.packets.Add(1)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
@@ -695,6 +701,18 @@ func (w *Window) ready() bool {
 	return w.npend.Load() > 0 || atomic.LoadUint32(w.box.WakeWord()) != w.seenWake.Load()
 }
 
+// othersOnly reports whether a Wait starting now waits for other
+// processes only, where ranks share cores (scarce): the window is shared
+// and no write has reached it as a packet since the last Wait began
+// (packets from other hosts, or from this host's origins that could not
+// place, are handled by this process's goroutines). It returns the packet
+// count that the wait watches.
+func (w *Window) othersOnly(scarce bool) (bool, uint64) {
+	n := w.packets.Load()
+	before := w.packetsSeen.Swap(n)
+	return scarce && w.shared && n == before, n
+}
+
 // Wait returns the next completion record of this window. It spins for a
 // few microseconds, driving the device's progress, then blocks until the
 // window completes an epoch, the window closes or ctx ends.
@@ -710,6 +728,7 @@ func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
 		defer func() { w.noteWait(time.Since(begun)) }()
 	}
 	var stop func() bool // a shared window's wake on ctx's end, once it sleeps
+	othersOnly, packets := w.othersOnly(scarce)
 	for i := 0; !scarce || i < 64 || time.Duration(w.waited.Load()) < sleepAfter; i++ {
 		// Look without the lock: the placing goroutine needs it.
 		if w.ready() {
@@ -732,13 +751,16 @@ func (w *Window) Wait(ctx context.Context) (epoch.Record, error) {
 				spin.Pause(i >> 8)
 			}
 		}
+		if othersOnly && i&15 == 15 && w.packets.Load() != packets {
+			othersOnly = false // a packet came: its handlers need the processor
+		}
 		switch {
-		case long && w.shared && scarce:
+		case long && othersOnly:
 			// Origins of this host place into a shared window's memory
 			// themselves: this waits for other processes only, so where
 			// ranks share cores the kernel gets the core every round
-			// (halo3d's notified exchange, 4 ranks on 2 cores, in half the
-			// time: docs/PERFORMANCE.md).
+			// (halo3d's notified exchange, 4 ranks on 2 cores: 23-30 us an
+			// iteration before, 13-19 after; docs/PERFORMANCE.md).
 			spin.PauseShared(i)
 		case long:
 			// A long spin (RVMA_SPIN above the default: rvmarun's, with a

@@ -34,8 +34,10 @@ func Pause(i int) {
 // PauseShared is one round of a spin loop that waits for other processes
 // only (a word in shared memory that their ranks write), where ranks share
 // cores (Scarce): every round gives the core to the kernel, so that a peer
-// on this core runs at once, and every 16th lets this process's other
-// goroutines run, which the wait does not need but must not starve. A
+// on this core runs at once, and every 16th offers the processor to this
+// process's other goroutines, which the wait does not need but must not
+// starve (runtime.Gosched: now and then the scheduler picks the caller
+// again first). A
 // wait that needs a goroutine of its own process (a message's receiver)
 // uses Pause, or that goroutine would hardly run.
 func PauseShared(i int) {
