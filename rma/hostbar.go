@@ -16,8 +16,7 @@ import (
 	"github.com/rvma/rvma/verbs"
 )
 
-// When every rank shares this host (shm) and has a core of its own,
-// barriers run through words in
+// When every rank shares this host (shm), barriers run through words in
 // the ranks' memory, as MPI libraries' shared-memory barriers do: a round
 // of the dissemination is a store into the partner's word and a spin on
 // one's own, with no message, no acknowledgement and no progress engine.
@@ -36,8 +35,7 @@ import (
 // every rank: the ranks exchange their words' keys (Allgather), map their
 // partners' words, and agree (a barrier over messages) that all could. A
 // rank that is a respawned incarnation, or a Comm that recovered, keeps
-// to messages, which carry the recovery's generation; so do ranks that
-// share cores (see setUp).
+// to messages, which carry the recovery's generation.
 type hostBarrier struct {
 	mu     sync.Mutex   // one barrier at a time (collectives are called in order)
 	state  atomic.Int32 // hbUntried, hbIniting, hbOn, hbOff, hbBroken
@@ -116,14 +114,13 @@ func (hb *hostBarrier) setUp(ctx context.Context, c *Comm) (bool, error) {
 	for k := 1; k < c.size; k *= 2 {
 		hb.rounds++
 	}
-	// Where ranks share cores (spin.Scarce: rvmarun's setting), a rank
-	// spinning on its word holds a core the rank it waits for needs, and
-	// the kernel schedules that better when the wait is on messages:
-	// halo3d with its stencil, 4 ranks on 2 cores, took 1.0-1.3 ms an
-	// iteration of the fence variant over messages, 1.4-2.2 through the
-	// words whatever their wait (yielding at every round, every 64, or
-	// sleeping at once), though half as long with the exchange alone.
-	eligible := shmPort(c.dev) >= 0 && !spin.Scarce()
+	// Where ranks share cores (spin.Scarce: rvmarun's setting) the wait
+	// gives the core to the kernel every round (await): halo3d's fence
+	// variant, 4 ranks on 2 cores, 79-91 us an iteration over messages
+	// and 20-29 through the words exchange only, 842-1132 and 812-996 with
+	// its stencil (docs/PERFORMANCE.md). Waits that slept at once when
+	// they had been long made the stencil's 975-1370.
+	eligible := shmPort(c.dev) >= 0
 	var mine [16]byte // rkey, pid, addr
 	if eligible {
 		mr, err := c.pd.AllocMR(8*hb.nwords(), verbs.AccessAll)
@@ -266,6 +263,12 @@ func (errPeerGone) Unwrap() error { return ErrPeer }
 func (hb *hostBarrier) await(ctx context.Context, c *Comm, slot, k int) error {
 	seq := &hb.words[slot+1]
 	want := hb.n
+	scarce := spin.Scarce()
+	if scarce && spin.Or(20*time.Microsecond) == 0 && atomic.LoadUint64(seq) < want {
+		// Many ranks a core (rvmarun's RVMA_SPIN=0s): block at once, as
+		// the engine's waits do; a spin's turns are the partners'.
+		return hb.sleep(ctx, seq, want, k)
+	}
 	var deadline time.Time
 	for i := 0; atomic.LoadUint64(seq) < want; i++ {
 		if i&63 == 63 {
@@ -288,7 +291,13 @@ func (hb *hostBarrier) await(ctx context.Context, c *Comm, slot, k int) error {
 		if i&15 == 15 {
 			c.eng.Progress()
 		}
-		if i&63 == 63 {
+		switch {
+		case scarce:
+			// The partner may need this core: the kernel gets it every
+			// round (this process's goroutines every 16th, and the
+			// engine's packets are handled above).
+			spin.PauseShared(i)
+		case i&63 == 63:
 			spin.Pause(i)
 		}
 	}
