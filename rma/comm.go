@@ -352,7 +352,10 @@ type Comm struct {
 	collSeq  atomic.Uint32 // collective sequence number; collectives are called in order
 	troubled atomic.Bool   // an operation or connection failed (see Close)
 	hb       hostBarrier   // barriers through memory, where every rank shares the host
-	ticks    atomic.Uint64 // probeEvery periods since the start (see wakeProbes)
+	// recovered is set by Recover: windows' epochs keep to messages
+	// (pscwmem.go), which carry the recovery's generation.
+	recovered atomic.Bool
+	ticks     atomic.Uint64 // probeEvery periods since the start (see wakeProbes)
 
 	// Goroutines and teardown.
 	mpWG      sync.WaitGroup // the multipath accept loop

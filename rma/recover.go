@@ -365,6 +365,7 @@ func (c *Comm) Recover(ctx context.Context) error {
 	// A respawned rank's words are new, and messages carry the recovery's
 	// generation: barriers go over messages from now on, on every rank.
 	c.hb.disable()
+	c.recovered.Store(true) // and so do post, start, complete and wait
 	t0 := time.Now()
 	var st RecoveryStats
 	for {
@@ -723,6 +724,9 @@ func (w *Win) quiet(ctx context.Context, changed []bool) {
 	for r, ch := range changed {
 		if ch && w.direct != nil {
 			w.direct[r] = directPeer{}
+			if w.syncMap != nil {
+				w.syncMap[r] = directPeer{}
+			}
 		}
 		if ch && w.credMap != nil {
 			w.credMap[r] = directPeer{}

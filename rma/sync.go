@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/rvma/rvma/verbs"
@@ -68,6 +69,10 @@ func (w *Win) Post(ctx context.Context, group []int, assert int) error {
 	var reqs []*Request
 	var first error
 	for _, r := range group {
+		if words := w.syncPeer(ctx, r); words != nil {
+			signal(words, postIdx(w.c.rank))
+			continue
+		}
 		op, err := w.c.sendMsg(ctx, r, kindMsg, w.syncTag(syncPost), nil, nil)
 		if err != nil {
 			first = cmp.Or(first, opErr("post", r, err))
@@ -91,8 +96,8 @@ func (w *Win) Start(ctx context.Context, group []int, assert int) error {
 	}
 	w.mu.Unlock()
 	for _, r := range group {
-		if _, err := w.c.recvMsg(ctx, r, w.syncTag(syncPost)); err != nil {
-			return opErr("start", r, err)
+		if _, err := w.takeSync(ctx, "start", r, postIdx(r), w.postsTaken, w.syncTag(syncPost)); err != nil {
+			return err
 		}
 	}
 	w.mu.Lock()
@@ -126,6 +131,19 @@ func (w *Win) Complete(ctx context.Context) error {
 		if err := w.sendPack(ctx, r); err != nil {
 			first, failed[0] = cmp.Or(first, opErr("complete", r, err)), 1
 		}
+		if words := w.syncPeer(ctx, r); words != nil {
+			// A token is not ordered after the operations, as a message
+			// on their connection is: they complete at the target first
+			// (those through the mapping already have).
+			if err := w.Flush(ctx, r); err != nil {
+				first, failed[0] = cmp.Or(first, opErr("complete", r, err)), 1
+			}
+			if failed[0] != 0 {
+				signal(words, failedIdx(w.c.size, w.c.rank))
+			}
+			signal(words, doneIdx(w.c.size, w.c.rank))
+			continue
+		}
 		if w.unordered(r) {
 			if err := w.Flush(ctx, r); err != nil {
 				first, failed[0] = cmp.Or(first, opErr("complete", r, err)), 1
@@ -156,6 +174,20 @@ func completeErr(op string, r int, m []byte) error {
 	return nil
 }
 
+// completeFailed is what origin r's complete says, its message m or (m
+// nil) a token in this rank's words: ErrRemote if an operation of its
+// epoch failed.
+func (w *Win) completeFailed(op string, r int, m []byte) error {
+	if m != nil || w.syncMem == nil {
+		return completeErr(op, r, m)
+	}
+	if atomic.LoadUint64(&w.syncMem[failedIdx(w.c.size, r)]) > w.failsTaken[r] {
+		w.failsTaken[r]++
+		return opErr(op, r, ErrRemote)
+	}
+	return nil
+}
+
 // unordered reports whether operations towards target are in flight that
 // a message on the RC connection would not follow: READs (the target may
 // read its memory for them after it handled the message) and operations
@@ -176,11 +208,11 @@ func (w *Win) Wait(ctx context.Context) error {
 	}
 	var first error
 	for _, r := range group {
-		m, err := w.c.recvMsg(ctx, r, w.syncTag(syncComplete))
+		m, err := w.takeSync(ctx, "wait", r, doneIdx(w.c.size, r), w.donesTaken, w.syncTag(syncComplete))
 		if err != nil {
-			return opErr("wait", r, err)
+			return err
 		}
-		first = cmp.Or(first, completeErr("wait", r, m))
+		first = cmp.Or(first, w.completeFailed("wait", r, m))
 	}
 	w.mu.Lock()
 	w.postGroup = nil
@@ -201,22 +233,25 @@ func (w *Win) Test() (bool, error) {
 	tag := w.syncTag(syncComplete)
 	all := true
 	var first error
+	// A token in this rank's words, or a message, from every origin: then
+	// take one of each (tokens first).
+	token := func(r int) bool {
+		return w.syncMem != nil && atomic.LoadUint64(&w.syncMem[doneIdx(w.c.size, r)]) > w.donesTaken[r]
+	}
 	w.c.eng.Locked(func() {
 		for _, r := range group {
-			if len(w.c.msg.inbox[inboxKey{r, tag}]) == 0 {
+			if !token(r) && len(w.c.msg.inbox[inboxKey{r, tag}]) == 0 {
 				all = false
 				return
 			}
 		}
 		for _, r := range group {
-			k := inboxKey{r, tag}
-			q := w.c.msg.inbox[k]
-			first = cmp.Or(first, completeErr("test", r, q[0]))
-			if len(q) == 1 {
-				delete(w.c.msg.inbox, k)
-			} else {
-				w.c.msg.inbox[k] = q[1:]
+			if token(r) {
+				w.donesTaken[r]++
+				first = cmp.Or(first, w.completeFailed("test", r, nil))
+				continue
 			}
+			first = cmp.Or(first, completeErr("test", r, w.c.msg.pop(inboxKey{r, tag})))
 		}
 	})
 	if all {

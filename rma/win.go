@@ -194,7 +194,12 @@ type Win struct {
 	credMap   []directPeer // notified windows, per origin: its credit words mapped here (shm)
 	lockMem   []uint64     // this rank's lock word, then one result slot per target (atomics)
 	lockMR    *verbs.MR
-	credits   words // notified windows: a credit word per target, written by peers, read with atomic loads (notifytx.go)
+	syncMem   []uint64     // after lockMem, shm only: tokens of post/start/complete/wait (pscwmem.go)
+	syncMap   []directPeer // per peer: its sync words mapped here
+	// Tokens taken so far, per peer: posts (Start), completes and failed
+	// completes (Wait, Test); under the epoch calls' order, as MPI's.
+	postsTaken, donesTaken, failsTaken []uint64
+	credits                            words // notified windows: a credit word per target, written by peers, read with atomic loads (notifytx.go)
 	// Per-origin notified windows: where this rank's puts stand in each
 	// target's epochs, and the puts waiting for the target to post a
 	// buffer; each txState has its own lock.
@@ -388,10 +393,20 @@ func (w *Win) setup(conf WinConfig) (remoteWin, error) {
 	}
 	// The lock words are device memory too: on shm, peers' lock atomics
 	// are then CPU atomics on them.
-	if w.lockMR, err = c.pd.AllocMR(8*(1+c.size), verbs.AccessAll); err != nil {
+	lockBytes := 8 * (1 + c.size)
+	memSync := shmPort(c.dev) >= 0 && c.size <= maxMemSyncRanks
+	if memSync {
+		lockBytes += 8 * syncWordsLen(c.size)
+	}
+	if w.lockMR, err = c.pd.AllocMR(lockBytes, verbs.AccessAll); err != nil {
 		return me, err
 	}
 	w.lockMem = u64s(w.lockMR.Bytes())[:1+c.size]
+	if memSync {
+		w.syncMem = u64s(w.lockMR.Bytes())[1+c.size:]
+		w.syncMap = make([]directPeer, c.size)
+		w.postsTaken, w.donesTaken, w.failsTaken = make([]uint64, c.size), make([]uint64, c.size), make([]uint64, c.size)
+	}
 	me.size, me.unit, me.lockAddr, me.lockKey = uint64(len(w.mem)), uint32(w.unit), w.lockMR.Addr(), w.lockMR.RKey()
 	if conf.Notify != nil {
 		if w.notify, err = newNotify(w, *conf.Notify); err != nil {
