@@ -76,27 +76,40 @@ func (w *Win) syncPeer(ctx context.Context, r int) []uint64 {
 	return u64s(m.Bytes())
 }
 
-// signal gives a token at words[i] and wakes the words' sleepers.
+// signal gives a token at words[i] and wakes the words' sleepers: all of
+// them, since a rank may wait in Start and in Wait at once.
 func signal(words []uint64, i int) {
 	atomic.AddUint64(&words[i], 1)
 	if atomic.LoadUint64(&words[syncSleepers]) != 0 {
-		wake(words)
+		atomic.AddUint64(&words[syncWake], 1)
+		futex.WakeAll(wakeWord(words))
 	}
+}
+
+// onHost reports whether rank r is reached through this host's shared
+// memory (its connection is on the shm port), where it gives tokens
+// unless its mapping of this rank's words fails.
+func (w *Win) onHost(ctx context.Context, r int) bool {
+	if r == w.c.rank {
+		return true
+	}
+	qp, err := w.c.conn(ctx, r)
+	return err == nil && w.c.dev.Provider(qp.GIDIndex()) == verbs.ProviderSHM
 }
 
 // takeSync takes what peer r sends to start (a post) or end (a complete)
 // an epoch: a token at this rank's sync word i (taken[r] counts those
 // taken), or a message of tag. It returns the message, nil for a token.
-// Where r's words are mapped here r gives tokens, as this rank does, and
-// the wait spins on this rank's words; where they are not, r sends
-// messages, and the wait is the engine's, which takes a token too (one
-// that r gave although this rank cannot map its words: faults injected on
-// this rank's port) at its next look, within a second.
+// A rank of this host gives tokens as this rank does (or messages, where
+// its mapping of this rank's words fails): the wait spins on this rank's
+// words and looks at the inbox now and then. A rank of another host
+// sends messages, and the wait is the engine's, which takes a token too
+// (within a second: it cannot come but from this host).
 func (w *Win) takeSync(ctx context.Context, op string, r, i int, taken []uint64, tag uint32) ([]byte, error) {
 	switch {
-	case w.syncPeer(ctx, r) != nil:
+	case w.memSyncAllowed() && w.onHost(ctx, r):
 		return w.takeToken(ctx, op, r, i, &taken[r], tag)
-	case w.syncMem == nil || w.c.recovered.Load():
+	case !w.memSyncAllowed():
 		m, err := w.c.recvMsg(ctx, r, tag)
 		if err != nil {
 			return nil, opErr(op, r, err)

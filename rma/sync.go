@@ -178,7 +178,7 @@ func completeErr(op string, r int, m []byte) error {
 // nil) a token in this rank's words: ErrRemote if an operation of its
 // epoch failed.
 func (w *Win) completeFailed(op string, r int, m []byte) error {
-	if m != nil || w.syncMem == nil {
+	if m != nil || !w.memSyncAllowed() {
 		return completeErr(op, r, m)
 	}
 	if atomic.LoadUint64(&w.syncMem[failedIdx(w.c.size, r)]) > w.failsTaken[r] {
@@ -236,7 +236,7 @@ func (w *Win) Test() (bool, error) {
 	// A token in this rank's words, or a message, from every origin: then
 	// take one of each (tokens first).
 	token := func(r int) bool {
-		return w.syncMem != nil && atomic.LoadUint64(&w.syncMem[doneIdx(w.c.size, r)]) > w.donesTaken[r]
+		return w.memSyncAllowed() && atomic.LoadUint64(&w.syncMem[doneIdx(w.c.size, r)]) > w.donesTaken[r]
 	}
 	w.c.eng.Locked(func() {
 		for _, r := range group {
