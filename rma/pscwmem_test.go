@@ -124,17 +124,7 @@ func TestPSCWThroughMemoryPeerGone(t *testing.T) {
 	comms := newWorld(t, 2, &Config{Provider: "shm"})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	wins := make([]*Win, 2)
-	errs := make(chan error, 2)
-	for i, c := range comms {
-		go func() {
-			w, err := c.Allocate(ctx, 8, nil)
-			wins[i] = w
-			errs <- err
-		}()
-	}
-	require.NoError(t, <-errs)
-	require.NoError(t, <-errs)
+	wins := allocateAll(ctx, t, comms, 8)
 	require.NotNil(t, wins[0].syncPeer(ctx, 1), "rank 1's words are mapped")
 	comms[1].teardown()
 	t0 := time.Now()
@@ -153,17 +143,7 @@ func TestPSCWStaleTokenAfterRecover(t *testing.T) {
 	comms := newWorld(t, 2, &Config{Provider: "shm"})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	wins := make([]*Win, 2)
-	errs := make(chan error, 2)
-	for i, c := range comms {
-		go func() {
-			w, err := c.Allocate(ctx, 8, nil)
-			wins[i] = w
-			errs <- err
-		}()
-	}
-	require.NoError(t, <-errs)
-	require.NoError(t, <-errs)
+	wins := allocateAll(ctx, t, comms, 8)
 	w := wins[0]
 	require.NotNil(t, w.syncMem)
 	signal(w.syncMem, doneIdx(2, 1)) // rank 1's complete of an epoch that failed
@@ -172,4 +152,21 @@ func TestPSCWStaleTokenAfterRecover(t *testing.T) {
 	done, err := w.Test()
 	require.NoError(t, err)
 	require.False(t, done, "a token from before the recovery ended the epoch")
+}
+
+// allocateAll creates a window of n bytes on every rank of comms.
+func allocateAll(ctx context.Context, t *testing.T, comms []*Comm, n int) []*Win {
+	wins := make([]*Win, len(comms))
+	errs := make(chan error, len(comms))
+	for i, c := range comms {
+		go func() {
+			w, err := c.Allocate(ctx, n, nil)
+			wins[i] = w
+			errs <- err
+		}()
+	}
+	for range comms {
+		require.NoError(t, <-errs)
+	}
+	return wins
 }

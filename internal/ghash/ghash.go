@@ -100,6 +100,16 @@ func (k *Key) Update(x *[16]byte, data []byte) {
 	k.updateGeneric(x, data)
 }
 
+// update is Update, or updateGeneric if generic is set: a plain call,
+// since a method value would put x on the heap.
+func (k *Key) update(x *[16]byte, data []byte, generic bool) {
+	if generic {
+		k.updateGeneric(x, data)
+	} else {
+		k.Update(x, data)
+	}
+}
+
 // updateGeneric is Update without the assembly: slow (a bit at a time),
 // for tests and for the key's powers.
 func (k *Key) updateGeneric(x *[16]byte, data []byte) {
@@ -115,17 +125,20 @@ func (k *Key) updateGeneric(x *[16]byte, data []byte) {
 // Sum returns GHASH_H(aad, nothing) in GCM's byte order: the hash of aad,
 // zero-padded to a block, then the lengths block. A GMAC tag is it XOR
 // AES_K(J0).
-func (k *Key) Sum(tag *[16]byte, aad []byte) {
+func (k *Key) Sum(tag *[16]byte, aad []byte) { k.sum(tag, aad, false) }
+
+// sum is Sum, by updateGeneric if generic is set (tests).
+func (k *Key) sum(tag *[16]byte, aad []byte, generic bool) {
 	var x [16]byte
 	full := len(aad) &^ 15
-	k.Update(&x, aad[:full])
+	k.update(&x, aad[:full], generic)
 	var last [32]byte
 	n := copy(last[:], aad[full:])
 	if n > 0 {
 		n = 16
 	}
 	binary.BigEndian.PutUint64(last[n:], uint64(len(aad))*8)
-	k.Update(&x, last[:n+16])
+	k.update(&x, last[:n+16], generic)
 	s := u128{lo: binary.LittleEndian.Uint64(x[:8]), hi: binary.LittleEndian.Uint64(x[8:])}
 	s.store(tag[:])
 }
