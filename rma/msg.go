@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rvma/rvma/internal/progress"
@@ -264,6 +265,9 @@ func (c *Comm) sendMsgMode(ctx context.Context, dst int, kind byte, tag uint32, 
 	}
 	size := data.len()
 	nfrag := max(1, (size+fragMax-1)/fragMax)
+	if nfrag == 1 && !noWait {
+		return c.sendOne(ctx, qp, dst, kind, tag, data, size, onSent)
+	}
 	bufs := make([]sendBuf, 0, nfrag)
 	op, base := c.eng.Start(nfrag, func(err error) {
 		for _, b := range bufs {
@@ -303,6 +307,86 @@ func (c *Comm) sendMsgMode(ctx context.Context, dst int, kind byte, tag uint32, 
 	c.unlockSend(p)
 	if err != nil {
 		c.eng.Posted(op, base, nfrag, k, err)
+		if k == 0 {
+			return nil, opErr("send", dst, err)
+		}
+	}
+	return op, nil
+}
+
+// sendJob is a one-fragment message's state while it is sent: pooled, so
+// that a small message allocates only its Op (a message on the backlog,
+// whose work request outlives the call, takes sendMsgMode's general way).
+type sendJob struct {
+	c      *Comm
+	buf    sendBuf
+	onSent func(error)
+	done   func(error) // j.finish, bound once: a method value allocates
+	wr     [1]verbs.SendWR
+	sge    [1]verbs.SGE
+	// refs: the send's completion and sendOne's return each let go of j;
+	// the message may complete (on the engine's goroutine) while
+	// PostSend still reads wr.
+	refs atomic.Int32
+}
+
+var sendJobs sync.Pool // of *sendJob
+
+func init() {
+	// In init: New refers to finish, which puts into the pool.
+	sendJobs.New = func() any {
+		j := new(sendJob)
+		j.done = j.finish
+		return j
+	}
+}
+
+// finish returns j's buffer, lets go of j and tells the caller.
+func (j *sendJob) finish(err error) {
+	j.c.msg.send.put(j.buf)
+	onSent := j.onSent
+	j.release()
+	if onSent != nil {
+		onSent(err)
+	}
+}
+
+// release returns j to its pool once both its holders let go.
+func (j *sendJob) release() {
+	if j.refs.Add(-1) == 0 {
+		j.c, j.buf, j.onSent, j.wr[0], j.sge[0] = nil, sendBuf{}, nil, verbs.SendWR{}, verbs.SGE{}
+		sendJobs.Put(j)
+	}
+}
+
+// sendOne is sendMsgMode for a message of one fragment, posted now.
+func (c *Comm) sendOne(ctx context.Context, qp *verbs.QP, dst int, kind byte, tag uint32, data gather, size int, onSent func(error)) (*progress.Op, error) {
+	sb, err := c.msg.send.get(c.pd, hdrLen+size)
+	if err != nil {
+		return nil, err
+	}
+	j := sendJobs.Get().(*sendJob)
+	j.c, j.buf, j.onSent = c, sb, onSent
+	j.refs.Store(2)
+	op, base := c.eng.Start(1, j.done)
+	b := sb.b
+	b[0] = kind
+	binary.LittleEndian.PutUint32(b[4:], tag)
+	binary.LittleEndian.PutUint32(b[8:], uint32(size))
+	binary.LittleEndian.PutUint32(b[12:], 0)
+	data.copyAt(b[hdrLen:hdrLen+size], 0)
+	// PostSend resolves the list into the buffer's bytes and keeps no
+	// reference to the request once it returns.
+	j.sge[0] = sb.sge(hdrLen + size)
+	j.wr[0] = verbs.SendWR{ID: base, Opcode: verbs.OpSend, Flags: verbs.FlagSignaled, SGL: j.sge[:]}
+	p := c.peers[dst]
+	p.sendMu.Lock()
+	c.flushBacklog(p, true) // the messages before this one go first
+	k, err := c.post(qp, j.wr[:])
+	c.unlockSend(p)
+	j.release()
+	if err != nil {
+		c.eng.Posted(op, base, 1, k, err)
 		if k == 0 {
 			return nil, opErr("send", dst, err)
 		}
