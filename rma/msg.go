@@ -266,7 +266,7 @@ func (c *Comm) sendMsgMode(ctx context.Context, dst int, kind byte, tag uint32, 
 	size := data.len()
 	nfrag := max(1, (size+fragMax-1)/fragMax)
 	if nfrag == 1 && !noWait {
-		return c.sendOne(ctx, qp, dst, kind, tag, data, size, onSent)
+		return c.sendOne(qp, dst, kind, tag, data, size, onSent)
 	}
 	bufs := make([]sendBuf, 0, nfrag)
 	op, base := c.eng.Start(nfrag, func(err error) {
@@ -359,8 +359,10 @@ func (j *sendJob) release() {
 	}
 }
 
-// sendOne is sendMsgMode for a message of one fragment, posted now.
-func (c *Comm) sendOne(ctx context.Context, qp *verbs.QP, dst int, kind byte, tag uint32, data gather, size int, onSent func(error)) (*progress.Op, error) {
+// sendOne is sendMsgMode for a message of one fragment, posted now. If
+// no send buffer can be had it returns the error without calling onSent
+// (its callers handle the error they are returned).
+func (c *Comm) sendOne(qp *verbs.QP, dst int, kind byte, tag uint32, data gather, size int, onSent func(error)) (*progress.Op, error) {
 	sb, err := c.msg.send.get(c.pd, hdrLen+size)
 	if err != nil {
 		return nil, err
