@@ -8,11 +8,8 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"time"
 	"unsafe"
 
-	"github.com/rvma/rvma/internal/futex"
-	"github.com/rvma/rvma/internal/spin"
 	"github.com/rvma/rvma/verbs"
 )
 
@@ -24,7 +21,7 @@ import (
 // receive through the rings: rma_barrier_lat, 2 ranks on their own cores,
 // 3.1-3.7 us that way against 0.16-0.18 this way (docs/PERFORMANCE.md).
 //
-// Each rank's words: a wake word and a sleeping flag (a waiter that spun
+// Each rank's words: a wake word and a count of sleepers (a waiter that spun
 // long enough blocks on the wake word, and the writer wakes it), a gone
 // word per round (its partner closed), then per parity of the barrier's number and per round a slot of two words, the
 // value (lowest failed rank, lowest dead rank) and the barrier's number,
@@ -56,12 +53,9 @@ const (
 	hbBroken
 )
 
-// Word indexes in a rank's words.
-const (
-	hbWake     = 0
-	hbSleeping = 1
-	hbGone     = 2
-)
+// Word indexes in a rank's words, after the wake word and the sleepers
+// (wordwait.go).
+const hbGone = 2
 
 // hostBarrier returns the Comm's host barrier when its barriers run
 // through memory, else nil. The first call decides, in the Comm's first
@@ -226,9 +220,7 @@ func (hb *hostBarrier) run(ctx context.Context, c *Comm, op string, low uint32) 
 		to := u64s(hb.to[k].Bytes())
 		atomic.StoreUint64(&to[slot], uint64(low)|uint64(f.dead)<<32)
 		atomic.StoreUint64(&to[slot+1], seq)
-		if atomic.LoadUint64(&to[hbSleeping]) != 0 {
-			wake(to)
-		}
+		wakeSleepers(to)
 		from := (c.rank - 1<<k + c.size) % c.size
 		switch err := hb.await(ictx, c, slot, k); {
 		case err == errGone:
@@ -256,77 +248,21 @@ type errPeerGone struct{}
 func (errPeerGone) Error() string { return "it is gone (its process, or its Comm closed)" }
 func (errPeerGone) Unwrap() error { return ErrPeer }
 
-// await waits until this barrier's value is in slot: spinning first (as
-// long as the progress engine's waits spin: RVMA_SPIN), then blocking on
-// the wake word. It returns errGone if the partner is gone, or ctx's
-// error.
+// await waits until this barrier's value is in slot (awaitWords: the
+// wait gives the core away every round where ranks share cores: see
+// setUp). It returns errGone if the partner is gone, or ctx's error.
 func (hb *hostBarrier) await(ctx context.Context, c *Comm, slot, k int) error {
 	seq := &hb.words[slot+1]
 	want := hb.n
-	scarce := spin.Scarce()
-	if scarce && spin.Or(20*time.Microsecond) == 0 && atomic.LoadUint64(seq) < want {
-		// Many ranks a core (rvmarun's RVMA_SPIN=0s): block at once, as
-		// the engine's waits do; a spin's turns are the partners'.
-		return hb.sleep(ctx, seq, want, k)
-	}
-	var deadline time.Time
-	for i := 0; atomic.LoadUint64(seq) < want; i++ {
-		if i&63 == 63 {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			if hb.gone(k) {
-				return errGone
-			}
-			now := time.Now()
-			if deadline.IsZero() {
-				deadline = now.Add(spin.Or(20 * time.Microsecond))
-			} else if now.After(deadline) {
-				return hb.sleep(ctx, seq, want, k)
-			}
-		}
-		// Drive the engine now and then, as a wait over messages does:
-		// requests aimed at this rank (active messages, lock requests)
-		// are served while it waits.
-		if i&15 == 15 {
-			c.eng.Progress()
-		}
-		switch {
-		case scarce:
-			// The partner may need this core: the kernel gets it every
-			// round (this process's goroutines every 16th, and the
-			// engine's packets are handled above).
-			spin.PauseShared(i)
-		case i&63 == 63:
-			spin.Pause(i)
-		}
-	}
-	return nil
-}
-
-// sleep blocks on the wake word until the value arrives, looking at ctx
-// and the partner's liveness every millisecond.
-func (hb *hostBarrier) sleep(ctx context.Context, seq *uint64, want uint64, k int) error {
-	wake := wakeWord(hb.words)
-	for {
-		v := atomic.LoadUint32(wake)
-		atomic.StoreUint64(&hb.words[hbSleeping], 1)
-		if atomic.LoadUint64(seq) >= want {
-			atomic.StoreUint64(&hb.words[hbSleeping], 0)
-			return nil
-		}
-		futex.Wait(wake, v, time.Millisecond)
-		atomic.StoreUint64(&hb.words[hbSleeping], 0)
-		if atomic.LoadUint64(seq) >= want {
-			return nil
-		}
+	return awaitWords(c, hb.words, func() bool { return atomic.LoadUint64(seq) >= want }, func() (bool, error) {
 		if err := ctx.Err(); err != nil {
-			return err
+			return false, err
 		}
 		if hb.gone(k) {
-			return errGone
+			return false, errGone
 		}
-	}
+		return false, nil
+	}, true)
 }
 
 // gone reports whether round k's partner is gone: its process, or its
@@ -337,13 +273,3 @@ func (hb *hostBarrier) gone(k int) bool {
 
 // u64s is b (8-byte aligned: registered or mapped memory) as words.
 func u64s(b []byte) []uint64 { return unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), len(b)/8) }
-
-// wake wakes the rank whose words w are, if it sleeps on its wake word.
-func wake(w []uint64) {
-	atomic.AddUint64(&w[hbWake], 1)
-	futex.Wake(wakeWord(w))
-}
-
-// wakeWord is the 32-bit futex word in the wake word's low half (little
-// endian, as every platform with shm is).
-func wakeWord(w []uint64) *uint32 { return (*uint32)(unsafe.Pointer(&w[hbWake])) }

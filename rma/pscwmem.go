@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
-	"time"
 
-	"github.com/rvma/rvma/internal/futex"
-	"github.com/rvma/rvma/internal/spin"
 	"github.com/rvma/rvma/verbs"
 )
 
@@ -33,11 +30,8 @@ import (
 // per rank of the Comm, in every window of every rank.
 const maxMemSyncRanks = 4096
 
-const (
-	syncWake     = 0 // futex word (low half), bumped to wake sleepers
-	syncSleepers = 1 // how many wait asleep on the wake word
-	syncHdr      = 2
-)
+// syncHdr is the wake word and the sleepers' count (wordwait.go).
+const syncHdr = 2
 
 // syncWordsLen is the number of sync words of a window of a Comm of size
 // ranks.
@@ -80,10 +74,7 @@ func (w *Win) syncPeer(ctx context.Context, r int) []uint64 {
 // them, since a rank may wait in Start and in Wait at once.
 func signal(words []uint64, i int) {
 	atomic.AddUint64(&words[i], 1)
-	if atomic.LoadUint64(&words[syncSleepers]) != 0 {
-		atomic.AddUint64(&words[syncWake], 1)
-		futex.WakeAll(wakeWord(words))
-	}
+	wakeSleepers(words)
 }
 
 // onHost reports whether rank r is reached through this host's shared
@@ -101,36 +92,13 @@ func (w *Win) onHost(ctx context.Context, r int) bool {
 // an epoch: a token at this rank's sync word i (taken[r] counts those
 // taken), or a message of tag. It returns the message, nil for a token.
 // A rank of this host gives tokens as this rank does (or messages, where
-// its mapping of this rank's words fails): the wait spins on this rank's
-// words and looks at the inbox now and then. A rank of another host
-// sends messages, and the wait is the engine's, which takes a token too
-// (within a second: it cannot come but from this host).
+// its mapping of this rank's words fails); one of another host, which
+// cannot map them, sends messages.
 func (w *Win) takeSync(ctx context.Context, op string, r, i int, taken []uint64, tag uint32) ([]byte, error) {
-	switch {
-	case w.memSyncAllowed() && w.onHost(ctx, r):
+	if w.memSyncAllowed() && w.onHost(ctx, r) {
 		return w.takeToken(ctx, op, r, i, &taken[r], tag)
-	case !w.memSyncAllowed():
-		m, err := w.c.recvMsg(ctx, r, tag)
-		if err != nil {
-			return nil, opErr(op, r, err)
-		}
-		return m, nil
 	}
-	k := inboxKey{r, tag}
-	var m []byte
-	_, err := w.c.waitMsg(ctx, r, func() bool {
-		if atomic.LoadUint64(&w.syncMem[i]) > taken[r] {
-			taken[r]++
-			return true
-		}
-		if len(w.c.msg.inbox[k]) == 0 {
-			return false
-		}
-		if m = w.c.msg.pop(k); m == nil {
-			m = []byte{}
-		}
-		return true
-	})
+	m, err := w.c.recvMsg(ctx, r, tag)
 	if err != nil {
 		return nil, opErr(op, r, err)
 	}
@@ -139,9 +107,8 @@ func (w *Win) takeSync(ctx context.Context, op string, r, i int, taken []uint64,
 
 // takeToken waits for peer r's token at this rank's sync word i (taken
 // counts those taken so far) or a message of tag from r, whichever comes
-// first, and returns the message (nil for a token). It spins as the
-// engine's waits do (RVMA_SPIN), then sleeps on the wake word, looking at the inbox,
-// ctx and r's liveness every millisecond.
+// first, and returns the message (nil for a token): awaitWords, which
+// looks at the inbox, ctx and r's liveness now and then.
 func (w *Win) takeToken(ctx context.Context, op string, r, i int, taken *uint64, tag uint32) ([]byte, error) {
 	c := w.c
 	ictx, in := c.interruptible(ctx)
@@ -193,56 +160,15 @@ func (w *Win) takeToken(ctx context.Context, op string, r, i int, taken *uint64,
 		}
 		return nil
 	}
-	scarce := spin.Scarce()
-	var deadline time.Time
-	for n := 0; ; n++ {
-		if took() {
-			return nil, nil
-		}
-		if n&63 == 63 {
-			if gotMsg() {
-				return msg, nil
-			}
-			if err := fail(); err != nil {
-				return nil, err
-			}
-			now := time.Now()
-			if deadline.IsZero() {
-				deadline = now.Add(spin.Or(20 * time.Microsecond))
-			} else if now.After(deadline) {
-				break
-			}
-		}
-		if n&15 == 15 {
-			c.eng.Progress() // requests aimed at this rank, as a wait over messages serves them
-		}
-		if scarce || n&63 == 63 {
-			// Where ranks share cores the kernel gets the core every 16
-			// rounds: every round (spin.PauseShared) made halo3d's pscw
-			// variant with its stencil slower (4 ranks on 2 cores: 0.98 ms
-			// an iteration against 1.19, alternating builds).
-			spin.Pause(n)
-		}
-	}
-	for {
-		v := atomic.LoadUint32(wakeWord(mine))
-		atomic.AddUint64(&mine[syncSleepers], 1)
-		if !took() {
-			futex.Wait(wakeWord(mine), v, time.Millisecond)
-		} else {
-			atomic.AddUint64(&mine[syncSleepers], ^uint64(0))
-			return nil, nil
-		}
-		atomic.AddUint64(&mine[syncSleepers], ^uint64(0))
-		if took() {
-			return nil, nil
-		}
-		c.eng.Progress()
+	// Where ranks share cores the kernel gets the core every 16 rounds:
+	// every round made halo3d's pscw variant with its stencil slower (4
+	// ranks on 2 cores: 0.98 ms an iteration against 1.19, alternating
+	// builds).
+	err := awaitWords(c, mine, took, func() (bool, error) {
 		if gotMsg() {
-			return msg, nil
+			return true, nil
 		}
-		if err := fail(); err != nil {
-			return nil, err
-		}
-	}
+		return false, fail()
+	}, false)
+	return msg, err
 }
