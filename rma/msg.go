@@ -257,6 +257,16 @@ func (g gather) copyAt(dst []byte, off int) {
 	}
 }
 
+// fillFrag writes into b the fragment of a message of size bytes that
+// holds n bytes of data from offset off: its header, then the bytes.
+func fillFrag(b []byte, kind byte, tag uint32, data gather, size, off, n int) {
+	b[0] = kind
+	binary.LittleEndian.PutUint32(b[4:], tag)
+	binary.LittleEndian.PutUint32(b[8:], uint32(size))
+	binary.LittleEndian.PutUint32(b[12:], uint32(off))
+	data.copyAt(b[hdrLen:hdrLen+n], off)
+}
+
 // sendMsgMode sends data as one message; it copies data before it returns.
 func (c *Comm) sendMsgMode(ctx context.Context, dst int, kind byte, tag uint32, data gather, onSent func(error), noWait bool) (*progress.Op, error) {
 	qp, err := c.conn(ctx, dst)
@@ -287,12 +297,7 @@ func (c *Comm) sendMsgMode(ctx context.Context, dst int, kind byte, tag uint32, 
 			return nil, err
 		}
 		bufs = append(bufs, sb)
-		b := sb.b
-		b[0] = kind
-		binary.LittleEndian.PutUint32(b[4:], tag)
-		binary.LittleEndian.PutUint32(b[8:], uint32(size))
-		binary.LittleEndian.PutUint32(b[12:], uint32(off))
-		data.copyAt(b[hdrLen:hdrLen+n], off)
+		fillFrag(sb.b, kind, tag, data, size, off, n)
 		wrs[i] = verbs.SendWR{ID: base + uint64(i), Opcode: verbs.OpSend, Flags: verbs.FlagSignaled,
 			SGL: []verbs.SGE{sb.sge(hdrLen + n)}}
 	}
@@ -371,12 +376,7 @@ func (c *Comm) sendOne(qp *verbs.QP, dst int, kind byte, tag uint32, data gather
 	j.c, j.buf, j.onSent = c, sb, onSent
 	j.refs.Store(2)
 	op, base := c.eng.Start(1, j.done)
-	b := sb.b
-	b[0] = kind
-	binary.LittleEndian.PutUint32(b[4:], tag)
-	binary.LittleEndian.PutUint32(b[8:], uint32(size))
-	binary.LittleEndian.PutUint32(b[12:], 0)
-	data.copyAt(b[hdrLen:hdrLen+size], 0)
+	fillFrag(sb.b, kind, tag, data, size, 0, size)
 	// PostSend resolves the list into the buffer's bytes and keeps no
 	// reference to the request once it returns.
 	j.sge[0] = sb.sge(hdrLen + size)
