@@ -35,31 +35,35 @@ GLOBL polyConst<>(SB), RODATA|NOPTR, $16
 	VPCLMULQDQ $0x10, P, D, Z9 \
 	VPTERNLOGQ $0x96, Z9, Z8, Z7
 
+// SUMLANES sums the four lanes of Z into its lowest (X), with the
+// temporaries T (Y) and U (X).
+#define SUMLANES(Z, Y, X, T, U) \
+	VEXTRACTI64X4 $1, Z, T \
+	VPXOR         T, Y, Y  \
+	VEXTRACTI128  $1, Y, U \
+	VPXOR         U, X, X
+
+// REDUCE adds the middle terms (X7) into the low (X5) and high (X6)
+// products and reduces the product into X0.
+#define REDUCE \
+	VPSLLDQ    $8, X7, X8     \
+	VPSRLDQ    $8, X7, X7     \
+	VPXOR      X8, X5, X5     \
+	VPXOR      X7, X6, X6     \
+	VPCLMULQDQ $0x01, X5, X14, X8 \
+	VPSHUFD    $0x4e, X5, X5  \
+	VPXOR      X8, X5, X5     \
+	VPCLMULQDQ $0x01, X5, X14, X8 \
+	VPSHUFD    $0x4e, X5, X5  \
+	VPXOR      X8, X5, X5     \
+	VPXOR      X6, X5, X0
+
 // FOLD sums Z5, Z6, Z7's lanes and reduces the product into X0.
 #define FOLD \
-	VEXTRACTI64X4 $1, Z5, Y8 \
-	VEXTRACTI64X4 $1, Z6, Y9 \
-	VEXTRACTI64X4 $1, Z7, Y10 \
-	VPXOR         Y8, Y5, Y5 \
-	VPXOR         Y9, Y6, Y6 \
-	VPXOR         Y10, Y7, Y7 \
-	VEXTRACTI128  $1, Y5, X8 \
-	VEXTRACTI128  $1, Y6, X9 \
-	VEXTRACTI128  $1, Y7, X10 \
-	VPXOR         X8, X5, X5 \
-	VPXOR         X9, X6, X6 \
-	VPXOR         X10, X7, X7 \
-	VPSLLDQ       $8, X7, X8 \
-	VPSRLDQ       $8, X7, X7 \
-	VPXOR         X8, X5, X5 \
-	VPXOR         X7, X6, X6 \
-	VPCLMULQDQ    $0x01, X5, X14, X8 \
-	VPSHUFD       $0x4e, X5, X5 \
-	VPXOR         X8, X5, X5 \
-	VPCLMULQDQ    $0x01, X5, X14, X8 \
-	VPSHUFD       $0x4e, X5, X5 \
-	VPXOR         X8, X5, X5 \
-	VPXOR         X6, X5, X0
+	SUMLANES(Z5, Y5, X5, Y8, X8)  \
+	SUMLANES(Z6, Y6, X6, Y9, X9)  \
+	SUMLANES(Z7, Y7, X7, Y10, X10) \
+	REDUCE
 
 // func blocksAVX512(powers *[512]byte, x *[16]byte, data *byte, n int)
 TEXT ·blocksAVX512(SB), NOSPLIT, $0-32
@@ -163,17 +167,7 @@ loop16next:
 	VPCLMULQDQ $0x01, X13, X1, X7
 	VPCLMULQDQ $0x10, X13, X1, X8
 	VPXOR      X8, X7, X7
-	VPSLLDQ    $8, X7, X8
-	VPSRLDQ    $8, X7, X7
-	VPXOR      X8, X5, X5
-	VPXOR      X7, X6, X6
-	VPCLMULQDQ $0x01, X5, X14, X8
-	VPSHUFD    $0x4e, X5, X5
-	VPXOR      X8, X5, X5
-	VPCLMULQDQ $0x01, X5, X14, X8
-	VPSHUFD    $0x4e, X5, X5
-	VPXOR      X8, X5, X5
-	VPXOR      X6, X5, X0
+	REDUCE
 	ADDQ       $16, SI
 	SUBQ       $16, DX
 	JMP        loop16next
