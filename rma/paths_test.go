@@ -407,7 +407,9 @@ func TestPathsConfig(t *testing.T) {
 	require.ErrorIs(t, err, ErrBootstrap)
 
 	c := (&Config{Addr: "10.0.0.1, 10.0.1.1", Paths: 3}).withDefaults()
-	require.Equal(t, "udp://10.0.0.1:0,10.0.1.1:0,10.0.0.1:0", c.udpURI())
+	require.Equal(t, "udp://10.0.0.1:0,10.0.1.1:0,10.0.0.1:0?mtu=max", c.udpURI())
+	c.MTU = 1024
+	require.Equal(t, "udp://10.0.0.1:0,10.0.1.1:0,10.0.0.1:0?mtu=1024", c.udpURI())
 	require.Equal(t, "10.0.0.1:0", c.cmAddr())
 	// The environment counts in Init only (fromEnv), never in NewWorld.
 	t.Setenv(EnvPaths, "2")

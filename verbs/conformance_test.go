@@ -10,6 +10,8 @@ func TestConformanceLoop(t *testing.T) { verbstest.Run(t, verbstest.Loop()) }
 
 func TestConformanceUDP(t *testing.T) { verbstest.Run(t, verbstest.UDP()) }
 
+func TestConformanceUDPLargestMTU(t *testing.T) { verbstest.Run(t, verbstest.UDPLargest()) }
+
 func TestConformanceSHM(t *testing.T) { verbstest.Run(t, verbstest.SHM()) }
 
 func TestConformanceSHMAlloc(t *testing.T) { verbstest.Run(t, verbstest.SHMAlloc()) }

@@ -88,8 +88,11 @@ type ConnectConfig struct {
 	MaxRdAtomic int
 	// Window bounds the PSNs in flight unacknowledged. The requester starts
 	// with the whole window, halves it on every loss (down to 4) and grows
-	// it back by one PSN per window acknowledged. Default 128, range
-	// 4..8192.
+	// it back by one PSN per window acknowledged. Default 128; where the
+	// default meets a path MTU above 4096, the packets of messages longer
+	// than 4096 bytes are held to as many as carry 512 KiB (at least 16),
+	// so that large packets do not outrun a receive buffer while small
+	// messages keep the whole window. Range 4..8192.
 	Window int
 }
 
@@ -231,7 +234,32 @@ type connAttrs struct {
 	maxRdAtomic int
 	window      int
 	ackEvery    int
+	// bulk and bulkAckEvery are window and ackEvery for the packets of
+	// messages longer than bulkLen: smaller where the path MTU is large.
+	bulk, bulkAckEvery int
+	defWindow          bool // window was not given, so bulk follows the path MTU
 }
+
+// bulkLen is the longest message whose packets the whole window serves
+// when the path MTU is above it: RoCE's largest MTU.
+const bulkLen = 4096
+
+// defaultWindow is ConnectConfig.Window's default.
+const defaultWindow = 128
+
+// fitWindow sizes the bulk window to the path MTU (ConnectConfig.Window).
+func (a *connAttrs) fitWindow(mtu int) {
+	a.bulk, a.bulkAckEvery = a.window, a.ackEvery
+	if a.defWindow && mtu > bulkLen {
+		a.bulk = max(16, min(a.window, a.window*bulkLen/mtu))
+		a.bulkAckEvery = ackEveryFor(a.bulk)
+	}
+}
+
+// ackEveryFor is how often a requester asks for an ACK: every quarter
+// window, but at least every 64 packets: sparser ACKs only stretch the
+// round trip the timeout must cover.
+func ackEveryFor(window int) int { return min(max(1, window/4), 64) }
 
 // CreateQP creates a queue pair in the Reset state.
 func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
@@ -430,6 +458,7 @@ func (qp *QP) ReadyToReceive(remote Endpoint, cfg *ConnectConfig) error {
 	if qp.mtu < 256 {
 		qp.mtu = 256
 	}
+	c.fitWindow(qp.mtu)
 	qp.conn = c
 	qp.resp.reset(remote.PSN & psn.Mask)
 	qp.resp.initCache(c.maxRdAtomic)
@@ -468,6 +497,7 @@ func (qp *QP) ReadyToSend(cfg *ConnectConfig) error {
 			return err
 		}
 		c.rnrCode = qp.conn.rnrCode
+		c.fitWindow(qp.mtu)
 		qp.conn = c
 	}
 	qp.req.start(qp.startPSN)
@@ -633,7 +663,7 @@ func resolveConnect(cfg *ConnectConfig) (connAttrs, error) {
 		a.maxRdAtomic = 16
 	}
 	if a.window == 0 {
-		a.window = 128
+		a.window, a.defWindow = defaultWindow, true
 	}
 	rnr := c.MinRNRTimer
 	if rnr == 0 {
@@ -646,9 +676,8 @@ func resolveConnect(cfg *ConnectConfig) (connAttrs, error) {
 		return a, fmt.Errorf("verbs: connect: %w: %+v", ErrInvalidArgument, c)
 	}
 	a.rnrCode = rnrCodeFor(rnr)
-	// Ask for an ACK every quarter window, but at least every 64 packets:
-	// sparser ACKs only stretch the round trip the timeout must cover.
-	a.ackEvery = min(max(1, a.window/4), 64)
+	a.ackEvery = ackEveryFor(a.window)
+	a.bulk, a.bulkAckEvery = a.window, a.ackEvery
 	return a, nil
 }
 

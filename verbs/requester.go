@@ -219,6 +219,9 @@ func (qp *QP) progressSend(now time.Time, ob *outbox) {
 		}
 		p := psn.Add(w.firstPSN, r.txOff)
 		room := win - psn.Diff(p, r.unacked)
+		if w.length > bulkLen {
+			room = min(win, int32(qp.conn.bulk)) - psn.Diff(p, r.unacked)
+		}
 		if room <= 0 {
 			break
 		}
@@ -642,19 +645,24 @@ func (qp *QP) dataPacket(w *sendWQE, idx int) *wire.Packet {
 		pk.Imm = w.imm
 	}
 	pk.Solicit = last && w.flags&FlagSolicited != 0
-	pk.AckReq = qp.typ == RC && qp.wantAck(pk.PSN, last, w.signaled, idx)
+	pk.AckReq = qp.typ == RC && qp.wantAck(pk.PSN, last, w.signaled, idx, w.length > bulkLen)
 	return pk
 }
 
 // wantAck decides whether a data packet asks for an immediate ACK. A
 // responder may coalesce acknowledgements, so the requester asks only where
 // it needs one soon: for a signaled request's completion, every quarter
-// window so the window keeps moving, and when the send queue is half full.
-// Other packets are acknowledged by the responder's delayed ACK
-// (ackDelay), well before the retransmission timeout.
-func (qp *QP) wantAck(p uint32, last, signaled bool, idx int) bool {
+// window so the window keeps moving (the bulk window's, for the packets of
+// a bulk message), and when the send queue is half full. Other packets are
+// acknowledged by the responder's delayed ACK (ackDelay), well before the
+// retransmission timeout.
+func (qp *QP) wantAck(p uint32, last, signaled bool, idx int, bulk bool) bool {
 	r := &qp.req
-	ask := (idx+1)%qp.conn.ackEvery == 0 ||
+	every := qp.conn.ackEvery
+	if bulk {
+		every = qp.conn.bulkAckEvery
+	}
+	ask := (idx+1)%every == 0 ||
 		last && (signaled || r.tailSeq-r.headSeq >= uint64(r.max/2) ||
 			psn.Diff(p, r.lastAckReq) >= int32(qp.conn.ackEvery))
 	if ask {

@@ -155,3 +155,46 @@ func TestDropAccounting(t *testing.T) {
 	require.Equal(t, s.RxDropped, s.UnknownQP+s.BadSource+s.BadSecret+s.BadPort+s.OutOfOrder+s.Duplicates+s.Malformed+s.Discarded,
 		"%+v", s)
 }
+
+// TestBulkWindowAtLargestMTU: on a path of large packets, a bulk message
+// puts no more than the bulk window's packets in flight (about 512 KiB),
+// while small messages keep the whole window of 128. The responder's ACKs
+// are dropped, so what arrives before the retransmission timeout is
+// exactly what the window lets out.
+func TestBulkWindowAtLargestMTU(t *testing.T) {
+	cfg := verbstest.PairConfig{BufSize: 4 << 20, QP: verbs.QPConfig{MaxSendWR: 512},
+		Connect: verbs.ConnectConfig{Timeout: 5 * time.Second}}
+	arrived := func(b *verbstest.Side, want uint64) uint64 {
+		// Wait until the count stops moving, then give stragglers a moment.
+		var n uint64
+		require.Eventually(t, func() bool {
+			m := b.Dev.Stats().RxPackets
+			done := m == n && m >= want
+			n = m
+			return done
+		}, 5*time.Second, 50*time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
+		return b.Dev.Stats().RxPackets
+	}
+	t.Run("bulk", func(t *testing.T) {
+		a, b := verbstest.Pair(t, verbstest.UDPLargest(), cfg)
+		mtu := a.QP.PathMTU()
+		if mtu <= 4096 {
+			t.Skipf("loopback carries only %d bytes a packet here", mtu)
+		}
+		require.NoError(t, b.Dev.SetFaults(-1, verbs.Faults{Drop: 1}))
+		before := b.Dev.Stats().RxPackets
+		a.Post(t, verbs.SendWR{Opcode: verbs.OpWrite, SGL: []verbs.SGE{a.MR.SGE(0, 4<<20)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()})
+		want := uint64(max(16, 128*4096/mtu))
+		require.Equal(t, want, arrived(b, before+want)-before, "packets of %d bytes in flight", mtu)
+	})
+	t.Run("small", func(t *testing.T) {
+		a, b := verbstest.Pair(t, verbstest.UDPLargest(), cfg)
+		require.NoError(t, b.Dev.SetFaults(-1, verbs.Faults{Drop: 1}))
+		before := b.Dev.Stats().RxPackets
+		for i := range 200 {
+			a.Post(t, verbs.SendWR{Opcode: verbs.OpWrite, SGL: []verbs.SGE{a.MR.SGE(i*8, 8)}, RemoteAddr: b.MR.Addr() + uint64(i*8), RKey: b.MR.RKey()})
+		}
+		require.Equal(t, uint64(128), arrived(b, before+128)-before)
+	})
+}

@@ -3,6 +3,7 @@ package udpfab
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/netip"
 	"sync"
 	"testing"
@@ -212,10 +213,34 @@ func TestDefaultMTU(t *testing.T) {
 	require.Equal(t, DefaultMTU, DefaultMTUFor(netip.MustParseAddr("0.0.0.0")))
 }
 
+// TestLargestMTU: the largest MTU follows the interface (lo's is 65536
+// unless someone changed it), a multiple of 4096 above 4096, within a
+// datagram; an unknown interface gets the default.
+func TestLargestMTU(t *testing.T) {
+	addr := netip.MustParseAddr("127.0.0.1")
+	room, ok := roomFor(addr)
+	require.True(t, ok, "127.0.0.1 belongs to an interface")
+	got := LargestMTUFor(addr)
+	if room >= 2*DefaultMTU {
+		require.Greater(t, got, DefaultMTU)
+		require.Zero(t, got%DefaultMTU)
+		require.LessOrEqual(t, got, min(room, MaxMTU))
+		require.Greater(t, got+DefaultMTU, min(room, MaxMTU), "the largest multiple that fits")
+	} else {
+		require.Equal(t, DefaultMTUFor(addr), got)
+	}
+	require.Equal(t, DefaultMTU, LargestMTUFor(netip.MustParseAddr("0.0.0.0")))
+	require.Equal(t, DefaultMTU, LargestMTUFor(netip.MustParseAddr("192.0.2.77")), "no interface owns it")
+}
+
 func TestPortContract(t *testing.T) {
-	fabrictest.TestPort(t, func(t *testing.T) fabric.Port {
-		p, err := Open(lo, DefaultMTU, nil)
-		require.NoError(t, err)
-		return p
-	})
+	for _, mtu := range []int{DefaultMTU, LargestMTUFor(lo.Addr())} {
+		t.Run(fmt.Sprint(mtu), func(t *testing.T) {
+			fabrictest.TestPort(t, func(t *testing.T) fabric.Port {
+				p, err := Open(lo, mtu, nil)
+				require.NoError(t, err)
+				return p
+			})
+		})
+	}
 }

@@ -82,7 +82,7 @@ func (e shmEnv) Open(t testing.TB) *verbs.Device {
 
 func (e shmEnv) Alloc() bool { return e.alloc }
 
-type udpEnv struct{ addr string }
+type udpEnv struct{ addr, query string }
 
 // UDP returns an Env of udp devices on loopback, two GIDs each (two ports
 // of 127.0.0.1).
@@ -91,9 +91,14 @@ func UDP() Env { return udpEnv{addr: "127.0.0.1"} }
 // UDP6 returns an Env of udp devices on the IPv6 loopback.
 func UDP6() Env { return udpEnv{addr: "[::1]"} }
 
+// UDPLargest returns an Env of udp devices on loopback whose ports carry
+// the largest payload the interface allows (mtu=max: 61440 on a lo of
+// 65536), as rma opens them.
+func UDPLargest() Env { return udpEnv{addr: "127.0.0.1", query: "?mtu=max"} }
+
 func (e udpEnv) Name() string { return "udp" }
 func (e udpEnv) Open(t testing.TB) *verbs.Device {
-	d, err := verbs.Open(context.Background(), "udp://"+e.addr+":0,"+e.addr+":0", nil)
+	d, err := verbs.Open(context.Background(), "udp://"+e.addr+":0,"+e.addr+":0"+e.query, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { d.Close() })
 	return d

@@ -1,0 +1,44 @@
+package verbs
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestWindowFollowsMTU: with the default window, the packets of bulk
+// messages are held to about 512 KiB (128 of 4096, never fewer than 16),
+// so that the large packets of a jumbo path do not outrun a receive
+// buffer, while small messages keep the whole window; a window given is
+// kept for both.
+func TestWindowFollowsMTU(t *testing.T) {
+	for _, tc := range []struct {
+		window, mtu     int
+		want, ackEveryW int
+	}{
+		{0, 256, 128, 32},
+		{0, 1024, 128, 32},
+		{0, 4096, 128, 32},
+		{0, 8192, 64, 16},
+		{0, 16384, 32, 8},
+		{0, 61440, 16, 4},
+		{0, 64864, 16, 4},
+		{256, 61440, 256, 64},
+		{8, 4096, 8, 2},
+	} {
+		t.Run(fmt.Sprintf("window %d mtu %d", tc.window, tc.mtu), func(t *testing.T) {
+			a, err := resolveConnect(&ConnectConfig{Window: tc.window})
+			require.NoError(t, err)
+			a.fitWindow(tc.mtu)
+			require.Equal(t, tc.want, a.bulk)
+			require.Equal(t, tc.ackEveryW, a.bulkAckEvery)
+			w := tc.window
+			if w == 0 {
+				w = defaultWindow
+			}
+			require.Equal(t, w, a.window, "the whole window stays")
+			require.Equal(t, ackEveryFor(w), a.ackEvery)
+		})
+	}
+}
