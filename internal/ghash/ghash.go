@@ -125,19 +125,38 @@ func (k *Key) updateGeneric(x *[16]byte, data []byte) {
 // Sum returns GHASH_H(aad, nothing) in GCM's byte order: the hash of aad,
 // zero-padded to a block, then the lengths block. A GMAC tag is it XOR
 // AES_K(J0).
-func (k *Key) Sum(tag *[16]byte, aad []byte) { k.sum(tag, aad, false) }
+func (k *Key) Sum(tag *[16]byte, aad []byte) { k.sum(tag, aad, nil, nil, false) }
 
-// sum is Sum, by updateGeneric if generic is set (tests).
-func (k *Key) sum(tag *[16]byte, aad []byte, generic bool) {
-	var x [16]byte
-	full := len(aad) &^ 15
-	k.update(&x, aad[:full], generic)
+// SumParts is Sum of the concatenation a||b||c without joining them: a
+// packet's headers, its payload where it lies, and its trailer. Blocks
+// that straddle two parts are gathered; the rest is hashed in place.
+func (k *Key) SumParts(tag *[16]byte, a, b, c []byte) { k.sum(tag, a, b, c, false) }
+
+// sum is SumParts, by updateGeneric if generic is set (tests).
+func (k *Key) sum(tag *[16]byte, a, b, c []byte, generic bool) {
+	var x, part [16]byte
+	n := 0 // bytes waiting in part
+	for _, p := range [3][]byte{a, b, c} {
+		if n > 0 {
+			m := copy(part[n:], p)
+			n += m
+			p = p[m:]
+			if n < 16 {
+				continue
+			}
+			k.update(&x, part[:], generic)
+			n = 0
+		}
+		full := len(p) &^ 15
+		k.update(&x, p[:full], generic)
+		n = copy(part[:], p[full:])
+	}
 	var last [32]byte
-	n := copy(last[:], aad[full:])
 	if n > 0 {
+		copy(last[:], part[:n])
 		n = 16
 	}
-	binary.BigEndian.PutUint64(last[n:], uint64(len(aad))*8)
+	binary.BigEndian.PutUint64(last[n:], uint64(len(a)+len(b)+len(c))*8)
 	k.update(&x, last[:n+16], generic)
 	s := u128{lo: binary.LittleEndian.Uint64(x[:8]), hi: binary.LittleEndian.Uint64(x[8:])}
 	s.store(tag[:])

@@ -14,6 +14,10 @@ type Message struct {
 	// Buf holds the bytes to send; for a receive, its capacity is the
 	// room to fill.
 	Buf []byte
+	// Iov, on a send where the platform gathers (canGather), holds the
+	// bytes to send in pieces instead of Buf, which then only backs some
+	// of them: payloads go from where they lie, between headers in Buf.
+	Iov [][]byte
 	// N is the number of bytes received.
 	N int
 	// Addr is the destination of a send and the source of a receive.
@@ -23,6 +27,18 @@ type Message struct {
 	// the kernel coalesced datagrams of Seg bytes (GRO). Zero means one
 	// datagram.
 	Seg int
+}
+
+// size is the bytes the message sends.
+func (m *Message) size() int {
+	if len(m.Iov) == 0 {
+		return len(m.Buf)
+	}
+	n := 0
+	for _, b := range m.Iov {
+		n += len(b)
+	}
+	return n
 }
 
 // Batch limits.

@@ -39,11 +39,19 @@ type Conn struct {
 	Spin time.Duration
 }
 
+// canGather: sendmmsg gathers a datagram from pieces (Message.Iov).
+const canGather = true
+
+// maxPieces bounds a gathered message's pieces: headers and payload for
+// each datagram of a train, and the last trailer.
+const maxPieces = 2*MaxSegments + 1
+
 // ioState holds the preallocated headers of one direction and the closure
 // passed to RawConn, so a batch call allocates nothing.
 type ioState struct {
 	hdrs  []unix.Mmsghdr
 	iovs  []unix.Iovec
+	giovs []unix.Iovec // maxPieces a message, for gathered sends (made at the first)
 	names []unix.RawSockaddrInet6
 	cmsg  []byte // cmsgSpace bytes per message
 	n     int    // messages to handle
@@ -196,12 +204,23 @@ func (c *Conn) WriteBatch(msgs []Message) (dropped int, err error) {
 		for i := 0; i < n; i++ {
 			m := &msgs[i]
 			h := &s.hdrs[i]
-			s.iovs[i] = unix.Iovec{Base: unsafe.SliceData(m.Buf), Len: uint64(len(m.Buf))}
-			h.Hdr.Iov, h.Hdr.Iovlen = &s.iovs[i], 1
+			if len(m.Iov) > 0 {
+				if s.giovs == nil {
+					s.giovs = make([]unix.Iovec, BatchSize*maxPieces)
+				}
+				v := s.giovs[i*maxPieces : i*maxPieces+len(m.Iov)]
+				for j, b := range m.Iov {
+					v[j] = unix.Iovec{Base: unsafe.SliceData(b), Len: uint64(len(b))}
+				}
+				h.Hdr.Iov, h.Hdr.Iovlen = &v[0], uint64(len(v))
+			} else {
+				s.iovs[i] = unix.Iovec{Base: unsafe.SliceData(m.Buf), Len: uint64(len(m.Buf))}
+				h.Hdr.Iov, h.Hdr.Iovlen = &s.iovs[i], 1
+			}
 			h.Hdr.Name = (*byte)(unsafe.Pointer(&s.names[i]))
 			h.Hdr.Namelen = c.putName(&s.names[i], m.Addr)
 			h.Hdr.Control, h.Hdr.Controllen = nil, 0
-			if m.Seg > 0 && m.Seg < len(m.Buf) {
+			if m.Seg > 0 && m.Seg < m.size() {
 				cm := s.cmsg[i*cmsgSpace : (i+1)*cmsgSpace]
 				hdr := (*unix.Cmsghdr)(unsafe.Pointer(&cm[0]))
 				hdr.Level, hdr.Type = unix.IPPROTO_UDP, unix.UDP_SEGMENT
@@ -233,16 +252,24 @@ func (c *Conn) WriteBatch(msgs []Message) (dropped int, err error) {
 	return dropped, nil
 }
 
-// writeSplit resends GSO trains datagram by datagram.
+// writeSplit resends GSO trains datagram by datagram (rare: a device
+// without checksum offload, found at the first train).
 func (c *Conn) writeSplit(msgs []Message, dropped int) (int, error) {
 	var one [1]Message
 	for i := range msgs {
 		m := msgs[i]
+		buf := m.Buf
+		if len(m.Iov) > 0 {
+			buf = make([]byte, 0, m.size())
+			for _, b := range m.Iov {
+				buf = append(buf, b...)
+			}
+		}
 		seg := m.Seg
 		if seg <= 0 {
-			seg = len(m.Buf)
+			seg = len(buf)
 		}
-		for b := m.Buf; len(b) > 0; {
+		for b := buf; len(b) > 0; {
 			k := min(seg, len(b))
 			one[0] = Message{Buf: b[:k], Addr: m.Addr}
 			d, err := c.WriteBatch(one[:])

@@ -20,6 +20,9 @@ type Conn struct {
 	Spin  time.Duration // unused here
 }
 
+// canGather: this platform sends one buffer a datagram (no Message.Iov).
+const canGather = false
+
 // Listen opens a UDP socket bound to addr.
 func Listen(addr netip.AddrPort, _ *Config) (*Conn, error) {
 	uc, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(addr))

@@ -45,6 +45,9 @@ type Port struct {
 	trains []Message
 	bufs   [][]byte
 	ntrain int
+	tstate []trainState
+	iovs   [][][]byte     // each train's pieces (canGather)
+	held   []*wire.Packet // packets whose payloads a train sends in place
 
 	closed atomic.Bool
 	done   chan struct{}
@@ -88,9 +91,17 @@ func Open(addr netip.AddrPort, mtu int, cfg *Config) (*Port, error) {
 		return nil, fmt.Errorf("udpfab: listen %v: %w", addr, err)
 	}
 	p := &Port{conn: c, addr: c.LocalAddr(), mtu: mtu, log: log, done: make(chan struct{}),
-		trains: make([]Message, BatchSize), bufs: make([][]byte, BatchSize), start: time.Now(), Spin: defaultSpin()}
+		trains: make([]Message, BatchSize), bufs: make([][]byte, BatchSize), tstate: make([]trainState, BatchSize),
+		start: time.Now(), Spin: defaultSpin()}
 	for i := range p.bufs {
 		p.bufs[i] = make([]byte, 0, MaxTrain)
+	}
+	if canGather {
+		p.iovs = make([][][]byte, BatchSize)
+		for i := range p.iovs {
+			p.iovs[i] = make([][]byte, 0, maxPieces)
+		}
+		p.held = make([]*wire.Packet, 0, 4*BatchSize)
 	}
 	// The socket's own spin is off: the port decides when its background
 	// reader spins (not while pollers call Progress).
@@ -134,9 +145,22 @@ func (p *Port) Stats() fabric.Stats {
 // Malformed returns the number of datagrams that did not decode.
 func (p *Port) Malformed() uint64 { return p.malformed.Load() }
 
+// gatherMin is the shortest payload a train sends from where it lies
+// instead of copying it in: below it a piece costs more than the copy.
+const gatherMin = 2048
+
+// trainState is what Send knows of a train being built.
+type trainState struct {
+	size int // bytes of the train, payloads sent in place included
+	mark int // bytes of the train's buffer already among its pieces
+}
+
 // Send encodes packets into GSO trains and sends them in one batch.
 // Consecutive packets to one destination with the same encoded size share
-// a train; a shorter packet ends its train, as GSO requires.
+// a train; a shorter packet ends its train, as GSO requires. Where the
+// socket gathers, a payload of gatherMin bytes or more is not copied: the
+// train sends it from where it lies, between its headers and trailer in
+// the train's buffer, and the packet is held until the batch is sent.
 func (p *Port) Send(pkts []*wire.Packet) {
 	if p.closed.Load() {
 		for _, pk := range pkts {
@@ -148,27 +172,46 @@ func (p *Port) Send(pkts []*wire.Packet) {
 	p.smu.Lock()
 	defer p.smu.Unlock()
 	var cur *Message
+	var ts *trainState
 	for _, pk := range pkts {
 		n := pk.EncodedLen()
-		if cur == nil || !gso || cur.Addr != pk.Dst || cur.Seg == 0 && len(cur.Buf) > 0 ||
-			len(cur.Buf)%cur.Seg != 0 || n > cur.Seg || len(cur.Buf)+n > MaxTrain || len(cur.Buf)/cur.Seg >= MaxSegments {
+		if cur == nil || !gso || cur.Addr != pk.Dst || cur.Seg == 0 && ts.size > 0 ||
+			ts.size%cur.Seg != 0 || n > cur.Seg || ts.size+n > MaxTrain || ts.size/cur.Seg >= MaxSegments {
 			if p.ntrain == len(p.trains) {
 				p.flush()
 			}
-			cur = &p.trains[p.ntrain]
+			cur, ts = &p.trains[p.ntrain], &p.tstate[p.ntrain]
+			*cur = Message{Buf: p.bufs[p.ntrain][:0], Addr: pk.Dst, Seg: n}
+			*ts = trainState{}
+			if canGather {
+				cur.Iov = p.iovs[p.ntrain][:0]
+			}
 			p.ntrain++
-			*cur = Message{Buf: p.bufs[p.ntrain-1][:0], Addr: pk.Dst, Seg: n}
 			if !gso {
 				cur.Seg = 0
 			}
 		}
-		cur.Buf = wire.Append(cur.Buf, pk)
+		ts.size += n
+		if canGather && len(pk.Payload) >= gatherMin {
+			var at int
+			// The buffer never grows past its capacity (MaxTrain), so the
+			// pieces cut from it stay where they are.
+			if cur.Buf, at = wire.AppendSplit(cur.Buf, pk); at >= 0 {
+				cur.Iov = append(cur.Iov, cur.Buf[ts.mark:at], pk.Payload)
+				ts.mark = at
+				p.held = append(p.held, pk)
+				continue
+			}
+		} else {
+			cur.Buf = wire.Append(cur.Buf, pk)
+		}
 		pk.Release()
 	}
 	p.flush()
 }
 
-// flush sends the pending trains; p.smu is held.
+// flush sends the pending trains and releases the packets they held; p.smu
+// is held.
 func (p *Port) flush() {
 	if p.ntrain == 0 {
 		return
@@ -176,12 +219,19 @@ func (p *Port) flush() {
 	msgs := p.trains[:p.ntrain]
 	var segs uint64
 	for i := range msgs {
-		m := &msgs[i]
-		if m.Seg > 0 && len(m.Buf) <= m.Seg {
+		m, ts := &msgs[i], &p.tstate[i]
+		if len(m.Iov) > 0 {
+			if tail := m.Buf[ts.mark:]; len(tail) > 0 {
+				m.Iov = append(m.Iov, tail)
+			}
+		} else {
+			m.Iov = nil
+		}
+		if m.Seg > 0 && ts.size <= m.Seg {
 			m.Seg = 0 // a train of one is a plain datagram
 		}
 		if m.Seg > 0 {
-			segs += uint64((len(m.Buf) + m.Seg - 1) / m.Seg)
+			segs += uint64((ts.size + m.Seg - 1) / m.Seg)
 		} else {
 			segs++
 		}
@@ -193,8 +243,16 @@ func (p *Port) flush() {
 	}
 	p.sent.Add(segs)
 	p.sendDropped.Add(uint64(dropped))
+	for i := range msgs {
+		clear(msgs[i].Iov) // no payload kept alive by a piece
+	}
 	clear(p.trains[:p.ntrain])
 	p.ntrain = 0
+	for i, pk := range p.held {
+		pk.Release()
+		p.held[i] = nil
+	}
+	p.held = p.held[:0]
 }
 
 // receive is the port's background receiver: asynchronous progress for

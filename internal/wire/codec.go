@@ -106,14 +106,48 @@ func headerLen(o Opcode) int {
 // receiver refuse a replay.
 func Append(b []byte, p *Packet) []byte {
 	start := len(b)
+	b = appendHeaders(b, p)
+	hdr := len(b) - start
+	b = append(b, p.Payload...)
+	b = append(b, zeros[:padLen(len(p.Payload))]...)
+	if p.Auth != nil {
+		return p.Auth.seal(b, start, &p.scratch)
+	}
+	return binary.BigEndian.AppendUint32(b, trailer(p.Secret, b[start:start+hdr], len(p.Payload)))
+}
+
+// AppendSplit is Append for a payload sent from where it lies, so that
+// nothing copies it: it appends p's headers and then its pad and trailer,
+// computed as if p.Payload stood between, and returns at, the offset in
+// the result where the payload belongs. The packet on the wire is then
+// b[start:at] (its headers), p.Payload, and the rest of b (pad and
+// trailer); p.Payload must not change until it is sent. A packet whose
+// MAC has no way to hash pieces (a CPU without the hash's assembly) is
+// appended whole, at -1.
+func AppendSplit(b []byte, p *Packet) (_ []byte, at int) {
+	if p.Auth != nil && p.Auth.hash == nil {
+		return Append(b, p), -1
+	}
+	start := len(b)
+	b = appendHeaders(b, p)
+	at = len(b)
+	b = append(b, zeros[:padLen(len(p.Payload))]...)
+	if p.Auth != nil {
+		return p.Auth.sealSplit(b, start, at, p.Payload, &p.scratch), at
+	}
+	return binary.BigEndian.AppendUint32(b, trailer(p.Secret, b[start:at], len(p.Payload))), at
+}
+
+// appendHeaders appends p's BTH and the extension headers its opcode
+// calls for.
+func appendHeaders(b []byte, p *Packet) []byte {
 	op := p.Opcode
-	pad := padLen(len(p.Payload))
 	var b1 byte
 	if p.Solicit {
 		b1 |= 0x80
 	}
-	b1 |= byte(pad) << 4 // M = 0, TVer = 0
-	var r byte           // reserved in IBTA; rvma's flags
+	b1 |= byte(padLen(len(p.Payload))) << 4 // M = 0, TVer = 0
+	var r byte                              // reserved in IBTA; rvma's flags
 	if p.Placed {
 		r = placedBit
 	}
@@ -153,13 +187,7 @@ func Append(b []byte, p *Packet) []byte {
 	if op.HasImm() {
 		b = binary.BigEndian.AppendUint32(b, p.Imm)
 	}
-	hdr := len(b) - start
-	b = append(b, p.Payload...)
-	b = append(b, zeros[:pad]...)
-	if p.Auth != nil {
-		return p.Auth.seal(b, start, &p.scratch)
-	}
-	return binary.BigEndian.AppendUint32(b, trailer(p.Secret, b[start:start+hdr], len(p.Payload)))
+	return b
 }
 
 // trailer computes the trailer of a packet with the given headers and

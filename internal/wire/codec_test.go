@@ -374,3 +374,54 @@ func TestMACPathsAgree(t *testing.T) {
 		}
 	}
 }
+
+// TestAppendSplit: a packet appended with its payload left in place, put
+// together as the socket gathers it (headers, payload, rest), is byte for
+// byte the packet Append makes, under the checksum and under a MAC (two
+// MACs of one key count alike); a MAC that cannot hash pieces appends the
+// packet whole.
+func TestAppendSplit(t *testing.T) {
+	slowMAC := func() *MAC {
+		m := NewMAC(fuzzKey)
+		if m.hash != nil {
+			g, err := cipher.NewGCM(m.block)
+			require.NoError(t, err)
+			m.hash, m.aead = nil, g
+		}
+		return m
+	}
+	for _, mode := range []string{"checksum", "mac", "mac without the hash's assembly"} {
+		var whole, split *MAC
+		switch mode {
+		case "mac":
+			whole, split = NewMAC(fuzzKey), NewMAC(fuzzKey)
+		case "mac without the hash's assembly":
+			whole, split = slowMAC(), slowMAC()
+		}
+		for _, op := range allOpcodes() {
+			for _, n := range []int{0, 1, 3, 4, 15, 17, 4096, 61440} {
+				if !op.HasPayload() && n > 0 {
+					continue
+				}
+				payload := make([]byte, n)
+				for i := range payload {
+					payload[i] = byte(i*7 + n)
+				}
+				p := sample(op, payload)
+				p.Auth = whole
+				want := Append(nil, p)
+				p.Auth = split
+				b, at := AppendSplit([]byte("prefix"), p)
+				got := b[6:]
+				if at >= 0 {
+					require.False(t, split != nil && split.hash == nil, "%s: split although the MAC hashes whole only", mode)
+					got = append(append(append([]byte(nil), b[6:at]...), payload...), b[at:]...)
+				} else {
+					require.True(t, split != nil && split.hash == nil, "%s: not split", mode)
+				}
+				require.Equal(t, want, got, "%s %v %d", mode, op, n)
+				require.Len(t, got, p.EncodedLen())
+			}
+		}
+	}
+}

@@ -62,12 +62,12 @@ func nonce(s *macScratch, seq uint64) []byte {
 	return s[:12]
 }
 
-// tag writes GMAC's tag of data under counter seq to t (hash only).
-func (m *MAC) tag(t *[TagLen]byte, s *macScratch, seq uint64, data []byte) {
+// tag writes GMAC's tag of a||b||c under counter seq to t (hash only).
+func (m *MAC) tag(t *[TagLen]byte, s *macScratch, seq uint64, a, b, c []byte) {
 	nonce(s, seq)
 	s[15] = 1 // J0: the nonce, then the block counter 1
 	m.block.Encrypt(s[TagLen:], s[:TagLen])
-	m.hash.Sum(t, data)
+	m.hash.SumParts(t, a, b, c)
 	for i := range t {
 		t[i] ^= s[TagLen+i]
 	}
@@ -82,7 +82,18 @@ func (m *MAC) seal(b []byte, start int, s *macScratch) []byte {
 		return m.aead.Seal(b, nonce(s, seq), nil, b[start:])
 	}
 	var t [TagLen]byte
-	m.tag(&t, s, seq, b[start:])
+	m.tag(&t, s, seq, b[start:], nil, nil)
+	return append(b, t[:]...)
+}
+
+// sealSplit is seal for a packet whose payload lies elsewhere, between
+// b[start:at] (the headers) and b[at:] (the pad): the tag covers headers,
+// payload, pad and counter as seal's does. Hash only (AppendSplit).
+func (m *MAC) sealSplit(b []byte, start, at int, payload []byte, s *macScratch) []byte {
+	seq := m.next.Add(1)
+	b = binary.BigEndian.AppendUint64(b, seq)
+	var t [TagLen]byte
+	m.tag(&t, s, seq, b[start:at], payload, b[at:])
 	return append(b, t[:]...)
 }
 
@@ -96,7 +107,7 @@ func (p *Packet) VerifyMAC(m *MAC) bool {
 	tag := full[len(p.Signed):]
 	if m.hash != nil {
 		var t [TagLen]byte
-		m.tag(&t, &p.scratch, p.Seq, p.Signed)
+		m.tag(&t, &p.scratch, p.Seq, p.Signed, nil, nil)
 		return subtle.ConstantTimeCompare(t[:], tag) == 1
 	}
 	// Open with an empty ciphertext checks the tag only; dst has room so
