@@ -75,6 +75,8 @@ type requester struct {
 	maxSent    uint32 // one past the highest PSN transmitted
 	unacked    uint32 // oldest unacknowledged PSN
 	lastAckReq uint32 // the last PSN sent with AckReq
+	asked      bool   // some packet was sent with AckReq (lastAckReq is one)
+	forceAck   bool   // the next data packet asks for an ACK (see progressSend)
 	rdInFlight int
 	// pending counts requests in the queue whose effect at the target is
 	// not complete yet (all but local and placed ones); a request may
@@ -116,6 +118,14 @@ func (r *requester) init(cfg *QPConfig) {
 
 func (r *requester) start(p uint32) {
 	r.nextPSN, r.txPSN, r.maxSent, r.unacked, r.lastAckReq = p, p, p, p, p
+	r.asked, r.forceAck = false, false
+}
+
+// ackComing reports whether something in flight will be acknowledged
+// without waiting for the responder's delayed ACK: a packet that asked
+// for an ACK, or a READ or atomic (answered at once).
+func (r *requester) ackComing() bool {
+	return r.rdInFlight > 0 || r.asked && psn.Diff(r.lastAckReq, r.unacked) >= 0
 }
 
 func (r *requester) at(seq uint64) *sendWQE { return &r.ring[seq%uint64(len(r.ring))] }
@@ -219,8 +229,18 @@ func (qp *QP) progressSend(now time.Time, ob *outbox) {
 		}
 		p := psn.Add(w.firstPSN, r.txOff)
 		room := win - psn.Diff(p, r.unacked)
-		if w.length > bulkLen {
-			room = min(win, int32(qp.conn.bulk)) - psn.Diff(p, r.unacked)
+		if w.length > bulkLen && room > 0 {
+			// The bulk window. Small messages may fill it with packets
+			// that asked for no ACK (theirs come every ackEvery, which
+			// can be more than the bulk window): then one packet more
+			// goes, asking for one, rather than wait for the delayed ACK.
+			if bulk := min(win, int32(qp.conn.bulk)) - psn.Diff(p, r.unacked); bulk > 0 {
+				room = bulk
+			} else if r.ackComing() {
+				room = 0
+			} else {
+				room, r.forceAck = 1, true
+			}
 		}
 		if room <= 0 {
 			break
@@ -662,11 +682,11 @@ func (qp *QP) wantAck(p uint32, last, signaled bool, idx int, bulk bool) bool {
 	if bulk {
 		every = qp.conn.bulkAckEvery
 	}
-	ask := (idx+1)%every == 0 ||
+	ask := r.forceAck || (idx+1)%every == 0 ||
 		last && (signaled || r.tailSeq-r.headSeq >= uint64(r.max/2) ||
-			psn.Diff(p, r.lastAckReq) >= int32(qp.conn.ackEvery))
+			psn.Diff(p, r.lastAckReq) >= int32(every))
 	if ask {
-		r.lastAckReq = p
+		r.lastAckReq, r.asked, r.forceAck = p, true, false
 	}
 	return ask
 }

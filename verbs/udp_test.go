@@ -197,4 +197,44 @@ func TestBulkWindowAtLargestMTU(t *testing.T) {
 		}
 		require.Equal(t, uint64(128), arrived(b, before+128)-before)
 	})
+	t.Run("small then bulk", func(t *testing.T) {
+		// Twenty small writes ask for no ACK (they ask every 32) and fill
+		// more than the bulk window: the bulk write behind them sends one
+		// packet asking for an ACK instead of waiting for the delayed one.
+		a, b := verbstest.Pair(t, verbstest.UDPLargest(), cfg)
+		if a.QP.PathMTU() <= 4096 {
+			t.Skipf("loopback carries only %d bytes a packet here", a.QP.PathMTU())
+		}
+		require.NoError(t, b.Dev.SetFaults(-1, verbs.Faults{Drop: 1}))
+		before := b.Dev.Stats().RxPackets
+		for i := range 20 {
+			a.Post(t, verbs.SendWR{Opcode: verbs.OpWrite, SGL: []verbs.SGE{a.MR.SGE(i*8, 8)}, RemoteAddr: b.MR.Addr() + uint64(i*8), RKey: b.MR.RKey()})
+		}
+		a.Post(t, verbs.SendWR{Opcode: verbs.OpWrite, SGL: []verbs.SGE{a.MR.SGE(0, 4<<20)}, RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()})
+		require.Equal(t, uint64(21), arrived(b, before+21)-before)
+	})
+}
+
+// TestSmallAndBulkMixed: rounds of small unsignaled writes then a bulk
+// one, at the largest MTU, where the bulk window and the ACKs the
+// requester forces meet: every write completes in order and every byte
+// arrives.
+func TestSmallAndBulkMixed(t *testing.T) {
+	a, b := verbstest.Pair(t, verbstest.UDPLargest(), verbstest.PairConfig{BufSize: 1 << 20, QP: verbs.QPConfig{MaxSendWR: 512},
+		Connect: verbs.ConnectConfig{Timeout: time.Second}})
+	r := rand.New(rand.NewPCG(7, 8))
+	for i := range a.Buf {
+		a.Buf[i] = byte(r.Uint32())
+	}
+	for round := range 20 {
+		for i := range 24 {
+			a.Post(t, verbs.SendWR{Opcode: verbs.OpWrite, SGL: []verbs.SGE{a.MR.SGE(i*8, 8)}, RemoteAddr: b.MR.Addr() + uint64(i*8), RKey: b.MR.RKey()})
+		}
+		a.Post(t, verbs.SendWR{ID: uint64(round), Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{a.MR.SGE(0, 1<<20)},
+			RemoteAddr: b.MR.Addr(), RKey: b.MR.RKey()})
+		wc := a.Wait(t)
+		require.Equal(t, verbs.StatusSuccess, wc.Status)
+		require.Equal(t, uint64(round), wc.WRID)
+	}
+	require.True(t, bytes.Equal(a.Buf, b.Buf))
 }
