@@ -230,3 +230,47 @@ func TestLongHaulDeadPeer(t *testing.T) {
 	require.ErrorIs(t, err, ErrPeer)
 	t.Logf("failure reported %v after the peer died", time.Since(t0))
 }
+
+// TestLongHaulMTU: over UDP, rank connections carry the interface's
+// largest packets, but long-haul ones keep RoCE's 4096 on both ends
+// (their unit of loss and repair), unless the configuration sets an MTU.
+func TestLongHaulMTU(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mtu  int
+		want int
+	}{{"default", 0, haulMTU}, {"configured", 2048, 2048}} {
+		t.Run(tc.name, func(t *testing.T) {
+			comms := newWorld(t, 2, &Config{Provider: "udp", MTU: tc.mtu, LongHaul: &LongHaulConfig{
+				Reliability: reliability.Config{RTT: 2 * time.Millisecond, MinRTT: time.Millisecond}}})
+			each(t, comms, func(ctx context.Context, c *Comm) error {
+				w, err := c.Allocate(ctx, 8, &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{1 - c.Rank(): 8}}})
+				if err != nil {
+					return err
+				}
+				if err := w.Put(ctx, []byte("8 bytes!"), 1-c.Rank(), 0); err != nil {
+					return err
+				}
+				if _, err := w.WaitEpoch(ctx); err != nil {
+					return err
+				}
+				if err := c.Barrier(ctx); err != nil {
+					return err
+				}
+				return w.Free(ctx)
+			})
+			for _, c := range comms {
+				p := c.peers[1-c.Rank()]
+				p.haulMu.Lock()
+				h := p.haul
+				p.haulMu.Unlock()
+				require.NotNil(t, h, "rank %d dialed its long-haul links", c.Rank())
+				require.Equal(t, tc.want, h.data.qp.PathMTU())
+				require.Equal(t, tc.want, h.hdr.qp.PathMTU())
+				if tc.mtu == 0 {
+					require.GreaterOrEqual(t, c.Device().MaxMTU(0), haulMTU, "the rank's port")
+				}
+			}
+		})
+	}
+}
