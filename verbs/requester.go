@@ -167,6 +167,15 @@ func (r *requester) inFlight() bool { return r.txPSN != r.unacked || r.maxSent !
 
 const minCwnd = 4
 
+// bulkWindow is the congestion window of bulk packets: the bulk window's
+// share of cwnd, so that losses shrink it too.
+func (r *requester) bulkWindow(c *connAttrs) int32 {
+	if c.bulk >= c.window {
+		return int32(r.cwnd)
+	}
+	return int32(max(minCwnd, r.cwnd*c.bulk/c.window))
+}
+
 // onLoss halves the congestion window.
 func (qp *QP) onLoss() {
 	r := &qp.req
@@ -229,12 +238,17 @@ func (qp *QP) progressSend(now time.Time, ob *outbox) {
 		}
 		p := psn.Add(w.firstPSN, r.txOff)
 		room := win - psn.Diff(p, r.unacked)
-		if w.length > bulkLen && room > 0 {
+		if qp.typ == UC {
+			// Nothing acknowledges UC: its window never fills (a message
+			// longer than it waited forever for an ACK). What is queued
+			// goes now, as the send queue's depth bounds.
+			room = int32(w.npsn - r.txOff)
+		} else if w.length > bulkLen && room > 0 {
 			// The bulk window. Small messages may fill it with packets
 			// that asked for no ACK (theirs come every ackEvery, which
 			// can be more than the bulk window): then one packet more
 			// goes, asking for one, rather than wait for the delayed ACK.
-			if bulk := min(win, int32(qp.conn.bulk)) - psn.Diff(p, r.unacked); bulk > 0 {
+			if bulk := r.bulkWindow(&qp.conn) - psn.Diff(p, r.unacked); bulk > 0 {
 				room = bulk
 			} else if r.ackComing() {
 				room = 0
@@ -653,6 +667,7 @@ func (qp *QP) dataPacket(w *sendWQE, idx int) *wire.Packet {
 		pk.Payload = b
 	default:
 		pk.Payload = gather(w.segs, off, min(qp.mtu, w.length-off), pk)
+		pk.Steady = true // the request's memory, untouched until it completes
 	}
 	pk.Placed = w.placed || w.pulled
 	if op.HasRETH() {

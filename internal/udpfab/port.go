@@ -160,7 +160,8 @@ type trainState struct {
 // a train; a shorter packet ends its train, as GSO requires. Where the
 // socket gathers, a payload of gatherMin bytes or more is not copied: the
 // train sends it from where it lies, between its headers and trailer in
-// the train's buffer, and the packet is held until the batch is sent.
+// the train's buffer, and the packet is held until the batch is sent: if
+// the packet says the payload is steady (wire.Packet.Steady).
 func (p *Port) Send(pkts []*wire.Packet) {
 	if p.closed.Load() {
 		for _, pk := range pkts {
@@ -192,11 +193,12 @@ func (p *Port) Send(pkts []*wire.Packet) {
 			}
 		}
 		ts.size += n
-		if canGather && len(pk.Payload) >= gatherMin {
+		if canGather && pk.Steady && len(pk.Payload) >= gatherMin {
 			var at int
 			// The buffer never grows past its capacity (MaxTrain), so the
 			// pieces cut from it stay where they are.
 			if cur.Buf, at = wire.AppendSplit(cur.Buf, pk); at >= 0 {
+				raceRead(pk.Payload) // the kernel reads it, where the detector cannot see
 				cur.Iov = append(cur.Iov, cur.Buf[ts.mark:at], pk.Payload)
 				ts.mark = at
 				p.held = append(p.held, pk)

@@ -75,6 +75,13 @@ type Packet struct {
 	Secret uint64
 
 	Payload []byte
+	// Steady, on a packet to send, says its payload does not change until
+	// it is sent (a request's source, which the application leaves alone
+	// until completion, or the packet's own copy), so a port may send it
+	// from where it lies and seal the MAC over it there. A payload others
+	// may write meanwhile (a READ response's memory) must be copied first:
+	// bytes that changed after sealing would fail the MAC every time.
+	Steady bool
 
 	// Raw and ICRC are set by Parse: the encoded headers the trailer covers
 	// and the trailer itself, checked by Verify.
