@@ -98,7 +98,7 @@ type Config struct {
 	// RVMA_MTU, else the largest the interface carries in one datagram
 	// (61440 on loopback, 8192 with 9000-byte jumbo frames, 1024 on
 	// 1500-byte Ethernet): fewer packets cost less per byte on both sides;
-	// range 256..64864.
+	// range 256..64880 (udpfab.MaxMTU).
 	MTU int
 	// Timeout bounds bootstrap and each connection set-up. Default 60s.
 	Timeout time.Duration

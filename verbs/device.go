@@ -161,7 +161,7 @@ type mailboxBox struct{ h MailboxHandler }
 // A udp device has one GID per address, each a UDP socket (port 0 picks a
 // free port; Device.GIDs reports the one chosen). IPv4 and IPv6 addresses
 // may be mixed, but a QP only reaches peers of its GID's family. mtu
-// (payload bytes, range 256..64864) defaults to RoCE's 4096, or less when
+// (payload bytes, range 256..64880) defaults to RoCE's 4096, or less when
 // the interface that owns the address cannot carry it unfragmented; "max"
 // asks for the largest the interface carries in one datagram, a multiple
 // of 4096 (61440 on loopback), for fewer packets per byte.

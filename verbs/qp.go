@@ -89,10 +89,11 @@ type ConnectConfig struct {
 	// Window bounds the PSNs in flight unacknowledged. The requester starts
 	// with the whole window, halves it on every loss (down to 4) and grows
 	// it back by one PSN per window acknowledged. Default 128; where the
-	// default meets a path MTU above 4096, the packets of messages longer
-	// than 4096 bytes are held to as many as carry 512 KiB (at least 16),
-	// so that large packets do not outrun a receive buffer while small
-	// messages keep the whole window. Range 4..8192.
+	// default meets a UDP path MTU above 4096, the packets of messages
+	// longer than 4096 bytes are held to the same share of the congestion
+	// window as carries 512 KiB at 4096 bytes a packet (8 of 61440), so
+	// that large packets do not outrun a socket's receive buffer while
+	// small messages keep the whole window. Range 4..8192.
 	Window int
 }
 
@@ -247,11 +248,13 @@ const bulkLen = 4096
 // defaultWindow is ConnectConfig.Window's default.
 const defaultWindow = 128
 
-// fitWindow sizes the bulk window to the path MTU (ConnectConfig.Window).
-func (a *connAttrs) fitWindow(mtu int) {
+// fitWindow sizes the bulk window to the path MTU of a UDP port
+// (ConnectConfig.Window). Rings and in-process ports have no socket
+// buffer to outrun: their bulk window is the whole one.
+func (a *connAttrs) fitWindow(mtu int, udp bool) {
 	a.bulk, a.bulkAckEvery = a.window, a.ackEvery
-	if a.defWindow && mtu > bulkLen {
-		a.bulk = max(16, min(a.window, a.window*bulkLen/mtu))
+	if a.defWindow && udp && mtu > bulkLen {
+		a.bulk = max(minCwnd, min(a.window, a.window*bulkLen/mtu))
 		a.bulkAckEvery = ackEveryFor(a.bulk)
 	}
 }
@@ -458,7 +461,7 @@ func (qp *QP) ReadyToReceive(remote Endpoint, cfg *ConnectConfig) error {
 	if qp.mtu < 256 {
 		qp.mtu = 256
 	}
-	c.fitWindow(qp.mtu)
+	c.fitWindow(qp.mtu, qp.dev.kinds[qp.gid] == ProviderUDP)
 	qp.conn = c
 	qp.resp.reset(remote.PSN & psn.Mask)
 	qp.resp.initCache(c.maxRdAtomic)
@@ -497,7 +500,7 @@ func (qp *QP) ReadyToSend(cfg *ConnectConfig) error {
 			return err
 		}
 		c.rnrCode = qp.conn.rnrCode
-		c.fitWindow(qp.mtu)
+		c.fitWindow(qp.mtu, qp.dev.kinds[qp.gid] == ProviderUDP)
 		qp.conn = c
 	}
 	qp.req.start(qp.startPSN)

@@ -22,15 +22,15 @@ func TestWindowFollowsMTU(t *testing.T) {
 		{0, 4096, 128, 32},
 		{0, 8192, 64, 16},
 		{0, 16384, 32, 8},
-		{0, 61440, 16, 4},
-		{0, 64864, 16, 4},
+		{0, 61440, 8, 2},
+		{0, 64880, 8, 2},
 		{256, 61440, 256, 64},
 		{8, 4096, 8, 2},
 	} {
 		t.Run(fmt.Sprintf("window %d mtu %d", tc.window, tc.mtu), func(t *testing.T) {
 			a, err := resolveConnect(&ConnectConfig{Window: tc.window})
 			require.NoError(t, err)
-			a.fitWindow(tc.mtu)
+			a.fitWindow(tc.mtu, true)
 			require.Equal(t, tc.want, a.bulk)
 			require.Equal(t, tc.ackEveryW, a.bulkAckEvery)
 			w := tc.window
@@ -39,6 +39,31 @@ func TestWindowFollowsMTU(t *testing.T) {
 			}
 			require.Equal(t, w, a.window, "the whole window stays")
 			require.Equal(t, ackEveryFor(w), a.ackEvery)
+			// Not over UDP: the whole window.
+			a.fitWindow(tc.mtu, false)
+			require.Equal(t, w, a.bulk)
 		})
 	}
+}
+
+// TestBulkWindowShrinksWithLosses: the bulk window is its share of the
+// congestion window, so every loss halves it too, down to minCwnd.
+func TestBulkWindowShrinksWithLosses(t *testing.T) {
+	a, err := resolveConnect(nil)
+	require.NoError(t, err)
+	a.fitWindow(61440, true)
+	r := &requester{cwnd: a.window}
+	var got []int32
+	for range 6 {
+		got = append(got, r.bulkWindow(&a))
+		r.cwnd = max(minCwnd, r.cwnd/2) // onLoss
+	}
+	require.Equal(t, []int32{8, 4, 4, 4, 4, 4}, got)
+	b, err := resolveConnect(nil)
+	require.NoError(t, err)
+	b.fitWindow(4096, true)
+	r = &requester{cwnd: b.window}
+	require.Equal(t, int32(128), r.bulkWindow(&b))
+	r.cwnd = 64
+	require.Equal(t, int32(64), r.bulkWindow(&b))
 }

@@ -51,6 +51,9 @@ const (
 	MaxSegments = 64
 	// socketBuffer is what we ask for, as wireguard-go and quic-go do.
 	socketBuffer = 7 << 20
+	// maxPieces bounds a gathered message's pieces (Message.Iov): headers
+	// and payload for each datagram of a train, and the last trailer.
+	maxPieces = 2*MaxSegments + 1
 )
 
 // Config holds a socket's options; the zero value (or nil) means

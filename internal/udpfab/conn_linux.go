@@ -27,7 +27,8 @@ type Conn struct {
 	rc    syscall.RawConn
 	v6    bool
 	local netip.AddrPort
-	feat  Features
+	feat  Features    // as probed at Listen; read-only after
+	noGSO atomic.Bool // GSO found broken (EIO) after Listen
 
 	r ioState
 	w ioState
@@ -41,10 +42,6 @@ type Conn struct {
 
 // canGather: sendmmsg gathers a datagram from pieces (Message.Iov).
 const canGather = true
-
-// maxPieces bounds a gathered message's pieces: headers and payload for
-// each datagram of a train, and the last trailer.
-const maxPieces = 2*MaxSegments + 1
 
 // ioState holds the preallocated headers of one direction and the closure
 // passed to RawConn, so a batch call allocates nothing.
@@ -159,7 +156,11 @@ func Listen(addr netip.AddrPort, cfg *Config) (*Conn, error) {
 func (c *Conn) LocalAddr() netip.AddrPort { return c.local }
 
 // Features reports the socket's capabilities.
-func (c *Conn) Features() Features { return c.feat }
+func (c *Conn) Features() Features {
+	f := c.feat
+	f.GSO = f.GSO && !c.noGSO.Load()
+	return f
+}
 
 // Close closes the socket; a blocked ReadBatch returns net.ErrClosed.
 func (c *Conn) Close() error { return c.uc.Close() }
@@ -236,13 +237,14 @@ func (c *Conn) WriteBatch(msgs []Message) (dropped int, err error) {
 		switch {
 		case s.errno == 0:
 			msgs = msgs[s.done:]
-		case s.errno == unix.EIO && c.feat.GSO:
+		case s.errno == unix.EIO && c.Features().GSO:
 			// No checksum offload for GSO on this device: turn it off and
 			// resend the trains as single datagrams.
-			c.feat.GSO = false
+			c.noGSO.Store(true)
 			return c.writeSplit(msgs, dropped)
 		case s.errno == unix.EMSGSIZE || s.errno == unix.ENETUNREACH || s.errno == unix.EHOSTUNREACH ||
-			s.errno == unix.ECONNREFUSED || s.errno == unix.EPERM || s.errno == unix.EINVAL || s.errno == unix.ENOBUFS:
+			s.errno == unix.ECONNREFUSED || s.errno == unix.EPERM || s.errno == unix.EINVAL || s.errno == unix.ENOBUFS ||
+			s.errno == unix.EFAULT: // a gathered payload's memory gone: that message only
 			dropped++
 			msgs = msgs[s.done+1:]
 		default:

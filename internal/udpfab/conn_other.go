@@ -4,7 +4,6 @@ package udpfab
 
 import (
 	"errors"
-	"log/slog"
 	"net"
 	"net/netip"
 	"sync"

@@ -42,6 +42,7 @@ func Run(t *testing.T, env Env) {
 		{"SRQ", testSRQ},
 		{"Mailbox", testMailbox},
 		{"UCLoss", testUCLoss},
+		{"LongerThanWindow", testLongerThanWindow},
 		{"RCFaults", testRCFaults},
 		{"PeerGone", testPeerGone},
 		{"OwedAck", testOwedAck},
@@ -921,6 +922,30 @@ func testUCLoss(t *testing.T, env Env) {
 	}
 	require.Less(t, got, 20, "some messages lost a packet")
 	require.Equal(t, byte(0xEE), b.Buf[0])
+}
+
+// testLongerThanWindow: a message of more packets than the window
+// completes and arrives whole on RC and UC (UC has no ACKs to move the
+// window within a message: it must not wait for one).
+func testLongerThanWindow(t *testing.T, env Env) {
+	for _, typ := range []verbs.QPType{verbs.RC, verbs.UC} {
+		t.Run(typ.String(), func(t *testing.T) {
+			const window, n = 16, 16*256 + 4*256 + 100 // 21 packets of 256
+			a, b := Pair(t, env, PairConfig{QP: verbs.QPConfig{Type: typ}, Connect: verbs.ConnectConfig{MTU: 256, Window: window}})
+			fill(a.Buf, 11)
+			a.Post(t, verbs.SendWR{ID: 1, Opcode: verbs.OpWrite, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{a.MR.SGE(0, n)},
+				RemoteAddr: b.MR.Addr() + 8192, RKey: b.MR.RKey()})
+			require.Equal(t, verbs.StatusSuccess, a.Wait(t).Status)
+			b.PostRecv(t, 2, 0, n)
+			a.Post(t, verbs.SendWR{ID: 2, Opcode: verbs.OpSend, Flags: verbs.FlagSignaled, SGL: []verbs.SGE{a.MR.SGE(0, n)}})
+			require.Equal(t, verbs.StatusSuccess, a.Wait(t).Status)
+			wc := b.Wait(t)
+			require.Equal(t, verbs.StatusSuccess, wc.Status)
+			require.Equal(t, uint32(n), wc.ByteLen)
+			require.True(t, bytes.Equal(a.Buf[:n], b.Buf[:n]), "SEND's bytes")
+			require.True(t, bytes.Equal(a.Buf[:n], b.Buf[8192:8192+n]), "WRITE's bytes")
+		})
+	}
 }
 
 // testRCFaults: under loss, duplication and reordering RC delivers every

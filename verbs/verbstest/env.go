@@ -96,7 +96,12 @@ func UDP6() Env { return udpEnv{addr: "[::1]"} }
 // 65536), as rma opens them.
 func UDPLargest() Env { return udpEnv{addr: "127.0.0.1", query: "?mtu=max"} }
 
-func (e udpEnv) Name() string { return "udp" }
+func (e udpEnv) Name() string {
+	if e.query != "" {
+		return "udp" + e.query
+	}
+	return "udp"
+}
 func (e udpEnv) Open(t testing.TB) *verbs.Device {
 	d, err := verbs.Open(context.Background(), "udp://"+e.addr+":0,"+e.addr+":0"+e.query, nil)
 	require.NoError(t, err)
