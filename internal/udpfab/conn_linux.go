@@ -285,15 +285,9 @@ func (c *Conn) writeSplit(msgs []Message, dropped int) (int, error) {
 	return dropped, nil
 }
 
-// writeFn and readFn make their system calls raw, without telling the
-// scheduler: MSG_DONTWAIT keeps them from blocking, but a batch can copy a
-// few hundred kilobytes, and a call the scheduler sees lasting past its
-// monitor's tick loses its processor to another thread, which with one
-// processor a rank (rvmarun binds ranks to cores) means a thread switch
-// on each side of the call, at tens of thousands a second.
 func (c *Conn) writeFn(fd uintptr) bool {
 	s := &c.w
-	r, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.n), unix.MSG_DONTWAIT, 0, 0)
+	r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.n), unix.MSG_DONTWAIT, 0, 0)
 	if e == unix.EAGAIN {
 		return false
 	}
@@ -400,7 +394,7 @@ func (c *Conn) finishRead(msgs []Message) {
 
 func (c *Conn) readFn(fd uintptr) bool {
 	s := &c.r
-	r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.n), unix.MSG_DONTWAIT, 0, 0)
+	r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.n), unix.MSG_DONTWAIT, 0, 0)
 	s.errno = e
 	if e == unix.EAGAIN {
 		return false
