@@ -8,10 +8,9 @@ import (
 )
 
 // TestWindowFollowsMTU: with the default window, the packets of bulk
-// messages are held to about 512 KiB (128 of 4096, never fewer than 16),
-// so that the large packets of a jumbo path do not outrun a receive
-// buffer, while small messages keep the whole window; a window given is
-// kept for both.
+// messages on a UDP path of large packets are held to about 1 MiB (never
+// fewer than minCwnd), so that they do not outrun a receive buffer, while
+// small messages keep the whole window; a window given is kept for both.
 func TestWindowFollowsMTU(t *testing.T) {
 	for _, tc := range []struct {
 		window, mtu     int
@@ -20,10 +19,11 @@ func TestWindowFollowsMTU(t *testing.T) {
 		{0, 256, 128, 32},
 		{0, 1024, 128, 32},
 		{0, 4096, 128, 32},
-		{0, 8192, 64, 16},
-		{0, 16384, 32, 8},
-		{0, 61440, 8, 2},
-		{0, 64880, 8, 2},
+		{0, 8192, 128, 32},
+		{0, 16384, 64, 16},
+		{0, 32768, 32, 8},
+		{0, 61440, 17, 4},
+		{0, 64880, 16, 4},
 		{256, 61440, 256, 64},
 		{8, 4096, 8, 2},
 	} {
@@ -58,7 +58,7 @@ func TestBulkWindowShrinksWithLosses(t *testing.T) {
 		got = append(got, r.bulkWindow(&a))
 		r.cwnd = max(minCwnd, r.cwnd/2) // onLoss
 	}
-	require.Equal(t, []int32{8, 4, 4, 4, 4, 4}, got)
+	require.Equal(t, []int32{17, 8, 4, 4, 4, 4}, got)
 	b, err := resolveConnect(nil)
 	require.NoError(t, err)
 	b.fitWindow(4096, true)
