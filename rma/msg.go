@@ -176,37 +176,33 @@ func (m *msgState) init(size int) {
 	m.am = map[uint64]*amCall{}
 }
 
-// post posts wrs on qp, progressing the device while its send queue is
-// full. It never waits for a completion, so it may run in the receive
-// handler.
 // cqDrainAt is the number of completions waiting in the CQ from which a
 // post takes them itself: a quarter of its capacity (1<<16).
 const cqDrainAt = 1 << 14
+
+// post posts wrs on qp, progressing the device while its send queue is
+// full. It never waits for a completion, so it may run in the receive
+// handler.
 
 func (c *Comm) post(qp *verbs.QP, wrs []verbs.SendWR) (int, error) {
 	done := 0
 	for i := 0; done < len(wrs); i++ {
 		n, err := qp.PostSend(wrs[done:])
 		done += n
-		if err == nil {
-			// Completions pile up when nothing waits (a stream of
-			// FetchAndOps with no flush, as MPI allows, or gets of a
-			// thousand blocks each): take them before the CQ overruns.
-			// A poll takes a batch, and a post may have added hundreds:
-			// poll until they are below the mark, unless another
-			// goroutine is polling (it takes them).
-			for c.cq.Len() > cqDrainAt {
-				if took, _ := c.eng.Progress(); !took {
-					break
-				}
-			}
-			continue
-		}
-		if !isQueueFull(err) || c.closed() {
+		if err != nil && (!isQueueFull(err) || c.closed()) {
 			return done, err
 		}
-		c.dev.Progress()
-		spin.Pause(i)
+		// Completions pile up when nothing waits (a stream of
+		// FetchAndOps with no flush, as MPI allows, or gets of a hundred
+		// thousand blocks): take them before the CQ overruns, after every
+		// post, also one the full send queue cut short (each of those
+		// adds the completions that made room for it: MPICH's getfence1
+		// overran the CQ so).
+		c.eng.Drain(cqDrainAt)
+		if err != nil {
+			c.dev.Progress()
+			spin.Pause(i)
+		}
 	}
 	return done, nil
 }

@@ -69,6 +69,9 @@ type Engine struct {
 	// wcs is owned by the holder of the role.
 	poller atomic.Bool
 	wcs    []verbs.WorkCompletion
+	// inCallback is set while the holder of the poller role runs OnRecv
+	// or AfterPoll (see Drain).
+	inCallback atomic.Bool
 
 	// mu guards the fields below, every Op's left, done and err, and the
 	// callers' state that OnDone callbacks, Wait conditions and Locked
@@ -334,9 +337,11 @@ func (e *Engine) poll() (int, error) {
 	e.mu.Unlock()
 	recv = recv && e.cfg.OnRecv != nil
 	if recv || e.cfg.AfterPoll != nil {
+		e.inCallback.Store(true)
+		defer e.inCallback.Store(false) // also when OnRecv panics
 		if lockcheck.Enabled {
 			lockcheck.Enter[inOnRecv]()
-			defer lockcheck.Exit[inOnRecv]() // also when OnRecv panics
+			defer lockcheck.Exit[inOnRecv]()
 		}
 	}
 	if recv {
@@ -365,6 +370,28 @@ func (e *Engine) Progress() (bool, error) {
 	n, err := e.poll()
 	e.letGo()
 	return n > 0, err
+}
+
+// Drain polls until the CQ holds at most limit completions, so that a
+// caller posting many signalled requests does not overrun it. Where
+// another goroutine holds the poller role it waits for that one to take
+// them (a poll at a time, it may fall behind a poster), unless that one
+// runs OnRecv or AfterPoll: it may be the caller itself, or wait for what
+// the caller holds, so Drain returns and the CQ may stay above limit.
+func (e *Engine) Drain(limit int) error {
+	for i := 0; e.cq.Len() > limit; i++ {
+		took, err := e.Progress()
+		if err != nil {
+			return err
+		}
+		if !took {
+			if e.inCallback.Load() || !e.poller.Load() && e.cq.Len() <= limit {
+				return nil
+			}
+			spin.Pause(i)
+		}
+	}
+	return nil
 }
 
 // letGo gives the poller role up. In direct mode it wakes the waiters: one
