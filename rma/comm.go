@@ -41,7 +41,7 @@ const (
 	EnvProvider    = "RVMA_PROVIDER"    // auto (default), udp or shm
 	EnvHost        = "RVMA_HOST"        // this rank's host identity for auto (default: boot id and PID namespace)
 	EnvAddr        = "RVMA_ADDR"        // local IP address for the UDP provider; default 127.0.0.1
-	EnvMTU         = "RVMA_MTU"         // UDP provider's MTU (payload bytes per packet); default the provider's
+	EnvMTU         = "RVMA_MTU"         // UDP provider's MTU (payload bytes per packet); default the largest the interface carries (61440 on loopback)
 	EnvPaths       = "RVMA_PATHS"       // paths (local addresses) per connection; default 1
 	EnvRCTimeout   = "RVMA_RC_TIMEOUT"  // Config.Connect.Timeout, a duration ("50ms"); default verbs' (20ms)
 	EnvNoGSO       = "RVMA_DISABLE_GSO" // "1": Config.Device.NoGSO

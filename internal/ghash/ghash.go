@@ -83,30 +83,35 @@ func mul(a, h u128) u128 {
 	return u128{lo: top.lo ^ t.lo, hi: top.hi ^ t.hi}
 }
 
+// impl is one of the ways to fold blocks into the state.
+type impl uint8
+
+const (
+	implGeneric impl = iota // updateGeneric: a bit at a time
+	implAVX2                // blocksAVX2
+	implAVX512              // blocksAVX512
+)
+
 // Update folds data, whole 16-byte blocks, into the hash state x (a
 // reflected integer, lo before hi; zero to start). len(data) must be a
 // multiple of 16.
-func (k *Key) Update(x *[16]byte, data []byte) {
+func (k *Key) Update(x *[16]byte, data []byte) { k.update(x, data, best) }
+
+// update is Update by implementation i (tests try each the CPU runs).
+func (k *Key) update(x *[16]byte, data []byte, i impl) {
 	if len(data)%16 != 0 {
 		panic("ghash: partial block")
 	}
 	if len(data) == 0 {
 		return
 	}
-	if Available {
+	switch i {
+	case implAVX512:
 		blocksAVX512(&k.powers, x, &data[0], len(data))
-		return
-	}
-	k.updateGeneric(x, data)
-}
-
-// update is Update, or updateGeneric if generic is set: a plain call,
-// since a method value would put x on the heap.
-func (k *Key) update(x *[16]byte, data []byte, generic bool) {
-	if generic {
+	case implAVX2:
+		blocksAVX2(&k.powers, x, &data[0], len(data))
+	default:
 		k.updateGeneric(x, data)
-	} else {
-		k.Update(x, data)
 	}
 }
 
@@ -125,15 +130,15 @@ func (k *Key) updateGeneric(x *[16]byte, data []byte) {
 // Sum returns GHASH_H(aad, nothing) in GCM's byte order: the hash of aad,
 // zero-padded to a block, then the lengths block. A GMAC tag is it XOR
 // AES_K(J0).
-func (k *Key) Sum(tag *[16]byte, aad []byte) { k.sum(tag, aad, nil, nil, false) }
+func (k *Key) Sum(tag *[16]byte, aad []byte) { k.sum(tag, aad, nil, nil, best) }
 
 // SumParts is Sum of the concatenation a||b||c without joining them: a
 // packet's headers, its payload where it lies, and its trailer. Blocks
 // that straddle two parts are gathered; the rest is hashed in place.
-func (k *Key) SumParts(tag *[16]byte, a, b, c []byte) { k.sum(tag, a, b, c, false) }
+func (k *Key) SumParts(tag *[16]byte, a, b, c []byte) { k.sum(tag, a, b, c, best) }
 
-// sum is SumParts, by updateGeneric if generic is set (tests).
-func (k *Key) sum(tag *[16]byte, a, b, c []byte, generic bool) {
+// sum is SumParts by implementation i.
+func (k *Key) sum(tag *[16]byte, a, b, c []byte, i impl) {
 	var x, part [16]byte
 	n := 0 // bytes waiting in part
 	for _, p := range [3][]byte{a, b, c} {
@@ -144,11 +149,11 @@ func (k *Key) sum(tag *[16]byte, a, b, c []byte, generic bool) {
 			if n < 16 {
 				continue
 			}
-			k.update(&x, part[:], generic)
+			k.update(&x, part[:], i)
 			n = 0
 		}
 		full := len(p) &^ 15
-		k.update(&x, p[:full], generic)
+		k.update(&x, p[:full], i)
 		n = copy(part[:], p[full:])
 	}
 	var last [32]byte
@@ -157,7 +162,7 @@ func (k *Key) sum(tag *[16]byte, a, b, c []byte, generic bool) {
 		n = 16
 	}
 	binary.BigEndian.PutUint64(last[n:], uint64(len(a)+len(b)+len(c))*8)
-	k.update(&x, last[:n+16], generic)
+	k.update(&x, last[:n+16], i)
 	s := u128{lo: binary.LittleEndian.Uint64(x[:8]), hi: binary.LittleEndian.Uint64(x[8:])}
 	s.store(tag[:])
 }

@@ -176,3 +176,145 @@ done:
 	VMOVDQU X0, (CX)
 	VZEROUPPER
 	RET
+
+// The same on 256-bit registers, for CPUs with VEX-encoded VPCLMULQDQ
+// but no AVX-512: two blocks a register, sixteen registers in all, so the
+// key powers are loaded with the data instead of kept (from L1, beside
+// the multiplies' cost). Y5, Y6, Y7 hold the sums; Y1 a data pair, Y2 its
+// powers, Y8 and Y9 products.
+
+// MUL2FIRST sets Y5, Y6, Y7 to the products of Y1 and the powers at P.
+#define MUL2FIRST(P) \
+	VMOVDQU    P, Y2          \
+	VPCLMULQDQ $0x00, Y2, Y1, Y5 \
+	VPCLMULQDQ $0x11, Y2, Y1, Y6 \
+	VPCLMULQDQ $0x01, Y2, Y1, Y7 \
+	VPCLMULQDQ $0x10, Y2, Y1, Y8 \
+	VPXOR      Y8, Y7, Y7
+
+// MUL2ADD adds the products of the blocks at D and the powers at P.
+#define MUL2ADD(D, P) \
+	VMOVDQU    D, Y1          \
+	VPSHUFB    Y15, Y1, Y1    \
+	VMOVDQU    P, Y2          \
+	VPCLMULQDQ $0x00, Y2, Y1, Y8 \
+	VPCLMULQDQ $0x11, Y2, Y1, Y9 \
+	VPXOR      Y8, Y5, Y5     \
+	VPXOR      Y9, Y6, Y6     \
+	VPCLMULQDQ $0x01, Y2, Y1, Y8 \
+	VPCLMULQDQ $0x10, Y2, Y1, Y9 \
+	VPXOR      Y8, Y7, Y7     \
+	VPXOR      Y9, Y7, Y7
+
+// FIRST2 loads the pair at D, adds the state to its first block and
+// multiplies by the powers at P.
+#define FIRST2(D, P) \
+	VMOVDQU D, Y1       \
+	VPSHUFB Y15, Y1, Y1 \
+	VPXOR   Y0, Y1, Y1  \
+	MUL2FIRST(P)
+
+// FOLD2 sums the two lanes of Y5, Y6, Y7 and reduces into X0.
+#define FOLD2 \
+	VEXTRACTI128 $1, Y5, X8 \
+	VPXOR        X8, X5, X5 \
+	VEXTRACTI128 $1, Y6, X9 \
+	VPXOR        X9, X6, X6 \
+	VEXTRACTI128 $1, Y7, X10 \
+	VPXOR        X10, X7, X7 \
+	REDUCE
+
+// func blocksAVX2(powers *[512]byte, x *[16]byte, data *byte, n int)
+TEXT ·blocksAVX2(SB), NOSPLIT, $0-32
+	MOVQ powers+0(FP), DI
+	MOVQ x+8(FP), CX
+	MOVQ data+16(FP), SI
+	MOVQ n+24(FP), DX
+
+	VBROADCASTI128 bswapMask<>(SB), Y15
+	VMOVDQU        polyConst<>(SB), X14
+	VMOVDQU        (CX), X0 // a VEX load: the upper lane of Y0 is zero
+
+avx2loop512:
+	// 32 blocks a round, by H^32 ... H^1: one reduction.
+	CMPQ DX, $512
+	JB   avx2loop256
+	FIRST2((SI), (DI))
+	MUL2ADD(32(SI), 32(DI))
+	MUL2ADD(64(SI), 64(DI))
+	MUL2ADD(96(SI), 96(DI))
+	MUL2ADD(128(SI), 128(DI))
+	MUL2ADD(160(SI), 160(DI))
+	MUL2ADD(192(SI), 192(DI))
+	MUL2ADD(224(SI), 224(DI))
+	MUL2ADD(256(SI), 256(DI))
+	MUL2ADD(288(SI), 288(DI))
+	MUL2ADD(320(SI), 320(DI))
+	MUL2ADD(352(SI), 352(DI))
+	MUL2ADD(384(SI), 384(DI))
+	MUL2ADD(416(SI), 416(DI))
+	MUL2ADD(448(SI), 448(DI))
+	MUL2ADD(480(SI), 480(DI))
+	FOLD2
+	ADDQ $512, SI
+	SUBQ $512, DX
+	JMP  avx2loop512
+
+avx2loop256:
+	// 16 blocks, by H^16 ... H^1.
+	CMPQ DX, $256
+	JB   avx2loop32
+	FIRST2((SI), 256(DI))
+	MUL2ADD(32(SI), 288(DI))
+	MUL2ADD(64(SI), 320(DI))
+	MUL2ADD(96(SI), 352(DI))
+	MUL2ADD(128(SI), 384(DI))
+	MUL2ADD(160(SI), 416(DI))
+	MUL2ADD(192(SI), 448(DI))
+	MUL2ADD(224(SI), 480(DI))
+	FOLD2
+	ADDQ $256, SI
+	SUBQ $256, DX
+	JMP  avx2loop256
+
+avx2loop32:
+	// 2 blocks, by H^2 and H.
+	CMPQ DX, $32
+	JB   avx2loop16
+	FIRST2((SI), 480(DI))
+	FOLD2
+	ADDQ $32, SI
+	SUBQ $32, DX
+	JMP  avx2loop32
+
+avx2loop16:
+	VMOVDQU 496(DI), X13
+
+avx2loop16next:
+	CMPQ       DX, $16
+	JB         avx2done
+	VMOVDQU    (SI), X1
+	VPSHUFB    X15, X1, X1
+	VPXOR      X0, X1, X1
+	VPCLMULQDQ $0x00, X13, X1, X5
+	VPCLMULQDQ $0x11, X13, X1, X6
+	VPCLMULQDQ $0x01, X13, X1, X7
+	VPCLMULQDQ $0x10, X13, X1, X8
+	VPXOR      X8, X7, X7
+	REDUCE
+	ADDQ       $16, SI
+	SUBQ       $16, DX
+	JMP        avx2loop16next
+
+avx2done:
+	VMOVDQU X0, (CX)
+	VZEROUPPER
+	RET
+
+// func cpuid7ECX() uint32
+TEXT ·cpuid7ECX(SB), NOSPLIT, $0-4
+	MOVL $7, AX
+	XORL CX, CX
+	CPUID
+	MOVL CX, ret+0(FP)
+	RET

@@ -20,13 +20,27 @@ func gmac(t testing.TB, key []byte, nonce []byte, aad []byte) []byte {
 	return g.Seal(nil, nonce, nil, aad)
 }
 
-// tag is GMAC over Sum (or Sum's generic form).
-func tag(t testing.TB, key, nonce, aad []byte, generic bool) []byte {
+// impls lists the implementations this CPU runs, the generic one first.
+func impls() []impl {
+	is := []impl{implGeneric}
+	if hasAVX2 {
+		is = append(is, implAVX2)
+	}
+	if hasAVX512 {
+		is = append(is, implAVX512)
+	}
+	return is
+}
+
+func (i impl) String() string { return [...]string{"generic", "AVX2", "AVX-512"}[i] }
+
+// tag is GMAC over Sum by implementation i.
+func tag(t testing.TB, key, nonce, aad []byte, i impl) []byte {
 	b, err := aes.NewCipher(key)
 	require.NoError(t, err)
 	var h, ek, j0, out [16]byte
 	b.Encrypt(h[:], h[:])
-	New(&h).sum(&out, aad, nil, nil, generic)
+	New(&h).sum(&out, aad, nil, nil, i)
 	copy(j0[:], nonce)
 	j0[15] = 1
 	b.Encrypt(ek[:], j0[:])
@@ -39,6 +53,7 @@ func tag(t testing.TB, key, nonce, aad []byte, generic bool) []byte {
 // Lengths around every boundary of the assembly's rounds: 16 blocks, 4,
 // 1, and a partial block.
 func TestSumMatchesGCM(t *testing.T) {
+	t.Logf("implementations on this CPU: %v", impls())
 	r := rand.New(rand.NewPCG(1, 2))
 	lengths := []int{0, 1, 15, 16, 17, 31, 32, 48, 63, 64, 65, 80, 127, 128, 200, 255, 256, 257, 271, 272, 319, 320, 511, 512, 513, 1500, 4096, 8192 + 7, 9000}
 	for range 40 {
@@ -52,8 +67,9 @@ func TestSumMatchesGCM(t *testing.T) {
 		fill(r, nonce)
 		fill(r, aad)
 		want := gmac(t, key, nonce, aad)
-		require.Equal(t, want, tag(t, key, nonce, aad, true), "generic, %d bytes", n)
-		require.Equal(t, want, tag(t, key, nonce, aad, false), "Sum, %d bytes", n)
+		for _, i := range impls() {
+			require.Equal(t, want, tag(t, key, nonce, aad, i), "%v, %d bytes", i, n)
+		}
 	}
 }
 
@@ -79,13 +95,13 @@ func TestSumPartsMatchesSum(t *testing.T) {
 				if i < 0 || j < i || j > n {
 					continue
 				}
-				for _, generic := range []bool{false, true} {
-					if generic && n > 600 {
+				for _, im := range impls() {
+					if im == implGeneric && n > 600 {
 						continue // the bit-serial code is slow
 					}
 					var got [16]byte
-					k.sum(&got, data[:i], data[i:j], data[j:], generic)
-					require.Equal(t, want, got, "%d bytes cut at %d and %d, generic %v", n, i, j, generic)
+					k.sum(&got, data[:i], data[i:j], data[j:], im)
+					require.Equal(t, want, got, "%d bytes cut at %d and %d, %v", n, i, j, im)
 				}
 			}
 		}
@@ -105,7 +121,9 @@ func TestSumEdgeValues(t *testing.T) {
 				aad[i] = v
 			}
 			nonce := make([]byte, 12)
-			require.Equal(t, gmac(t, key, nonce, aad), tag(t, key, nonce, aad, false))
+			for _, i := range impls()[1:] {
+				require.Equal(t, gmac(t, key, nonce, aad), tag(t, key, nonce, aad, i), "%v", i)
+			}
 		}
 	}
 }
@@ -120,7 +138,9 @@ func FuzzSum(f *testing.F) {
 		key = key[:16]
 		nonce := make([]byte, 12)
 		want := gmac(t, key, nonce, aad)
-		require.Equal(t, want, tag(t, key, nonce, aad, false))
+		for _, i := range impls()[1:] {
+			require.Equal(t, want, tag(t, key, nonce, aad, i), "%v", i)
+		}
 		// The same data in three parts.
 		a, b := min(int(i), len(aad)), min(int(j), len(aad))
 		a, b = min(a, b), max(a, b)

@@ -15,10 +15,11 @@ const TagLen = 16
 
 // MAC is one direction of a connection's packet authentication: AES-GMAC
 // (AES-GCM with nothing to encrypt) under a 128-bit key that the
-// receiving QP chose. The hash runs on the CPU's 512-bit carry-less
-// multiplies where it has them (internal/ghash, about 17 GB/s here),
-// otherwise in the standard library's GCM (about 8): covering the payload
-// costs a fraction of what moving it does. GCM must never see a nonce
+// receiving QP chose. The hash runs on the CPU's 512- or 256-bit
+// carry-less multiplies where it has them (internal/ghash, which also
+// hashes a payload where it lies: sealSplit), otherwise in the standard
+// library's GCM: covering the payload costs a fraction of what moving it
+// does. GCM must never see a nonce
 // twice under one key: the nonce is the sender's packet counter, which
 // only grows (a retransmission is a new packet), and a key lives for one
 // connection (a QP gets a new one when reset). A MAC is safe for
