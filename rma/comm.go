@@ -778,7 +778,7 @@ func newComm(ctx context.Context, b boot, dev *verbs.Device, cfg Config) (_ *Com
 	}
 	// The engine's waiters spin; the CQ itself must not, so that the
 	// background poller sleeps when idle.
-	if c.cq, err = dev.CreateCQ(verbs.CQConfig{Capacity: 1 << 16, Spin: -1}); err != nil {
+	if c.cq, err = dev.CreateCQ(verbs.CQConfig{Capacity: cqCapacity, Spin: -1}); err != nil {
 		return nil, err
 	}
 	if c.srq, err = c.pd.CreateSRQ(verbs.SRQConfig{MaxWR: recvSlots, MaxSGE: 1}); err != nil {

@@ -176,9 +176,13 @@ func (m *msgState) init(size int) {
 	m.am = map[uint64]*amCall{}
 }
 
+// cqCapacity is each Comm's CQ's capacity (a variable for tests, which
+// lower it to overrun it sooner).
+var cqCapacity = 1 << 16
+
 // cqDrainAt is the number of completions waiting in the CQ from which a
-// post takes them itself: a quarter of its capacity (1<<16).
-const cqDrainAt = 1 << 14
+// post takes them itself: a quarter of its capacity.
+func cqDrainAt() int { return cqCapacity / 4 }
 
 // post posts wrs on qp, progressing the device while its send queue is
 // full. It never waits for a completion, so it may run in the receive
@@ -198,7 +202,7 @@ func (c *Comm) post(qp *verbs.QP, wrs []verbs.SendWR) (int, error) {
 		// post, also one the full send queue cut short (each of those
 		// adds the completions that made room for it: MPICH's getfence1
 		// overran the CQ so).
-		c.eng.Drain(cqDrainAt)
+		c.eng.Drain(cqDrainAt())
 		if err != nil {
 			c.dev.Progress()
 			spin.Pause(i)
