@@ -71,10 +71,13 @@ type Device struct {
 
 	// qps, lkeys and rkeys are copy-on-write maps: every received packet
 	// and work request reads them without a lock, and writers replace
-	// them whole under mu (see cow).
+	// them whole under mu (see cow). The keys' maps are split in shards,
+	// so that registering a region copies a shard's entries, not every
+	// region's: a caller registering run after run (MPI's gets of a
+	// struct type from C) spent half its time copying a 1024-entry map.
 	qps   atomic.Pointer[map[uint32]*QP]
-	lkeys atomic.Pointer[map[uint32]*MR]
-	rkeys atomic.Pointer[map[uint32]*MR]
+	lkeys keyShards
+	rkeys keyShards
 
 	// mu serialises the writers of qps, lkeys and rkeys, and guards the
 	// fields below. Lock order: PD.mu, then mu, then CQ.mu; no QP's mu
@@ -362,9 +365,8 @@ func newDevice(d *Device, ports []fabric.Port) *Device {
 	empty := map[uint32]*QP{}
 	d.qps.Store(&empty)
 	d.idle = make(chan struct{}, 1)
-	e1, e2 := map[uint32]*MR{}, map[uint32]*MR{}
-	d.lkeys.Store(&e1)
-	d.rkeys.Store(&e2)
+	d.lkeys.init()
+	d.rkeys.init()
 	for i, p := range ports {
 		fp := fabric.NewFaultPort(p)
 		if d.alloc == nil {
@@ -476,6 +478,33 @@ func (d *Device) Close() error {
 
 // cow applies f to a copy of the map in p, one of d's, and publishes it;
 // d.mu is held.
+// keyShards maps memory keys to regions in keyShardN copy-on-write
+// shards, by the key's low bits (keys are random).
+type keyShards [keyShardN]atomic.Pointer[map[uint32]*MR]
+
+const keyShardN = 64
+
+func (k *keyShards) init() {
+	for i := range k {
+		m := map[uint32]*MR{}
+		k[i].Store(&m)
+	}
+}
+
+// get returns the region of key, or nil; without a lock.
+func (k *keyShards) get(key uint32) *MR { return (*k[key%keyShardN].Load())[key] }
+
+// set maps key to mr (nil: removes it); d.mu held.
+func (k *keyShards) set(d *Device, key uint32, mr *MR) {
+	cow(d, &k[key%keyShardN], func(m map[uint32]*MR) {
+		if mr == nil {
+			delete(m, key)
+		} else {
+			m[key] = mr
+		}
+	})
+}
+
 func cow[K comparable, V any](d *Device, p *atomic.Pointer[map[K]V], f func(map[K]V)) {
 	lockcheck.AssertHeld(&d.mu, "verbs: a device's map is replaced")
 	old := *p.Load()

@@ -120,15 +120,14 @@ func (pd *PD) RegisterMR(buf []byte, access Access) (*MR, error) {
 	// Page-aligned, with a guard page between regions so that an
 	// off-by-one remote address never lands in a neighbour.
 	d.nextIO += (uint64(len(buf))+4095)&^4095 + 4096
-	lk, rk := *d.lkeys.Load(), *d.rkeys.Load()
-	for mr.lkey == 0 || lk[mr.lkey] != nil {
+	for mr.lkey == 0 || d.lkeys.get(mr.lkey) != nil {
 		mr.lkey = rand.Uint32()
 	}
-	for mr.rkey == 0 || rk[mr.rkey] != nil || mr.rkey == mr.lkey {
+	for mr.rkey == 0 || d.rkeys.get(mr.rkey) != nil || mr.rkey == mr.lkey {
 		mr.rkey = rand.Uint32()
 	}
-	cow(d, &d.lkeys, func(m map[uint32]*MR) { m[mr.lkey] = mr })
-	cow(d, &d.rkeys, func(m map[uint32]*MR) { m[mr.rkey] = mr })
+	d.lkeys.set(d, mr.lkey, mr)
+	d.rkeys.set(d, mr.rkey, mr)
 	d.mu.Unlock()
 	mr.export()
 	pd.mu.Lock()
@@ -175,8 +174,8 @@ func (mr *MR) Deregister() error {
 	}
 	d := mr.pd.dev
 	d.mu.Lock()
-	cow(d, &d.lkeys, func(m map[uint32]*MR) { delete(m, mr.lkey) })
-	cow(d, &d.rkeys, func(m map[uint32]*MR) { delete(m, mr.rkey) })
+	d.lkeys.set(d, mr.lkey, nil)
+	d.rkeys.set(d, mr.rkey, nil)
 	d.mu.Unlock()
 	mr.unexport()
 	for mr.inflight.Load() != 0 {
@@ -372,7 +371,7 @@ func (mr *MR) exit() { mr.inflight.Add(-1) }
 
 // resolveLocal maps an SGE to bytes, checking key, PD, rights and bounds.
 func (pd *PD) resolveLocal(s SGE, need Access) ([]byte, Status) {
-	mr := (*pd.dev.lkeys.Load())[s.LKey]
+	mr := pd.dev.lkeys.get(s.LKey)
 	if mr == nil || mr.pd != pd || mr.dead.Load() {
 		return nil, StatusLocalProtectionError
 	}
@@ -388,7 +387,7 @@ func (pd *PD) resolveLocal(s SGE, need Access) ([]byte, Status) {
 
 // resolveRemote finds the MR a remote request addresses and checks it.
 func (pd *PD) resolveRemote(rkey uint32, va, n uint64, need Access) (*MR, []byte, bool) {
-	mr := (*pd.dev.rkeys.Load())[rkey]
+	mr := pd.dev.rkeys.get(rkey)
 	if mr == nil || mr.pd != pd || mr.access&need != need || mr.dead.Load() {
 		return nil, nil, false
 	}
