@@ -185,9 +185,9 @@ var cqCapacity = 1 << 16
 func cqDrainAt() int { return cqCapacity / 4 }
 
 // post posts wrs on qp, progressing the device while its send queue is
-// full. It never waits for a completion, so it may run in the receive
-// handler.
-
+// full. It waits for no Op, so it may run in the receive handler: where
+// completions pile up it takes them, or lets the goroutine polling take
+// them (see progress.Engine.Drain).
 func (c *Comm) post(qp *verbs.QP, wrs []verbs.SendWR) (int, error) {
 	done := 0
 	for i := 0; done < len(wrs); i++ {

@@ -476,8 +476,6 @@ func (d *Device) Close() error {
 	return nil
 }
 
-// cow applies f to a copy of the map in p, one of d's, and publishes it;
-// d.mu is held.
 // keyShards maps memory keys to regions in keyShardN copy-on-write
 // shards, by the key's low bits (keys are random).
 type keyShards [keyShardN]atomic.Pointer[map[uint32]*MR]
@@ -505,6 +503,8 @@ func (k *keyShards) set(d *Device, key uint32, mr *MR) {
 	})
 }
 
+// cow applies f to a copy of the map in p, one of d's, and publishes it;
+// d.mu is held.
 func cow[K comparable, V any](d *Device, p *atomic.Pointer[map[K]V], f func(map[K]V)) {
 	lockcheck.AssertHeld(&d.mu, "verbs: a device's map is replaced")
 	old := *p.Load()

@@ -58,6 +58,18 @@ GLOBL polyConst<>(SB), RODATA|NOPTR, $16
 	VPXOR      X8, X5, X5     \
 	VPXOR      X6, X5, X0
 
+// ONEBLOCK folds the block at SI into X0, by H in X13.
+#define ONEBLOCK \
+	VMOVDQU    (SI), X1          \
+	VPSHUFB    X15, X1, X1       \
+	VPXOR      X0, X1, X1        \
+	VPCLMULQDQ $0x00, X13, X1, X5 \
+	VPCLMULQDQ $0x11, X13, X1, X6 \
+	VPCLMULQDQ $0x01, X13, X1, X7 \
+	VPCLMULQDQ $0x10, X13, X1, X8 \
+	VPXOR      X8, X7, X7        \
+	REDUCE
+
 // FOLD sums Z5, Z6, Z7's lanes and reduces the product into X0.
 #define FOLD \
 	SUMLANES(Z5, Y5, X5, Y8, X8)  \
@@ -159,15 +171,7 @@ loop16:
 loop16next:
 	CMPQ       DX, $16
 	JB         done
-	VMOVDQU    (SI), X1
-	VPSHUFB    X15, X1, X1
-	VPXOR      X0, X1, X1
-	VPCLMULQDQ $0x00, X13, X1, X5
-	VPCLMULQDQ $0x11, X13, X1, X6
-	VPCLMULQDQ $0x01, X13, X1, X7
-	VPCLMULQDQ $0x10, X13, X1, X8
-	VPXOR      X8, X7, X7
-	REDUCE
+	ONEBLOCK
 	ADDQ       $16, SI
 	SUBQ       $16, DX
 	JMP        loop16next
@@ -293,15 +297,7 @@ avx2loop16:
 avx2loop16next:
 	CMPQ       DX, $16
 	JB         avx2done
-	VMOVDQU    (SI), X1
-	VPSHUFB    X15, X1, X1
-	VPXOR      X0, X1, X1
-	VPCLMULQDQ $0x00, X13, X1, X5
-	VPCLMULQDQ $0x11, X13, X1, X6
-	VPCLMULQDQ $0x01, X13, X1, X7
-	VPCLMULQDQ $0x10, X13, X1, X8
-	VPXOR      X8, X7, X7
-	REDUCE
+	ONEBLOCK
 	ADDQ       $16, SI
 	SUBQ       $16, DX
 	JMP        avx2loop16next

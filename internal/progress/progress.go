@@ -385,7 +385,7 @@ func (e *Engine) Drain(limit int) error {
 			return err
 		}
 		if !took {
-			if e.inCallback.Load() || !e.poller.Load() && e.cq.Len() <= limit {
+			if e.inCallback.Load() {
 				return nil
 			}
 			spin.Pause(i)
