@@ -954,6 +954,64 @@ func (w *Win) get(ctx context.Context, origin []byte, ol Layout, target, disp in
 	return w.carrier(ctx, target).get(ctx, xfer{origin: origin, ol: ol, tl: tl, off: off})
 }
 
+// Run is one contiguous piece of an indexed transfer: Len bytes at
+// Origin in the origin buffer, at Target past the displacement (in the
+// target's displacement units, as the displacement).
+type Run struct {
+	Origin, Target, Len int
+}
+
+// PutRuns puts each run of origin as Put would (origin[r.Origin:][:r.Len]
+// to target at disp+r.Target): the pieces of a datatype that no Layout
+// describes (MPI's indexed and struct types), in one call that looks up
+// or registers origin once rather than once per piece. The runs may come
+// in any order. It checks every run before it moves anything; an error
+// of a put itself surfaces as Put's do, and the runs before it have
+// started.
+func (w *Win) PutRuns(ctx context.Context, origin []byte, runs []Run, target, disp int) error {
+	return w.runs(ctx, "put", origin, runs, target, disp, w.Put)
+}
+
+// GetRuns is PutRuns for gets: each run of origin is filled as Get would
+// fill it.
+func (w *Win) GetRuns(ctx context.Context, origin []byte, runs []Run, target, disp int) error {
+	return w.runs(ctx, "get", origin, runs, target, disp, w.Get)
+}
+
+func (w *Win) runs(ctx context.Context, name string, origin []byte, runs []Run, target, disp int,
+	op func(context.Context, []byte, int, int) error) error {
+	any := false
+	for i, r := range runs {
+		if r.Len < 0 || r.Origin < 0 || r.Origin > len(origin)-r.Len {
+			return opErr(name, target, fmt.Errorf("%w: run %d {origin %d, length %d} outside the %d-byte origin buffer",
+				ErrDatatype, i, r.Origin, r.Len, len(origin)))
+		}
+		if r.Target < 0 || disp > 0 && r.Target > math.MaxInt-disp {
+			return opErr(name, target, fmt.Errorf("%w: run %d at displacement %d + %d", ErrOutOfBounds, i, disp, r.Target))
+		}
+		any = any || r.Len > 0
+	}
+	if !any {
+		return nil
+	}
+	if len(runs) > 1 {
+		// Registered whole now, each piece's lookup finds it first;
+		// piece by piece, each registers the rest of origin from itself.
+		if _, _, err := w.c.reg.region(origin); err != nil {
+			return opErr(name, target, err)
+		}
+	}
+	for _, r := range runs {
+		if r.Len == 0 {
+			continue
+		}
+		if err := op(ctx, origin[r.Origin:r.Origin+r.Len], target, disp+r.Target); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // mailboxAddr is the mailbox this rank puts into at target's notified
 // window: derived from the window's identity, never exchanged.
 func (w *Win) mailboxAddr(target int) uint64 {
