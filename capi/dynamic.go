@@ -21,6 +21,8 @@ type mover interface {
 	Rput(ctx context.Context, origin []byte, target, disp int) (*rma.Request, error)
 	RputLayout(ctx context.Context, origin []byte, ol rma.Layout, target, disp int, tl rma.Layout) (*rma.Request, error)
 	Get(ctx context.Context, origin []byte, target, disp int) error
+	PutRuns(ctx context.Context, origin []byte, runs []rma.Run, target, disp int) error
+	GetRuns(ctx context.Context, origin []byte, runs []rma.Run, target, disp int) error
 	Rget(ctx context.Context, origin []byte, target, disp int) (*rma.Request, error)
 	RgetLayout(ctx context.Context, origin []byte, ol rma.Layout, target, disp int, tl rma.Layout) (*rma.Request, error)
 	Accumulate(ctx context.Context, origin []byte, dt rma.Datatype, op rma.Op, target, disp int) error

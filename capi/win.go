@@ -333,6 +333,92 @@ func rvma_get_strided(h C.rvma_win, origin unsafe.Pointer, ol *C.rvma_layout, ta
 	return result(err)
 }
 
+// runsArgs converts the runs of an indexed transfer: the origin slice
+// spans them all (from the lowest origin offset, which may be negative,
+// to the highest end), and the runs are rebased onto it.
+func runsArgs(name string, origin unsafe.Pointer, runs *C.rvma_run, count C.size_t) ([]byte, []rma.Run, error) {
+	if count == 0 {
+		return nil, nil, nil
+	}
+	if runs == nil {
+		return nil, nil, errorf(codeArg, "%s: runs is NULL with count %d", name, uint64(count))
+	}
+	if uint64(count) > maxLen/uint64(unsafe.Sizeof(C.rvma_run{})) {
+		return nil, nil, errorf(codeArg, "%s: count %d does not fit the address space", name, uint64(count))
+	}
+	cr := unsafe.Slice(runs, int(count))
+	lo, hi := int64(math.MaxInt64), int64(math.MinInt64)
+	for i, r := range cr {
+		o, n := int64(r.origin_off), int64(r.len)
+		if n < 0 || uint64(n) > maxLen || o < -maxLen || o > maxLen {
+			return nil, nil, errorf(codeArg, "%s: run %d {origin_off %d, len %d} out of range", name, i, o, n)
+		}
+		if n > 0 {
+			lo, hi = min(lo, o), max(hi, o+n)
+		}
+	}
+	rs := make([]rma.Run, 0, len(cr))
+	if lo > hi { // no bytes
+		return nil, rs, nil
+	}
+	if origin == nil {
+		return nil, nil, errorf(codeArg, "%s: origin is NULL", name)
+	}
+	p := uintptr(origin)
+	if lo < 0 && uint64(-lo) > uint64(p) || uint64(p)+uint64(lo) > math.MaxUint64-uint64(hi-lo) {
+		return nil, nil, errorf(codeArg, "%s: runs from origin%+d to origin%+d do not fit the address space", name, lo, hi)
+	}
+	b, err := cbytes(name, "origin", unsafe.Add(origin, lo), C.size_t(hi-lo))
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, r := range cr {
+		if r.len > 0 {
+			rs = append(rs, rma.Run{Origin: int(int64(r.origin_off) - lo), Target: int(r.target_off), Len: int(r.len)})
+		}
+	}
+	return b, rs, nil
+}
+
+//export rvma_register_origin
+func rvma_register_origin(h C.rvma_win, origin unsafe.Pointer, n C.size_t) C.int {
+	w, err := winOf(h)
+	if err != nil {
+		return fail(err)
+	}
+	b, err := cbytes("rvma_register_origin", "origin", origin, n)
+	if err != nil {
+		return fail(err)
+	}
+	return result(w.w.Register(b))
+}
+
+//export rvma_put_runs
+func rvma_put_runs(h C.rvma_win, origin unsafe.Pointer, runs *C.rvma_run, count C.size_t, target C.int, d C.int64_t) C.int {
+	w, err := winOf(h)
+	if err != nil {
+		return fail(err)
+	}
+	b, rs, err := runsArgs("rvma_put_runs", origin, runs, count)
+	if err != nil {
+		return fail(err)
+	}
+	return result(w.data().PutRuns(bg, b, rs, rankArg(target), disp(d)))
+}
+
+//export rvma_get_runs
+func rvma_get_runs(h C.rvma_win, origin unsafe.Pointer, runs *C.rvma_run, count C.size_t, target C.int, d C.int64_t) C.int {
+	w, err := winOf(h)
+	if err != nil {
+		return fail(err)
+	}
+	b, rs, err := runsArgs("rvma_get_runs", origin, runs, count)
+	if err != nil {
+		return fail(err)
+	}
+	return result(w.data().GetRuns(bg, b, rs, rankArg(target), disp(d)))
+}
+
 // dtype converts a datatype and returns its size.
 func dtype(name string, dt C.rvma_datatype) (rma.Datatype, int, error) {
 	d := rma.Datatype(dt)

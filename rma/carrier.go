@@ -182,11 +182,13 @@ func (w *Win) postGet(ctx context.Context, target int, x xfer) (*Request, error)
 	var wrs []verbs.SendWR
 	last := -1
 	var perr error
+	var mr *verbs.MR // the previous block's region: most blocks share one
 	w.c.reg.hold()
 	defer w.c.reg.release() // after the post
 	segments(x.ol, x.tl, func(s seg) {
-		sge, err := w.c.reg.sge(x.origin[s.o : s.o+s.n])
-		if err != nil {
+		var sge verbs.SGE
+		var err error
+		if mr, sge, err = w.c.reg.sgeNear(mr, x.origin[s.o:s.o+s.n]); err != nil {
 			perr = err
 			return
 		}

@@ -456,6 +456,16 @@ func (d *DynWin) Put(ctx context.Context, origin []byte, target, addr int) error
 	return err
 }
 
+// PutRuns is Win.PutRuns at addresses: each run goes to addr+r.Target.
+func (d *DynWin) PutRuns(ctx context.Context, origin []byte, runs []Run, target, addr int) error {
+	return d.w.c.reg.runs(ctx, "put", origin, runs, target, addr, d.Put)
+}
+
+// GetRuns is Win.GetRuns at addresses.
+func (d *DynWin) GetRuns(ctx context.Context, origin []byte, runs []Run, target, addr int) error {
+	return d.w.c.reg.runs(ctx, "get", origin, runs, target, addr, d.Get)
+}
+
 // PutLayout is Put with layouts for both sides.
 func (d *DynWin) PutLayout(ctx context.Context, origin []byte, ol Layout, target, addr int, tl Layout) error {
 	_, err := d.transfer(ctx, false, origin, ol, target, addr, tl, false)

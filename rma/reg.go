@@ -48,14 +48,20 @@ const regCacheCap = 1024
 
 func base(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
 
-// find returns a region holding b, or nil; r.mu is held.
+// find returns a region holding b, or nil; r.mu is held. Cached regions
+// are searched newest first: the buffer just registered is the likeliest
+// to hold the next piece (a C caller's strided calls over one array each
+// register the rest of it; oldest first, each looked through a full cache).
 func (r *regCache) find(b []byte) *verbs.MR {
 	lockcheck.AssertHeld(&r.mu, "rma: a registration is looked up")
-	for _, list := range [][]*verbs.MR{r.wins, r.mrs} {
-		for _, mr := range list {
-			if _, ok := within(mr, b); ok {
-				return mr
-			}
+	for _, mr := range r.wins {
+		if _, ok := within(mr, b); ok {
+			return mr
+		}
+	}
+	for i := len(r.mrs) - 1; i >= 0; i-- {
+		if _, ok := within(r.mrs[i], b); ok {
+			return r.mrs[i]
 		}
 	}
 	return nil

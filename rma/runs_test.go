@@ -122,3 +122,45 @@ func TestRuns(t *testing.T) {
 		})
 	}
 }
+
+// Register makes the pieces of a buffer that reach rma one by one, each
+// a slice no longer than itself (as from C), share one registration
+// instead of each registering its own; the bytes still land.
+func TestRegister(t *testing.T) {
+	comms := newWorld(t, 2, &Config{Provider: "udp"})
+	each(t, comms, func(ctx context.Context, c *Comm) error {
+		const n = 100
+		mem := make([]byte, 8*n)
+		for i := range mem {
+			mem[i] = byte(i*3 + c.Rank())
+		}
+		w, err := c.Create(ctx, mem, nil)
+		if err != nil {
+			return err
+		}
+		if err := w.LockAll(ctx); err != nil {
+			return err
+		}
+		peer := 1 - c.Rank()
+		buf := make([]byte, 8*n)
+		require.NoError(t, w.Register(buf))
+		require.NoError(t, w.Register(nil))
+		regs := len(c.reg.mrs)
+		for i := n - 1; i >= 0; i-- { // backwards: no piece holds a later one
+			if err := w.Get(ctx, buf[8*i:8*i+8:8*i+8], peer, 8*i); err != nil {
+				return err
+			}
+		}
+		if err := w.Flush(ctx, peer); err != nil {
+			return err
+		}
+		require.Equal(t, regs, len(c.reg.mrs), "pieces of a registered buffer registered again")
+		for i := range buf {
+			require.Equal(t, byte(i*3+peer), buf[i], "byte %d", i)
+		}
+		if err := w.UnlockAll(ctx); err != nil {
+			return err
+		}
+		return w.Free(ctx)
+	})
+}

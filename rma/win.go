@@ -954,6 +954,21 @@ func (w *Win) get(ctx context.Context, origin []byte, ol Layout, target, disp in
 	return w.carrier(ctx, target).get(ctx, xfer{origin: origin, ol: ol, tl: tl, off: off})
 }
 
+// Register registers origin's backing array for the operations that
+// will move pieces of it, ahead of them: each then finds it in the
+// registration cache rather than registering the rest of the array from
+// where it starts. A hint for callers whose buffers reach rma in pieces
+// (a C library's datatype walked run by run): pieces of one Go slice
+// already share its array's registration. The cache may evict it as any
+// other.
+func (w *Win) Register(origin []byte) error {
+	if len(origin) == 0 {
+		return nil
+	}
+	_, _, err := w.c.reg.region(origin)
+	return err
+}
+
 // Run is one contiguous piece of an indexed transfer: Len bytes at
 // Origin in the origin buffer, at Target past the displacement (in the
 // target's displacement units, as the displacement).
@@ -969,27 +984,28 @@ type Run struct {
 // of a put itself surfaces as Put's do, and the runs before it have
 // started.
 func (w *Win) PutRuns(ctx context.Context, origin []byte, runs []Run, target, disp int) error {
-	return w.runs(ctx, "put", origin, runs, target, disp, w.Put)
+	return w.c.reg.runs(ctx, "put", origin, runs, target, disp, w.Put)
 }
 
 // GetRuns is PutRuns for gets: each run of origin is filled as Get would
 // fill it.
 func (w *Win) GetRuns(ctx context.Context, origin []byte, runs []Run, target, disp int) error {
-	return w.runs(ctx, "get", origin, runs, target, disp, w.Get)
+	return w.c.reg.runs(ctx, "get", origin, runs, target, disp, w.Get)
 }
 
-func (w *Win) runs(ctx context.Context, name string, origin []byte, runs []Run, target, disp int,
+// runs checks runs, registers origin, then moves each run with op.
+func (r *regCache) runs(ctx context.Context, name string, origin []byte, runs []Run, target, disp int,
 	op func(context.Context, []byte, int, int) error) error {
 	any := false
-	for i, r := range runs {
-		if r.Len < 0 || r.Origin < 0 || r.Origin > len(origin)-r.Len {
+	for i, run := range runs {
+		if run.Len < 0 || run.Origin < 0 || run.Origin > len(origin)-run.Len {
 			return opErr(name, target, fmt.Errorf("%w: run %d {origin %d, length %d} outside the %d-byte origin buffer",
-				ErrDatatype, i, r.Origin, r.Len, len(origin)))
+				ErrDatatype, i, run.Origin, run.Len, len(origin)))
 		}
-		if r.Target < 0 || disp > 0 && r.Target > math.MaxInt-disp {
-			return opErr(name, target, fmt.Errorf("%w: run %d at displacement %d + %d", ErrOutOfBounds, i, disp, r.Target))
+		if run.Target < 0 || disp > 0 && run.Target > math.MaxInt-disp {
+			return opErr(name, target, fmt.Errorf("%w: run %d at displacement %d + %d", ErrOutOfBounds, i, disp, run.Target))
 		}
-		any = any || r.Len > 0
+		any = any || run.Len > 0
 	}
 	if !any {
 		return nil
@@ -997,15 +1013,15 @@ func (w *Win) runs(ctx context.Context, name string, origin []byte, runs []Run, 
 	if len(runs) > 1 {
 		// Registered whole now, each piece's lookup finds it first;
 		// piece by piece, each registers the rest of origin from itself.
-		if _, _, err := w.c.reg.region(origin); err != nil {
+		if _, _, err := r.region(origin); err != nil {
 			return opErr(name, target, err)
 		}
 	}
-	for _, r := range runs {
-		if r.Len == 0 {
+	for _, run := range runs {
+		if run.Len == 0 {
 			continue
 		}
-		if err := op(ctx, origin[r.Origin:r.Origin+r.Len], target, disp+r.Target); err != nil {
+		if err := op(ctx, origin[run.Origin:run.Origin+run.Len], target, disp+run.Target); err != nil {
 			return err
 		}
 	}

@@ -161,6 +161,13 @@ typedef struct rvma_layout {
 	int64_t count, block, stride;
 } rvma_layout;
 
+/* One piece of an indexed transfer (rvma_put_runs, rvma_get_runs): len
+ * bytes at origin + origin_off and at the target's disp + target_off (in
+ * the target's displacement units, as disp). */
+typedef struct rvma_run {
+	int64_t origin_off, target_off, len;
+} rvma_run;
+
 /* What a notified window counts. */
 enum { RVMA_COUNT_BYTES = 0, RVMA_COUNT_OPS = 1 };
 
@@ -372,6 +379,17 @@ int rvma_put_strided(rvma_win win, const void *origin, const rvma_layout *origin
                      int64_t disp, const rvma_layout *target_layout);
 int rvma_get_strided(rvma_win win, void *origin, const rvma_layout *origin_layout, int target, int64_t disp,
                      const rvma_layout *target_layout);
+/* Registers len bytes at origin for the operations that will move pieces
+ * of them, ahead of them (a hint: each operation registers what it moves
+ * otherwise, the rest of its own span, one region per call). */
+int rvma_register_origin(rvma_win win, const void *origin, size_t len);
+/* Indexed: each of the count runs moves as rvma_put (rvma_get) of its
+ * bytes would, in one call that registers the memory they span once: the
+ * pieces of a datatype no layout describes (MPI's struct and indexed
+ * types). Runs may come in any order, and origin_off may be negative. Every
+ * run is checked before any moves. */
+int rvma_put_runs(rvma_win win, const void *origin, const rvma_run *runs, size_t count, int target, int64_t disp);
+int rvma_get_runs(rvma_win win, void *origin, const rvma_run *runs, size_t count, int target, int64_t disp);
 
 /* target[disp...] = op(target, origin) over count elements of dt, each
  * element atomically; accumulates from one origin to one target apply in

@@ -55,6 +55,52 @@ static void moves(rvma_win win, unsigned char *base) {
 	EXPECT_ERR(RVMA_ERR_DATATYPE, rvma_put_strided(win, src, &ten, next, 0, &tl)); /* 10 bytes into 30 */
 	CHECK(rvma_win_fence(win, 0));
 
+	/* Indexed: pieces of 4 and 12 bytes (a struct's members), listed
+	 * backwards, origin offsets relative to a pointer in the middle of
+	 * src (some negative), one empty run among them; and back. */
+	enum { NR = 40 };
+	rvma_run runs[NR + 1];
+	unsigned char *mid = src + 300;
+	for (int r = 0, o = -300, t = 0; r < NR; r++) {
+		int64_t len = r % 2 ? 12 : 4;
+		runs[NR - 1 - r] = (rvma_run){o, t, len};
+		o += (int)len + 5, t += (int)len + 1;
+	}
+	runs[NR] = (rvma_run){7, 3, 0};
+	for (size_t i = 0; i < 1000; i++)
+		src[i] = pat(me, next, i);
+	CHECK(rvma_win_fence(win, 0));
+	memset(base + (size_t)prev * SLOT, 0xee, 700);
+	CHECK(rvma_win_fence(win, 0));
+	CHECK(rvma_register_origin(win, src, 1000)); /* a hint: the runs find it */
+	CHECK(rvma_register_origin(win, NULL, 0));
+	EXPECT_ERR(RVMA_ERR_ARG, rvma_register_origin(win, NULL, 8));
+	CHECK(rvma_put_runs(win, mid, runs, NR + 1, next, (int64_t)me * SLOT));
+	CHECK(rvma_win_fence(win, 0));
+	unsigned char want[700];
+	memset(want, 0xee, sizeof want);
+	for (int r = 0; r < NR; r++)
+		for (int64_t i = 0; i < runs[r].len; i++)
+			want[runs[r].target_off + i] = pat(prev, me, (size_t)(300 + runs[r].origin_off + i));
+	EXPECT(memcmp(base + (size_t)prev * SLOT, want, sizeof want) == 0, "put_runs: the target's bytes differ");
+	memset(dst, 0, 1000);
+	CHECK(rvma_get_runs(win, dst + 300, runs, NR + 1, next, (int64_t)me * SLOT));
+	CHECK(rvma_win_fence(win, 0));
+	for (int r = 0; r < NR; r++)
+		EXPECT(memcmp(dst + 300 + runs[r].origin_off, src + 300 + runs[r].origin_off, (size_t)runs[r].len) == 0,
+		       "get_runs: run %d differs", r);
+	CHECK(rvma_put_runs(win, src, NULL, 0, next, 0)); /* nothing */
+	EXPECT_ERR(RVMA_ERR_ARG, rvma_put_runs(win, src, NULL, 2, next, 0));
+	rvma_run badr[2] = {{0, 0, 8}, {0, 8, -1}};
+	EXPECT_ERR(RVMA_ERR_ARG, rvma_put_runs(win, src, badr, 2, next, 0));
+	badr[1] = (rvma_run){0, SLOT * (int64_t)np, 8}; /* past the window */
+	EXPECT_ERR(RVMA_ERR_BOUNDS, rvma_get_runs(win, dst, badr, 2, next, 0));
+	badr[1] = (rvma_run){0, -8, 8};
+	EXPECT_ERR(RVMA_ERR_BOUNDS, rvma_put_runs(win, src, badr, 2, next, 0));
+	CHECK(rvma_win_fence(win, 0));
+	EXPECT(memcmp(base + (size_t)prev * SLOT, want, sizeof want) == 0, "a refused put_runs moved bytes");
+	CHECK(rvma_win_fence(win, 0)); /* checked before the next section's puts */
+
 	/* Request variants. */
 	rvma_request rq[2];
 	for (size_t i = 0; i < 300; i++)

@@ -495,6 +495,24 @@ static int run_issue(struct win *w, int put, void *origin, int target, int64_t t
 	         : rvma_get_strided(w->w, o, &ol, target, tb + g->t, &tl);
 }
 
+/* Registers the origin bytes that count copies of t span, when they come
+ * in many pieces: each rvma call would otherwise register the rest of its
+ * own span (a struct type's 262144 copies: a registration per call). */
+static void register_span(struct win *w, void *origin, const struct dtype *t, int64_t count) {
+	if (t->nblk * count < 16) return;
+	int64_t lo = INT64_MAX, hi = INT64_MIN, reach;
+	for (int64_t j = 0; j < t->nblk; j++)
+		if (t->blk[j].len > 0) {
+			if (t->blk[j].off < lo) lo = t->blk[j].off;
+			if (t->blk[j].off + t->blk[j].len > hi) hi = t->blk[j].off + t->blk[j].len;
+		}
+	if (lo > hi || __builtin_mul_overflow(count - 1, t->extent, &reach)) return;
+	if (reach < 0) lo += reach;
+	else hi += reach;
+	/* A hint: an error here shows again at the call that moves the bytes. */
+	(void)rvma_register_origin(w->w, (char *)origin + lo, (size_t)(hi - lo));
+}
+
 /* Put (put=1) or get: one rvma call when both sides have a strided
  * layout, else one per run. Requests go into q if given. */
 static int move(const char *fn, int put, void *origin, int oc, MPI_Datatype ot, int target, MPI_Aint disp, int tc,
@@ -533,6 +551,7 @@ static int move(const char *fn, int put, void *origin, int oc, MPI_Datatype ot, 
 	/* The sides' runs paired up; consecutive pairs of one length at
 	 * constant strides on both sides (a face of a 3-D array: one row of
 	 * elements after another) go as one strided call. */
+	register_span(w, origin, od, oc);
 	struct walk wo, wt;
 	walk_init(&wo, od, oc);
 	walk_init(&wt, td, tc);

@@ -167,6 +167,26 @@ int main(int argc, char **argv) {
 	for (int i = 0; i < 12; i++) gn[i] = -1;
 	OK(MPI_Sendrecv(nb + 8, 1, down, next, 8, gn + 8, 1, down, prev, 8, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
 	for (int k = 0; k < 5; k++) EXPECT(gn[8 - 2 * k] == 1000 * prev + 8 - 2 * k, "negative stride sendrecv: [%d] = %d", 8 - 2 * k, gn[8 - 2 * k]);
+	/* Many copies (the origin's span registered once, ahead of the runs):
+	 * 6 copies of the negative indexed type from the middle of an array
+	 * into 18 contiguous ints, and back. */
+	int many[40], mg[40];
+	for (int i = 0; i < 40; i++) many[i] = 500 * me + i, mg[i] = -1;
+	reset(0);
+	OK(MPI_Win_fence(0, win));
+	OK(MPI_Put(many + 4, 6, downs, next, 20, 18, MPI_INT, win));
+	OK(MPI_Win_fence(0, win));
+	for (int k = 0; k < 18; k++) { /* copy c's ints 4+5c, 2+5c, 5c */
+		int want = 500 * prev + 4 + 5 * (k / 3) - 2 * (k % 3);
+		EXPECT(win_buf[20 + k] == want, "many copies put: [%d] = %d, want %d", 20 + k, win_buf[20 + k], want);
+	}
+	OK(MPI_Get(mg + 4, 6, downs, next, 20, 18, MPI_INT, win));
+	OK(MPI_Win_fence(0, win));
+	for (int i = 0; i < 40; i++) {
+		int hit = i < 30 && i % 5 % 2 == 0; /* copy c: 5c, 5c + 2, 5c + 4 */
+		int want = hit ? 500 * me + i : -1;
+		EXPECT(mg[i] == want, "many copies get: [%d] = %d, want %d", i, mg[i], want);
+	}
 	OK(MPI_Type_free(&down));
 	OK(MPI_Type_free(&downs));
 
