@@ -233,7 +233,15 @@ func (s *sim) start(ctx context.Context, rec *recovery) (int, error) {
 	if err := s.win.Snapshot(ctx); err != nil {
 		return 0, err
 	}
-	return 0, c.Barrier(ctx)
+	// A rank that passed the barrier may die before this one has: the
+	// window and its snapshot exist everywhere, so recover as from a step.
+	if err := c.Barrier(ctx); err != nil {
+		if !errors.Is(err, rma.ErrPeer) {
+			return 0, err
+		}
+		return s.recover(ctx, rec)
+	}
+	return 0, nil
 }
 
 // advance runs the steps after e, recovering from failures.
