@@ -42,10 +42,15 @@ func TestPathsPutGetFence(t *testing.T) {
 	for _, provider := range []string{"loop", "udp", "shm"} {
 		t.Run(provider, func(t *testing.T) {
 			const n, big = 3, 1 << 20
-			// Equal shares: with Proportional, probes on a loaded machine
-			// can rate a path so low that its share of 1 MiB rounds to
-			// nothing (a -race run under load split over 2 of 3).
-			comms := newWorld(t, n, &Config{Provider: provider, Paths: 3, Multipath: multipath.Config{Balancer: multipath.Equal{}}})
+			// A -race run under load split the 1 MiB over 2 of 3 paths:
+			// Proportional's probes can rate a path so low that its share
+			// rounds to nothing, and multipath's short default timeouts
+			// (20-80 ms, 7 retries) can declare a path whose peer was
+			// descheduled dead. Equal shares and patient paths keep this
+			// test about rma; the balancer and failover are multipath's.
+			patient := multipath.Config{Balancer: multipath.Equal{},
+				Connect: verbs.ConnectConfig{Timeout: 200 * time.Millisecond, MaxTimeout: 2 * time.Second}}
+			comms := newWorld(t, n, &Config{Provider: provider, Paths: 3, Multipath: patient})
 			each(t, comms, func(ctx context.Context, c *Comm) error {
 				w, err := c.Allocate(ctx, 2*big+4096, nil)
 				if err != nil {
@@ -185,7 +190,8 @@ func TestPathsPSCW(t *testing.T) {
 // epoch completes when all have arrived, not before. A window that counts
 // puts is never split, so one put is one count.
 func TestPathsNotified(t *testing.T) {
-	comms := newWorld(t, 2, &Config{Paths: 3, Multipath: multipath.Config{Balancer: multipath.Equal{}}}) // see TestPathsPutGetFence
+	comms := newWorld(t, 2, &Config{Paths: 3, Multipath: multipath.Config{Balancer: multipath.Equal{}, // see TestPathsPutGetFence
+		Connect: verbs.ConnectConfig{Timeout: 200 * time.Millisecond, MaxTimeout: 2 * time.Second}}})
 	const big = 1 << 20
 	each(t, comms, func(ctx context.Context, c *Comm) error {
 		wb, err := c.Allocate(ctx, big, &WinConfig{Notify: &NotifyConfig{ExpectFrom: map[int]int{0: big}}})

@@ -56,12 +56,17 @@ func startRecvHook(ctx context.Context, hook func(writeAt) writeAt, args ...stri
 	return p
 }
 
+// wait returns how haul ended. Its bound only catches a haul that never
+// ends: these transfers take 1-20 s alone, and a minute was outlasted by
+// ones still moving under -race on a loaded machine (8 MiB through the
+// emulated link at 0.5 Mbit/s once, beside two other race-mode test
+// binaries; at 12 Mbit/s the comparison run of TestSlowReceiver).
 func (p *proc) wait(t *testing.T) error {
 	t.Helper()
 	select {
 	case err := <-p.done:
 		return err
-	case <-time.After(time.Minute):
+	case <-time.After(3 * time.Minute):
 		t.Fatalf("haul did not end; its stderr:\n%s", p.stderr.String())
 		return nil
 	}
