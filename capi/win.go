@@ -364,8 +364,7 @@ func runsArgs(name string, origin unsafe.Pointer, runs *C.rvma_run, count C.size
 	if origin == nil {
 		return nil, nil, errorf(codeArg, "%s: origin is NULL", name)
 	}
-	p := uintptr(origin)
-	if lo < 0 && uint64(-lo) > uint64(p) || uint64(p)+uint64(lo) > math.MaxUint64-uint64(hi-lo) {
+	if lo < 0 && uint64(-lo) > uint64(uintptr(origin)) { // cbytes checks the top end
 		return nil, nil, errorf(codeArg, "%s: runs from origin%+d to origin%+d do not fit the address space", name, lo, hi)
 	}
 	b, err := cbytes(name, "origin", unsafe.Add(origin, lo), C.size_t(hi-lo))

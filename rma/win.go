@@ -996,7 +996,7 @@ func (w *Win) GetRuns(ctx context.Context, origin []byte, runs []Run, target, di
 // runs checks runs, registers origin, then moves each run with op.
 func (r *regCache) runs(ctx context.Context, name string, origin []byte, runs []Run, target, disp int,
 	op func(context.Context, []byte, int, int) error) error {
-	any := false
+	moves := false
 	for i, run := range runs {
 		if run.Len < 0 || run.Origin < 0 || run.Origin > len(origin)-run.Len {
 			return opErr(name, target, fmt.Errorf("%w: run %d {origin %d, length %d} outside the %d-byte origin buffer",
@@ -1005,9 +1005,9 @@ func (r *regCache) runs(ctx context.Context, name string, origin []byte, runs []
 		if run.Target < 0 || disp > 0 && run.Target > math.MaxInt-disp {
 			return opErr(name, target, fmt.Errorf("%w: run %d at displacement %d + %d", ErrOutOfBounds, i, disp, run.Target))
 		}
-		any = any || run.Len > 0
+		moves = moves || run.Len > 0
 	}
-	if !any {
+	if !moves {
 		return nil
 	}
 	if len(runs) > 1 {
